@@ -1,0 +1,46 @@
+/* common.h — error codes, logging and small helpers shared by every module.
+ * Convention (style.md §8): functions return 0 or a negative enum coti_err; a
+ * human-readable message goes into a caller-owned buffer (char *err, size_t err_size). */
+#ifndef COTI_COMMON_H
+#define COTI_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+enum coti_err {
+    COTI_OK = 0,
+    COTI_E_IO = -1,        /* open/read/mmap/write failed */
+    COTI_E_FORMAT = -2,    /* untrusted input is malformed */
+    COTI_E_UNSUPPORTED = -3,
+    COTI_E_NOMEM = -4,
+    COTI_E_ARG = -5,       /* caller passed an invalid parameter */
+    COTI_E_RANGE = -6,     /* a value is out of its allowed range (context full, ...) */
+};
+
+/* printf into err (may be NULL); always returns code so callers can `return coti_fail(...)`. */
+int coti_fail(char *err, size_t err_size, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+enum coti_log_level { COTI_LOG_DEBUG, COTI_LOG_INFO, COTI_LOG_WARN, COTI_LOG_ERROR };
+extern enum coti_log_level coti_log_min_level;
+/* Diagnostics to stderr with a module tag; stdout is for product output only. */
+void coti_log(enum coti_log_level level, const char *module, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Monotonic clock in microseconds. */
+int64_t coti_time_us(void);
+
+/* Overflow-checked size arithmetic: return false on overflow. */
+static inline bool coti_mul_size(size_t a, size_t b, size_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool coti_add_size(size_t a, size_t b, size_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+
+#define COTI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define COTI_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define COTI_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif

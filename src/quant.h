@@ -1,0 +1,70 @@
+/* quant.h — tensor element types (ggml ids), block layouts, conversions and dot kernels.
+ * Knows nothing of models. Every format has a scalar reference (*_ref, the spec) and fast
+ * AVX2 / AVX-512 paths chosen once at run time; tests compare fast paths with the reference.
+ * Reference: ../shared/docs/quant-formats.md. */
+#ifndef COTI_QUANT_H
+#define COTI_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+enum ggml_type {
+    GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q4_1 = 3,
+    GGML_TYPE_Q5_0 = 6, GGML_TYPE_Q5_1 = 7, GGML_TYPE_Q8_0 = 8, GGML_TYPE_Q8_1 = 9,
+    GGML_TYPE_Q2_K = 10, GGML_TYPE_Q3_K = 11, GGML_TYPE_Q4_K = 12, GGML_TYPE_Q5_K = 13,
+    GGML_TYPE_Q6_K = 14, GGML_TYPE_Q8_K = 15, GGML_TYPE_BF16 = 30,
+    GGML_TYPE_COUNT = 41,        /* ids below this may appear in files; unknown ones are rejected */
+};
+
+/* Size facts of a type. block_elems == 0 means "not supported by coti". */
+struct ggml_type_traits {
+    const char *name;            /* "q8_0" */
+    int block_elems;             /* elements per block (1, 32 or 256) */
+    int block_bytes;             /* bytes per block */
+    enum ggml_type vec_dot_type; /* type activations are converted to for dot products */
+};
+const struct ggml_type_traits *ggml_type_traits_get(enum ggml_type t); /* NULL if unknown id */
+bool ggml_type_supported(enum ggml_type t);   /* coti can dequantize and dot it */
+/* Bytes of a row of n elements; 0 if n is not a multiple of the block size. */
+size_t ggml_row_size(enum ggml_type t, int64_t n);
+enum ggml_type ggml_type_from_name(const char *name); /* GGML_TYPE_COUNT if unknown */
+
+/* Scalar conversions (IEEE binary16 RNE; bf16 RNE with quiet NaN). */
+float fp16_to_f32(uint16_t h);
+uint16_t f32_to_fp16(float f);
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);
+
+/* Reference (plain C) row operations; n must be a multiple of the type's block size. */
+void quant_dequantize_row_ref(enum ggml_type t, const void *src, float *dst, int64_t n);
+/* Quantize f32 -> t with llama.cpp's reference rule (weights and activations alike). */
+void quant_quantize_row_ref(enum ggml_type t, const float *src, void *dst, int64_t n);
+/* Dot of one weight row (type t) with one activation row already in t's vec_dot_type. */
+float quant_vec_dot_ref(enum ggml_type t, const void *w, const void *x, int64_t n);
+
+/* CPU instruction levels; quant_cpu_level_detect() returns the best the CPU supports. */
+enum quant_cpu_level { QUANT_CPU_REF = 0, QUANT_CPU_AVX2 = 1, QUANT_CPU_AVX512 = 2 };
+enum quant_cpu_level quant_cpu_level_detect(void);
+
+/* Kernels for one weight type at one CPU level, filled once at init (no `if` in hot loops).
+ *
+ * from_float: convert an activation row to vec_dot_type (this is where llama.cpp's
+ *   activation quantization happens; must equal quant_quantize_row_ref up to the rounding
+ *   differences quant-formats.md §5.1 allows — the tests say which).
+ * gemm: y[t*ldy + o] = dot(W row o, X row t) for o < n_out, t < n_tok; W rows are row_bytes
+ *   apart, X rows (converted) are x_row_bytes apart. Reads each weight row once for all
+ *   n_tok activation rows (verify batches of k+1 rows, prefill). Each output's value must
+ *   not depend on n_tok or on how the caller splits the o range across threads. */
+struct quant_kernels {
+    enum ggml_type type;
+    enum ggml_type vec_dot_type;
+    void (*from_float)(const float *x, void *y, int64_t n);
+    void (*gemm)(int64_t n, const void *w, size_t row_bytes, int64_t n_out,
+                 const void *x, size_t x_row_bytes, int64_t n_tok, float *y, int64_t ldy);
+    void (*dequantize_row)(const void *src, float *dst, int64_t n);
+};
+/* Returns false if the type is not supported; out is filled with the best kernels <= level. */
+bool quant_kernels_get(enum ggml_type t, enum quant_cpu_level level, struct quant_kernels *out);
+
+#endif
