@@ -95,4 +95,35 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t
 /* Serialize to a malloc'ed buffer (tests, fuzzing). */
 int gguf_writer_to_buffer(struct gguf_writer *w, void **buf, size_t *size, char *err, size_t err_size);
 
+/* --- Additions (backward compatible) ------------------------------------------------------ */
+
+/* "uint32", "string", "array", ...; "?" for an id outside enum gguf_type. */
+const char *gguf_type_name(enum gguf_type t);
+
+/* Remaining scalar types, so every GGUF type can be written. */
+int gguf_writer_set_u8(struct gguf_writer *w, const char *key, uint8_t v);
+int gguf_writer_set_i8(struct gguf_writer *w, const char *key, int8_t v);
+int gguf_writer_set_u16(struct gguf_writer *w, const char *key, uint16_t v);
+int gguf_writer_set_i16(struct gguf_writer *w, const char *key, int16_t v);
+int gguf_writer_set_i64(struct gguf_writer *w, const char *key, int64_t v);
+int gguf_writer_set_f64(struct gguf_writer *w, const char *key, double v);
+/* Array of any fixed-size element type (not STRING/ARRAY); v holds n packed little-endian
+ * elements (for BOOL: one byte each). */
+int gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_type elem_type,
+                        const void *v, size_t n);
+/* Copy one record read by gguf_open (any type), e.g. the tokenizer.* keys of another model.
+ * String-array elements are copied up to their first NUL. */
+int gguf_writer_set_kv(struct gguf_writer *w, const struct gguf_kv *kv);
+
+/* Streaming writes (models larger than RAM): declare a tensor without data; at write time
+ * fill(ctx, name, dst, size) must write exactly size bytes of that tensor into dst. Tensors
+ * are written in insertion order, one at a time, so only one tensor is held in memory. */
+typedef int (*gguf_writer_fill_fn)(void *ctx, const char *name, void *dst, size_t size,
+                                   char *err, size_t err_size);
+int gguf_writer_add_tensor_info(struct gguf_writer *w, const char *name, enum ggml_type type,
+                                uint32_t n_dims, const int64_t *ne);
+/* Like gguf_writer_write; fill may be NULL when every tensor was given data. */
+int gguf_writer_write_fill(struct gguf_writer *w, const char *path, gguf_writer_fill_fn fill,
+                           void *ctx, char *err, size_t err_size);
+
 #endif
