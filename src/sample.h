@@ -1,0 +1,66 @@
+/* sample.h — token samplers over one row of logits: greedy argmax and llama.cpp's default
+ * chain top_k -> top_p -> min_p -> temperature -> dist, with a seeded per-object PRNG.
+ * Knows nothing of models or tokenizers: it sees n_vocab floats.
+ * Reference: llama.cpp src/llama-sampler.cpp (top_k/top_p/min_p/temp/dist) and
+ * common/sampling.cpp (chain order); ../shared/docs/server-api.md §3.2–3.3. */
+#ifndef COTI_SAMPLE_H
+#define COTI_SAMPLE_H
+
+#include "common.h"
+
+struct sampler_params {
+    float temperature;   /* <= 0: greedy (argmax, lowest id wins ties) */
+    int32_t top_k;       /* <= 0: disabled */
+    float top_p;         /* >= 1: disabled */
+    float min_p;         /* <= 0: disabled */
+    int32_t min_keep;    /* top_p/min_p keep at least this many candidates (llama.cpp min_keep) */
+    uint64_t seed;       /* the whole draw sequence is a function of this seed */
+};
+
+/* One surviving candidate after the chain: p is normalized over the candidate set. */
+struct sampler_cand {
+    int32_t id;
+    float logit;         /* (logit - max) / temperature: the best candidate has 0 */
+    float p;
+};
+
+struct sampler;
+
+/* llama.cpp server defaults: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, min_keep 0. */
+struct sampler_params sampler_params_default(uint64_t seed);
+
+/* Allocate a sampler whose scratch holds n_vocab candidates, so sampling never allocates.
+ * Returns 0 and *out, COTI_E_ARG for n_vocab <= 0 or a NaN parameter, COTI_E_NOMEM. */
+int sampler_init(struct sampler **out, const struct sampler_params *params, int32_t n_vocab,
+                 char *err, size_t err_size);
+void sampler_free(struct sampler *s);
+
+/* Replace the parameters and restart the PRNG from params->seed (slot reuse without
+ * reallocating). Returns 0 or COTI_E_ARG (NaN parameter); on error s is unchanged. */
+int sampler_reset(struct sampler *s, const struct sampler_params *params, char *err, size_t err_size);
+
+/* Sample one token from logits[0..n_vocab). Greedy when temperature <= 0 (no PRNG draw);
+ * otherwise runs the chain and draws once from the PRNG. NaN logits count as -inf.
+ * Always returns an id in [0, n_vocab). */
+int32_t sampler_sample(struct sampler *s, const float *logits);
+
+/* Run the chain without drawing and expose the final distribution: *cands points to *n
+ * candidates in sampler-owned scratch (valid until the next call on s), sorted by
+ * descending probability when the chain sorted them (it does whenever top_k, top_p or
+ * min_p's fallback ran); probabilities sum to 1. For greedy this is the argmax with p = 1.
+ * This is the distribution sampler_sample draws from, so speculative decoding can do exact
+ * rejection sampling. Always *n >= 1. */
+void sampler_probs(struct sampler *s, const float *logits, const struct sampler_cand **cands, size_t *n);
+
+/* Draw u uniform in [0, 1) from the sampler's own stream (53-bit resolution). */
+double sampler_next_uniform(struct sampler *s);
+
+/* Pick from a distribution given by cands[0..n) (p normalized) with one draw u from s:
+ * the first candidate whose cumulative p exceeds u. Returns its id, or -1 if n == 0. */
+int32_t sampler_draw(struct sampler *s, const struct sampler_cand *cands, size_t n);
+
+/* Index of the largest logit in [0, n); lowest index on ties; NaN never wins.
+ * Returns 0 if every value is NaN or -inf, -1 if n <= 0. */
+int32_t sample_argmax(const float *logits, int n);
+
+#endif
