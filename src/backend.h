@@ -1,0 +1,115 @@
+/* backend.h — the interface every compute backend (CPU, CUDA) implements: buffers and the ops
+ * the models are written with. Models hold device pointers they never dereference; only
+ * backend calls touch them, so the same model code runs on any backend.
+ *
+ * Layout conventions: activations are f32, row-major, one row per token; "stride" arguments
+ * are in elements. Integer metadata (token ids, positions, cache cells) lives in device
+ * memory too (uploaded once per forward), so a device-resident loop can produce it itself.
+ * Every op is asynchronous with respect to the host on devices that queue work; download()
+ * and sync() are the only points that wait. */
+#ifndef COTI_BACKEND_H
+#define COTI_BACKEND_H
+
+#include "common.h"
+#include "quant.h"
+
+/* A matrix weight as the backend stores it: n_out rows of n_in elements of `type`. */
+struct bweight {
+    enum ggml_type type;
+    int64_t n_in, n_out;
+    size_t row_bytes;
+    const void *data;            /* backend memory */
+};
+
+struct backend {
+    const char *name;
+    void *ctx;
+
+    /* memory */
+    void *(*alloc)(struct backend *be, size_t bytes);            /* zeroed; NULL on failure */
+    void (*free)(struct backend *be, void *p);
+    void (*upload)(struct backend *be, void *dst, const void *src_host, size_t bytes);
+    void (*download)(struct backend *be, void *dst_host, const void *src, size_t bytes);
+    void (*copy)(struct backend *be, void *dst, const void *src, size_t bytes);
+    void (*sync)(struct backend *be);
+    /* Make a host weight (e.g. in the GGUF mapping, kept alive by the caller) usable by ops. */
+    int (*weight_init)(struct backend *be, struct bweight *w, enum ggml_type type,
+                       int64_t n_in, int64_t n_out, const void *host_data);
+    void (*weight_free)(struct backend *be, struct bweight *w);
+
+    /* y[t][0..n_out) = W · x[t] for t < n_tok (x rows n_in wide, contiguous). */
+    void (*matmul)(struct backend *be, const struct bweight *w, const float *x, int n_tok, float *y);
+    /* Several weights over the same input (converted once): ys[i] = ws[i] · x. */
+    void (*matmul_n)(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
+                     const float *x, int n_tok);
+    /* out[t] = row ids[t] of w, dequantized (embedding lookup). */
+    void (*get_rows)(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out);
+
+    /* y = x / sqrt(mean(x²) + eps) ⊙ w for n_rows rows of dim elements (strides per row). */
+    void (*rmsnorm)(struct backend *be, const float *x, int x_stride, const float *w, int n_rows,
+                    int dim, float eps, float *y, int y_stride);
+    /* y = rmsnorm(x) ⊙ w ⊙ silu(z) per row of dim (delta-net gated output norm). */
+    void (*rmsnorm_gated)(struct backend *be, const float *x, const float *w, const float *z,
+                          int n_rows, int dim, float eps, float *y);
+    void (*add)(struct backend *be, const float *a, const float *b, int64_t n, float *y);
+    /* y = silu(g) ⊙ u */
+    void (*swiglu)(struct backend *be, const float *g, const float *u, int64_t n, float *y);
+    /* x[t][h*dim + i] *= sigmoid(gate[t*gate_stride + h*gate_head_stride + i]) */
+    void (*mul_sigmoid)(struct backend *be, float *x, const float *gate, int n_tok, int n_head,
+                        int dim, int gate_stride, int gate_head_stride);
+
+    /* NeoX rope on the first n_rot dims of each head, in place: head h of token t at
+     * x + t*tok_stride + h*head_stride; angle of pair d = pos[t] · base^(-2d/n_rot). */
+    void (*rope_neox)(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
+                      int head_stride, int n_rot, const int32_t *pos, float base);
+    /* Store K and V rows (n_kv_dim wide; k rows k_stride apart) as f16 into cache rows cells[t]. */
+    void (*kv_store)(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
+                     int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache,
+                     uint16_t *v_cache);
+    /* Causal softmax attention with GQA (head h uses kv head h / (n_head/n_head_kv)): token t
+     * attends cache rows [cell0[t], cell0[t] + n_ctx[t]); q head h at q + t*q_stride +
+     * h*q_head_stride; out[t][h*head_dim + i]. */
+    void (*attention)(struct backend *be, const float *q, int q_stride, int q_head_stride,
+                      const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *cell0,
+                      const int32_t *n_ctx, int n_tok, int n_head, int n_head_kv, int head_dim,
+                      float scale, float *out);
+
+    /* Causal depthwise conv (kernel k) + SiLU over n_tok tokens of ONE sequence. x rows are
+     * n_ch wide; w[c][k] (tap k-1 multiplies the current token); state[c][k-1] (oldest
+     * first) is read and updated. If snap, the state after token t goes to
+     * snap + t*n_ch*(k-1) for t < n_snap. */
+    void (*ssm_conv)(struct backend *be, const float *x, int n_tok, int n_ch, int k,
+                     const float *w, float *state, float *y, float *snap, int n_snap);
+    /* Delta-net gates per token and v-head: beta = sigmoid(b), g = softplus(a + dt_bias) · ssm_a.
+     * a, b rows are a_stride / b_stride apart. */
+    void (*gdn_gates)(struct backend *be, const float *a, int a_stride, const float *b, int b_stride,
+                      const float *dt_bias, const float *ssm_a, int n_tok, int n_v, float *g,
+                      float *beta);
+    /* Gated delta rule over n_tok tokens of ONE sequence (arch-qwen35.md §5.5). qkv rows
+     * (stride qkv_stride): q heads [0, nk·dk), k heads [nk·dk, 2nk·dk), v heads after; q and
+     * k are L2-normalised here (eps). state[h][j][i] (dk fastest) is read and updated; v head
+     * h uses k head h % nk. out[t][h*dv + j]. If snap, the state after token t goes to
+     * snap + t*nv*dk*dv for t < n_snap. */
+    void (*gdn)(struct backend *be, const float *qkv, int qkv_stride, const float *g,
+                const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
+                float eps, float *out, float *snap, int n_snap);
+
+    /* The same rule in its chunked (parallel) form, for long runs without snapshots
+     * (prompt processing); equal to gdn up to f32 rounding (arch-qwen35.md §5.6). */
+    void (*gdn_chunked)(struct backend *be, const float *qkv, int qkv_stride, const float *g,
+                        const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
+                        float eps, float *out);
+
+    /* out[r] = index of the max of row r (lowest index on ties). */
+    void (*argmax)(struct backend *be, const float *x, int n_rows, int n, int32_t *out);
+
+    void (*destroy)(struct backend *be);
+};
+
+/* CPU backend with a pool of n_threads; level caps the SIMD kernels (QUANT_CPU_REF gives the
+ * plain reference path everywhere, which tests use as the yardstick). */
+struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level);
+
+static inline void backend_free(struct backend *be) { if (be) be->destroy(be); }
+
+#endif

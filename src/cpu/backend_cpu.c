@@ -1,0 +1,541 @@
+/* backend_cpu.c — the CPU backend: host memory, a thread pool, SIMD matmul kernels from
+ * quant.h chosen once at init, and plain-C ops for everything that is not a matmul.
+ * Ops small enough that a thread hand-off costs more than the work (norms and elementwise
+ * ops over a few hundred floats per token) run on the calling thread.
+ * Numerics follow llama.cpp's CPU path where it matters for logit agreement: activations are
+ * converted to the weight type's vec_dot type before a matmul; the KV cache is f16; norms,
+ * rope, softmax, conv and the delta rule are f32. Each output value is computed the same way
+ * whatever the batch size or thread count, so a verify batch reproduces plain decode bit for
+ * bit. */
+#include "backend.h"
+#include "threadpool.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cpu_ctx {
+    struct threadpool *tp;
+    enum quant_cpu_level level;
+    struct quant_kernels kernels[GGML_TYPE_COUNT];
+    bool have_kernels[GGML_TYPE_COUNT];
+    /* activation conversion scratch, grown on demand (only while warming up) */
+    void *xconv;
+    size_t xconv_size;
+};
+
+static struct cpu_ctx *cpu(struct backend *be) { return be->ctx; }
+
+/* ---- memory ------------------------------------------------------------------------ */
+
+static void *cpu_alloc(struct backend *be, size_t bytes) {
+    void *p = NULL;
+    size_t n = (bytes + 63) & ~(size_t)63;
+    if (n < bytes || posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
+    memset(p, 0, n);
+    return p;
+}
+static void cpu_free(struct backend *be, void *p) { free(p); }
+static void cpu_memcpy(struct backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes) memmove(dst, src, bytes);
+}
+static void cpu_sync(struct backend *be) {}
+
+static int cpu_weight_init(struct backend *be, struct bweight *w, enum ggml_type type,
+                           int64_t n_in, int64_t n_out, const void *host_data) {
+    if (!cpu(be)->have_kernels[type]) return COTI_E_UNSUPPORTED;
+    w->type = type;
+    w->n_in = n_in;
+    w->n_out = n_out;
+    w->row_bytes = ggml_row_size(type, n_in);
+    w->data = host_data; /* used in place from the mapping */
+    return w->row_bytes ? 0 : COTI_E_FORMAT;
+}
+static void cpu_weight_free(struct backend *be, struct bweight *w) { w->data = NULL; }
+
+/* ---- matmul ------------------------------------------------------------------------ */
+
+/* Rows handed to one thread at a time are a multiple of this, so threads do not share
+ * cache lines of y and kernels get whole tiles. */
+#define CPU_MATMUL_ROW_QUANTUM 16
+
+struct matmul_job {
+    struct cpu_ctx *c;
+    const struct bweight *const *ws;
+    float *const *ys;
+    const void *const *xs;       /* converted input per weight */
+    const size_t *x_row_bytes;
+    int n_w;
+    int n_tok;
+    int64_t total_rows;
+};
+
+static void matmul_worker(void *arg, int ith, int nth) {
+    struct matmul_job *j = arg;
+    int64_t quanta = (j->total_rows + CPU_MATMUL_ROW_QUANTUM - 1) / CPU_MATMUL_ROW_QUANTUM;
+    int64_t q0 = quanta * ith / nth, q1 = quanta * (ith + 1) / nth;
+    int64_t r0 = q0 * CPU_MATMUL_ROW_QUANTUM, r1 = COTI_MIN(q1 * CPU_MATMUL_ROW_QUANTUM, j->total_rows);
+    int64_t base = 0;
+    for (int i = 0; i < j->n_w && r0 < r1; i++) {
+        const struct bweight *w = j->ws[i];
+        int64_t lo = COTI_MAX(r0, base), hi = COTI_MIN(r1, base + w->n_out);
+        if (lo < hi) {
+            const struct quant_kernels *k = &j->c->kernels[w->type];
+            k->gemm(w->n_in, (const uint8_t *)w->data + (size_t)(lo - base) * w->row_bytes,
+                    w->row_bytes, hi - lo, j->xs[i], j->x_row_bytes[i], j->n_tok,
+                    j->ys[i] + (lo - base), w->n_out);
+        }
+        base += w->n_out;
+    }
+}
+
+#define CPU_MATMUL_MAX_WEIGHTS 8
+
+static void cpu_matmul_n(struct backend *be, const struct bweight *const *ws, float *const *ys,
+                         int n_w, const float *x, int n_tok) {
+    struct cpu_ctx *c = cpu(be);
+    const void *xs[CPU_MATMUL_MAX_WEIGHTS];
+    size_t xrb[CPU_MATMUL_MAX_WEIGHTS];
+    enum ggml_type done_type[CPU_MATMUL_MAX_WEIGHTS];
+    size_t done_off[CPU_MATMUL_MAX_WEIGHTS];
+    int n_done = 0;
+    int64_t n_in = ws[0]->n_in, total = 0;
+
+    /* size the conversion scratch for every distinct vec_dot type */
+    size_t need = 0;
+    for (int i = 0; i < n_w; i++) {
+        enum ggml_type vt = c->kernels[ws[i]->type].vec_dot_type;
+        size_t rb = ggml_row_size(vt, n_in);
+        xrb[i] = rb;
+        need += rb * (size_t)n_tok + 64;
+        total += ws[i]->n_out;
+    }
+    if (need > c->xconv_size) {
+        free(c->xconv);
+        c->xconv = NULL;
+        if (posix_memalign(&c->xconv, 64, need) != 0) abort(); /* resource failure at warm-up */
+        c->xconv_size = need;
+    }
+    size_t off = 0;
+    for (int i = 0; i < n_w; i++) {
+        const struct quant_kernels *k = &c->kernels[ws[i]->type];
+        int found = -1;
+        for (int d = 0; d < n_done; d++) if (done_type[d] == k->vec_dot_type) found = d;
+        if (found < 0) {
+            uint8_t *dst = (uint8_t *)c->xconv + off;
+            for (int t = 0; t < n_tok; t++) k->from_float(x + (size_t)t * n_in, dst + (size_t)t * xrb[i], n_in);
+            done_type[n_done] = k->vec_dot_type;
+            done_off[n_done] = off;
+            found = n_done++;
+            off += (xrb[i] * (size_t)n_tok + 63) & ~(size_t)63;
+        }
+        xs[i] = (uint8_t *)c->xconv + done_off[found];
+    }
+    struct matmul_job j = {c, ws, ys, xs, xrb, n_w, n_tok, total};
+    threadpool_run(c->tp, matmul_worker, &j);
+}
+
+static void cpu_matmul(struct backend *be, const struct bweight *w, const float *x, int n_tok, float *y) {
+    cpu_matmul_n(be, &w, &y, 1, x, n_tok);
+}
+
+static void cpu_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {
+    const struct quant_kernels *k = &cpu(be)->kernels[w->type];
+    for (int t = 0; t < n; t++)
+        k->dequantize_row((const uint8_t *)w->data + (size_t)ids[t] * w->row_bytes, out + (size_t)t * w->n_in, w->n_in);
+}
+
+/* ---- norms and elementwise --------------------------------------------------------- */
+
+/* Σx² in double, then 1/sqrt in f32 — llama.cpp's order of operations. */
+static float rms_scale(const float *x, int dim, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < dim; i++) sum += (double)x[i] * x[i];
+    return 1.0f / sqrtf((float)(sum / dim) + eps);
+}
+
+static void cpu_rmsnorm(struct backend *be, const float *x, int x_stride, const float *w, int n_rows,
+                        int dim, float eps, float *y, int y_stride) {
+    for (int r = 0; r < n_rows; r++) {
+        const float *xr = x + (size_t)r * x_stride;
+        float *yr = y + (size_t)r * y_stride;
+        float s = rms_scale(xr, dim, eps);
+        for (int i = 0; i < dim; i++) yr[i] = (xr[i] * s) * w[i];
+    }
+}
+
+static inline float silu(float v) { return v / (1.0f + expf(-v)); }
+static inline float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+static void cpu_rmsnorm_gated(struct backend *be, const float *x, const float *w, const float *z,
+                              int n_rows, int dim, float eps, float *y) {
+    for (int r = 0; r < n_rows; r++) {
+        const float *xr = x + (size_t)r * dim, *zr = z + (size_t)r * dim;
+        float *yr = y + (size_t)r * dim;
+        float s = rms_scale(xr, dim, eps);
+        for (int i = 0; i < dim; i++) yr[i] = ((xr[i] * s) * w[i]) * silu(zr[i]);
+    }
+}
+
+static void cpu_add(struct backend *be, const float *a, const float *b, int64_t n, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+static void cpu_swiglu(struct backend *be, const float *g, const float *u, int64_t n, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = silu(g[i]) * u[i];
+}
+
+static void cpu_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok, int n_head,
+                            int dim, int gate_stride, int gate_head_stride) {
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_head; h++) {
+            float *xr = x + ((size_t)t * n_head + h) * dim;
+            const float *gr = gate + (size_t)t * gate_stride + (size_t)h * gate_head_stride;
+            for (int i = 0; i < dim; i++) xr[i] *= sigmoid(gr[i]);
+        }
+}
+
+/* ---- rope and attention ------------------------------------------------------------ */
+
+static void cpu_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
+                          int head_stride, int n_rot, const int32_t *pos, float base) {
+    /* angles by repeated multiplication, as llama.cpp computes them */
+    const float theta_scale = powf(base, -2.0f / (float)n_rot);
+    const int half = n_rot / 2;
+    float cs[512], sn[512];
+    for (int t = 0; t < n_tok; t++) {
+        float theta = (float)pos[t];
+        for (int d = 0; d < half; d++) {
+            cs[d] = cosf(theta);
+            sn[d] = sinf(theta);
+            theta *= theta_scale;
+        }
+        for (int h = 0; h < n_head; h++) {
+            float *v = x + (size_t)t * tok_stride + (size_t)h * head_stride;
+            for (int d = 0; d < half; d++) {
+                float a = v[d], b = v[d + half];
+                v[d] = a * cs[d] - b * sn[d];
+                v[d + half] = a * sn[d] + b * cs[d];
+            }
+        }
+    }
+}
+
+static void cpu_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
+                         int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache,
+                         uint16_t *v_cache) {
+    for (int t = 0; t < n_tok; t++) {
+        uint16_t *kc = k_cache + (size_t)cells[t] * n_kv_dim, *vc = v_cache + (size_t)cells[t] * n_kv_dim;
+        for (int i = 0; i < n_kv_dim; i++) {
+            kc[i] = f32_to_fp16(k[(size_t)t * k_stride + i]);
+            vc[i] = f32_to_fp16(v[(size_t)t * v_stride + i]);
+        }
+    }
+}
+
+struct attn_job {
+    const float *q; int q_stride, q_head_stride;
+    const uint16_t *k, *v; const int32_t *cell0, *n_ctx;
+    int n_tok, n_head, n_head_kv, head_dim; float scale; float *out;
+};
+
+#define CPU_ATTN_MAX_HEAD_DIM 512
+
+/* One (token, head) pair: online softmax over the cached rows, f32 throughout. */
+static void attn_one(const struct attn_job *j, int t, int h) {
+    const int D = j->head_dim, kvd = j->n_head_kv * D;
+    const int hk = h / (j->n_head / j->n_head_kv);
+    const float *q = j->q + (size_t)t * j->q_stride + (size_t)h * j->q_head_stride;
+    float acc[CPU_ATTN_MAX_HEAD_DIM];
+    float m = -INFINITY, l = 0.0f;
+    for (int i = 0; i < D; i++) acc[i] = 0.0f;
+    const int32_t c0 = j->cell0[t], n = j->n_ctx[t];
+    for (int c = 0; c < n; c++) {
+        const uint16_t *kr = j->k + (size_t)(c0 + c) * kvd + (size_t)hk * D;
+        const uint16_t *vr = j->v + (size_t)(c0 + c) * kvd + (size_t)hk * D;
+        float s = 0.0f;
+        for (int i = 0; i < D; i++) s += q[i] * fp16_to_f32(kr[i]);
+        s *= j->scale;
+        if (s > m) {
+            float corr = expf(m - s);
+            for (int i = 0; i < D; i++) acc[i] *= corr;
+            l *= corr;
+            m = s;
+        }
+        float p = expf(s - m);
+        l += p;
+        for (int i = 0; i < D; i++) acc[i] += p * fp16_to_f32(vr[i]);
+    }
+    float *o = j->out + (size_t)t * j->n_head * D + (size_t)h * D;
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int i = 0; i < D; i++) o[i] = acc[i] * inv;
+}
+
+static void attn_worker(void *arg, int ith, int nth) {
+    const struct attn_job *j = arg;
+    int total = j->n_tok * j->n_head;
+    for (int i = ith; i < total; i += nth) attn_one(j, i / j->n_head, i % j->n_head);
+}
+
+static void cpu_attention(struct backend *be, const float *q, int q_stride, int q_head_stride,
+                          const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *cell0,
+                          const int32_t *n_ctx, int n_tok, int n_head, int n_head_kv, int head_dim,
+                          float scale, float *out) {
+    struct attn_job j = {q, q_stride, q_head_stride, k_cache, v_cache, cell0, n_ctx,
+                         n_tok, n_head, n_head_kv, head_dim, scale, out};
+    if (head_dim > CPU_ATTN_MAX_HEAD_DIM) abort(); /* model loading rejects such files */
+    threadpool_run(cpu(be)->tp, attn_worker, &j);
+}
+
+/* ---- delta net ---------------------------------------------------------------------- */
+
+static void cpu_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch, int k,
+                         const float *w, float *state, float *y, float *snap, int n_snap) {
+    const int ks = k - 1;
+    for (int t = 0; t < n_tok; t++) {
+        const float *xt = x + (size_t)t * n_ch;
+        float *yt = y + (size_t)t * n_ch;
+        for (int c = 0; c < n_ch; c++) {
+            float *st = state + (size_t)c * ks;
+            const float *wc = w + (size_t)c * k;
+            float s = 0.0f;
+            for (int i = 0; i < ks; i++) s += wc[i] * st[i];
+            s += wc[ks] * xt[c];
+            for (int i = 0; i + 1 < ks; i++) st[i] = st[i + 1];
+            if (ks > 0) st[ks - 1] = xt[c];
+            yt[c] = silu(s);
+        }
+        if (snap && t < n_snap) memcpy(snap + (size_t)t * n_ch * ks, state, sizeof(float) * (size_t)n_ch * ks);
+    }
+}
+
+static void cpu_gdn_gates(struct backend *be, const float *a, int a_stride, const float *b, int b_stride,
+                          const float *dt_bias, const float *ssm_a, int n_tok, int n_v, float *g,
+                          float *beta) {
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_v; h++) {
+            float av = a[(size_t)t * a_stride + h] + dt_bias[h];
+            float sp = av > 20.0f ? av : log1pf(expf(av));
+            g[(size_t)t * n_v + h] = sp * ssm_a[h];
+            beta[(size_t)t * n_v + h] = sigmoid(b[(size_t)t * b_stride + h]);
+        }
+}
+
+struct gdn_job {
+    const float *qkv; int qkv_stride; const float *g, *beta; float *state;
+    int n_tok, nk, nv, dk, dv; float eps; float *out, *snap; int n_snap;
+};
+
+#define CPU_GDN_MAX_DIM 256
+
+static void l2_normalize(const float *x, float *y, int n, float eps) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += x[i] * x[i];
+    float nrm = sqrtf(s);
+    float inv = 1.0f / (nrm > eps ? nrm : eps);
+    for (int i = 0; i < n; i++) y[i] = x[i] * inv;
+}
+
+/* One v-head over all tokens: S ← e^g S; δ = β(v − Sᵀk); S ← S + k δᵀ; o = Sᵀq / √dk. */
+static void gdn_head(const struct gdn_job *j, int h) {
+    const int dk = j->dk, dv = j->dv, gk = h % j->nk;
+    const size_t st_elems = (size_t)j->nv * dk * dv;
+    float *S = j->state + (size_t)h * dk * dv;   /* S[jv][i]: value row jv, key index i */
+    float q[CPU_GDN_MAX_DIM], kk[CPU_GDN_MAX_DIM];
+    const float qscale = 1.0f / sqrtf((float)dk);
+    for (int t = 0; t < j->n_tok; t++) {
+        const float *row = j->qkv + (size_t)t * j->qkv_stride;
+        l2_normalize(row + (size_t)gk * dk, q, dk, j->eps);
+        l2_normalize(row + (size_t)j->nk * dk + (size_t)gk * dk, kk, dk, j->eps);
+        const float *v = row + (size_t)2 * j->nk * dk + (size_t)h * dv;
+        const float decay = expf(j->g[(size_t)t * j->nv + h]);
+        const float b = j->beta[(size_t)t * j->nv + h];
+        float *o = j->out + (size_t)t * j->nv * dv + (size_t)h * dv;
+        for (int jv = 0; jv < dv; jv++) {
+            float *s = S + (size_t)jv * dk;
+            float kv = 0.0f;
+            for (int i = 0; i < dk; i++) { s[i] *= decay; kv += s[i] * kk[i]; }
+            float delta = b * (v[jv] - kv);
+            float oq = 0.0f;
+            for (int i = 0; i < dk; i++) { s[i] += kk[i] * delta; oq += s[i] * q[i]; }
+            o[jv] = oq * qscale;
+        }
+        if (j->snap && t < j->n_snap)
+            memcpy(j->snap + (size_t)t * st_elems + (size_t)h * dk * dv, S, sizeof(float) * (size_t)dk * dv);
+    }
+}
+
+static void gdn_worker(void *arg, int ith, int nth) {
+    const struct gdn_job *j = arg;
+    for (int h = ith; h < j->nv; h += nth) gdn_head(j, h);
+}
+
+static void cpu_gdn(struct backend *be, const float *qkv, int qkv_stride, const float *g,
+                    const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
+                    float eps, float *out, float *snap, int n_snap) {
+    if (dk > CPU_GDN_MAX_DIM) abort(); /* model loading rejects such files */
+    struct gdn_job j = {qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out, snap, n_snap};
+    threadpool_run(cpu(be)->tp, gdn_worker, &j);
+}
+
+/* Chunked form, one v-head: for each chunk of up to GDN_CHUNK tokens, with G the cumulative
+ * log-decay inside the chunk and A_ij = β_i (k_i·k_j) e^{G_i−G_j} (j < i), solve
+ * (I + A) U = diag(β) V and (I + A) W = diag(β e^G) K by forward substitution, then
+ * Vnew = U − W S, O = e^G (Q S) + P Vnew with P_ij = (q_i·k_j) e^{G_i−G_j} (j ≤ i), and
+ * S' = e^{G_last} S + Σ_j e^{G_last−G_j} k_j Vnew_jᵀ. */
+#define GDN_CHUNK 64
+
+struct gdn_chunk_scratch {
+    float q[GDN_CHUNK][CPU_GDN_MAX_DIM], k[GDN_CHUNK][CPU_GDN_MAX_DIM];
+    float u[GDN_CHUNK][CPU_GDN_MAX_DIM], w[GDN_CHUNK][CPU_GDN_MAX_DIM];
+    float A[GDN_CHUNK][GDN_CHUNK], G[GDN_CHUNK], b[GDN_CHUNK];
+};
+
+static void gdn_chunked_head(const struct gdn_job *j, int h, struct gdn_chunk_scratch *cs) {
+    const int dk = j->dk, dv = j->dv, gk = h % j->nk;
+    float *S = j->state + (size_t)h * dk * dv;   /* S[jv][i] */
+    const float qscale = 1.0f / sqrtf((float)dk);
+    for (int t0 = 0; t0 < j->n_tok; t0 += GDN_CHUNK) {
+        const int C = COTI_MIN(GDN_CHUNK, j->n_tok - t0);
+        float G = 0.0f;
+        for (int i = 0; i < C; i++) {
+            const float *row = j->qkv + (size_t)(t0 + i) * j->qkv_stride;
+            l2_normalize(row + (size_t)gk * dk, cs->q[i], dk, j->eps);
+            for (int d = 0; d < dk; d++) cs->q[i][d] *= qscale;
+            l2_normalize(row + (size_t)j->nk * dk + (size_t)gk * dk, cs->k[i], dk, j->eps);
+            G += j->g[(size_t)(t0 + i) * j->nv + h];
+            cs->G[i] = G;
+            cs->b[i] = j->beta[(size_t)(t0 + i) * j->nv + h];
+        }
+        for (int i = 0; i < C; i++)
+            for (int jj = 0; jj < i; jj++) {
+                float kk = 0.0f;
+                for (int d = 0; d < dk; d++) kk += cs->k[i][d] * cs->k[jj][d];
+                cs->A[i][jj] = cs->b[i] * kk * expf(cs->G[i] - cs->G[jj]);
+            }
+        /* forward substitution: u_i = β_i v_i − Σ A_ij u_j ; w_i = β_i e^{G_i} k_i − Σ A_ij w_j */
+        for (int i = 0; i < C; i++) {
+            const float *v = j->qkv + (size_t)(t0 + i) * j->qkv_stride + (size_t)2 * j->nk * dk + (size_t)h * dv;
+            const float eg = expf(cs->G[i]);
+            for (int d = 0; d < dv; d++) cs->u[i][d] = cs->b[i] * v[d];
+            for (int d = 0; d < dk; d++) cs->w[i][d] = cs->b[i] * eg * cs->k[i][d];
+            for (int jj = 0; jj < i; jj++) {
+                const float a = cs->A[i][jj];
+                for (int d = 0; d < dv; d++) cs->u[i][d] -= a * cs->u[jj][d];
+                for (int d = 0; d < dk; d++) cs->w[i][d] -= a * cs->w[jj][d];
+            }
+        }
+        /* Vnew = U − W S (into u) */
+        for (int i = 0; i < C; i++)
+            for (int jv = 0; jv < dv; jv++) {
+                const float *s = S + (size_t)jv * dk;
+                float ws = 0.0f;
+                for (int d = 0; d < dk; d++) ws += cs->w[i][d] * s[d];
+                cs->u[i][jv] -= ws;
+            }
+        /* outputs */
+        for (int i = 0; i < C; i++) {
+            float *o = j->out + (size_t)(t0 + i) * j->nv * dv + (size_t)h * dv;
+            const float eg = expf(cs->G[i]);
+            float p[GDN_CHUNK];
+            for (int jj = 0; jj <= i; jj++) {
+                float qk = 0.0f;
+                for (int d = 0; d < dk; d++) qk += cs->q[i][d] * cs->k[jj][d];
+                p[jj] = qk * expf(cs->G[i] - cs->G[jj]);
+            }
+            for (int jv = 0; jv < dv; jv++) {
+                const float *s = S + (size_t)jv * dk;
+                float qs = 0.0f;
+                for (int d = 0; d < dk; d++) qs += cs->q[i][d] * s[d];
+                float acc = eg * qs;
+                for (int jj = 0; jj <= i; jj++) acc += p[jj] * cs->u[jj][jv];
+                o[jv] = acc;
+            }
+        }
+        /* state leaving the chunk */
+        const float Gl = cs->G[C - 1], egl = expf(Gl);
+        float dec[GDN_CHUNK];
+        for (int jj = 0; jj < C; jj++) dec[jj] = expf(Gl - cs->G[jj]);
+        for (int jv = 0; jv < dv; jv++) {
+            float *s = S + (size_t)jv * dk;
+            for (int d = 0; d < dk; d++) s[d] *= egl;
+            for (int jj = 0; jj < C; jj++) {
+                const float c = dec[jj] * cs->u[jj][jv];
+                for (int d = 0; d < dk; d++) s[d] += c * cs->k[jj][d];
+            }
+        }
+    }
+}
+
+static void gdn_chunked_worker(void *arg, int ith, int nth) {
+    const struct gdn_job *j = arg;
+    struct gdn_chunk_scratch *cs = malloc(sizeof *cs); /* ~200 KB: too big for a worker's stack */
+    if (!cs) abort();
+    for (int h = ith; h < j->nv; h += nth) gdn_chunked_head(j, h, cs);
+    free(cs);
+}
+
+static void cpu_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const float *g,
+                            const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
+                            float eps, float *out) {
+    if (dk > CPU_GDN_MAX_DIM || dv > CPU_GDN_MAX_DIM) abort(); /* model loading rejects such files */
+    struct gdn_job j = {qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out, NULL, 0};
+    threadpool_run(cpu(be)->tp, gdn_chunked_worker, &j);
+}
+
+static void cpu_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t *out) {
+    for (int r = 0; r < n_rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        int best = 0;
+        for (int i = 1; i < n; i++) if (xr[i] > xr[best]) best = i;
+        out[r] = best;
+    }
+}
+
+static void cpu_destroy(struct backend *be) {
+    struct cpu_ctx *c = cpu(be);
+    threadpool_free(c->tp);
+    free(c->xconv);
+    free(c);
+    free(be);
+}
+
+struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
+    struct backend *be = calloc(1, sizeof(*be));
+    struct cpu_ctx *c = calloc(1, sizeof(*c));
+    if (!be || !c) { free(be); free(c); return NULL; }
+    c->tp = threadpool_init(n_threads);
+    if (!c->tp) { free(be); free(c); return NULL; }
+    c->level = level;
+    for (int t = 0; t < GGML_TYPE_COUNT; t++)
+        c->have_kernels[t] = ggml_type_supported((enum ggml_type)t) &&
+                             quant_kernels_get((enum ggml_type)t, level, &c->kernels[t]);
+    be->name = "cpu";
+    be->ctx = c;
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->upload = cpu_memcpy;
+    be->download = cpu_memcpy;
+    be->copy = cpu_memcpy;
+    be->sync = cpu_sync;
+    be->weight_init = cpu_weight_init;
+    be->weight_free = cpu_weight_free;
+    be->matmul = cpu_matmul;
+    be->matmul_n = cpu_matmul_n;
+    be->get_rows = cpu_get_rows;
+    be->rmsnorm = cpu_rmsnorm;
+    be->rmsnorm_gated = cpu_rmsnorm_gated;
+    be->add = cpu_add;
+    be->swiglu = cpu_swiglu;
+    be->mul_sigmoid = cpu_mul_sigmoid;
+    be->rope_neox = cpu_rope_neox;
+    be->kv_store = cpu_kv_store;
+    be->attention = cpu_attention;
+    be->ssm_conv = cpu_ssm_conv;
+    be->gdn_gates = cpu_gdn_gates;
+    be->gdn = cpu_gdn;
+    be->gdn_chunked = cpu_gdn_chunked;
+    be->argmax = cpu_argmax;
+    be->destroy = cpu_destroy;
+    return be;
+}

@@ -1,0 +1,99 @@
+/* model.h — the architecture-independent face of a loaded model: load from a GGUF file onto
+ * a backend, run a batch of tokens of one or more sequences, expose logits and the hidden
+ * states drafters need, and manage per-sequence memory (KV cache, recurrent state).
+ * One file per architecture implements struct model_vtable (src/models/<arch>.c). */
+#ifndef COTI_MODEL_H
+#define COTI_MODEL_H
+
+#include "backend.h"
+#include "gguf.h"
+
+struct model_info {
+    const char *arch;            /* "qwen35" */
+    int n_vocab;
+    int n_embd;
+    int n_layer;                 /* trunk layers */
+    int n_ctx_train;
+    bool has_mtp;                /* carries a NextN head usable for self-speculation */
+    bool has_recurrent;          /* rollback needs state snapshots, not only KV truncation */
+};
+
+/* A batch: tokens of the same sequence are contiguous and at consecutive positions that
+ * continue the sequence (pos of the first = the sequence's current length). */
+struct model_batch {
+    int n;
+    const int32_t *tokens;       /* host */
+    const int32_t *pos;          /* host */
+    const int32_t *seq;          /* host; NULL = all sequence 0 */
+    const bool *want_logits;     /* host; NULL = only the last row */
+    bool keep_states;            /* recurrent layers keep the state after every token of the
+                                    last run of each sequence, so model_seq_rollback works */
+};
+
+/* Results of the last forward, in backend memory; valid until the next forward. */
+struct model_output {
+    int n_logits;                /* rows of logits, in batch order of the rows that wanted them */
+    const float *logits;         /* [n_logits][n_vocab] */
+    const float *hidden;         /* [n][n_embd] post-output-norm hidden of every row */
+    int n;
+};
+
+struct model;
+
+struct model_vtable {
+    void (*free)(struct model *m);
+    int (*forward)(struct model *m, const struct model_batch *b, struct model_output *out,
+                   char *err, size_t err_size);
+    /* Forget sequence s entirely. */
+    void (*seq_reset)(struct model *m, int s);
+    /* Drop the last n_drop positions of sequence s, which must all come from the last
+     * forward (that ran with keep_states) and number fewer than its tokens of s. */
+    int (*seq_rollback)(struct model *m, int s, int n_drop);
+    /* Copy sequence src's whole state onto dst (prompt-cache reuse across slots). */
+    int (*seq_copy)(struct model *m, int dst, int src);
+
+    /* NextN draft head (NULL when the model has none). Row i is (tokens[i] at pos[i] of
+     * seq[i], h_in row i) where h_in is the target's post-norm hidden of the previous
+     * position (or the head's own output when chaining drafts); rows append to the head's
+     * own KV cache, whose length per sequence is mtp_len[s] (first pos of a run must equal
+     * it). out->hidden gets the head's post-shared_head_norm hidden, out->logits the rows
+     * that want them. */
+    int (*mtp_forward)(struct model *m, const struct model_batch *b, const float *h_in,
+                       struct model_output *out, char *err, size_t err_size);
+};
+
+struct model {
+    const struct model_vtable *vt;
+    struct model_info info;
+    struct backend *be;
+    struct gguf_file *gguf;      /* owned; weights may point into its mapping */
+    int n_seq, n_ctx, n_batch, n_keep_states;
+    int32_t *seq_len;            /* host: positions held per sequence */
+    int32_t *mtp_len;            /* host: positions held by the NextN head's cache per sequence */
+};
+
+struct model_params {
+    int n_seq;                   /* sequences held at once (server slots) */
+    int n_ctx;                   /* positions per sequence */
+    int n_batch;                 /* max rows per internal forward step (larger batches are split) */
+    int n_keep_states;           /* max verify length that must be rollback-able (1 + n_draft) */
+};
+
+/* Load `path` onto `be`. Returns 0 or a negative coti_err with a message. */
+int model_load(struct model **out, const char *path, struct backend *be,
+               const struct model_params *p, char *err, size_t err_size);
+void model_free(struct model *m);
+
+static inline int model_forward(struct model *m, const struct model_batch *b,
+                                struct model_output *out, char *err, size_t err_size) {
+    return m->vt->forward(m, b, out, err, err_size);
+}
+static inline void model_seq_reset(struct model *m, int s) { m->vt->seq_reset(m, s); }
+static inline int model_seq_rollback(struct model *m, int s, int n_drop) { return m->vt->seq_rollback(m, s, n_drop); }
+static inline int model_seq_copy(struct model *m, int dst, int src) { return m->vt->seq_copy(m, dst, src); }
+
+/* Architecture loaders (one per src/models/<arch>.c). */
+int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
+                const struct model_params *p, char *err, size_t err_size);
+
+#endif

@@ -1,0 +1,747 @@
+/* qwen35.c — the Qwen3.5/3.6 dense hybrid architecture (`qwen35`): hparams from GGUF
+ * metadata, tensor binding, the forward pass over a batch of tokens of one or more
+ * sequences, per-sequence memory (f16 KV cache for the full-attention layers, conv + delta
+ * state for the gated-delta-net layers, per-token state snapshots for rollback), and the
+ * NextN (MTP) draft head. Written against backend.h only: nothing here runs arithmetic.
+ * Reference: ../shared/docs/arch-qwen35.md; llama.cpp src/models/qwen35.cpp (behaviour). */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Sizes beyond these are rejected at load: they bound on-stack scratch in the backends and
+ * are far above any published Qwen3.5 shape (head dim 256, state 128). */
+#define QWEN35_MAX_HEAD_DIM 512
+#define QWEN35_MAX_STATE 256
+#define QWEN35_MAX_LAYERS 512
+/* Runs at least this long (prompts) use the chunked delta rule; shorter ones (decode,
+ * verify) the per-token recurrence, so spec-on and spec-off decode share one path. */
+#define QWEN35_CHUNKED_MIN_RUN 64
+
+struct qwen35_hparams {
+    int n_layer_all, n_layer, n_mtp;
+    int n_embd, n_ff, n_head, n_head_kv, head_dim, n_rot, n_vocab, n_ctx_train;
+    int ssm_k, ssm_dk, ssm_dv, ssm_nk, ssm_nv, ssm_ch; /* conv kernel, dims, heads, channels */
+    int interval;
+    float eps, rope_base;
+};
+
+struct attn_weights {
+    struct bweight q, k, v, o;
+    float *q_norm, *k_norm;
+};
+
+struct gdn_weights {
+    struct bweight qkv, gate, beta, alpha, out;
+    float *conv, *dt_bias, *a, *norm;
+};
+
+struct layer {
+    bool is_gdn;
+    float *attn_norm, *post_norm;
+    struct attn_weights at;
+    struct gdn_weights dn;
+    struct bweight ffn_gate, ffn_up, ffn_down;
+    /* memory: attention KV [n_seq*n_ctx][n_head_kv*head_dim] f16, or recurrent state per seq */
+    uint16_t *k_cache, *v_cache;
+    float *conv_state, *ssm_state;       /* [n_seq][...] */
+    float *conv_snap, *ssm_snap;         /* [n_seq][n_keep_states][...] */
+};
+
+struct mtp_weights {
+    struct layer blk;                    /* a full-attention block with its own KV cache */
+    struct bweight eh_proj;
+    float *enorm, *hnorm, *head_norm;
+};
+
+/* Activation scratch for n_batch rows, sliced from one allocation. */
+struct scratch {
+    float *x, *a, *m, *qg, *k, *v, *att, *qkv, *z, *bet, *alp, *y, *g, *beta, *o, *og;
+    float *fg, *fu, *hn, *lm_in, *logits, *cat;
+    int32_t *tokens, *pos, *cells, *cell0, *nctx, *rows;   /* device metadata */
+};
+
+struct qwen35 {
+    struct model base;
+    struct qwen35_hparams hp;
+    struct layer *layers;
+    struct bweight tok_embd, lm_head;
+    float *out_norm;
+    bool has_mtp;
+    struct mtp_weights mtp;
+    struct scratch s;
+    void *scratch_block;
+    /* host mirrors of the batch metadata */
+    int32_t *h_cells, *h_cell0, *h_nctx, *h_rows;
+    int32_t *last_run_len;               /* per seq: tokens of its run in the last forward */
+    bool *last_run_kept;
+    size_t conv_elems, ssm_elems;        /* per sequence, per layer */
+};
+
+static struct qwen35 *q35(struct model *m) { return (struct qwen35 *)m; }
+
+/* ---- loading ------------------------------------------------------------------------ */
+
+struct loader {
+    struct gguf_file *g;
+    struct backend *be;
+    const char *arch;
+    char *err;
+    size_t err_size;
+};
+
+static int get_u32_req(struct loader *L, const char *key, int *out) {
+    char k[256];
+    uint32_t v;
+    snprintf(k, sizeof k, "%s.%s", L->arch, key);
+    int rc = gguf_get_u32(L->g, k, &v, L->err, L->err_size);
+    if (rc == COTI_E_ARG) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing metadata key %s", k);
+    if (rc) return rc;
+    if (v > (1u << 30)) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "%s = %u is out of range", k, v);
+    *out = (int)v;
+    return 0;
+}
+
+static int get_u32_opt(struct loader *L, const char *key, int *out, int def) {
+    *out = def;
+    int rc = get_u32_req(L, key, out);
+    if (rc == COTI_E_FORMAT && strncmp(L->err, "missing", 7) == 0) { *out = def; return 0; }
+    return rc;
+}
+
+static int get_f32_opt(struct loader *L, const char *key, float *out, float def) {
+    char k[256];
+    snprintf(k, sizeof k, "%s.%s", L->arch, key);
+    int rc = gguf_get_f32(L->g, k, out, L->err, L->err_size);
+    if (rc == COTI_E_ARG) { *out = def; return 0; }
+    return rc;
+}
+
+static int bind_matrix(struct loader *L, struct bweight *w, const char *name, int64_t n_in, int64_t n_out) {
+    const struct gguf_tensor *t = gguf_find_tensor(L->g, name);
+    if (!t) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing tensor %s", name);
+    if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                         "tensor %s has shape {%lld, %lld} (%u dims), expected {%lld, %lld}", name,
+                         (long long)t->ne[0], (long long)t->ne[1], t->n_dims, (long long)n_in, (long long)n_out);
+    if (!ggml_type_supported(t->type))
+        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "tensor %s has unsupported type %d", name, (int)t->type);
+    int rc = L->be->weight_init(L->be, w, t->type, n_in, n_out, t->data);
+    if (rc) return coti_fail(L->err, L->err_size, rc, "backend cannot hold tensor %s", name);
+    return 0;
+}
+
+/* A small f32 tensor copied to the backend; n elements (any shape with that count). */
+static int bind_vector(struct loader *L, float **out, const char *name, int64_t n) {
+    const struct gguf_tensor *t = gguf_find_tensor(L->g, name);
+    if (!t) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing tensor %s", name);
+    int64_t count = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    if (t->type != GGML_TYPE_F32 || count != n)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "tensor %s must be F32 with %lld elements (type %d, %lld elements)",
+                         name, (long long)n, (int)t->type, (long long)count);
+    *out = L->be->alloc(L->be, sizeof(float) * (size_t)n);
+    if (!*out) return coti_fail(L->err, L->err_size, COTI_E_NOMEM, "out of memory for %s", name);
+    L->be->upload(L->be, *out, t->data, sizeof(float) * (size_t)n);
+    return 0;
+}
+
+static int read_hparams(struct loader *L, struct qwen35_hparams *hp) {
+    int rc = 0;
+    if ((rc = get_u32_req(L, "block_count", &hp->n_layer_all))) return rc;
+    if ((rc = get_u32_opt(L, "nextn_predict_layers", &hp->n_mtp, 0))) return rc;
+    if ((rc = get_u32_opt(L, "context_length", &hp->n_ctx_train, 4096))) return rc;
+    if ((rc = get_u32_req(L, "embedding_length", &hp->n_embd))) return rc;
+    if ((rc = get_u32_req(L, "feed_forward_length", &hp->n_ff))) return rc;
+    if ((rc = get_u32_req(L, "attention.head_count", &hp->n_head))) return rc;
+    if ((rc = get_u32_opt(L, "attention.head_count_kv", &hp->n_head_kv, hp->n_head))) return rc;
+    if (hp->n_head < 1 || hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "head_count %d must be a positive multiple of head_count_kv %d",
+                         hp->n_head, hp->n_head_kv);
+    if ((rc = get_u32_opt(L, "attention.key_length", &hp->head_dim, hp->n_embd / hp->n_head))) return rc;
+    int vlen;
+    if ((rc = get_u32_opt(L, "attention.value_length", &vlen, hp->head_dim))) return rc;
+    if (vlen != hp->head_dim)
+        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "value_length %d != key_length %d", vlen, hp->head_dim);
+    if ((rc = get_u32_opt(L, "rope.dimension_count", &hp->n_rot, hp->head_dim))) return rc;
+    if ((rc = get_u32_req(L, "ssm.conv_kernel", &hp->ssm_k))) return rc;
+    int inner;
+    if ((rc = get_u32_req(L, "ssm.inner_size", &inner))) return rc;
+    if ((rc = get_u32_req(L, "ssm.state_size", &hp->ssm_dk))) return rc;
+    if ((rc = get_u32_req(L, "ssm.time_step_rank", &hp->ssm_nv))) return rc;
+    if ((rc = get_u32_req(L, "ssm.group_count", &hp->ssm_nk))) return rc;
+    if ((rc = get_u32_opt(L, "full_attention_interval", &hp->interval, 4))) return rc;
+    char k[128];
+    snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", L->arch);
+    rc = gguf_get_f32(L->g, k, &hp->eps, L->err, L->err_size);
+    if (rc == COTI_E_ARG) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing metadata key %s", k);
+    if (rc) return rc;
+    if ((rc = get_f32_opt(L, "rope.freq_base", &hp->rope_base, 10000.0f))) return rc;
+
+    if (hp->ssm_nv < 1 || hp->ssm_nk < 1 || hp->ssm_nv % hp->ssm_nk || inner % hp->ssm_nv)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "ssm heads: time_step_rank %d, group_count %d, inner_size %d are inconsistent",
+                         hp->ssm_nv, hp->ssm_nk, inner);
+    hp->ssm_dv = inner / hp->ssm_nv;
+    if (hp->ssm_dv != hp->ssm_dk)
+        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "delta-net value head dim %d != key head dim %d", hp->ssm_dv, hp->ssm_dk);
+    hp->ssm_ch = 2 * hp->ssm_nk * hp->ssm_dk + hp->ssm_nv * hp->ssm_dv;
+    hp->n_layer = hp->n_layer_all - hp->n_mtp;
+    if (hp->n_layer_all > QWEN35_MAX_LAYERS || hp->n_mtp < 0 || hp->n_mtp > 1 || hp->n_layer < 1)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "block_count %d with nextn_predict_layers %d is out of range (at most 1 NextN layer)",
+                         hp->n_layer_all, hp->n_mtp);
+    if (hp->head_dim < 2 || hp->head_dim > QWEN35_MAX_HEAD_DIM || hp->n_rot < 2 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "head_dim %d / rope dims %d out of range", hp->head_dim, hp->n_rot);
+    if (hp->ssm_dk < 1 || hp->ssm_dk > QWEN35_MAX_STATE || hp->ssm_k < 1 || hp->ssm_k > 16 || hp->interval < 1)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "ssm state %d / conv kernel %d / interval %d out of range",
+                         hp->ssm_dk, hp->ssm_k, hp->interval);
+    if (!(hp->eps > 0.0f && hp->eps < 1.0f) || !(hp->rope_base > 1.0f))
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "rms eps %g / rope base %g out of range", hp->eps, hp->rope_base);
+    return 0;
+}
+
+static int bind_attention(struct loader *L, const struct qwen35_hparams *hp, struct layer *ly, int il) {
+    char n[128];
+    int rc, E = hp->n_embd, D = hp->head_dim;
+#define NAME(suffix) (snprintf(n, sizeof n, "blk.%d." suffix, il), n)
+    if ((rc = bind_matrix(L, &ly->at.q, NAME("attn_q.weight"), E, 2 * hp->n_head * D))) return rc;
+    if ((rc = bind_matrix(L, &ly->at.k, NAME("attn_k.weight"), E, hp->n_head_kv * D))) return rc;
+    if ((rc = bind_matrix(L, &ly->at.v, NAME("attn_v.weight"), E, hp->n_head_kv * D))) return rc;
+    if ((rc = bind_matrix(L, &ly->at.o, NAME("attn_output.weight"), hp->n_head * D, E))) return rc;
+    if ((rc = bind_vector(L, &ly->at.q_norm, NAME("attn_q_norm.weight"), D))) return rc;
+    if ((rc = bind_vector(L, &ly->at.k_norm, NAME("attn_k_norm.weight"), D))) return rc;
+    return 0;
+}
+
+static int bind_layer(struct loader *L, const struct qwen35_hparams *hp, struct layer *ly, int il) {
+    char n[128];
+    int rc, E = hp->n_embd;
+    if ((rc = bind_vector(L, &ly->attn_norm, NAME("attn_norm.weight"), E))) return rc;
+    if ((rc = bind_vector(L, &ly->post_norm, NAME("post_attention_norm.weight"), E))) return rc;
+    if ((rc = bind_matrix(L, &ly->ffn_gate, NAME("ffn_gate.weight"), E, hp->n_ff))) return rc;
+    if ((rc = bind_matrix(L, &ly->ffn_up, NAME("ffn_up.weight"), E, hp->n_ff))) return rc;
+    if ((rc = bind_matrix(L, &ly->ffn_down, NAME("ffn_down.weight"), hp->n_ff, E))) return rc;
+    if (!ly->is_gdn) return bind_attention(L, hp, ly, il);
+    int nvdv = hp->ssm_nv * hp->ssm_dv;
+    if ((rc = bind_matrix(L, &ly->dn.qkv, NAME("attn_qkv.weight"), E, hp->ssm_ch))) return rc;
+    if ((rc = bind_matrix(L, &ly->dn.gate, NAME("attn_gate.weight"), E, nvdv))) return rc;
+    if ((rc = bind_matrix(L, &ly->dn.beta, NAME("ssm_beta.weight"), E, hp->ssm_nv))) return rc;
+    if ((rc = bind_matrix(L, &ly->dn.alpha, NAME("ssm_alpha.weight"), E, hp->ssm_nv))) return rc;
+    if ((rc = bind_matrix(L, &ly->dn.out, NAME("ssm_out.weight"), nvdv, E))) return rc;
+    if ((rc = bind_vector(L, &ly->dn.conv, NAME("ssm_conv1d.weight"), (int64_t)hp->ssm_k * hp->ssm_ch))) return rc;
+    if ((rc = bind_vector(L, &ly->dn.dt_bias, NAME("ssm_dt.bias"), hp->ssm_nv))) return rc;
+    if ((rc = bind_vector(L, &ly->dn.a, NAME("ssm_a"), hp->ssm_nv))) return rc;
+    if ((rc = bind_vector(L, &ly->dn.norm, NAME("ssm_norm.weight"), hp->ssm_dv))) return rc;
+    return 0;
+}
+
+static int bind_mtp(struct loader *L, const struct qwen35_hparams *hp, struct mtp_weights *mt) {
+    char n[128];
+    int rc, il = hp->n_layer, E = hp->n_embd;
+    mt->blk.is_gdn = false;
+    if ((rc = bind_layer(L, hp, &mt->blk, il))) return rc;
+    if ((rc = bind_matrix(L, &mt->eh_proj, NAME("nextn.eh_proj.weight"), 2 * E, E))) return rc;
+    if ((rc = bind_vector(L, &mt->enorm, NAME("nextn.enorm.weight"), E))) return rc;
+    if ((rc = bind_vector(L, &mt->hnorm, NAME("nextn.hnorm.weight"), E))) return rc;
+    if (gguf_find_tensor(L->g, NAME("nextn.shared_head_norm.weight"))) {
+        if ((rc = bind_vector(L, &mt->head_norm, n, E))) return rc;
+    } else {
+        mt->head_norm = NULL; /* falls back to output_norm */
+    }
+    if (gguf_find_tensor(L->g, NAME("nextn.embed_tokens.weight")) || gguf_find_tensor(L->g, NAME("nextn.shared_head_head.weight")))
+        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "separate NextN embedding/head tensors are not supported");
+    return 0;
+#undef NAME
+}
+
+static void free_vec(struct backend *be, float *p) { if (p) be->free(be, p); }
+
+static void qwen35_free(struct model *m) {
+    struct qwen35 *q = q35(m);
+    struct backend *be = m->be;
+    if (q->layers) {
+        for (int il = 0; il < q->hp.n_layer; il++) {
+            struct layer *ly = &q->layers[il];
+            free_vec(be, ly->attn_norm); free_vec(be, ly->post_norm);
+            free_vec(be, ly->at.q_norm); free_vec(be, ly->at.k_norm);
+            free_vec(be, ly->dn.conv); free_vec(be, ly->dn.dt_bias); free_vec(be, ly->dn.a); free_vec(be, ly->dn.norm);
+            if (ly->k_cache) be->free(be, ly->k_cache);
+            if (ly->v_cache) be->free(be, ly->v_cache);
+            free_vec(be, ly->conv_state); free_vec(be, ly->ssm_state);
+            free_vec(be, ly->conv_snap); free_vec(be, ly->ssm_snap);
+            struct bweight *ws[] = {&ly->at.q, &ly->at.k, &ly->at.v, &ly->at.o, &ly->dn.qkv, &ly->dn.gate,
+                                    &ly->dn.beta, &ly->dn.alpha, &ly->dn.out, &ly->ffn_gate, &ly->ffn_up, &ly->ffn_down};
+            for (size_t i = 0; i < COTI_ARRAY_LEN(ws); i++) if (ws[i]->data) be->weight_free(be, ws[i]);
+        }
+        free(q->layers);
+    }
+    if (q->has_mtp) {
+        struct layer *ly = &q->mtp.blk;
+        free_vec(be, ly->attn_norm); free_vec(be, ly->post_norm);
+        free_vec(be, ly->at.q_norm); free_vec(be, ly->at.k_norm);
+        if (ly->k_cache) be->free(be, ly->k_cache);
+        if (ly->v_cache) be->free(be, ly->v_cache);
+        struct bweight *ws[] = {&ly->at.q, &ly->at.k, &ly->at.v, &ly->at.o, &ly->ffn_gate, &ly->ffn_up,
+                                &ly->ffn_down, &q->mtp.eh_proj};
+        for (size_t i = 0; i < COTI_ARRAY_LEN(ws); i++) if (ws[i]->data) be->weight_free(be, ws[i]);
+        free_vec(be, q->mtp.enorm); free_vec(be, q->mtp.hnorm); free_vec(be, q->mtp.head_norm);
+    }
+    if (q->tok_embd.data) be->weight_free(be, &q->tok_embd);
+    if (q->lm_head.data && q->lm_head.data != q->tok_embd.data) be->weight_free(be, &q->lm_head);
+    free_vec(be, q->out_norm);
+    if (q->scratch_block) be->free(be, q->scratch_block);
+    free(q->h_cells); free(q->h_cell0); free(q->h_nctx); free(q->h_rows);
+    free(q->last_run_len); free(q->last_run_kept);
+    free(m->seq_len); free(m->mtp_len);
+    gguf_close(m->gguf);
+    free(q);
+}
+
+/* Slice every activation buffer out of one backend allocation (llm.c's malloc_and_point). */
+static int alloc_scratch(struct qwen35 *q) {
+    const struct qwen35_hparams *hp = &q->hp;
+    struct model *m = &q->base;
+    const size_t nb = (size_t)m->n_batch;
+    const int HD = hp->n_head * hp->head_dim, KV = hp->n_head_kv * hp->head_dim;
+    const int NVD = hp->ssm_nv * hp->ssm_dv;
+    struct { float **p; size_t n; } f[] = {
+        {&q->s.x, nb * hp->n_embd}, {&q->s.a, nb * hp->n_embd}, {&q->s.m, nb * hp->n_embd},
+        {&q->s.qg, nb * 2 * HD}, {&q->s.k, nb * KV}, {&q->s.v, nb * KV}, {&q->s.att, nb * HD},
+        {&q->s.qkv, nb * hp->ssm_ch}, {&q->s.z, nb * NVD}, {&q->s.bet, nb * hp->ssm_nv},
+        {&q->s.alp, nb * hp->ssm_nv}, {&q->s.y, nb * hp->ssm_ch}, {&q->s.g, nb * hp->ssm_nv},
+        {&q->s.beta, nb * hp->ssm_nv}, {&q->s.o, nb * NVD}, {&q->s.og, nb * NVD},
+        {&q->s.fg, nb * hp->n_ff}, {&q->s.fu, nb * hp->n_ff}, {&q->s.hn, nb * hp->n_embd},
+        {&q->s.lm_in, nb * hp->n_embd}, {&q->s.logits, nb * hp->n_vocab}, {&q->s.cat, nb * 2 * hp->n_embd},
+    };
+    int32_t **ip[] = {&q->s.tokens, &q->s.pos, &q->s.cells, &q->s.cell0, &q->s.nctx, &q->s.rows};
+    size_t total = 0;
+    for (size_t i = 0; i < COTI_ARRAY_LEN(f); i++) total += (f[i].n * sizeof(float) + 63) & ~(size_t)63;
+    total += COTI_ARRAY_LEN(ip) * ((nb * sizeof(int32_t) + 63) & ~(size_t)63);
+    uint8_t *blk = m->be->alloc(m->be, total);
+    if (!blk) return COTI_E_NOMEM;
+    q->scratch_block = blk;
+    size_t off = 0;
+    for (size_t i = 0; i < COTI_ARRAY_LEN(f); i++) {
+        *f[i].p = (float *)(blk + off);
+        off += (f[i].n * sizeof(float) + 63) & ~(size_t)63;
+    }
+    for (size_t i = 0; i < COTI_ARRAY_LEN(ip); i++) {
+        *ip[i] = (int32_t *)(blk + off);
+        off += (nb * sizeof(int32_t) + 63) & ~(size_t)63;
+    }
+    q->h_cells = calloc(nb, sizeof(int32_t));
+    q->h_cell0 = calloc(nb, sizeof(int32_t));
+    q->h_nctx = calloc(nb, sizeof(int32_t));
+    q->h_rows = calloc(nb, sizeof(int32_t));
+    return (q->h_cells && q->h_cell0 && q->h_nctx && q->h_rows) ? 0 : COTI_E_NOMEM;
+}
+
+static int alloc_memory(struct qwen35 *q) {
+    struct model *m = &q->base;
+    struct backend *be = m->be;
+    const struct qwen35_hparams *hp = &q->hp;
+    size_t cells = (size_t)m->n_seq * m->n_ctx, kvd = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t keep = (size_t)COTI_MAX(m->n_keep_states, 1);
+    q->conv_elems = (size_t)(hp->ssm_k - 1) * hp->ssm_ch;
+    q->ssm_elems = (size_t)hp->ssm_nv * hp->ssm_dk * hp->ssm_dv;
+    for (int il = 0; il < hp->n_layer; il++) {
+        struct layer *ly = &q->layers[il];
+        if (ly->is_gdn) {
+            ly->conv_state = be->alloc(be, sizeof(float) * m->n_seq * q->conv_elems + 4);
+            ly->ssm_state = be->alloc(be, sizeof(float) * m->n_seq * q->ssm_elems);
+            ly->conv_snap = be->alloc(be, sizeof(float) * m->n_seq * keep * q->conv_elems + 4);
+            ly->ssm_snap = be->alloc(be, sizeof(float) * m->n_seq * keep * q->ssm_elems);
+            if (!ly->conv_state || !ly->ssm_state || !ly->conv_snap || !ly->ssm_snap) return COTI_E_NOMEM;
+        } else {
+            ly->k_cache = be->alloc(be, sizeof(uint16_t) * cells * kvd);
+            ly->v_cache = be->alloc(be, sizeof(uint16_t) * cells * kvd);
+            if (!ly->k_cache || !ly->v_cache) return COTI_E_NOMEM;
+        }
+    }
+    if (q->has_mtp) {
+        q->mtp.blk.k_cache = be->alloc(be, sizeof(uint16_t) * cells * kvd);
+        q->mtp.blk.v_cache = be->alloc(be, sizeof(uint16_t) * cells * kvd);
+        if (!q->mtp.blk.k_cache || !q->mtp.blk.v_cache) return COTI_E_NOMEM;
+    }
+    m->seq_len = calloc((size_t)m->n_seq, sizeof(int32_t));
+    m->mtp_len = calloc((size_t)m->n_seq, sizeof(int32_t));
+    q->last_run_len = calloc((size_t)m->n_seq, sizeof(int32_t));
+    q->last_run_kept = calloc((size_t)m->n_seq, sizeof(bool));
+    return (m->seq_len && m->mtp_len && q->last_run_len && q->last_run_kept) ? 0 : COTI_E_NOMEM;
+}
+
+static const struct model_vtable qwen35_vtable;
+
+int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
+                const struct model_params *p, char *err, size_t err_size) {
+    struct loader L = {g, be, "qwen35", err, err_size};
+    struct qwen35 *q = calloc(1, sizeof(*q));
+    if (!q) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    struct model *m = &q->base;
+    m->vt = &qwen35_vtable;
+    m->be = be;
+    m->n_seq = p->n_seq;
+    m->n_ctx = p->n_ctx;
+    m->n_batch = p->n_batch;
+    m->n_keep_states = p->n_keep_states;
+    struct qwen35_hparams *hp = &q->hp;
+    int rc = read_hparams(&L, hp);
+    if (rc) { free(q); return rc; }
+    m->gguf = g; /* owned from here on: qwen35_free closes it */
+
+    const struct gguf_tensor *te = gguf_find_tensor(g, "token_embd.weight");
+    if (!te || te->n_dims != 2 || te->ne[0] != hp->n_embd || te->ne[1] < 1 || te->ne[1] > (1 << 24)) {
+        rc = coti_fail(err, err_size, COTI_E_FORMAT, "token_embd.weight missing or not {%d, n_vocab}", hp->n_embd);
+        goto fail;
+    }
+    hp->n_vocab = (int)te->ne[1];
+    if ((rc = bind_matrix(&L, &q->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab))) goto fail;
+    if (gguf_find_tensor(g, "output.weight")) {
+        if ((rc = bind_matrix(&L, &q->lm_head, "output.weight", hp->n_embd, hp->n_vocab))) goto fail;
+    } else {
+        q->lm_head = q->tok_embd; /* tied */
+    }
+    if ((rc = bind_vector(&L, &q->out_norm, "output_norm.weight", hp->n_embd))) goto fail;
+    q->layers = calloc((size_t)hp->n_layer, sizeof(struct layer));
+    if (!q->layers) { rc = coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); goto fail; }
+    for (int il = 0; il < hp->n_layer; il++) {
+        q->layers[il].is_gdn = (il + 1) % hp->interval != 0;
+        if ((rc = bind_layer(&L, hp, &q->layers[il], il))) goto fail;
+    }
+    if (hp->n_mtp == 1) {
+        if ((rc = bind_mtp(&L, hp, &q->mtp))) goto fail;
+        q->has_mtp = true;
+    }
+    if ((rc = alloc_scratch(q)) || (rc = alloc_memory(q))) {
+        rc = coti_fail(err, err_size, COTI_E_NOMEM, "out of memory for activations/KV (n_seq %d, n_ctx %d, n_batch %d)",
+                       m->n_seq, m->n_ctx, m->n_batch);
+        goto fail;
+    }
+    m->info = (struct model_info){"qwen35", hp->n_vocab, hp->n_embd, hp->n_layer, hp->n_ctx_train, q->has_mtp, true};
+    *out = m;
+    return 0;
+fail:
+    qwen35_free(m);
+    return rc;
+}
+
+/* ---- forward -------------------------------------------------------------------------- */
+
+/* A run: the consecutive rows of one sequence in a batch slice. */
+struct run { int start, len, seq; };
+
+#define QWEN35_MAX_RUNS 256
+
+struct slice {
+    int n, n_runs;
+    const int32_t *tokens, *pos, *seq;
+    struct run runs[QWEN35_MAX_RUNS];
+};
+
+static void ffn_block(struct qwen35 *q, const struct layer *ly, int n) {
+    struct backend *be = q->base.be;
+    const struct qwen35_hparams *hp = &q->hp;
+    const struct bweight *ws[2] = {&ly->ffn_gate, &ly->ffn_up};
+    float *ys[2] = {q->s.fg, q->s.fu};
+    be->rmsnorm(be, q->s.x, hp->n_embd, ly->post_norm, n, hp->n_embd, hp->eps, q->s.a, hp->n_embd);
+    be->matmul_n(be, ws, ys, 2, q->s.a, n);
+    be->swiglu(be, q->s.fg, q->s.fu, (int64_t)n * hp->n_ff, q->s.fg);
+    be->matmul(be, &ly->ffn_down, q->s.fg, n, q->s.m);
+    be->add(be, q->s.x, q->s.m, (int64_t)n * hp->n_embd, q->s.x);
+}
+
+/* Gated full attention on s.a (normed input) → s.m, using cache rows s.cells / s.cell0 / s.nctx. */
+static void attn_block(struct qwen35 *q, const struct layer *ly, int n) {
+    struct backend *be = q->base.be;
+    const struct qwen35_hparams *hp = &q->hp;
+    const int D = hp->head_dim, H = hp->n_head, KV = hp->n_head_kv * D;
+    const struct bweight *ws[3] = {&ly->at.q, &ly->at.k, &ly->at.v};
+    float *ys[3] = {q->s.qg, q->s.k, q->s.v};
+    be->matmul_n(be, ws, ys, 3, q->s.a, n);
+    /* q rows hold [q_h ; gate_h] per head: per-head norm over the first D of every 2D */
+    be->rmsnorm(be, q->s.qg, 2 * D, ly->at.q_norm, n * H, D, hp->eps, q->s.qg, 2 * D);
+    be->rmsnorm(be, q->s.k, D, ly->at.k_norm, n * hp->n_head_kv, D, hp->eps, q->s.k, D);
+    be->rope_neox(be, q->s.qg, n, 2 * H * D, H, 2 * D, hp->n_rot, q->s.pos, hp->rope_base);
+    be->rope_neox(be, q->s.k, n, KV, hp->n_head_kv, D, hp->n_rot, q->s.pos, hp->rope_base);
+    be->kv_store(be, q->s.k, KV, q->s.v, KV, n, KV, q->s.cells, ly->k_cache, ly->v_cache);
+    be->attention(be, q->s.qg, 2 * H * D, 2 * D, ly->k_cache, ly->v_cache, q->s.cell0, q->s.nctx, n, H,
+                  hp->n_head_kv, D, 1.0f / sqrtf((float)D), q->s.att);
+    be->mul_sigmoid(be, q->s.att, q->s.qg + D, n, H, D, 2 * H * D, 2 * D);
+    be->matmul(be, &ly->at.o, q->s.att, n, q->s.m);
+}
+
+/* Gated delta net on s.a → s.m; recurrent state per sequence run. */
+static void gdn_block(struct qwen35 *q, const struct layer *ly, const struct slice *sl, bool keep) {
+    struct backend *be = q->base.be;
+    const struct qwen35_hparams *hp = &q->hp;
+    const int n = sl->n, NVD = hp->ssm_nv * hp->ssm_dv;
+    const struct bweight *ws[4] = {&ly->dn.qkv, &ly->dn.gate, &ly->dn.beta, &ly->dn.alpha};
+    float *ys[4] = {q->s.qkv, q->s.z, q->s.bet, q->s.alp};
+    be->matmul_n(be, ws, ys, 4, q->s.a, n);
+    be->gdn_gates(be, q->s.alp, hp->ssm_nv, q->s.bet, hp->ssm_nv, ly->dn.dt_bias, ly->dn.a, n, hp->ssm_nv,
+                  q->s.g, q->s.beta);
+    const size_t keep_n = (size_t)COTI_MAX(q->base.n_keep_states, 1);
+    for (int r = 0; r < sl->n_runs; r++) {
+        const struct run *ru = &sl->runs[r];
+        const size_t s = (size_t)ru->seq;
+        const int n_snap = keep ? COTI_MIN(ru->len, q->base.n_keep_states) : 0;
+        float *conv_snap = n_snap ? ly->conv_snap + s * keep_n * q->conv_elems : NULL;
+        float *ssm_snap = n_snap ? ly->ssm_snap + s * keep_n * q->ssm_elems : NULL;
+        be->ssm_conv(be, q->s.qkv + (size_t)ru->start * hp->ssm_ch, ru->len, hp->ssm_ch, hp->ssm_k, ly->dn.conv,
+                     ly->conv_state + s * q->conv_elems, q->s.y + (size_t)ru->start * hp->ssm_ch, conv_snap, n_snap);
+        const float *y = q->s.y + (size_t)ru->start * hp->ssm_ch;
+        const float *g = q->s.g + (size_t)ru->start * hp->ssm_nv, *beta = q->s.beta + (size_t)ru->start * hp->ssm_nv;
+        float *o = q->s.o + (size_t)ru->start * NVD;
+        if (ru->len >= QWEN35_CHUNKED_MIN_RUN && !n_snap)
+            be->gdn_chunked(be, y, hp->ssm_ch, g, beta, ly->ssm_state + s * q->ssm_elems, ru->len, hp->ssm_nk,
+                            hp->ssm_nv, hp->ssm_dk, hp->ssm_dv, hp->eps, o);
+        else
+            be->gdn(be, y, hp->ssm_ch, g, beta, ly->ssm_state + s * q->ssm_elems, ru->len, hp->ssm_nk,
+                    hp->ssm_nv, hp->ssm_dk, hp->ssm_dv, hp->eps, o, ssm_snap, n_snap);
+    }
+    be->rmsnorm_gated(be, q->s.o, ly->dn.norm, q->s.z, n * hp->ssm_nv, hp->ssm_dv, hp->eps, q->s.og);
+    be->matmul(be, &ly->dn.out, q->s.og, n, q->s.m);
+}
+
+/* Check a batch slice against the sequences' state and split it into runs. */
+static int slice_check(struct qwen35 *q, struct slice *sl, const int32_t *len, char *err, size_t err_size) {
+    struct model *m = &q->base;
+    sl->n_runs = 0;
+    for (int i = 0; i < sl->n; i++) {
+        int s = sl->seq ? sl->seq[i] : 0;
+        if (s < 0 || s >= m->n_seq) return coti_fail(err, err_size, COTI_E_ARG, "row %d: sequence %d out of range [0, %d)", i, s, m->n_seq);
+        if (sl->tokens[i] < 0 || sl->tokens[i] >= q->hp.n_vocab)
+            return coti_fail(err, err_size, COTI_E_ARG, "row %d: token %d out of range [0, %d)", i, sl->tokens[i], q->hp.n_vocab);
+        if (i == 0 || s != sl->runs[sl->n_runs - 1].seq) {
+            for (int r = 0; r < sl->n_runs; r++)
+                if (sl->runs[r].seq == s) return coti_fail(err, err_size, COTI_E_ARG, "row %d: rows of sequence %d are not contiguous", i, s);
+            if (sl->n_runs == QWEN35_MAX_RUNS) return coti_fail(err, err_size, COTI_E_ARG, "more than %d sequences in one batch", QWEN35_MAX_RUNS);
+            if (sl->pos[i] != len[s])
+                return coti_fail(err, err_size, COTI_E_ARG, "row %d: position %d does not continue sequence %d (length %d)", i, sl->pos[i], s, len[s]);
+            sl->runs[sl->n_runs++] = (struct run){i, 1, s};
+        } else {
+            struct run *ru = &sl->runs[sl->n_runs - 1];
+            if (sl->pos[i] != sl->pos[i - 1] + 1)
+                return coti_fail(err, err_size, COTI_E_ARG, "row %d: positions of sequence %d are not consecutive", i, s);
+            ru->len++;
+        }
+        if (sl->pos[i] >= m->n_ctx)
+            return coti_fail(err, err_size, COTI_E_RANGE, "sequence %d: position %d exceeds the context size %d", s, sl->pos[i], m->n_ctx);
+    }
+    return 0;
+}
+
+/* Upload token/position/cell metadata for a slice. */
+static void slice_upload(struct qwen35 *q, const struct slice *sl) {
+    struct backend *be = q->base.be;
+    for (int i = 0; i < sl->n; i++) {
+        int s = sl->seq ? sl->seq[i] : 0;
+        q->h_cell0[i] = s * q->base.n_ctx;
+        q->h_cells[i] = q->h_cell0[i] + sl->pos[i];
+        q->h_nctx[i] = sl->pos[i] + 1;
+    }
+    size_t bytes = sizeof(int32_t) * (size_t)sl->n;
+    be->upload(be, q->s.tokens, sl->tokens, bytes);
+    be->upload(be, q->s.pos, sl->pos, bytes);
+    be->upload(be, q->s.cells, q->h_cells, bytes);
+    be->upload(be, q->s.cell0, q->h_cell0, bytes);
+    be->upload(be, q->s.nctx, q->h_nctx, bytes);
+}
+
+/* Final norm of every row into hidden; lm_head over the rows that want logits. */
+static int head_rows(struct qwen35 *q, const float *x, const float *norm, int n, const bool *want,
+                     bool last_only, float *hidden, float *logits) {
+    struct backend *be = q->base.be;
+    const int E = q->hp.n_embd;
+    be->rmsnorm(be, x, E, norm, n, E, q->hp.eps, hidden, E);
+    int n_out = 0;
+    for (int i = 0; i < n; i++) {
+        bool w = want ? want[i] : (last_only && i == n - 1);
+        if (!w) continue;
+        be->copy(be, q->s.lm_in + (size_t)n_out * E, hidden + (size_t)i * E, sizeof(float) * E);
+        n_out++;
+    }
+    if (n_out) be->matmul(be, &q->lm_head, q->s.lm_in, n_out, logits);
+    return n_out;
+}
+
+static int qwen35_forward(struct model *m, const struct model_batch *b, struct model_output *out,
+                          char *err, size_t err_size) {
+    struct qwen35 *q = q35(m);
+    struct backend *be = m->be;
+    const struct qwen35_hparams *hp = &q->hp;
+    const int E = hp->n_embd;
+    if (b->n < 1) return coti_fail(err, err_size, COTI_E_ARG, "empty batch");
+    /* the logits buffer holds n_batch rows */
+    int want_total = 0;
+    for (int i = 0; i < b->n; i++) want_total += b->want_logits ? b->want_logits[i] : (i == b->n - 1);
+    if (want_total > m->n_batch)
+        return coti_fail(err, err_size, COTI_E_ARG, "batch wants %d logit rows, at most %d", want_total, m->n_batch);
+    /* All slices are validated before any state changes, so a bad batch leaves memory intact. */
+    int32_t *len = malloc(sizeof(int32_t) * (size_t)m->n_seq);
+    if (!len) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    memcpy(len, m->seq_len, sizeof(int32_t) * (size_t)m->n_seq);
+    struct slice sl;
+    for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
+        sl.n = COTI_MIN(m->n_batch, b->n - i0);
+        sl.tokens = b->tokens + i0; sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
+        int rc = slice_check(q, &sl, len, err, err_size);
+        if (rc) { free(len); return rc; }
+        for (int r = 0; r < sl.n_runs; r++) len[sl.runs[r].seq] += sl.runs[r].len;
+    }
+    free(len);
+
+    int n_logits = 0;
+    for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
+        sl.n = COTI_MIN(m->n_batch, b->n - i0);
+        sl.tokens = b->tokens + i0; sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
+        slice_check(q, &sl, m->seq_len, NULL, 0);
+        const bool last_slice = i0 + sl.n == b->n;
+        slice_upload(q, &sl);
+        be->get_rows(be, &q->tok_embd, q->s.tokens, sl.n, q->s.x);
+        for (int il = 0; il < hp->n_layer; il++) {
+            const struct layer *ly = &q->layers[il];
+            be->rmsnorm(be, q->s.x, E, ly->attn_norm, sl.n, E, hp->eps, q->s.a, E);
+            if (ly->is_gdn) gdn_block(q, ly, &sl, b->keep_states);
+            else attn_block(q, ly, sl.n);
+            be->add(be, q->s.x, q->s.m, (int64_t)sl.n * E, q->s.x);
+            ffn_block(q, ly, sl.n);
+        }
+        for (int r = 0; r < sl.n_runs; r++) {
+            m->seq_len[sl.runs[r].seq] += sl.runs[r].len;
+            q->last_run_len[sl.runs[r].seq] = sl.runs[r].len;
+            q->last_run_kept[sl.runs[r].seq] = b->keep_states;
+        }
+        n_logits += head_rows(q, q->s.x, q->out_norm, sl.n, b->want_logits ? b->want_logits + i0 : NULL,
+                              last_slice, q->s.hn, q->s.logits + (size_t)n_logits * hp->n_vocab);
+    }
+    /* hidden rows of the last slice only: callers needing every row keep batches <= n_batch */
+    out->n = sl.n;
+    out->hidden = q->s.hn;
+    out->n_logits = n_logits;
+    out->logits = q->s.logits;
+    return 0;
+}
+
+/* ---- NextN head ----------------------------------------------------------------------- */
+
+static int qwen35_mtp_forward(struct model *m, const struct model_batch *b, const float *h_in,
+                              struct model_output *out, char *err, size_t err_size) {
+    struct qwen35 *q = q35(m);
+    struct backend *be = m->be;
+    const struct qwen35_hparams *hp = &q->hp;
+    const int E = hp->n_embd;
+    if (!q->has_mtp) return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "model has no NextN head");
+    if (b->n < 1 || b->n > m->n_batch)
+        return coti_fail(err, err_size, COTI_E_ARG, "NextN batch of %d rows outside [1, %d]", b->n, m->n_batch);
+    struct slice sl = {.n = b->n, .tokens = b->tokens, .pos = b->pos, .seq = b->seq};
+    int rc = slice_check(q, &sl, m->mtp_len, err, err_size);
+    if (rc) return rc;
+    slice_upload(q, &sl);
+    const struct mtp_weights *mt = &q->mtp;
+    /* u = eh_proj · [enorm(embed(x)) ; hnorm(h_in)] */
+    be->get_rows(be, &q->tok_embd, q->s.tokens, sl.n, q->s.x);
+    be->rmsnorm(be, q->s.x, E, mt->enorm, sl.n, E, hp->eps, q->s.cat, 2 * E);
+    be->rmsnorm(be, h_in, E, mt->hnorm, sl.n, E, hp->eps, q->s.cat + E, 2 * E);
+    be->matmul(be, &mt->eh_proj, q->s.cat, sl.n, q->s.x);
+    be->rmsnorm(be, q->s.x, E, mt->blk.attn_norm, sl.n, E, hp->eps, q->s.a, E);
+    attn_block(q, &mt->blk, sl.n);
+    be->add(be, q->s.x, q->s.m, (int64_t)sl.n * E, q->s.x);
+    ffn_block(q, &mt->blk, sl.n);
+    for (int r = 0; r < sl.n_runs; r++) m->mtp_len[sl.runs[r].seq] += sl.runs[r].len;
+    out->n = sl.n;
+    out->hidden = q->s.hn;
+    out->n_logits = head_rows(q, q->s.x, mt->head_norm ? mt->head_norm : q->out_norm, sl.n, b->want_logits,
+                              true, q->s.hn, q->s.logits);
+    out->logits = q->s.logits;
+    return 0;
+}
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+static void qwen35_seq_reset(struct model *m, int s) {
+    struct qwen35 *q = q35(m);
+    struct backend *be = m->be;
+    if (s < 0 || s >= m->n_seq) return;
+    /* attention cells need no clearing: a position is always written before it is read */
+    /* zero the recurrent state through a host buffer (reset is rare: once per request) */
+    size_t n = COTI_MAX(q->conv_elems, q->ssm_elems);
+    float *z = calloc(n ? n : 1, sizeof(float));
+    if (z) {
+        for (int il = 0; il < q->hp.n_layer; il++) {
+            struct layer *ly = &q->layers[il];
+            if (!ly->is_gdn) continue;
+            be->upload(be, ly->conv_state + (size_t)s * q->conv_elems, z, sizeof(float) * q->conv_elems);
+            be->upload(be, ly->ssm_state + (size_t)s * q->ssm_elems, z, sizeof(float) * q->ssm_elems);
+        }
+        be->sync(be);
+        free(z);
+    }
+    m->seq_len[s] = 0;
+    m->mtp_len[s] = 0;
+    q->last_run_len[s] = 0;
+}
+
+static int qwen35_seq_rollback(struct model *m, int s, int n_drop) {
+    struct qwen35 *q = q35(m);
+    struct backend *be = m->be;
+    if (s < 0 || s >= m->n_seq || n_drop < 0) return COTI_E_ARG;
+    if (n_drop == 0) return 0;
+    const int r = q->last_run_len[s];
+    const int keep_idx = r - 1 - n_drop;  /* state after this token of the last run survives */
+    if (!q->last_run_kept[s] || keep_idx < 0 || keep_idx >= COTI_MIN(r, m->n_keep_states)) return COTI_E_RANGE;
+    const size_t keep_n = (size_t)COTI_MAX(m->n_keep_states, 1);
+    for (int il = 0; il < q->hp.n_layer; il++) {
+        struct layer *ly = &q->layers[il];
+        if (!ly->is_gdn) continue;
+        be->copy(be, ly->conv_state + (size_t)s * q->conv_elems,
+                 ly->conv_snap + ((size_t)s * keep_n + keep_idx) * q->conv_elems, sizeof(float) * q->conv_elems);
+        be->copy(be, ly->ssm_state + (size_t)s * q->ssm_elems,
+                 ly->ssm_snap + ((size_t)s * keep_n + keep_idx) * q->ssm_elems, sizeof(float) * q->ssm_elems);
+    }
+    m->seq_len[s] -= n_drop;
+    if (m->mtp_len[s] > m->seq_len[s]) m->mtp_len[s] = m->seq_len[s];
+    q->last_run_len[s] = keep_idx + 1;
+    q->last_run_kept[s] = false;
+    return 0;
+}
+
+static int qwen35_seq_copy(struct model *m, int dst, int src) {
+    struct qwen35 *q = q35(m);
+    struct backend *be = m->be;
+    if (dst < 0 || dst >= m->n_seq || src < 0 || src >= m->n_seq) return COTI_E_ARG;
+    if (dst == src) return 0;
+    const size_t kvd = (size_t)q->hp.n_head_kv * q->hp.head_dim;
+    const size_t kv_bytes = sizeof(uint16_t) * kvd * (size_t)m->seq_len[src];
+    for (int il = 0; il < q->hp.n_layer; il++) {
+        struct layer *ly = &q->layers[il];
+        if (ly->is_gdn) {
+            be->copy(be, ly->conv_state + (size_t)dst * q->conv_elems, ly->conv_state + (size_t)src * q->conv_elems,
+                     sizeof(float) * q->conv_elems);
+            be->copy(be, ly->ssm_state + (size_t)dst * q->ssm_elems, ly->ssm_state + (size_t)src * q->ssm_elems,
+                     sizeof(float) * q->ssm_elems);
+        } else {
+            be->copy(be, ly->k_cache + (size_t)dst * m->n_ctx * kvd, ly->k_cache + (size_t)src * m->n_ctx * kvd, kv_bytes);
+            be->copy(be, ly->v_cache + (size_t)dst * m->n_ctx * kvd, ly->v_cache + (size_t)src * m->n_ctx * kvd, kv_bytes);
+        }
+    }
+    if (q->has_mtp) {
+        size_t mb = sizeof(uint16_t) * kvd * (size_t)m->mtp_len[src];
+        be->copy(be, q->mtp.blk.k_cache + (size_t)dst * m->n_ctx * kvd, q->mtp.blk.k_cache + (size_t)src * m->n_ctx * kvd, mb);
+        be->copy(be, q->mtp.blk.v_cache + (size_t)dst * m->n_ctx * kvd, q->mtp.blk.v_cache + (size_t)src * m->n_ctx * kvd, mb);
+    }
+    m->seq_len[dst] = m->seq_len[src];
+    m->mtp_len[dst] = m->mtp_len[src];
+    q->last_run_len[dst] = 0;
+    q->last_run_kept[dst] = false;
+    return 0;
+}
+
+static const struct model_vtable qwen35_vtable = {
+    .free = qwen35_free,
+    .forward = qwen35_forward,
+    .seq_reset = qwen35_seq_reset,
+    .seq_rollback = qwen35_seq_rollback,
+    .seq_copy = qwen35_seq_copy,
+    .mtp_forward = qwen35_mtp_forward,
+};

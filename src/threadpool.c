@@ -1,0 +1,112 @@
+/* threadpool.c — see threadpool.h. A job is published by bumping `generation`; workers spin
+ * on it for a while, then wait on a condition variable. Completion is a countdown. */
+#include "threadpool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <immintrin.h>
+
+struct worker_arg { struct threadpool *tp; int ith; };
+
+/* Spin iterations before a worker sleeps: ~50-100 µs of pause instructions, longer than the
+ * host glue between two ops of one decode step, much shorter than an idle server. */
+#define THREADPOOL_SPIN_ITERS 20000
+
+struct threadpool {
+    int n_threads;
+    pthread_t *threads;
+    struct worker_arg *args;
+    threadpool_fn fn;
+    void *ctx;
+    atomic_uint generation;
+    atomic_int pending;
+    atomic_bool stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int n_sleeping;
+};
+
+
+static void *worker_main(void *p) {
+    struct worker_arg *a = p;
+    struct threadpool *tp = a->tp;
+    unsigned seen = atomic_load(&tp->generation);
+    for (;;) {
+        unsigned g;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&tp->generation, memory_order_acquire)) == seen &&
+               !atomic_load(&tp->stop)) {
+            if (++spins < THREADPOOL_SPIN_ITERS) { _mm_pause(); continue; }
+            pthread_mutex_lock(&tp->mu);
+            atomic_fetch_add(&tp->n_sleeping, 1);
+            while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->stop))
+                pthread_cond_wait(&tp->cv, &tp->mu);
+            atomic_fetch_sub(&tp->n_sleeping, 1);
+            pthread_mutex_unlock(&tp->mu);
+            spins = 0;
+        }
+        if (atomic_load(&tp->stop)) return NULL;
+        seen = g;
+        tp->fn(tp->ctx, a->ith, tp->n_threads);
+        atomic_fetch_sub_explicit(&tp->pending, 1, memory_order_release);
+    }
+}
+
+struct threadpool *threadpool_init(int n_threads) {
+    if (n_threads < 1) n_threads = 1;
+    struct threadpool *tp = calloc(1, sizeof(*tp));
+    if (!tp) return NULL;
+    tp->n_threads = n_threads;
+    pthread_mutex_init(&tp->mu, NULL);
+    pthread_cond_init(&tp->cv, NULL);
+    if (n_threads > 1) {
+        tp->threads = calloc((size_t)n_threads, sizeof(pthread_t));
+        tp->args = calloc((size_t)n_threads, sizeof(struct worker_arg));
+        if (!tp->threads || !tp->args) { tp->n_threads = 1; threadpool_free(tp); return NULL; }
+        for (int i = 1; i < n_threads; i++) {
+            tp->args[i].tp = tp;
+            tp->args[i].ith = i;
+            if (pthread_create(&tp->threads[i], NULL, worker_main, &tp->args[i]) != 0) {
+                tp->n_threads = i; /* join only those that started */
+                threadpool_free(tp);
+                return NULL;
+            }
+        }
+    }
+    return tp;
+}
+
+void threadpool_free(struct threadpool *tp) {
+    if (!tp) return;
+    if (tp->threads && tp->n_threads > 1) {
+        pthread_mutex_lock(&tp->mu);
+        atomic_store(&tp->stop, true);
+        pthread_cond_broadcast(&tp->cv);
+        pthread_mutex_unlock(&tp->mu);
+        for (int i = 1; i < tp->n_threads; i++) pthread_join(tp->threads[i], NULL);
+    }
+    free(tp->threads);
+    free(tp->args);
+    pthread_mutex_destroy(&tp->mu);
+    pthread_cond_destroy(&tp->cv);
+    free(tp);
+}
+
+int threadpool_n_threads(const struct threadpool *tp) { return tp->n_threads; }
+
+void threadpool_run(struct threadpool *tp, threadpool_fn fn, void *ctx) {
+    if (tp->n_threads == 1) { fn(ctx, 0, 1); return; }
+    tp->fn = fn;
+    tp->ctx = ctx;
+    atomic_store_explicit(&tp->pending, tp->n_threads - 1, memory_order_relaxed);
+    atomic_fetch_add(&tp->generation, 1); /* seq_cst: pairs with n_sleeping */
+    if (atomic_load(&tp->n_sleeping) > 0) {
+        pthread_mutex_lock(&tp->mu);
+        pthread_cond_broadcast(&tp->cv);
+        pthread_mutex_unlock(&tp->mu);
+    }
+    fn(ctx, 0, tp->n_threads);
+    while (atomic_load_explicit(&tp->pending, memory_order_acquire) > 0) _mm_pause();
+}

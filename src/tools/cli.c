@@ -1,0 +1,123 @@
+/* cli.c — see cli.h. */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cli_common_defaults(struct cli_common *c) {
+    memset(c, 0, sizeof *c);
+    c->model_path = "models/coti-tiny-qwen35-mtp-q8_0.gguf";
+    c->n_threads = 2;
+    c->n_ctx = 4096;
+    c->n_batch = 512;
+    c->cpu_level = quant_cpu_level_detect();
+    c->temperature = 0.0f;
+    c->top_k = 40;
+    c->top_p = 0.95f;
+    c->min_p = 0.05f;
+    c->seed = 0;
+}
+
+const char *cli_common_help(void) {
+    return "  -m, --model FILE     GGUF model (default models/coti-tiny-qwen35-mtp-q8_0.gguf)\n"
+           "  -t, --threads N      CPU threads (default 2)\n"
+           "  -c, --ctx-size N     context positions per sequence (default 4096)\n"
+           "  -b, --batch-size N   rows per forward step (default 512)\n"
+           "  --cpu ref|avx2|avx512  cap the CPU kernels (default: best found)\n"
+           "  --temp F             temperature, 0 = greedy (default 0)\n"
+           "  --top-k N --top-p F --min-p F   sampling chain (defaults 40, 0.95, 0.05)\n"
+           "  --seed N             sampling seed (default 0)\n";
+}
+
+int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "error: %s expects an integer in [%ld, %ld], got '%s'\n", opt, lo, hi, s ? s : "(nothing)");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "error: %s expects a number in [%g, %g], got '%s'\n", opt, lo, hi, s ? s : "(nothing)");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_common(struct cli_common *c, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    long l;
+    double d;
+#define IS(x) (strcmp(a, x) == 0)
+    if (IS("-m") || IS("--model")) {
+        if (!v) { fprintf(stderr, "error: %s needs a file\n", a); return -1; }
+        c->model_path = v;
+    } else if (IS("-t") || IS("--threads")) {
+        if (cli_parse_int(a, v, 1, 256, &l)) return -1;
+        c->n_threads = (int)l;
+    } else if (IS("-c") || IS("--ctx-size")) {
+        if (cli_parse_int(a, v, 16, 1 << 20, &l)) return -1;
+        c->n_ctx = (int)l;
+    } else if (IS("-b") || IS("--batch-size")) {
+        if (cli_parse_int(a, v, 1, 8192, &l)) return -1;
+        c->n_batch = (int)l;
+    } else if (IS("--cpu")) {
+        if (v && !strcmp(v, "ref")) c->cpu_level = QUANT_CPU_REF;
+        else if (v && !strcmp(v, "avx2")) c->cpu_level = COTI_MIN(QUANT_CPU_AVX2, quant_cpu_level_detect());
+        else if (v && !strcmp(v, "avx512")) c->cpu_level = COTI_MIN(QUANT_CPU_AVX512, quant_cpu_level_detect());
+        else { fprintf(stderr, "error: --cpu expects ref, avx2 or avx512\n"); return -1; }
+    } else if (IS("--temp")) {
+        if (cli_parse_float(a, v, 0, 100, &d)) return -1;
+        c->temperature = (float)d;
+    } else if (IS("--top-k")) {
+        if (cli_parse_int(a, v, 0, 1 << 24, &l)) return -1;
+        c->top_k = (int)l;
+    } else if (IS("--top-p")) {
+        if (cli_parse_float(a, v, 0, 1, &d)) return -1;
+        c->top_p = (float)d;
+    } else if (IS("--min-p")) {
+        if (cli_parse_float(a, v, 0, 1, &d)) return -1;
+        c->min_p = (float)d;
+    } else if (IS("--seed")) {
+        char *end;
+        errno = 0;
+        unsigned long long s = v ? strtoull(v, &end, 10) : 0;
+        if (!v || errno || *end || v[0] == '-') { fprintf(stderr, "error: --seed expects a non-negative integer\n"); return -1; }
+        c->seed = s;
+    } else {
+        return 0;
+    }
+#undef IS
+    *i += 2;
+    return 1;
+}
+
+int cli_open_model(const struct cli_common *c, int n_seq, int n_keep_states, struct backend **be,
+                   struct model **m) {
+    char err[512];
+    *m = NULL;
+    *be = backend_cpu_init(c->n_threads, c->cpu_level);
+    if (!*be) { fprintf(stderr, "error: cannot start the CPU backend\n"); return 1; }
+    struct model_params p = {n_seq, c->n_ctx, c->n_batch, n_keep_states};
+    int rc = model_load(m, c->model_path, *be, &p, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "error: %s\n", err);
+        backend_free(*be);
+        *be = NULL;
+        return 1;
+    }
+    return 0;
+}
