@@ -283,6 +283,8 @@ Test(gguf, bad_tensor_type) {
     expect_fail(&v, "type -1", "type id -1");
     v.t[1].type = 4;   /* retired id */
     expect_fail(&v, "type 4", "type id 4");
+    v.t[1].type = 16;   /* iq2_xxs: known to ggml, not computed by coti */
+    expect_fail(&v, "type iq2_xxs", "not supported");
     v.t[1].type = GGML_TYPE_COUNT;
     expect_fail(&v, "type COUNT", "tensor 'b'");
 }

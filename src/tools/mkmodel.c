@@ -1,0 +1,766 @@
+/* mkmodel.c — `coti mkmodel`: writes a random-weight `qwen35` GGUF in exactly llama.cpp's
+ * metadata and tensor layout (arch-qwen35.md §2 keys, §4 tensor names and shapes, the
+ * converter's F32 rule for 1-D tensors, ssm_conv1d and ssm_a), for tests and benchmarks.
+ *
+ * Owns: the hyper-parameter presets (default tiny, coti-tiny, 9b), the tensor list of a
+ * qwen35 model, deterministic random initialisation (each tensor seeded from the run seed and
+ * a hash of its name, each row from that and its index, so values depend neither on creation
+ * order nor on the thread count), type selection with llama-quantize's fallback, and the
+ * tokenizer metadata (copied from --vocab-from, truncated/padded to --n-vocab, or synthetic).
+ * Tensors are generated one at a time while the file is written (gguf_writer_write_fill):
+ * peak memory is one quantized tensor plus one f32 row per thread, so the 9b preset needs
+ * about 1.1 GB (its token_embd at q8_0), not the 36 GB of an f32 copy. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gguf.h"
+#include "tools.h"
+
+/* Bounds on the options: they keep every size product far from overflow and refuse
+ * shapes no real model has (the largest real Qwen3.5 is 5120 wide with a 248320 vocab). */
+#define MK_MAX_DIM (1 << 16)        /* n_embd, head_dim, d_state, n_head... */
+#define MK_MAX_FF (1 << 18)
+#define MK_MAX_LAYER 512            /* llama.cpp's block_count limit */
+#define MK_MAX_VOCAB (1 << 22)
+#define MK_MAX_CONV 64
+#define MK_MAX_THREADS 64
+/* Synthetic vocabularies: 3 control tokens, then the 256 GPT-2 byte tokens. */
+#define MK_N_SPECIAL 3
+#define MK_SYNTH_MIN_VOCAB (MK_N_SPECIAL + 256)
+/* Rows x columns below which a tensor is generated on one thread (thread start-up costs
+ * more than the work). */
+#define MK_PARALLEL_MIN_ELEMS (1 << 20)
+
+#define MK_DEFAULT_VOCAB_FROM "models/coti-tiny-qwen35-mtp-q8_0.gguf"
+
+static const char CHATML_TEMPLATE[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+struct mk_hparams {
+    long n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim, n_vocab;   /* n_vocab 0: from vocab */
+    long d_state, n_group, dt_rank, conv, interval, nextn, rope_dims, ctx;
+    long sections[4];
+    bool sections_set;
+    double rope_theta, eps;
+    bool tied;
+};
+
+enum mk_init { MK_INIT_MATRIX, MK_INIT_NORM, MK_INIT_SSM_A, MK_INIT_DT_BIAS, MK_INIT_CONV };
+
+struct mk_tensor {
+    char name[64];
+    uint32_t n_dims;
+    int64_t ne[2];
+    enum ggml_type type;
+    enum mk_init init;
+};
+
+struct mk_model {
+    struct mk_hparams hp;
+    enum ggml_type wtype;
+    uint64_t seed;
+    int n_threads;
+    struct mk_tensor *t;
+    size_t n_t, cap_t, next;   /* next: the tensor the writer most likely asks for */
+};
+
+/* ---------------------------------------------------------------------------------------
+ * Deterministic random numbers: splitmix64 (one state per row).
+ * ------------------------------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t fnv1a64(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* Uniform in [-1, 1) from 24 random bits (exact in float). */
+static float uniform_pm1(uint64_t *s) {
+    return (float)(splitmix64(s) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+static void gen_row(const struct mk_model *m, const struct mk_tensor *t, int64_t row, float *dst) {
+    uint64_t s = m->seed ^ fnv1a64(t->name);
+    uint64_t st = splitmix64(&s) + (uint64_t)row * 0xD1B54A32D192ED03ull;
+    int64_t n = t->ne[0];
+    switch (t->init) {
+    case MK_INIT_MATRIX: {   /* uniform with std 1/sqrt(n_in): activations keep their scale */
+        float a = sqrtf(3.0f / (float)n);
+        for (int64_t i = 0; i < n; i++) dst[i] = a * uniform_pm1(&st);
+        break;
+    }
+    case MK_INIT_NORM:   /* around 1 (the +1 of Qwen's norms is baked in) */
+        for (int64_t i = 0; i < n; i++) dst[i] = 1.0f + 0.1f * uniform_pm1(&st);
+        break;
+    case MK_INIT_SSM_A:   /* -exp(A_log), strictly negative: the state decays */
+        for (int64_t i = 0; i < n; i++) dst[i] = -expf(uniform_pm1(&st));
+        break;
+    case MK_INIT_DT_BIAS:
+        for (int64_t i = 0; i < n; i++) dst[i] = 0.1f * uniform_pm1(&st);
+        break;
+    case MK_INIT_CONV: {   /* taps with std 0.5/sqrt(k) */
+        float a = sqrtf(3.0f) * 0.5f / sqrtf((float)n);
+        for (int64_t i = 0; i < n; i++) dst[i] = a * uniform_pm1(&st);
+        break;
+    }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Tensor list (arch-qwen35.md §4) and type selection
+ * ------------------------------------------------------------------------------------- */
+
+/* --type for 2-D matrices; rows that are not whole blocks fall back to q8_0, then f16, as
+ * llama-quantize does. */
+static enum ggml_type pick_type(enum ggml_type want, int64_t n_in) {
+    const enum ggml_type chain[3] = {want, GGML_TYPE_Q8_0, GGML_TYPE_F16};
+    for (int i = 0; i < 3; i++)
+        if (ggml_row_size(chain[i], n_in) != 0) return chain[i];
+    return GGML_TYPE_F32;
+}
+
+static int add_tensor(struct mk_model *m, enum mk_init init, uint32_t n_dims, int64_t ne0, int64_t ne1,
+                      const char *fmt, long layer, const char *suffix) {
+    if (m->n_t == m->cap_t) {
+        size_t cap = m->cap_t ? 2 * m->cap_t : 256;
+        struct mk_tensor *t = realloc(m->t, cap * sizeof *t);
+        if (!t) return COTI_E_NOMEM;
+        m->t = t;
+        m->cap_t = cap;
+    }
+    struct mk_tensor *t = &m->t[m->n_t++];
+    memset(t, 0, sizeof *t);
+    if (layer >= 0) snprintf(t->name, sizeof t->name, fmt, layer, suffix);
+    else snprintf(t->name, sizeof t->name, "%s", fmt);
+    t->n_dims = n_dims;
+    t->ne[0] = ne0;
+    t->ne[1] = n_dims > 1 ? ne1 : 1;
+    t->init = init;
+    /* the converter keeps 1-D tensors and ssm_conv1d in F32 */
+    t->type = (n_dims == 1 || init == MK_INIT_CONV) ? GGML_TYPE_F32 : pick_type(m->wtype, ne0);
+    return 0;
+}
+
+#define BLK "blk.%ld.%s"
+#define VEC(L, name, n, init) rc = rc ? rc : add_tensor(m, init, 1, n, 1, BLK, L, name)
+#define MAT(L, name, n_in, n_out) rc = rc ? rc : add_tensor(m, MK_INIT_MATRIX, 2, n_in, n_out, BLK, L, name)
+
+static int add_attention_block(struct mk_model *m, long L) {
+    const struct mk_hparams *h = &m->hp;
+    long E = h->n_embd, D = h->head_dim;
+    int rc = 0;
+    VEC(L, "attn_norm.weight", E, MK_INIT_NORM);
+    MAT(L, "attn_q.weight", E, 2 * h->n_head * D);   /* query and gate, interleaved per head */
+    MAT(L, "attn_k.weight", E, h->n_head_kv * D);
+    MAT(L, "attn_v.weight", E, h->n_head_kv * D);
+    MAT(L, "attn_output.weight", h->n_head * D, E);
+    VEC(L, "attn_q_norm.weight", D, MK_INIT_NORM);
+    VEC(L, "attn_k_norm.weight", D, MK_INIT_NORM);
+    return rc;
+}
+
+static int add_deltanet_block(struct mk_model *m, long L) {
+    const struct mk_hparams *h = &m->hp;
+    long E = h->n_embd, dk = h->d_state, nk = h->n_group, nv = h->dt_rank;
+    long Cc = 2 * nk * dk + nv * dk;   /* dv == dk (llama.cpp requires it) */
+    int rc = 0;
+    VEC(L, "attn_norm.weight", E, MK_INIT_NORM);
+    MAT(L, "attn_qkv.weight", E, Cc);
+    MAT(L, "attn_gate.weight", E, nv * dk);
+    rc = rc ? rc : add_tensor(m, MK_INIT_CONV, 2, h->conv, Cc, BLK, L, "ssm_conv1d.weight");
+    VEC(L, "ssm_dt.bias", nv, MK_INIT_DT_BIAS);
+    VEC(L, "ssm_a", nv, MK_INIT_SSM_A);
+    MAT(L, "ssm_beta.weight", E, nv);
+    MAT(L, "ssm_alpha.weight", E, nv);
+    VEC(L, "ssm_norm.weight", dk, MK_INIT_NORM);
+    MAT(L, "ssm_out.weight", nv * dk, E);
+    return rc;
+}
+
+static int add_ffn(struct mk_model *m, long L) {
+    const struct mk_hparams *h = &m->hp;
+    int rc = 0;
+    VEC(L, "post_attention_norm.weight", h->n_embd, MK_INIT_NORM);
+    MAT(L, "ffn_gate.weight", h->n_embd, h->n_ff);
+    MAT(L, "ffn_up.weight", h->n_embd, h->n_ff);
+    MAT(L, "ffn_down.weight", h->n_ff, h->n_embd);
+    return rc;
+}
+
+/* The tensor list in the order the converter writes it (cf. the shipped model). */
+static int build_tensor_list(struct mk_model *m) {
+    const struct mk_hparams *h = &m->hp;
+    int rc = 0;
+    rc = rc ? rc : add_tensor(m, MK_INIT_MATRIX, 2, h->n_embd, h->n_vocab, "token_embd.weight", -1, NULL);
+    rc = rc ? rc : add_tensor(m, MK_INIT_NORM, 1, h->n_embd, 1, "output_norm.weight", -1, NULL);
+    if (!h->tied)
+        rc = rc ? rc : add_tensor(m, MK_INIT_MATRIX, 2, h->n_embd, h->n_vocab, "output.weight", -1, NULL);
+    for (long L = 0; L < h->n_layer + h->nextn && !rc; L++) {
+        bool full = L >= h->n_layer || (L + 1) % h->interval == 0;   /* arch-qwen35.md §3 */
+        rc = full ? add_attention_block(m, L) : add_deltanet_block(m, L);
+        rc = rc ? rc : add_ffn(m, L);
+        if (!rc && L >= h->n_layer) {   /* NextN head (§4.6) */
+            MAT(L, "nextn.eh_proj.weight", 2 * h->n_embd, h->n_embd);
+            VEC(L, "nextn.enorm.weight", h->n_embd, MK_INIT_NORM);
+            VEC(L, "nextn.hnorm.weight", h->n_embd, MK_INIT_NORM);
+            VEC(L, "nextn.shared_head_norm.weight", h->n_embd, MK_INIT_NORM);
+        }
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Tensor data, generated while the file is written
+ * ------------------------------------------------------------------------------------- */
+
+struct fill_job {
+    const struct mk_model *m;
+    const struct mk_tensor *t;
+    uint8_t *dst;
+    size_t row_bytes;
+    int64_t row0, row1;
+    int rc;
+};
+
+static void *fill_rows(void *arg) {
+    struct fill_job *j = arg;
+    float *row = malloc((size_t)j->t->ne[0] * sizeof *row);
+    if (!row) { j->rc = COTI_E_NOMEM; return NULL; }
+    for (int64_t r = j->row0; r < j->row1; r++) {
+        gen_row(j->m, j->t, r, row);
+        quant_quantize_row_ref(j->t->type, row, j->dst + (size_t)r * j->row_bytes, j->t->ne[0]);
+    }
+    free(row);
+    return NULL;
+}
+
+static int fill_tensor(void *ctx, const char *name, void *dst, size_t size, char *err, size_t err_size) {
+    struct mk_model *m = ctx;
+    const struct mk_tensor *t = NULL;
+    if (m->next < m->n_t && !strcmp(m->t[m->next].name, name)) t = &m->t[m->next];
+    for (size_t i = 0; i < m->n_t && !t; i++)
+        if (!strcmp(m->t[i].name, name)) t = &m->t[i];
+    if (!t) return coti_fail(err, err_size, COTI_E_ARG, "mkmodel: unknown tensor '%s'", name);
+    m->next = (size_t)(t - m->t) + 1;
+    size_t row_bytes = ggml_row_size(t->type, t->ne[0]);
+    if (row_bytes * (size_t)t->ne[1] != size)
+        return coti_fail(err, err_size, COTI_E_ARG, "mkmodel: tensor '%s' size mismatch", name);
+
+    int nth = 1;
+    if ((uint64_t)t->ne[0] * (uint64_t)t->ne[1] >= MK_PARALLEL_MIN_ELEMS)
+        nth = (int)COTI_MIN((int64_t)m->n_threads, t->ne[1]);
+    struct fill_job jobs[MK_MAX_THREADS];
+    pthread_t tids[MK_MAX_THREADS];
+    bool started[MK_MAX_THREADS] = {false};
+    for (int i = 0; i < nth; i++) {
+        jobs[i] = (struct fill_job){m, t, dst, row_bytes, t->ne[1] * i / nth, t->ne[1] * (i + 1) / nth, 0};
+        if (i > 0) started[i] = pthread_create(&tids[i], NULL, fill_rows, &jobs[i]) == 0;
+        if (i > 0 && !started[i]) fill_rows(&jobs[i]);   /* no thread: do it here */
+    }
+    fill_rows(&jobs[0]);
+    int rc = jobs[0].rc;
+    for (int i = 1; i < nth; i++) {
+        if (started[i]) pthread_join(tids[i], NULL);
+        if (!rc) rc = jobs[i].rc;
+    }
+    if (rc) return coti_fail(err, err_size, rc, "mkmodel: out of memory generating '%s'", name);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Tokenizer metadata
+ * ------------------------------------------------------------------------------------- */
+
+/* GPT-2 byte-level alphabet: byte b -> the UTF-8 text of its printable stand-in. */
+static void gpt2_byte_token(int b, char out[5]) {
+    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    unsigned cp;
+    if (printable) cp = (unsigned)b;
+    else {
+        int k = 0;   /* index among the non-printable bytes below b */
+        for (int c = 0; c < b; c++)
+            if (!((c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255))) k++;
+        cp = 256u + (unsigned)k;
+    }
+    if (cp < 0x80) { out[0] = (char)cp; out[1] = 0; }
+    else { out[0] = (char)(0xC0 | cp >> 6); out[1] = (char)(0x80 | (cp & 0x3F)); out[2] = 0; }
+}
+
+/* String -> id set over a token array (open addressing); used to keep only merges whose
+ * parts and result survive a vocabulary truncation. */
+struct strset { const char **keys; size_t cap; };
+
+static int strset_init(struct strset *s, const char *const *keys, size_t n) {
+    s->cap = 16;
+    while (s->cap < 2 * n + 16) s->cap *= 2;
+    if (!(s->keys = calloc(s->cap, sizeof *s->keys))) return COTI_E_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        size_t h = (size_t)fnv1a64(keys[i]) & (s->cap - 1);
+        while (s->keys[h] && strcmp(s->keys[h], keys[i])) h = (h + 1) & (s->cap - 1);
+        s->keys[h] = keys[i];
+    }
+    return 0;
+}
+
+static bool strset_has(const struct strset *s, const char *key) {
+    size_t h = (size_t)fnv1a64(key) & (s->cap - 1);
+    for (; s->keys[h]; h = (h + 1) & (s->cap - 1))
+        if (!strcmp(s->keys[h], key)) return true;
+    return false;
+}
+
+/* Everything the vocabulary needs to own until the file is written. */
+struct mk_vocab {
+    struct gguf_file *src;
+    char **tokens;        /* n_vocab pointers (into src or owned strings) */
+    char *owned;          /* backing store of generated token texts */
+    int32_t *types;
+    float *scores;
+    const char **merges;
+    size_t n_merges;
+};
+
+static void vocab_free(struct mk_vocab *v) {
+    free(v->tokens);
+    free(v->owned);
+    free(v->types);
+    free(v->scores);
+    free(v->merges);
+    gguf_close(v->src);
+}
+
+/* Fills ids [from, n) with "<t%d>" tokens; texts go to v->owned. */
+static int vocab_pad(struct mk_vocab *v, size_t from, size_t n) {
+    size_t bytes = (n - from) * 16 + 1;   /* "<t4194303>" is 10 chars + NUL */
+    if (!(v->owned = malloc(bytes))) return COTI_E_NOMEM;
+    char *p = v->owned;
+    for (size_t i = from; i < n; i++) {
+        int k = snprintf(p, 16, "<t%zu>", i);
+        v->tokens[i] = p;
+        p += k + 1;
+        v->types[i] = 1;   /* NORMAL */
+        if (v->scores) v->scores[i] = 0.0f;
+    }
+    return 0;
+}
+
+static int write_synthetic_vocab(struct gguf_writer *w, struct mk_vocab *v, size_t n, char *err, size_t err_size) {
+    static const char *const special[MK_N_SPECIAL] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    static char bytes[256][5];
+    if (n < MK_SYNTH_MIN_VOCAB)
+        return coti_fail(err, err_size, COTI_E_ARG, "a synthetic vocabulary needs --n-vocab >= %d, got %zu",
+                         MK_SYNTH_MIN_VOCAB, n);
+    if (!(v->tokens = calloc(n, sizeof *v->tokens)) || !(v->types = calloc(n, sizeof *v->types)))
+        return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    for (int i = 0; i < MK_N_SPECIAL; i++) {
+        v->tokens[i] = (char *)special[i];
+        v->types[i] = 3;   /* CONTROL */
+    }
+    for (int b = 0; b < 256; b++) {
+        gpt2_byte_token(b, bytes[b]);
+        v->tokens[MK_N_SPECIAL + b] = bytes[b];
+        v->types[MK_N_SPECIAL + b] = 1;
+    }
+    if (vocab_pad(v, MK_SYNTH_MIN_VOCAB, n)) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", "qwen2");
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens, n);
+    gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", v->types, n);
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", NULL, 0);   /* llama.cpp requires the key */
+    gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 0);
+    gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", 0);
+    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0);
+    gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false);
+    gguf_writer_set_str(w, "tokenizer.chat_template", CHATML_TEMPLATE);
+    return 0;
+}
+
+static bool is_special_id_key(const char *key) {
+    size_t n = strlen(key);
+    return !strncmp(key, "tokenizer.ggml.", 15) && n > 9 && !strcmp(key + n - 9, "_token_id");
+}
+
+/* Copies the tokenizer.* keys of v->src in their order; token-indexed arrays are truncated or
+ * padded to n, merges are filtered to the surviving tokens, special ids >= n are dropped. */
+static int write_copied_vocab(struct gguf_writer *w, struct mk_vocab *v, size_t n, char *err, size_t err_size) {
+    const struct gguf_file *f = v->src;
+    const struct gguf_kv *tok = gguf_find_kv(f, "tokenizer.ggml.tokens");
+    if (!tok || tok->type != GGUF_TYPE_ARRAY || tok->arr_type != GGUF_TYPE_STRING || tok->n == 0)
+        return coti_fail(err, err_size, COTI_E_FORMAT, "vocab file has no tokenizer.ggml.tokens string array");
+    size_t n_src = (size_t)tok->n;
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        const struct gguf_kv *kv = &f->kv[i];
+        if (strncmp(kv->key, "tokenizer.", 10) != 0) continue;
+        bool per_token = kv->type == GGUF_TYPE_ARRAY && kv->n == n_src &&
+                         (!strcmp(kv->key, "tokenizer.ggml.tokens") || !strcmp(kv->key, "tokenizer.ggml.token_type") ||
+                          !strcmp(kv->key, "tokenizer.ggml.scores"));
+        if (n == n_src || !(per_token || !strcmp(kv->key, "tokenizer.ggml.merges") || is_special_id_key(kv->key))) {
+            gguf_writer_set_kv(w, kv);
+            continue;
+        }
+        if (is_special_id_key(kv->key)) {
+            if (kv->type == GGUF_TYPE_UINT32 && kv->v.u64 < n) gguf_writer_set_kv(w, kv);
+            else fprintf(stderr, "mkmodel: dropping %s (%llu is outside the %zu-token vocabulary)\n", kv->key,
+                         (unsigned long long)kv->v.u64, n);
+            continue;
+        }
+        if (!strcmp(kv->key, "tokenizer.ggml.tokens")) {
+            if (!(v->tokens = calloc(n, sizeof *v->tokens)) || !(v->types = calloc(n, sizeof *v->types)))
+                return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+            for (size_t k = 0; k < n && k < n_src; k++) v->tokens[k] = kv->arr_str[k];
+            if (n > n_src && vocab_pad(v, n_src, n)) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+            gguf_writer_set_arr_str(w, kv->key, (const char *const *)v->tokens, n);
+        } else if (!strcmp(kv->key, "tokenizer.ggml.merges")) {
+            if (kv->type != GGUF_TYPE_ARRAY || kv->arr_type != GGUF_TYPE_STRING) { gguf_writer_set_kv(w, kv); continue; }
+            if (!v->tokens)
+                return coti_fail(err, err_size, COTI_E_FORMAT, "vocab file: merges come before tokens");
+            struct strset set;
+            if (strset_init(&set, (const char *const *)v->tokens, n) ||
+                !(v->merges = malloc(((size_t)kv->n + 1) * sizeof *v->merges))) {
+                free(set.keys);
+                return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+            }
+            char buf[1024];
+            for (uint64_t k = 0; k < kv->n; k++) {
+                const char *mg = kv->arr_str[k], *sp = strchr(mg, ' ');
+                size_t len = strlen(mg);
+                if (!sp || len >= sizeof buf) continue;
+                memcpy(buf, mg, len + 1);
+                buf[sp - mg] = '\0';
+                bool keep = strset_has(&set, buf) && strset_has(&set, buf + (sp - mg) + 1);
+                memmove(buf + (sp - mg), buf + (sp - mg) + 1, len - (size_t)(sp - mg));   /* "a b" -> "ab" */
+                if (keep && strset_has(&set, buf)) v->merges[v->n_merges++] = mg;
+            }
+            free(set.keys);
+            gguf_writer_set_arr_str(w, kv->key, v->merges, v->n_merges);
+        } else if (!strcmp(kv->key, "tokenizer.ggml.token_type") && kv->arr_type == GGUF_TYPE_INT32) {
+            /* n > n_src: padded entries were set by vocab_pad when tokens came first */
+            if (!v->types && !(v->types = calloc(n, sizeof *v->types)))
+                return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+            for (size_t k = n_src; k < n; k++) v->types[k] = 1;
+            memcpy(v->types, kv->arr, COTI_MIN(n, n_src) * sizeof(int32_t));
+            gguf_writer_set_arr_i32(w, kv->key, v->types, n);
+        } else if (!strcmp(kv->key, "tokenizer.ggml.scores") && kv->arr_type == GGUF_TYPE_FLOAT32) {
+            if (!(v->scores = calloc(n, sizeof *v->scores)))
+                return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+            memcpy(v->scores, kv->arr, COTI_MIN(n, n_src) * sizeof(float));
+            gguf_writer_set_arr_f32(w, kv->key, v->scores, n);
+        } else {
+            return coti_fail(err, err_size, COTI_E_FORMAT, "vocab file: %s has an unexpected type", kv->key);
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Options
+ * ------------------------------------------------------------------------------------- */
+
+static void hp_default(struct mk_hparams *h) {
+    *h = (struct mk_hparams){
+        .n_embd = 64, .n_layer = 4, .n_ff = 128, .n_head = 4, .n_head_kv = 2, .head_dim = 16,
+        .d_state = 16, .n_group = 2, .dt_rank = 4, .conv = 4, .interval = 4, .nextn = 1,
+        .rope_dims = 0, .ctx = 256, .rope_theta = 1e7, .eps = 1e-6, .tied = true,
+    };
+}
+
+static int hp_preset(struct mk_hparams *h, const char *name) {
+    hp_default(h);
+    if (!strcmp(name, "tiny")) return 0;
+    if (!strcmp(name, "coti-tiny")) {   /* the shipped model's shape (MODEL_CARD.md) */
+        h->n_embd = 384; h->n_layer = 8; h->n_ff = 1152; h->n_head = 6; h->n_head_kv = 2;
+        h->head_dim = 64; h->d_state = 64; h->n_group = 4; h->dt_rank = 8; h->rope_dims = 16;
+        h->ctx = 4096;
+        return 0;
+    }
+    if (!strcmp(name, "9b")) {   /* Qwen3.5-9B-style, arch-qwen35.md §1 */
+        h->n_embd = 4096; h->n_layer = 32; h->n_ff = 12288; h->n_head = 16; h->n_head_kv = 4;
+        h->head_dim = 256; h->d_state = 128; h->n_group = 16; h->dt_rank = 32; h->rope_dims = 64;
+        h->n_vocab = 248320; h->tied = false; h->ctx = 262144;
+        long s[4] = {11, 11, 10, 0};
+        memcpy(h->sections, s, sizeof s);
+        h->sections_set = true;
+        return 0;
+    }
+    return -1;
+}
+
+static void usage(FILE *out) {
+    fprintf(out,
+        "usage: coti mkmodel --arch qwen35 -o OUT.gguf [options]\n"
+        "Write a random-weight model in llama.cpp's qwen35 GGUF layout.\n"
+        "  --shape tiny|coti-tiny|9b   preset (default tiny); later options override it\n"
+        "  --type T            2-D weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K..q6_K (default q8_0)\n"
+        "  --seed N            random seed (default 42)\n"
+        "  --n-embd N --n-layer N --n-ff N --n-head N --n-head-kv N --head-dim N\n"
+        "  --n-vocab N         default: the size of the --vocab-from vocabulary\n"
+        "  --ssm-d-state N --ssm-n-group N --ssm-dt-rank N --ssm-conv N\n"
+        "  --full-attn-interval N --nextn 0|1 --ctx N\n"
+        "  --rope-dims N (default head-dim/4) --rope-sections A,B,C,D --rope-theta X --eps X\n"
+        "  --tied | --untied   share token_embd as the LM head (default tied; 9b: untied)\n"
+        "  --vocab-from FILE   copy tokenizer.* keys (default %s);\n"
+        "                      'none' writes a synthetic byte-level vocabulary\n"
+        "  --threads N         generation threads (default: all CPUs)\n",
+        MK_DEFAULT_VOCAB_FROM);
+}
+
+/* Options that take a value, besides the integer table of tool_mkmodel_main. */
+static bool is_value_option(const char *a) {
+    static const char *const opts[] = {"-o", "--output", "--arch", "--shape", "--vocab-from", "--seed",
+                                       "--type", "--threads", "--rope-theta", "--eps", "--rope-sections"};
+    for (size_t i = 0; i < COTI_ARRAY_LEN(opts); i++)
+        if (!strcmp(a, opts[i])) return true;
+    return false;
+}
+
+static int parse_long(const char *opt, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "coti mkmodel: %s: '%s' is not an integer in [%ld, %ld]\n", opt, s ? s : "", lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *opt, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "coti mkmodel: %s: '%s' is not a number in [%g, %g]\n", opt, s ? s : "", lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int check_hparams(const struct mk_hparams *h) {
+    const char *why = NULL;
+    if (h->n_head % h->n_head_kv) why = "--n-head must be a multiple of --n-head-kv";
+    else if (h->dt_rank % h->n_group) why = "--ssm-dt-rank (v heads) must be a multiple of --ssm-n-group (k heads)";
+    else if (h->rope_dims % 2 || h->rope_dims > h->head_dim) why = "--rope-dims must be even and <= --head-dim";
+    else if (h->sections[0] + h->sections[1] + h->sections[2] + h->sections[3] > h->rope_dims / 2)
+        why = "--rope-sections must sum to at most rope-dims/2";
+    if (why) fprintf(stderr, "coti mkmodel: %s\n", why);
+    return why ? -1 : 0;
+}
+
+/* llama_ftype of a file whose matrices are mostly `t` (general.file_type, informational). */
+static uint32_t ftype_of(enum ggml_type t) {
+    switch (t) {
+    case GGML_TYPE_F32: return 0;
+    case GGML_TYPE_F16: return 1;
+    case GGML_TYPE_Q4_0: return 2;
+    case GGML_TYPE_Q4_1: return 3;
+    case GGML_TYPE_Q8_0: return 7;
+    case GGML_TYPE_Q5_0: return 8;
+    case GGML_TYPE_Q5_1: return 9;
+    case GGML_TYPE_Q2_K: return 10;
+    case GGML_TYPE_Q3_K: return 12;   /* Q3_K_M */
+    case GGML_TYPE_Q4_K: return 15;   /* Q4_K_M */
+    case GGML_TYPE_Q5_K: return 17;   /* Q5_K_M */
+    case GGML_TYPE_Q6_K: return 18;
+    case GGML_TYPE_BF16: return 32;
+    default: return 7;
+    }
+}
+
+static void write_metadata(struct gguf_writer *w, const struct mk_model *m, const char *shape) {
+    const struct mk_hparams *h = &m->hp;
+    char name[96];
+    snprintf(name, sizeof name, "coti-mkmodel-qwen35-%s-seed%llu", shape, (unsigned long long)m->seed);
+    int32_t sections[4];
+    for (int i = 0; i < 4; i++) sections[i] = (int32_t)h->sections[i];
+    /* key order and types as the converter writes them (cf. the shipped model) */
+    gguf_writer_set_str(w, "general.architecture", "qwen35");
+    gguf_writer_set_str(w, "general.type", "model");
+    gguf_writer_set_str(w, "general.name", name);
+    gguf_writer_set_u32(w, "qwen35.block_count", (uint32_t)(h->n_layer + h->nextn));
+    gguf_writer_set_u32(w, "qwen35.context_length", (uint32_t)h->ctx);
+    gguf_writer_set_u32(w, "qwen35.embedding_length", (uint32_t)h->n_embd);
+    gguf_writer_set_u32(w, "qwen35.feed_forward_length", (uint32_t)h->n_ff);
+    gguf_writer_set_u32(w, "qwen35.attention.head_count", (uint32_t)h->n_head);
+    gguf_writer_set_u32(w, "qwen35.attention.head_count_kv", (uint32_t)h->n_head_kv);
+    gguf_writer_set_arr_i32(w, "qwen35.rope.dimension_sections", sections, 4);
+    gguf_writer_set_f32(w, "qwen35.rope.freq_base", (float)h->rope_theta);
+    gguf_writer_set_f32(w, "qwen35.attention.layer_norm_rms_epsilon", (float)h->eps);
+    gguf_writer_set_u32(w, "qwen35.attention.key_length", (uint32_t)h->head_dim);
+    gguf_writer_set_u32(w, "qwen35.attention.value_length", (uint32_t)h->head_dim);
+    gguf_writer_set_u32(w, "general.file_type", ftype_of(m->wtype));
+    gguf_writer_set_u32(w, "qwen35.ssm.conv_kernel", (uint32_t)h->conv);
+    gguf_writer_set_u32(w, "qwen35.ssm.state_size", (uint32_t)h->d_state);
+    gguf_writer_set_u32(w, "qwen35.ssm.group_count", (uint32_t)h->n_group);
+    gguf_writer_set_u32(w, "qwen35.ssm.time_step_rank", (uint32_t)h->dt_rank);
+    gguf_writer_set_u32(w, "qwen35.ssm.inner_size", (uint32_t)(h->dt_rank * h->d_state));
+    gguf_writer_set_u32(w, "qwen35.full_attention_interval", (uint32_t)h->interval);
+    gguf_writer_set_u32(w, "qwen35.rope.dimension_count", (uint32_t)h->rope_dims);
+    if (h->nextn > 0) gguf_writer_set_u32(w, "qwen35.nextn_predict_layers", (uint32_t)h->nextn);
+    gguf_writer_set_u32(w, "general.quantization_version", 2);
+}
+
+int tool_mkmodel_main(int argc, char **argv) {
+    struct mk_model m = {.wtype = GGML_TYPE_Q8_0, .seed = 42};
+    const char *out = NULL, *arch = NULL, *shape = "tiny", *vocab_from = NULL;
+    long n_threads = sysconf(_SC_NPROCESSORS_ONLN);
+    n_threads = n_threads < 1 ? 1 : COTI_MIN(n_threads, MK_MAX_THREADS);
+
+    /* the preset first, so that every other option overrides it whatever the order */
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--shape")) shape = argv[i + 1];
+    if (hp_preset(&m.hp, shape) != 0) {
+        fprintf(stderr, "coti mkmodel: --shape: unknown preset '%s' (tiny, coti-tiny, 9b)\n", shape);
+        return 1;
+    }
+    struct mk_hparams *h = &m.hp;
+    bool synthetic = !strcmp(shape, "9b");
+    static const struct { const char *opt; size_t off; long lo, hi; } ints[] = {
+        {"--n-embd", offsetof(struct mk_hparams, n_embd), 1, MK_MAX_DIM},
+        {"--n-layer", offsetof(struct mk_hparams, n_layer), 1, MK_MAX_LAYER - 1},
+        {"--n-ff", offsetof(struct mk_hparams, n_ff), 1, MK_MAX_FF},
+        {"--n-head", offsetof(struct mk_hparams, n_head), 1, MK_MAX_DIM},
+        {"--n-head-kv", offsetof(struct mk_hparams, n_head_kv), 1, MK_MAX_DIM},
+        {"--head-dim", offsetof(struct mk_hparams, head_dim), 1, MK_MAX_DIM},
+        {"--n-vocab", offsetof(struct mk_hparams, n_vocab), 1, MK_MAX_VOCAB},
+        {"--ssm-d-state", offsetof(struct mk_hparams, d_state), 1, MK_MAX_DIM},
+        {"--ssm-n-group", offsetof(struct mk_hparams, n_group), 1, MK_MAX_DIM},
+        {"--ssm-dt-rank", offsetof(struct mk_hparams, dt_rank), 1, MK_MAX_DIM},
+        {"--ssm-conv", offsetof(struct mk_hparams, conv), 1, MK_MAX_CONV},
+        {"--full-attn-interval", offsetof(struct mk_hparams, interval), 1, MK_MAX_LAYER},
+        {"--nextn", offsetof(struct mk_hparams, nextn), 0, 1},   /* llama.cpp supports one */
+        {"--rope-dims", offsetof(struct mk_hparams, rope_dims), 0, MK_MAX_DIM},
+        {"--ctx", offsetof(struct mk_hparams, ctx), 1, 1L << 24},
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        bool matched = false;
+        for (size_t k = 0; k < COTI_ARRAY_LEN(ints) && !matched; k++) {
+            if (strcmp(a, ints[k].opt)) continue;
+            if (parse_long(a, val, ints[k].lo, ints[k].hi, (long *)((char *)h + ints[k].off))) return 1;
+            matched = true;
+            i++;
+        }
+        if (matched) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "--tied")) h->tied = true;
+        else if (!strcmp(a, "--untied")) h->tied = false;
+        else if (!val && is_value_option(a)) {
+            fprintf(stderr, "coti mkmodel: %s needs a value\n", a);
+            return 1;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) { out = val; i++; }
+        else if (!strcmp(a, "--arch")) { arch = val; i++; }
+        else if (!strcmp(a, "--shape")) i++;
+        else if (!strcmp(a, "--vocab-from")) { vocab_from = val; i++; }
+        else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(val, &end, 10);
+            if (errno || end == val || *end || val[0] == '-') {
+                fprintf(stderr, "coti mkmodel: --seed: '%s' is not an unsigned integer\n", val);
+                return 1;
+            }
+            m.seed = s;
+            i++;
+        } else if (!strcmp(a, "--type")) {
+            m.wtype = ggml_type_from_name(val);
+            if (!ggml_type_supported(m.wtype) || m.wtype == GGML_TYPE_Q8_1 || m.wtype == GGML_TYPE_Q8_K) {
+                fprintf(stderr, "coti mkmodel: --type: '%s' is not a weight type coti supports\n", val);
+                return 1;
+            }
+            i++;
+        } else if (!strcmp(a, "--threads")) {
+            if (parse_long(a, val, 1, MK_MAX_THREADS, &n_threads)) return 1;
+            i++;
+        } else if (!strcmp(a, "--rope-theta")) {
+            if (parse_double(a, val, 1.0, 1e12, &h->rope_theta)) return 1;
+            i++;
+        } else if (!strcmp(a, "--eps")) {
+            if (parse_double(a, val, 1e-12, 1.0, &h->eps)) return 1;
+            i++;
+        } else if (!strcmp(a, "--rope-sections")) {
+            long s[4];
+            char extra;
+            if (sscanf(val, "%ld,%ld,%ld,%ld%c", &s[0], &s[1], &s[2], &s[3], &extra) != 4 ||
+                s[0] < 0 || s[1] < 0 || s[2] < 0 || s[3] < 0 || s[0] + s[1] + s[2] + s[3] > MK_MAX_DIM) {
+                fprintf(stderr, "coti mkmodel: --rope-sections: '%s' is not A,B,C,D (non-negative)\n", val);
+                return 1;
+            }
+            memcpy(h->sections, s, sizeof s);
+            h->sections_set = true;
+            i++;
+        } else {
+            fprintf(stderr, "coti mkmodel: unknown option '%s' (see --help)\n", a);
+            return 1;
+        }
+    }
+    if (!arch || strcmp(arch, "qwen35")) {
+        fprintf(stderr, "coti mkmodel: --arch qwen35 is required (the only architecture supported)\n");
+        return 1;
+    }
+    if (!out) { fprintf(stderr, "coti mkmodel: -o OUT.gguf is required\n"); return 1; }
+    if (vocab_from) synthetic = !strcmp(vocab_from, "none");
+    else vocab_from = MK_DEFAULT_VOCAB_FROM;
+    if (h->rope_dims == 0) h->rope_dims = COTI_MAX(2, h->head_dim / 4 / 2 * 2);
+    if (!h->sections_set) {   /* [3/8, 3/8, 2/8] of the rotary pairs, as Qwen's [11, 11, 10, 0] */
+        long pairs = h->rope_dims / 2;
+        h->sections[0] = h->sections[1] = (pairs + 2) / 3;
+        h->sections[2] = pairs - 2 * h->sections[0];
+        h->sections[3] = 0;
+        if (h->sections[2] < 0) { h->sections[1] += h->sections[2]; h->sections[2] = 0; }
+    }
+    if (check_hparams(h)) return 1;
+    m.n_threads = (int)n_threads;
+
+    char err[512];
+    int rc = 0;
+    struct mk_vocab vocab = {0};
+    struct gguf_writer *w = gguf_writer_init();
+    if (!w) { fprintf(stderr, "coti mkmodel: out of memory\n"); return 1; }
+    if (!synthetic) {
+        if ((rc = gguf_open(&vocab.src, vocab_from, err, sizeof err))) goto done;
+        const struct gguf_kv *tok = gguf_find_kv(vocab.src, "tokenizer.ggml.tokens");
+        if (h->n_vocab == 0 && tok && tok->type == GGUF_TYPE_ARRAY) h->n_vocab = (long)COTI_MIN(tok->n, (uint64_t)MK_MAX_VOCAB);
+    } else if (h->n_vocab == 0) {
+        h->n_vocab = 512;
+    }
+    write_metadata(w, &m, shape);
+    rc = synthetic ? write_synthetic_vocab(w, &vocab, (size_t)h->n_vocab, err, sizeof err)
+                   : write_copied_vocab(w, &vocab, (size_t)h->n_vocab, err, sizeof err);
+    if (rc) goto done;
+    if ((rc = build_tensor_list(&m))) { snprintf(err, sizeof err, "out of memory"); goto done; }
+    uint64_t n_params = 0;
+    for (size_t i = 0; i < m.n_t; i++) {
+        const struct mk_tensor *t = &m.t[i];
+        n_params += (uint64_t)t->ne[0] * (uint64_t)t->ne[1];
+        gguf_writer_add_tensor_info(w, t->name, t->type, t->n_dims, t->ne);
+    }
+    /* a failed set_* or add_* above is sticky in the writer: this call reports it and
+     * writes nothing */
+    int64_t t0 = coti_time_us();
+    rc = gguf_writer_write_fill(w, out, fill_tensor, &m, err, sizeof err);
+    if (!rc)
+        fprintf(stderr, "coti mkmodel: wrote %s: qwen35 %s, %zu tensors, %.2f M params, %s, seed %llu, %.1f s\n",
+                out, shape, m.n_t, n_params / 1e6, ggml_type_traits_get(m.wtype)->name,
+                (unsigned long long)m.seed, (coti_time_us() - t0) / 1e6);
+done:
+    if (rc) fprintf(stderr, "coti mkmodel: %s\n", err);
+    gguf_writer_free(w);
+    vocab_free(&vocab);
+    free(m.t);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,402 @@
+/* test_mkmodel.c — `coti mkmodel`: the generated qwen35 file reopens with gguf_open and has
+ * the keys, tensor names, shapes and types arch-qwen35.md §2/§4 prescribe, with sane value
+ * ranges; generation is deterministic (same seed -> same bytes, whatever the thread count)
+ * and seed-dependent. Tests run from the repo root (the default --vocab-from is
+ * models/coti-tiny-qwen35-mtp-q8_0.gguf). */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gguf.h"
+
+/* src/tools/ is not part of libcoti.a (Makefile: the tools link only into ./coti), so the
+ * generator is compiled into this test directly. */
+#include "../src/tools/mkmodel.c"
+
+static void tmp_path(char *buf, size_t size, const char *tag) {
+    static int counter;
+    snprintf(buf, size, "/tmp/coti_test_mkmodel_%ld_%d_%s.gguf", (long)getpid(), counter++, tag);
+}
+
+/* Runs `coti mkmodel --arch qwen35 -o out ARGS... NULL`; returns the exit code. */
+static int run_mk(const char *out, ...) {
+    char *argv[64];
+    int argc = 0;
+    argv[argc++] = "mkmodel";
+    argv[argc++] = "--arch";
+    argv[argc++] = "qwen35";
+    if (out) { argv[argc++] = "-o"; argv[argc++] = (char *)out; }
+    va_list ap;
+    va_start(ap, out);
+    for (const char *a; (a = va_arg(ap, const char *)) && argc < 63;) argv[argc++] = (char *)a;
+    va_end(ap);
+    argv[argc] = NULL;
+    return tool_mkmodel_main(argc, argv);
+}
+
+static struct gguf_file *open_ok(const char *path) {
+    struct gguf_file *f = NULL;
+    char err[512];
+    cr_assert_eq(gguf_open(&f, path, err, sizeof err), 0, "%s", err);
+    return f;
+}
+
+static uint32_t get_u32(const struct gguf_file *f, const char *key) {
+    uint32_t v = 0;
+    char err[256];
+    cr_assert_eq(gguf_get_u32(f, key, &v, err, sizeof err), 0, "key %s: %s", key, err);
+    return v;
+}
+
+static const struct gguf_tensor *tensor(const struct gguf_file *f, const char *name, enum ggml_type type,
+                                        int64_t ne0, int64_t ne1) {
+    const struct gguf_tensor *t = gguf_find_tensor(f, name);
+    cr_assert(t, "tensor %s missing", name);
+    cr_assert_eq(t->type, type, "%s: type %d, expected %d", name, t->type, type);
+    cr_assert_eq(t->n_dims, ne1 ? 2u : 1u, "%s: n_dims %u", name, t->n_dims);
+    cr_assert_eq(t->ne[0], ne0, "%s: ne[0] %lld, expected %lld", name, (long long)t->ne[0], (long long)ne0);
+    if (ne1) cr_assert_eq(t->ne[1], ne1, "%s: ne[1] %lld, expected %lld", name, (long long)t->ne[1], (long long)ne1);
+    return t;
+}
+
+static bool files_equal(const char *a, const char *b) {
+    struct gguf_file *fa = open_ok(a), *fb = open_ok(b);
+    bool eq = fa->size == fb->size && memcmp(fa->base, fb->base, fa->size) == 0;
+    gguf_close(fa);
+    gguf_close(fb);
+    return eq;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The default tiny shape: E 64, 4 trunk layers (3 DeltaNet + 1 full) + 1 NextN block,
+ * F 128, H 4 / Hkv 2 / D 16, nk 2 / nv 4 / dk 16, Kc 4.
+ * ------------------------------------------------------------------------------------- */
+
+Test(gguf, mkmodel_tiny_layout) {
+    char path[128];
+    tmp_path(path, sizeof path, "tiny");
+    cr_assert_eq(run_mk(path, "--n-vocab", "512", NULL), 0);
+    struct gguf_file *f = open_ok(path);
+    const char *s;
+    char err[256];
+    cr_assert_eq(gguf_get_str(f, "general.architecture", &s, err, sizeof err), 0);
+    cr_assert_str_eq(s, "qwen35");
+    cr_assert_eq(get_u32(f, "qwen35.block_count"), 5);
+    cr_assert_eq(get_u32(f, "qwen35.nextn_predict_layers"), 1);
+    cr_assert_eq(get_u32(f, "qwen35.embedding_length"), 64);
+    cr_assert_eq(get_u32(f, "qwen35.feed_forward_length"), 128);
+    cr_assert_eq(get_u32(f, "qwen35.attention.head_count"), 4);
+    cr_assert_eq(get_u32(f, "qwen35.attention.head_count_kv"), 2);
+    cr_assert_eq(get_u32(f, "qwen35.attention.key_length"), 16);
+    cr_assert_eq(get_u32(f, "qwen35.attention.value_length"), 16);
+    cr_assert_eq(get_u32(f, "qwen35.rope.dimension_count"), 4);
+    cr_assert_eq(get_u32(f, "qwen35.ssm.conv_kernel"), 4);
+    cr_assert_eq(get_u32(f, "qwen35.ssm.state_size"), 16);
+    cr_assert_eq(get_u32(f, "qwen35.ssm.group_count"), 2);
+    cr_assert_eq(get_u32(f, "qwen35.ssm.time_step_rank"), 4);
+    cr_assert_eq(get_u32(f, "qwen35.ssm.inner_size"), 64);
+    cr_assert_eq(get_u32(f, "qwen35.full_attention_interval"), 4);
+    cr_assert_eq(get_u32(f, "qwen35.context_length"), 256);
+    cr_assert_eq(get_u32(f, "general.file_type"), 7);
+    /* llama.cpp type-checks strictly: these must be exactly UINT32 / FLOAT32 / INT32 array */
+    cr_assert_eq(gguf_find_kv(f, "qwen35.block_count")->type, GGUF_TYPE_UINT32);
+    cr_assert_eq(gguf_find_kv(f, "qwen35.rope.freq_base")->type, GGUF_TYPE_FLOAT32);
+    cr_assert_eq(gguf_find_kv(f, "qwen35.attention.layer_norm_rms_epsilon")->type, GGUF_TYPE_FLOAT32);
+    const struct gguf_kv *sec = gguf_find_kv(f, "qwen35.rope.dimension_sections");
+    cr_assert(sec && sec->type == GGUF_TYPE_ARRAY && sec->arr_type == GGUF_TYPE_INT32 && sec->n == 4);
+
+    /* vocabulary: copied from the shipped model, truncated to 512, merges filtered */
+    const struct gguf_kv *tok = gguf_find_kv(f, "tokenizer.ggml.tokens");
+    cr_assert(tok && tok->arr_type == GGUF_TYPE_STRING && tok->n == 512);
+    cr_assert_str_eq(tok->arr_str[0], "<|endoftext|>");
+    const struct gguf_kv *tt = gguf_find_kv(f, "tokenizer.ggml.token_type");
+    cr_assert(tt && tt->arr_type == GGUF_TYPE_INT32 && tt->n == 512);
+    const struct gguf_kv *mg = gguf_find_kv(f, "tokenizer.ggml.merges");
+    cr_assert(mg && mg->arr_type == GGUF_TYPE_STRING && mg->n > 0 && mg->n < 512);
+    for (uint64_t i = 0; i < mg->n; i++) {   /* parts and result are all tokens */
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", mg->arr_str[i]);
+        char *sp = strchr(buf, ' ');
+        cr_assert(sp);
+        *sp = '\0';
+        bool l = false, r = false, both = false;
+        char cat[256];
+        snprintf(cat, sizeof cat, "%s%s", buf, sp + 1);
+        for (uint64_t k = 0; k < tok->n; k++) {
+            l |= !strcmp(tok->arr_str[k], buf);
+            r |= !strcmp(tok->arr_str[k], sp + 1);
+            both |= !strcmp(tok->arr_str[k], cat);
+        }
+        cr_assert(l && r && both, "merge '%s' refers to a dropped token", mg->arr_str[i]);
+    }
+    cr_assert_eq(get_u32(f, "tokenizer.ggml.eos_token_id"), 0);
+    cr_assert(gguf_find_kv(f, "tokenizer.chat_template"));
+    cr_assert_str_eq(gguf_find_kv(f, "tokenizer.ggml.pre")->str, "qwen2");
+
+    /* tensors (arch-qwen35.md §4): tied, so no output.weight */
+    const int64_t E = 64, V = 512, F = 128, H = 4, Hkv = 2, D = 16, nk = 2, nv = 4, dk = 16, Kc = 4;
+    const int64_t Cc = 2 * nk * dk + nv * dk;
+    cr_assert_eq(f->n_tensors, 2 + 3 * 14 + 11 + 15);
+    tensor(f, "token_embd.weight", GGML_TYPE_Q8_0, E, V);
+    tensor(f, "output_norm.weight", GGML_TYPE_F32, E, 0);
+    cr_assert_null(gguf_find_tensor(f, "output.weight"));
+    char name[64];
+    for (int L = 0; L < 5; L++) {
+        bool full = L == 3 || L == 4;
+#define T(suffix) (snprintf(name, sizeof name, "blk.%d.%s", L, suffix), name)
+        tensor(f, T("attn_norm.weight"), GGML_TYPE_F32, E, 0);
+        tensor(f, T("post_attention_norm.weight"), GGML_TYPE_F32, E, 0);
+        tensor(f, T("ffn_gate.weight"), GGML_TYPE_Q8_0, E, F);
+        tensor(f, T("ffn_up.weight"), GGML_TYPE_Q8_0, E, F);
+        tensor(f, T("ffn_down.weight"), GGML_TYPE_Q8_0, F, E);
+        if (full) {
+            tensor(f, T("attn_q.weight"), GGML_TYPE_Q8_0, E, 2 * H * D);
+            tensor(f, T("attn_k.weight"), GGML_TYPE_Q8_0, E, Hkv * D);
+            tensor(f, T("attn_v.weight"), GGML_TYPE_Q8_0, E, Hkv * D);
+            tensor(f, T("attn_output.weight"), GGML_TYPE_Q8_0, H * D, E);
+            tensor(f, T("attn_q_norm.weight"), GGML_TYPE_F32, D, 0);
+            tensor(f, T("attn_k_norm.weight"), GGML_TYPE_F32, D, 0);
+            cr_assert_null(gguf_find_tensor(f, T("attn_qkv.weight")));
+            cr_assert_null(gguf_find_tensor(f, T("ssm_a")));
+        } else {
+            tensor(f, T("attn_qkv.weight"), GGML_TYPE_Q8_0, E, Cc);
+            tensor(f, T("attn_gate.weight"), GGML_TYPE_Q8_0, E, nv * dk);
+            tensor(f, T("ssm_conv1d.weight"), GGML_TYPE_F32, Kc, Cc);
+            tensor(f, T("ssm_dt.bias"), GGML_TYPE_F32, nv, 0);
+            const struct gguf_tensor *a = tensor(f, T("ssm_a"), GGML_TYPE_F32, nv, 0);
+            tensor(f, T("ssm_beta.weight"), GGML_TYPE_Q8_0, E, nv);
+            tensor(f, T("ssm_alpha.weight"), GGML_TYPE_Q8_0, E, nv);
+            tensor(f, T("ssm_norm.weight"), GGML_TYPE_F32, dk, 0);
+            tensor(f, T("ssm_out.weight"), GGML_TYPE_Q8_0, nv * dk, E);
+            cr_assert_null(gguf_find_tensor(f, T("attn_q.weight")));
+            for (int i = 0; i < nv; i++) cr_assert_lt(((const float *)a->data)[i], 0.0f);
+        }
+        if (L == 4) {   /* the NextN block */
+            tensor(f, T("nextn.eh_proj.weight"), GGML_TYPE_Q8_0, 2 * E, E);
+            tensor(f, T("nextn.enorm.weight"), GGML_TYPE_F32, E, 0);
+            tensor(f, T("nextn.hnorm.weight"), GGML_TYPE_F32, E, 0);
+            tensor(f, T("nextn.shared_head_norm.weight"), GGML_TYPE_F32, E, 0);
+        } else {
+            cr_assert_null(gguf_find_tensor(f, T("nextn.eh_proj.weight")));
+        }
+#undef T
+    }
+    cr_assert_null(gguf_find_tensor(f, "blk.5.attn_norm.weight"));
+
+    /* value ranges: norms around 1, conv taps small, matrices ~ 1/sqrt(n_in) */
+    const float *nw = gguf_find_tensor(f, "blk.0.attn_norm.weight")->data;
+    for (int i = 0; i < E; i++) cr_assert(nw[i] >= 0.9f && nw[i] <= 1.1f, "norm %g", nw[i]);
+    const float *cv = gguf_find_tensor(f, "blk.1.ssm_conv1d.weight")->data;
+    for (int i = 0; i < Kc * Cc; i++) cr_assert(fabsf(cv[i]) <= 0.5f * sqrtf(3.0f / Kc) + 1e-6f);
+    const struct gguf_tensor *fd = gguf_find_tensor(f, "blk.2.ffn_down.weight");
+    double ss = 0;
+    float row[128];
+    for (int r = 0; r < E; r++) {
+        quant_dequantize_row_ref(fd->type, (const uint8_t *)fd->data + r * ggml_row_size(fd->type, F), row, F);
+        for (int i = 0; i < F; i++) ss += (double)row[i] * row[i];
+    }
+    double std = sqrt(ss / (double)(E * F));
+    cr_assert(fabs(std * sqrt((double)F) - 1.0) < 0.1, "ffn_down std %g, expected ~1/sqrt(%lld)", std, (long long)F);
+    gguf_close(f);
+    unlink(path);
+}
+
+Test(gguf, mkmodel_deterministic) {
+    char a[128], b[128], c[128], d[128];
+    tmp_path(a, sizeof a, "s1");
+    tmp_path(b, sizeof b, "s1again");
+    tmp_path(c, sizeof c, "s2");
+    tmp_path(d, sizeof d, "s1t1");
+    /* default vocabulary (16384): token_embd is large enough to be generated on threads */
+    cr_assert_eq(run_mk(a, "--seed", "1", "--threads", "3", NULL), 0);
+    cr_assert_eq(run_mk(b, "--seed", "1", "--threads", "3", NULL), 0);
+    cr_assert_eq(run_mk(c, "--seed", "2", "--threads", "3", NULL), 0);
+    cr_assert_eq(run_mk(d, "--seed", "1", "--threads", "1", NULL), 0);
+    cr_assert(files_equal(a, b), "same seed, different bytes");
+    cr_assert(files_equal(a, d), "thread count changed the bytes");
+    cr_assert_not(files_equal(a, c), "different seeds, same bytes");
+    /* different seeds change every tensor, not just some */
+    struct gguf_file *fa = open_ok(a), *fc = open_ok(c);
+    cr_assert_eq(fa->n_tensors, fc->n_tensors);
+    for (uint64_t i = 0; i < fa->n_tensors; i++)
+        cr_assert_neq(memcmp(fa->tensors[i].data, fc->tensors[i].data, fa->tensors[i].size_bytes), 0,
+                      "%s identical across seeds", fa->tensors[i].name);
+    gguf_close(fa);
+    gguf_close(fc);
+    unlink(a);
+    unlink(b);
+    unlink(c);
+    unlink(d);
+}
+
+/* A tensor's values depend on (seed, name) only: adding layers does not change layer 0. */
+Test(gguf, mkmodel_order_independent) {
+    char a[128], b[128];
+    tmp_path(a, sizeof a, "l4");
+    tmp_path(b, sizeof b, "l8");
+    cr_assert_eq(run_mk(a, "--n-vocab", "512", "--n-layer", "4", "--type", "f32", NULL), 0);
+    cr_assert_eq(run_mk(b, "--n-vocab", "512", "--n-layer", "8", "--nextn", "0", "--type", "f32", NULL), 0);
+    struct gguf_file *fa = open_ok(a), *fb = open_ok(b);
+    const char *names[] = {"token_embd.weight", "blk.0.attn_qkv.weight", "blk.3.attn_q.weight", "blk.2.ssm_a"};
+    for (size_t i = 0; i < COTI_ARRAY_LEN(names); i++) {
+        const struct gguf_tensor *ta = gguf_find_tensor(fa, names[i]), *tb = gguf_find_tensor(fb, names[i]);
+        cr_assert(ta && tb && ta->size_bytes == tb->size_bytes);
+        cr_assert_eq(memcmp(ta->data, tb->data, ta->size_bytes), 0, "%s differs", names[i]);
+    }
+    cr_assert_eq(get_u32(fb, "qwen35.block_count"), 8);
+    cr_assert_null(gguf_find_kv(fb, "qwen35.nextn_predict_layers"));
+    cr_assert_null(gguf_find_tensor(fb, "blk.7.nextn.eh_proj.weight"));
+    tensor(fb, "blk.7.attn_q.weight", GGML_TYPE_F32, 64, 128);   /* (7+1) % 4 == 0: full attention */
+    gguf_close(fa);
+    gguf_close(fb);
+    unlink(a);
+    unlink(b);
+}
+
+/* --type with llama-quantize's fallback: rows that are not whole blocks use q8_0, then f16. */
+Test(gguf, mkmodel_types_and_untied) {
+    char p[128];
+    tmp_path(p, sizeof p, "q4k");
+    cr_assert_eq(run_mk(p, "--n-vocab", "512", "--n-embd", "256", "--n-ff", "512", "--type", "q4_K", "--untied", NULL), 0);
+    struct gguf_file *f = open_ok(p);
+    tensor(f, "token_embd.weight", GGML_TYPE_Q4_K, 256, 512);
+    tensor(f, "output.weight", GGML_TYPE_Q4_K, 256, 512);
+    tensor(f, "blk.0.ffn_up.weight", GGML_TYPE_Q4_K, 256, 512);
+    tensor(f, "blk.0.ffn_down.weight", GGML_TYPE_Q4_K, 512, 256);
+    tensor(f, "blk.0.ssm_out.weight", GGML_TYPE_Q8_0, 64, 256);       /* 64 % 256 != 0 */
+    tensor(f, "blk.3.attn_output.weight", GGML_TYPE_Q8_0, 64, 256);
+    tensor(f, "blk.0.ssm_conv1d.weight", GGML_TYPE_F32, 4, 128);       /* always F32 */
+    cr_assert_eq(get_u32(f, "general.file_type"), 15);
+    gguf_close(f);
+    unlink(p);
+
+    tmp_path(p, sizeof p, "f16fallback");
+    cr_assert_eq(run_mk(p, "--n-vocab", "512", "--n-embd", "48", "--type", "q4_0", NULL), 0);
+    f = open_ok(p);
+    tensor(f, "token_embd.weight", GGML_TYPE_F16, 48, 512);           /* 48 % 32 != 0 */
+    tensor(f, "blk.0.ffn_down.weight", GGML_TYPE_Q4_0, 128, 48);
+    gguf_close(f);
+    unlink(p);
+
+    static const char *const types[] = {"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
+                                        "q2_K", "q3_K", "q5_K", "q6_K"};
+    for (size_t i = 0; i < COTI_ARRAY_LEN(types); i++) {
+        tmp_path(p, sizeof p, types[i]);
+        cr_assert_eq(run_mk(p, "--n-vocab", "512", "--n-embd", "256", "--n-layer", "1", "--type", types[i], NULL), 0,
+                     "--type %s", types[i]);
+        f = open_ok(p);
+        cr_assert_eq(gguf_find_tensor(f, "blk.0.ffn_gate.weight")->type, ggml_type_from_name(types[i]), "%s", types[i]);
+        gguf_close(f);
+        unlink(p);
+    }
+}
+
+Test(gguf, mkmodel_vocab_synthetic_and_padded) {
+    char p[128];
+    tmp_path(p, sizeof p, "synth");
+    cr_assert_eq(run_mk(p, "--vocab-from", "none", "--n-vocab", "300", NULL), 0);
+    struct gguf_file *f = open_ok(p);
+    const struct gguf_kv *tok = gguf_find_kv(f, "tokenizer.ggml.tokens");
+    cr_assert(tok && tok->n == 300);
+    cr_assert_str_eq(tok->arr_str[0], "<|endoftext|>");
+    cr_assert_str_eq(tok->arr_str[2], "<|im_end|>");
+    cr_assert_str_eq(tok->arr_str[3 + 'A'], "A");
+    cr_assert_str_eq(tok->arr_str[3 + ' '], "\xc4\xa0");   /* GPT-2's 'Ġ' stands for the space byte */
+    cr_assert_str_eq(tok->arr_str[3 + '\n'], "\xc4\x8a");  /* 'Ċ' for newline */
+    cr_assert_str_eq(tok->arr_str[3 + 0xff], "\xc3\xbf");  /* printable Latin-1 maps to itself */
+    cr_assert_str_eq(tok->arr_str[299], "<t299>");
+    cr_assert_eq(gguf_find_kv(f, "tokenizer.ggml.merges")->n, 0);
+    cr_assert_eq(gguf_find_kv(f, "tokenizer.ggml.token_type")->n, 300);
+    cr_assert_str_eq(gguf_find_kv(f, "tokenizer.ggml.model")->str, "gpt2");
+    tensor(f, "token_embd.weight", GGML_TYPE_Q8_0, 64, 300);
+    gguf_close(f);
+    unlink(p);
+
+    tmp_path(p, sizeof p, "padded");
+    cr_assert_eq(run_mk(p, "--n-vocab", "16400", "--n-layer", "1", NULL), 0);
+    f = open_ok(p);
+    tok = gguf_find_kv(f, "tokenizer.ggml.tokens");
+    cr_assert(tok && tok->n == 16400);
+    cr_assert_str_eq(tok->arr_str[16399], "<t16399>");
+    int32_t *types = malloc(16400 * sizeof *types);
+    size_t n;
+    char err[256];
+    cr_assert_eq(gguf_get_arr_i32(f, "tokenizer.ggml.token_type", types, 16400, &n, err, sizeof err), 0, "%s", err);
+    cr_assert(n == 16400 && types[0] == 3 && types[16399] == 1);
+    free(types);
+    cr_assert_eq(gguf_find_kv(f, "tokenizer.ggml.merges")->n, 16125);
+    gguf_close(f);
+    unlink(p);
+
+    /* default n_vocab = the copied vocabulary's size, copied verbatim */
+    tmp_path(p, sizeof p, "copied");
+    cr_assert_eq(run_mk(p, "--n-layer", "1", NULL), 0);
+    f = open_ok(p);
+    struct gguf_file *src = open_ok("models/coti-tiny-qwen35-mtp-q8_0.gguf");
+    for (uint64_t i = 0; i < src->n_kv; i++) {
+        const struct gguf_kv *a = &src->kv[i];
+        if (strncmp(a->key, "tokenizer.", 10)) continue;
+        const struct gguf_kv *b = gguf_find_kv(f, a->key);
+        cr_assert(b && b->type == a->type && b->arr_type == a->arr_type && b->n == a->n, "%s", a->key);
+    }
+    tensor(f, "token_embd.weight", GGML_TYPE_Q8_0, 64, 16384);
+    gguf_close(src);
+    gguf_close(f);
+    unlink(p);
+}
+
+Test(gguf, mkmodel_bad_options) {
+    char p[128];
+    tmp_path(p, sizeof p, "bad");
+    cr_assert_eq(run_mk(NULL, NULL), 1);                                    /* no -o */
+    cr_assert_eq(run_mk(p, "--n-head", "3", NULL), 1);                      /* 3 % 2 */
+    cr_assert_eq(run_mk(p, "--ssm-dt-rank", "3", NULL), 1);                 /* 3 % 2 */
+    cr_assert_eq(run_mk(p, "--type", "q8_K", NULL), 1);
+    cr_assert_eq(run_mk(p, "--type", "iq2_xxs", NULL), 1);
+    cr_assert_eq(run_mk(p, "--shape", "70b", NULL), 1);
+    cr_assert_eq(run_mk(p, "--n-embd", "0", NULL), 1);
+    cr_assert_eq(run_mk(p, "--n-embd", "12x", NULL), 1);
+    cr_assert_eq(run_mk(p, "--nextn", "2", NULL), 1);
+    cr_assert_eq(run_mk(p, "--rope-dims", "18", NULL), 1);                  /* > head_dim 16 */
+    cr_assert_eq(run_mk(p, "--vocab-from", "/nonexistent.gguf", NULL), 1);
+    cr_assert_eq(run_mk(p, "--vocab-from", "none", "--n-vocab", "100", NULL), 1);
+    cr_assert_eq(run_mk(p, "--bogus", NULL), 1);
+    char *argv[] = {"mkmodel", "--arch", "llama", "-o", p, NULL};
+    cr_assert_eq(tool_mkmodel_main(5, argv), 1);
+    cr_assert_eq(access(p, F_OK), -1, "a failed run left a file");
+}
+
+/* The 9b preset's layout, checked without generating its ~10 GB of data. */
+Test(gguf, mkmodel_9b_layout) {
+    struct mk_model m = {.wtype = GGML_TYPE_Q8_0, .seed = 1};
+    cr_assert_eq(hp_preset(&m.hp, "9b"), 0);
+    cr_assert_eq(check_hparams(&m.hp), 0);
+    cr_assert_eq(build_tensor_list(&m), 0);
+    cr_assert_eq(m.n_t, 3 + 24 * 14 + 8 * 11 + 15);
+    uint64_t n_params = 0, bytes = 0;
+    const struct mk_tensor *q = NULL, *qkv = NULL, *conv = NULL, *eh = NULL, *out = NULL;
+    for (size_t i = 0; i < m.n_t; i++) {
+        const struct mk_tensor *t = &m.t[i];
+        n_params += (uint64_t)t->ne[0] * (uint64_t)t->ne[1];
+        bytes += ggml_row_size(t->type, t->ne[0]) * (uint64_t)t->ne[1];
+        if (!strcmp(t->name, "blk.31.attn_q.weight")) q = t;
+        if (!strcmp(t->name, "blk.0.attn_qkv.weight")) qkv = t;
+        if (!strcmp(t->name, "blk.30.ssm_conv1d.weight")) conv = t;
+        if (!strcmp(t->name, "blk.32.nextn.eh_proj.weight")) eh = t;
+        if (!strcmp(t->name, "output.weight")) out = t;
+    }
+    cr_assert(q && q->ne[0] == 4096 && q->ne[1] == 2 * 16 * 256);
+    cr_assert(qkv && qkv->ne[0] == 4096 && qkv->ne[1] == 2 * 16 * 128 + 32 * 128);
+    cr_assert(conv && conv->ne[0] == 4 && conv->ne[1] == 8192 && conv->type == GGML_TYPE_F32);
+    cr_assert(eh && eh->ne[0] == 8192 && eh->ne[1] == 4096);
+    cr_assert(out && out->ne[0] == 4096 && out->ne[1] == 248320);
+    /* ~9.6 B parameters (HF 9B + the MTP block), ~10 GB at q8_0 */
+    cr_assert(n_params > 9000000000ull && n_params < 10500000000ull, "%llu params", (unsigned long long)n_params);
+    cr_assert(bytes > 9500000000ull && bytes < 11500000000ull, "%llu bytes", (unsigned long long)bytes);
+    free(m.t);
+}
