@@ -20,6 +20,9 @@
 #include <float.h>
 #include <string.h>
 #include <strings.h>
+#if defined(__clang__)
+#include <cpuid.h>
+#endif
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF   /* a*b+c must round twice, as in llama.cpp's reference */
@@ -590,10 +593,19 @@ float quant_vec_dot_ref(enum ggml_type t, const void *w, const void *x, int64_t 
 /* ------------------------------------------------------------------------------------------
  * CPU detection and kernel dispatch. */
 
+/* clang before 16 does not know the "f16c" feature name: ask CPUID leaf 1 (ECX bit 29). */
+static bool cpu_has_f16c(void) {
+#if defined(__clang__)
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+#else
+    return __builtin_cpu_supports("f16c");
+#endif
+}
+
 enum quant_cpu_level quant_cpu_level_detect(void) {
     __builtin_cpu_init();
-    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                __builtin_cpu_supports("f16c");
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     if (!avx2) return QUANT_CPU_REF;
     /* the AVX-512 file is compiled with F, BW, VL, DQ and VNNI */
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -469,9 +469,9 @@ static void q8_K_from_float(const float *x, void *y, int64_t n) {
         int16_t bsums[16];
         for (int j = 0; j < 16; j++) {
             __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * j), _mm512_set1_ps(iscale));
-            __mmask16 ord = _mm512_cmp_ps_mask(p, p, _CMP_ORD_Q);
+            __mmask16 ord = _mm512_cmp_ps_mask(p, p, _CMP_ORD_Q);   /* NaN -> 0 */
+            p = _mm512_min_ps(_mm512_max_ps(p, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
             __m512i q = _mm512_maskz_cvt_roundps_epi32(ord, p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
             _mm_storeu_si128((__m128i *)(out + 4 + 16 * j), _mm512_cvtsepi32_epi8(q));
             bsums[j] = (int16_t)_mm512_reduce_add_epi32(q);
         }

@@ -608,8 +608,10 @@ float quant_dot_q6_K_ref(const void *w, const void *x, int64_t n) {
  * Q8_K (activations, §5.1): per 256 values, iscale = -127 / (signed value of largest |x|,
  * first on ties); codes = min(127, RNE(iscale * x)); d = 1/iscale stored as f32 (negative when
  * that value is positive: codes carry the opposite sign); bsums = sums of 16 codes. An all-zero
- * block gets d = 0 and zero codes and sums (llama.cpp leaves its bsums unwritten). The -127
- * clamp only matters for non-finite input. */
+ * block gets d = 0 and zero codes and sums (llama.cpp leaves its bsums unwritten). For finite
+ * input |iscale * x| <= 127 up to rounding, so the clamps below only decide the degenerate
+ * blocks whose max is so small that iscale overflows (their d is 0, so their codes carry no
+ * weight): there ±inf -> ±127 and NaN (0 * inf) -> 0, which the SIMD versions reproduce. */
 
 void quant_dequantize_q8_K_ref(const void *src, float *dst, int64_t n) {
     for (int64_t ib = 0; ib < n / QK_K; ib++) {
@@ -628,7 +630,10 @@ void quant_quantize_q8_K_ref(const float *x, void *dst, int64_t n) {
         memset(&b, 0, sizeof b);
         if (amax != 0) {
             float iscale = -127.0f / max;
-            for (int e = 0; e < QK_K; e++) b.qs[e] = (int8_t)clampi(nearest_int(iscale * x[e]), -127, 127);
+            for (int e = 0; e < QK_K; e++) {
+                float v = iscale * x[e];
+                b.qs[e] = (int8_t)(v != v ? 0 : v >= 127 ? 127 : v <= -127 ? -127 : nearest_int(v));
+            }
             for (int t = 0; t < 16; t++) {
                 int s = 0;
                 for (int i = 0; i < 16; i++) s += b.qs[16 * t + i];

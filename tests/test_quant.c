@@ -192,8 +192,7 @@ __attribute__((target("f16c"))) static uint16_t hw_f32_to_fp16(float f) {
 __attribute__((target("f16c"))) static float hw_fp16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 
 Test(quant, fp16_matches_f16c) {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("f16c")) { cr_skip_test("no F16C"); }
+    if (quant_cpu_level_detect() < QUANT_CPU_AVX2) { cr_skip_test("no F16C"); }   /* AVX2 level implies it */
     uint64_t s = 1;
     for (int i = 0; i < 2000000; i++) {
         uint32_t u = (uint32_t)rng_next(&s);
@@ -549,10 +548,13 @@ Test(quant, from_float_matches_ref) {
             for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
                 int64_t n = sizes[si];
                 if (n % block_of(vt)) continue;
-                for (int rep = 0; rep < 3; rep++) {
+                for (int rep = 0; rep < 4; rep++) {
                     if (rep == 0) fill_act(&s, x, n);
                     else fill_awkward(&s, x, n);
-                    if (rep == 2) for (int64_t j = 0; j < n; j++) x[j] = f32_from((uint32_t)rng_next(&s) & 0xFF7FFFFFu); /* finite bits */
+                    if (rep == 2)   /* random finite bit patterns: every exponent */
+                        for (int64_t j = 0; j < n; j++) x[j] = f32_from((uint32_t)rng_next(&s) & 0xFF7FFFFFu);
+                    if (rep == 3)   /* a whole row so small that 1/d overflows, mixed signs, zeros */
+                        for (int64_t j = 0; j < n; j++) x[j] = (j % 5 == 0) ? 0.0f : rng_uniform(&s) * 1e-38f;
                     size_t rb = ggml_row_size(vt, n);
                     memset(a, 0xA5, sizeof a);
                     memset(b, 0x5A, sizeof b);
