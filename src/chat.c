@@ -1,0 +1,202 @@
+/* chat.c — chat formats rendered by hand: ChatML and Gemma 4.
+ * Owns: template recognition and rendering of plain-text messages. Knows nothing of the
+ * tokenizer (special-token text is emitted as text and parsed back by the caller's
+ * tokenize with parse_special) nor of tools, images or output parsing.
+ * References: llama.cpp src/llama-chat.cpp (llm_chat_detect_template, the chatml branch of
+ * llm_chat_apply_template); models/templates/google-gemma-4-31B-it.jinja in the llama.cpp
+ * tree, whose text-only path is reproduced here, with Jinja's trim = strip of C isspace
+ * characters as llama.cpp's Jinja engine does it. */
+#include "chat.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct sbuf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+
+static void sb_put(struct sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    size_t need;
+    if (!coti_add_size(b->n, n, &need) || !coti_add_size(need, 1, &need)) {
+        b->oom = true;
+        return;
+    }
+    if (need > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < need) {
+            if (cap > SIZE_MAX / 2) { cap = need; break; }
+            cap *= 2;
+        }
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+}
+
+static void sb_str(struct sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+/* ---- recognition ----------------------------------------------------------------------- */
+
+enum chat_format chat_detect_format(const char *tmpl) {
+    if (!tmpl) return CHAT_FORMAT_CHATML;
+    if (!strcmp(tmpl, "chatml")) return CHAT_FORMAT_CHATML;
+    if (!strcmp(tmpl, "gemma4")) return CHAT_FORMAT_GEMMA4;
+    if (strstr(tmpl, "<|tool_call>call:")) return CHAT_FORMAT_GEMMA4;
+    /* llama.cpp: <|im_start|> is ChatML unless Phi-4's <|im_sep|> or SmolVLM's
+     * <end_of_utterance> say it is a look-alike */
+    if (strstr(tmpl, "<|im_start|>") && !strstr(tmpl, "<|im_sep|>") && !strstr(tmpl, "<end_of_utterance>"))
+        return CHAT_FORMAT_CHATML;
+    return CHAT_FORMAT_UNKNOWN;
+}
+
+const char *chat_format_name(enum chat_format f) {
+    switch (f) {
+    case CHAT_FORMAT_CHATML: return "chatml";
+    case CHAT_FORMAT_GEMMA4: return "gemma4";
+    default: return "unknown";
+    }
+}
+
+/* ---- ChatML ---------------------------------------------------------------------------- */
+
+/* llama.cpp maps "developer" to "system" before rendering (except for GPT-OSS templates). */
+static const char *role_of(const struct chat_message *m) {
+    return strcmp(m->role, "developer") ? m->role : "system";
+}
+
+static void render_chatml(struct sbuf *b, const struct chat_message *msgs, size_t n, bool add_gen) {
+    for (size_t i = 0; i < n; i++) {
+        sb_str(b, "<|im_start|>");
+        sb_str(b, role_of(&msgs[i]));
+        sb_str(b, "\n");
+        sb_str(b, msgs[i].content ? msgs[i].content : "");
+        sb_str(b, "<|im_end|>\n");
+    }
+    if (add_gen) sb_str(b, "<|im_start|>assistant\n");
+}
+
+/* ---- Gemma 4 --------------------------------------------------------------------------- */
+
+static bool is_space_c(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
+/* Jinja "| trim" as llama.cpp implements it: strip C isspace characters at both ends. */
+static void sb_trimmed(struct sbuf *b, const char *s, size_t n) {
+    while (n && is_space_c(*s)) { s++; n--; }
+    while (n && is_space_c(s[n - 1])) n--;
+    sb_put(b, s, n);
+}
+
+/* The template's strip_thinking macro: split on "<channel|>", keep each part up to any
+ * "<|channel>" in it, join, trim. */
+static void sb_strip_thinking(struct sbuf *b, const char *s) {
+    static const char open[] = "<|channel>", close[] = "<channel|>";
+    struct sbuf kept = {0};
+    for (;;) {
+        const char *end = strstr(s, close);
+        const size_t part = end ? (size_t)(end - s) : strlen(s);
+        const char *ch = memmem(s, part, open, sizeof open - 1);
+        sb_put(&kept, s, ch ? (size_t)(ch - s) : part);
+        if (!end) break;
+        s = end + sizeof close - 1;
+    }
+    if (kept.oom) b->oom = true;
+    else sb_trimmed(b, kept.p ? kept.p : "", kept.n);
+    free(kept.p);
+}
+
+/* merge_turns: the shipped template (with its continue_same_model_turn logic) writes
+ * consecutive assistant messages into one model turn; the older "interleaved" variant opens
+ * a turn for each. */
+static int render_gemma4(struct sbuf *b, const struct chat_message *msgs, size_t n, bool add_gen, bool thinking,
+                         bool merge_turns, char *err, size_t err_size) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(msgs[i].role, "tool"))
+            return coti_fail(err, err_size, COTI_E_UNSUPPORTED,
+                             "chat: message %zu has role 'tool'; Gemma 4 tool results need tool calls, which are not supported",
+                             i);
+    size_t first = 0;
+    const bool has_system = n > 0 && !strcmp(role_of(&msgs[0]), "system");
+    if (thinking || has_system) {
+        sb_str(b, "<|turn>system\n");
+        if (thinking) sb_str(b, "<|think|>\n");
+        if (has_system) {
+            const char *c = msgs[0].content ? msgs[0].content : "";
+            sb_trimmed(b, c, strlen(c));
+            first = 1;
+        }
+        sb_str(b, "<turn|>\n");
+    }
+    for (size_t i = first; i < n; i++) {
+        const bool model = !strcmp(msgs[i].role, "assistant");
+        /* consecutive assistant messages continue one model turn */
+        const bool cont = merge_turns && model && i > first && !strcmp(msgs[i - 1].role, "assistant");
+        if (!cont) {
+            sb_str(b, "<|turn>");
+            sb_str(b, model ? "model" : role_of(&msgs[i]));
+            sb_str(b, "\n");
+        }
+        const char *c = msgs[i].content ? msgs[i].content : "";
+        if (model) sb_strip_thinking(b, c);
+        else sb_trimmed(b, c, strlen(c));
+        sb_str(b, "<turn|>\n");
+    }
+    if (add_gen) {
+        sb_str(b, "<|turn>model\n");
+        if (!thinking) sb_str(b, "<|channel>thought\n<channel|>");
+    }
+    return COTI_OK;
+}
+
+/* ---- entry point ----------------------------------------------------------------------- */
+
+int chat_apply(const char *template_str, const struct chat_message *msgs, size_t n, bool add_generation_prompt,
+               bool enable_thinking, char **out, char *err, size_t err_size) {
+    *out = NULL;
+    if (n && !msgs) return coti_fail(err, err_size, COTI_E_ARG, "chat: msgs is NULL");
+    for (size_t i = 0; i < n; i++)
+        if (!msgs[i].role) return coti_fail(err, err_size, COTI_E_ARG, "chat: message %zu has no role", i);
+    const enum chat_format f = chat_detect_format(template_str);
+    struct sbuf b = {0};
+    sb_put(&b, "", 0);           /* an empty conversation still yields "" */
+    int rc = COTI_OK;
+    switch (f) {
+    case CHAT_FORMAT_CHATML:
+        render_chatml(&b, msgs, n, add_generation_prompt);
+        break;
+    case CHAT_FORMAT_GEMMA4:
+        rc = render_gemma4(&b, msgs, n, add_generation_prompt, enable_thinking,
+                           !strcmp(template_str, "gemma4") || strstr(template_str, "continue_same_model_turn"), err,
+                           err_size);
+        break;
+    default: {
+        /* the template comes from the model file: quote a short, printable excerpt */
+        char quote[64];
+        size_t q = 0;
+        for (const char *c = template_str; *c && q < sizeof quote - 1; c++)
+            quote[q++] = *c >= 0x20 && *c < 0x7F ? *c : '?';
+        quote[q] = '\0';
+        rc = coti_fail(err, err_size, COTI_E_UNSUPPORTED,
+                       "chat: unrecognised chat template \"%s%s\"; supported: ChatML (<|im_start|>), Gemma 4", quote,
+                       template_str[q] ? "..." : "");
+    }
+    }
+    if (!rc && b.oom) rc = coti_fail(err, err_size, COTI_E_NOMEM, "chat: out of memory rendering %zu messages", n);
+    if (rc) {
+        free(b.p);
+        return rc;
+    }
+    *out = b.p;
+    return COTI_OK;
+}

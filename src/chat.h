@@ -1,0 +1,40 @@
+/* chat.h — render OpenAI-style (role, content) messages into a prompt string with the
+ * model's chat format. We do not run Jinja: the format is recognised from markers in
+ * tokenizer.chat_template, like llama.cpp's llm_chat_detect_template, and rendered by
+ * hand exactly as the shipped template would for plain-text messages.
+ * Reference: ../shared/docs/server-api.md §6. */
+#ifndef COTI_CHAT_H
+#define COTI_CHAT_H
+
+#include "common.h"
+
+struct chat_message {
+    const char *role;        /* "system", "developer", "user", "assistant", ... */
+    const char *content;     /* NULL renders as "" */
+};
+
+enum chat_format {
+    CHAT_FORMAT_UNKNOWN = 0,
+    CHAT_FORMAT_CHATML,      /* <|im_start|>role\ncontent<|im_end|>\n (Qwen and others) */
+    CHAT_FORMAT_GEMMA4,      /* <|turn>role\ncontent<turn|>\n (server-api.md §6.1) */
+};
+
+/* Format of a template: a name ("chatml", "gemma4") or Jinja text recognised by its markers
+ * ('<|tool_call>call:' for Gemma 4; '<|im_start|>' without the Phi-4 / SmolVLM markers for
+ * ChatML). NULL (the model has no template) gives ChatML, llama.cpp's fallback. */
+enum chat_format chat_detect_format(const char *template_str);
+const char *chat_format_name(enum chat_format f);
+
+/* Render msgs[0..n) with template_str's format into a malloc'ed NUL-terminated *out.
+ * Role "developer" is rendered as "system", as llama.cpp does before applying a template.
+ * add_generation_prompt appends the opening of an assistant turn. enable_thinking matters
+ * for Gemma 4 only (llama.cpp's default is true): it adds <|think|> to a system turn, and when
+ * false the generation prompt pre-fills an empty thought block. Gemma 4's BOS is not written:
+ * the caller tokenizes with add_special so the vocabulary adds it (server-api.md §6).
+ * Returns 0; COTI_E_UNSUPPORTED for an unrecognised template (the caller may fall back to
+ * "chatml") or a Gemma 4 "tool" message (tool calls are not modelled here); COTI_E_ARG for a
+ * NULL role or msgs; COTI_E_NOMEM. On error *out is NULL. */
+int chat_apply(const char *template_str, const struct chat_message *msgs, size_t n, bool add_generation_prompt,
+               bool enable_thinking, char **out, char *err, size_t err_size);
+
+#endif
