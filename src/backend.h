@@ -100,8 +100,9 @@ struct backend {
                         const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
                         float eps, float *out);
 
-    /* out[r] = index of the max of row r (lowest index on ties). */
-    void (*argmax)(struct backend *be, const float *x, int n_rows, int n, int32_t *out);
+    /* out[r] = index of the max of row r (lowest index on ties); if p_max, also the softmax
+     * probability of that max (drafters' p_min check) — only ids and scalars leave the op. */
+    void (*argmax)(struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max);
 
     void (*destroy)(struct backend *be);
 };

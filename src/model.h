@@ -52,6 +52,11 @@ struct model_vtable {
     /* Copy sequence src's whole state onto dst (prompt-cache reuse across slots). */
     int (*seq_copy)(struct model *m, int dst, int src);
 
+    /* Copy sequence s's recurrent state (every layer's conv + delta state, in layer order) to
+     * host memory dst of n floats; returns the number of floats it needs (call with n = 0 to
+     * ask) or a negative coti_err. Tests compare states with it. */
+    long (*seq_state_read)(struct model *m, int s, float *dst, size_t n);
+
     /* NextN draft head (NULL when the model has none). Row i is (tokens[i] at pos[i] of
      * seq[i], h_in row i) where h_in is the target's post-norm hidden of the previous
      * position (or the head's own output when chaining drafts); rows append to the head's

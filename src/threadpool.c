@@ -32,7 +32,7 @@ struct threadpool {
 static void *worker_main(void *p) {
     struct worker_arg *a = p;
     struct threadpool *tp = a->tp;
-    unsigned seen = atomic_load(&tp->generation);
+    unsigned seen = 0; /* the pool's first generation; a job may be published before this thread runs */
     for (;;) {
         unsigned g;
         int spins = 0;

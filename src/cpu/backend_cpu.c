@@ -483,12 +483,17 @@ static void cpu_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride
     threadpool_run(cpu(be)->tp, gdn_chunked_worker, &j);
 }
 
-static void cpu_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t *out) {
+static void cpu_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max) {
     for (int r = 0; r < n_rows; r++) {
         const float *xr = x + (size_t)r * n;
         int best = 0;
         for (int i = 1; i < n; i++) if (xr[i] > xr[best]) best = i;
         out[r] = best;
+        if (p_max) {
+            double sum = 0.0;
+            for (int i = 0; i < n; i++) sum += exp((double)xr[i] - xr[best]);
+            p_max[r] = (float)(1.0 / sum);
+        }
     }
 }
 

@@ -737,7 +737,27 @@ static int qwen35_seq_copy(struct model *m, int dst, int src) {
     return 0;
 }
 
+static long qwen35_seq_state_read(struct model *m, int s, float *dst, size_t n) {
+    struct qwen35 *q = q35(m);
+    if (s < 0 || s >= m->n_seq) return COTI_E_ARG;
+    size_t need = 0;
+    for (int il = 0; il < q->hp.n_layer; il++)
+        if (q->layers[il].is_gdn) need += q->conv_elems + q->ssm_elems;
+    if (n == 0) return (long)need;
+    if (n < need) return COTI_E_ARG;
+    for (int il = 0; il < q->hp.n_layer; il++) {
+        const struct layer *ly = &q->layers[il];
+        if (!ly->is_gdn) continue;
+        m->be->download(m->be, dst, ly->conv_state + (size_t)s * q->conv_elems, sizeof(float) * q->conv_elems);
+        dst += q->conv_elems;
+        m->be->download(m->be, dst, ly->ssm_state + (size_t)s * q->ssm_elems, sizeof(float) * q->ssm_elems);
+        dst += q->ssm_elems;
+    }
+    return (long)need;
+}
+
 static const struct model_vtable qwen35_vtable = {
+    .seq_state_read = qwen35_seq_state_read,
     .free = qwen35_free,
     .forward = qwen35_forward,
     .seq_reset = qwen35_seq_reset,

@@ -1,0 +1,179 @@
+/* logits.c — `coti logits`: teacher-forced next-token distributions for every position, the
+ * interface through which coti's numerics are compared with other engines (llama.cpp, HF).
+ * For each row i it prints the token ids[i] and the top-N (id, logprob) of the prediction of
+ * ids[i+1]. With --mtp the rows come from the NextN head instead, in llama.cpp's draft-mtp
+ * convention: row i is fed the target's post-norm hidden at i-1 (zero for i = 0) and ids[i]. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "tokenizer.h"
+#include "tools.h"
+
+static void usage(void) {
+    fprintf(stderr, "usage: coti logits [-m MODEL] (-p PROMPT | --tokens 1,2,3) [--top N] [--json] [--mtp]\n%s",
+            cli_common_help());
+}
+
+static int parse_tokens(const char *s, int32_t **out, size_t *n) {
+    size_t cap = 16, k = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return -1;
+    for (const char *p = s; *p;) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 0 || x > INT32_MAX) { free(v); return -1; }
+        if (k == cap) {
+            int32_t *nv = realloc(v, (cap *= 2) * sizeof *v);
+            if (!nv) { free(v); return -1; }
+            v = nv;
+        }
+        v[k++] = (int32_t)x;
+        p = end;
+        if (*p == ',') p++;
+        else if (*p) { free(v); return -1; }
+    }
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+/* Top-n of one row as logprobs (log-softmax in double). */
+static cJSON *row_top(const float *x, int V, int n_top) {
+    double mx = -INFINITY;
+    for (int i = 0; i < V; i++) if (x[i] > mx) mx = x[i];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)x[i] - mx);
+    double lse = mx + log(sum);
+    int idx[64];
+    int k = 0;
+    for (int i = 0; i < V; i++) {
+        if (k < n_top) { idx[k++] = i; }
+        else if (x[i] > x[idx[k - 1]]) { idx[k - 1] = i; }
+        else continue;
+        for (int j = k - 1; j > 0 && x[idx[j]] > x[idx[j - 1]]; j--) { int t = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = t; }
+    }
+    cJSON *arr = cJSON_CreateArray();
+    for (int j = 0; j < k; j++) {
+        cJSON *e = cJSON_CreateArray();
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(idx[j]));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(x[idx[j]] - lse));
+        cJSON_AddItemToArray(arr, e);
+    }
+    return arr;
+}
+
+int tool_logits_main(int argc, char **argv) {
+    struct cli_common c;
+    cli_common_defaults(&c);
+    const char *prompt = NULL, *tokens_arg = NULL;
+    long n_top = 20;
+    bool json = false, mtp = false;
+    for (int i = 1; i < argc;) {
+        int r = cli_parse_common(&c, argc, argv, &i);
+        if (r < 0) return 1;
+        if (r > 0) continue;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!v) { usage(); return 1; } prompt = v; i += 2; }
+        else if (!strcmp(a, "--tokens")) { if (!v) { usage(); return 1; } tokens_arg = v; i += 2; }
+        else if (!strcmp(a, "--top")) { if (cli_parse_int(a, v, 1, 64, &n_top)) return 1; i += 2; }
+        else if (!strcmp(a, "--json")) { json = true; i++; }
+        else if (!strcmp(a, "--mtp")) { mtp = true; i++; }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
+        else { fprintf(stderr, "error: unknown option '%s'\n", a); usage(); return 1; }
+    }
+    if (!prompt == !tokens_arg) { fprintf(stderr, "error: give exactly one of -p and --tokens\n"); return 1; }
+    int32_t *toks = NULL;
+    size_t n = 0;
+    struct backend *be;
+    struct model *m;
+    if (cli_open_model(&c, 1, 0, &be, &m)) return 1;
+    char err[512];
+    struct tokenizer *tok = NULL;
+    int rc = 1;
+    float *logits = NULL, *hidden = NULL, *h_in_dev = NULL;
+    int32_t *pos = NULL;
+    cJSON *root = NULL;
+    const int V = m->info.n_vocab, E = m->info.n_embd;
+    if (tokenizer_init(&tok, m->gguf, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
+    if (prompt) {
+        if (tokenizer_encode(tok, prompt, strlen(prompt), true, true, &toks, &n, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
+    } else if (parse_tokens(tokens_arg, &toks, &n)) {
+        fprintf(stderr, "error: --tokens expects comma-separated non-negative integers\n");
+        goto done;
+    }
+    if (n == 0 || (long)n > c.n_ctx) { fprintf(stderr, "error: %zu tokens (need 1..%d)\n", n, c.n_ctx); goto done; }
+    for (size_t i = 0; i < n; i++)
+        if (toks[i] >= V) { fprintf(stderr, "error: token %d out of range [0, %d)\n", toks[i], V); goto done; }
+    if (mtp && !m->info.has_mtp) { fprintf(stderr, "error: the model has no NextN head\n"); goto done; }
+
+    const int nb = c.n_batch;
+    logits = malloc(sizeof(float) * (size_t)V * nb);
+    hidden = calloc((n + 1) * (size_t)E, sizeof(float)); /* row 0 = zero, row i+1 = hn_i */
+    pos = malloc(sizeof(int32_t) * n);
+    bool *want = malloc(sizeof(bool) * (size_t)nb);
+    h_in_dev = be->alloc(be, sizeof(float) * (size_t)E * nb);
+    if (!logits || !hidden || !pos || !want || !h_in_dev) { free(want); fprintf(stderr, "error: out of memory\n"); goto done; }
+    for (int i = 0; i < nb; i++) want[i] = true;
+    for (size_t i = 0; i < n; i++) pos[i] = (int32_t)i;
+    root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "model", c.model_path);
+    cJSON_AddStringToObject(root, "head", mtp ? "mtp" : "main");
+    cJSON_AddNumberToObject(root, "n_vocab", V);
+    cJSON *jt = cJSON_AddArrayToObject(root, "tokens");
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(jt, cJSON_CreateNumber(toks[i]));
+    cJSON *rows = cJSON_AddArrayToObject(root, "rows");
+    struct model_output out;
+    for (int pass = 0; pass < (mtp ? 2 : 1); pass++) {
+        for (size_t i0 = 0; i0 < n; i0 += (size_t)nb) {
+            int cnt = (int)COTI_MIN((size_t)nb, n - i0);
+            struct model_batch b = {.n = cnt, .tokens = toks + i0, .pos = pos + i0, .want_logits = want};
+            int frc;
+            if (pass == 0) {
+                frc = model_forward(m, &b, &out, err, sizeof err);
+            } else {
+                be->upload(be, h_in_dev, hidden + i0 * E, sizeof(float) * (size_t)E * cnt);
+                frc = m->vt->mtp_forward(m, &b, h_in_dev, &out, err, sizeof err);
+            }
+            if (frc) { fprintf(stderr, "error: %s\n", err); free(want); goto done; }
+            if (pass == 0) be->download(be, hidden + (i0 + 1) * E, out.hidden, sizeof(float) * (size_t)E * cnt);
+            if (pass == 0 && mtp) continue;
+            be->download(be, logits, out.logits, sizeof(float) * (size_t)V * cnt);
+            for (int r = 0; r < cnt; r++) {
+                cJSON *row = cJSON_CreateObject();
+                cJSON_AddNumberToObject(row, "pos", (double)(i0 + r));
+                cJSON_AddNumberToObject(row, "token", toks[i0 + r]);
+                cJSON_AddItemToObject(row, "top", row_top(logits + (size_t)r * V, V, (int)n_top));
+                cJSON_AddItemToArray(rows, row);
+            }
+        }
+    }
+    free(want);
+    if (json) {
+        char *s = cJSON_PrintUnformatted(root);
+        if (!s) { fprintf(stderr, "error: out of memory\n"); goto done; }
+        puts(s);
+        free(s);
+    } else {
+        cJSON *row;
+        cJSON_ArrayForEach(row, rows) {
+            printf("%4d %6d:", cJSON_GetObjectItem(row, "pos")->valueint, cJSON_GetObjectItem(row, "token")->valueint);
+            cJSON *e;
+            cJSON_ArrayForEach(e, cJSON_GetObjectItem(row, "top"))
+                printf(" %d:%.4f", cJSON_GetArrayItem(e, 0)->valueint, cJSON_GetArrayItem(e, 1)->valuedouble);
+            putchar('\n');
+        }
+    }
+    rc = 0;
+done:
+    cJSON_Delete(root);
+    if (h_in_dev) be->free(be, h_in_dev);
+    free(logits); free(hidden); free(pos); free(toks);
+    tokenizer_free(tok);
+    model_free(m);
+    backend_free(be);
+    return rc;
+}
