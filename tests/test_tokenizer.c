@@ -592,3 +592,40 @@ Test(tokenizer, synthetic_load_errors) {
     cr_assert_eq(tokenizer_bos(t), 11);
     tokenizer_free(t);
 }
+
+Test(tokenizer, synthetic_odd_tokens) {
+    /* 256 BYTE "<0x41>", 257 NORMAL "€" (no byte stand-in), 258 type 99 (UNDEFINED),
+     * 259 UNUSED "zz" */
+    struct synth sp = {.model = "gpt2", .pre = "qwen2", .add_bos = -1, .bos = -1,
+                       .extra_tokens = {"<0x41>", "\xe2\x82\xac", "odd", "zz"}, .extra_types = {6, 1, 99, 5}};
+    struct tokenizer *t = synth_ok(&sp);
+    const char *p;
+    size_t len;
+    cr_assert_eq(tokenizer_token_to_piece(t, 256, false, &p, &len), 0);
+    cr_assert_eq(len, 1);
+    cr_assert_eq(p[0], 'A');
+    /* llama_decode_text's marker: hex of the code point's UTF-8, then the whole token text */
+    cr_assert_eq(tokenizer_token_to_piece(t, 257, false, &p, &len), 0);
+    const char want[] = "[UNK_BYTE_0xe282ac\xe2\x82\xac]";
+    cr_assert_eq(len, sizeof want - 1);
+    cr_assert(memcmp(p, want, len) == 0);
+    cr_assert_eq(tokenizer_token_attr(t, 258), TOKENIZER_ATTR_UNDEFINED);
+    cr_assert_eq(tokenizer_token_to_piece(t, 258, true, &p, &len), 0);
+    cr_assert_eq(len, 0);
+    cr_assert_eq(tokenizer_token_to_piece(t, 259, true, &p, &len), 0);
+    cr_assert_eq(len, 0);
+    tokenizer_free(t);
+
+    /* texts llama.cpp cannot load: a BYTE token shorter than "<0x", a code point above
+     * U+10FFFF in a NORMAL token */
+    struct gguf_file *g;
+    char err[512] = "";
+    struct synth bad1 = {.model = "gpt2", .pre = "qwen2", .add_bos = -1, .bos = -1,
+                         .extra_tokens = {"<0"}, .extra_types = {6}};
+    cr_assert_eq(synth_load(&bad1, &t, &g, err, sizeof err), COTI_E_FORMAT);
+    cr_assert(strstr(err, "BYTE token 256") != NULL, "%s", err);
+    struct synth bad2 = {.model = "gpt2", .pre = "qwen2", .add_bos = -1, .bos = -1,
+                         .extra_tokens = {"x\xf4\x90\x80\x80"}};
+    cr_assert_eq(synth_load(&bad2, &t, &g, err, sizeof err), COTI_E_FORMAT);
+    cr_assert(strstr(err, "token 256") != NULL, "%s", err);
+}
