@@ -271,7 +271,7 @@ static size_t chain_run(struct sampler *s, const float *logits) {
 
     if (pp->temperature <= 0.0f) {
         c[0].id = sample_argmax(logits, s->n_vocab);
-        c[0].logit = logits[c[0].id];
+        c[0].logit = 0.0f;
         c[0].p = 1.0f;
         return 1;
     }

@@ -252,3 +252,24 @@ Test(sample, default_chain_distribution) {
     }
     sampler_free(s);
 }
+
+Test(sample, uniform_stream_and_draw) {
+    struct sampler *s = make(1.0f, 0, 1.0f, 0.0f, 99, 4);
+    double sum = 0, lo = 1, hi = 0;
+    for (int i = 0; i < 100000; i++) {
+        double u = sampler_next_uniform(s);
+        cr_assert(u >= 0.0 && u < 1.0);
+        sum += u;
+        lo = fmin(lo, u);
+        hi = fmax(hi, u);
+    }
+    /* mean of 1e5 uniforms: sd 0.00091, so +-0.005 is > 5 sigma */
+    cr_assert_float_eq(sum / 100000, 0.5, 0.005);
+    cr_assert_lt(lo, 1e-3);
+    cr_assert_gt(hi, 1 - 1e-3);
+    /* a distribution with zero-mass entries never yields them */
+    const struct sampler_cand c[3] = {{.id = 7, .p = 0.0f}, {.id = 8, .p = 1.0f}, {.id = 9, .p = 0.0f}};
+    for (int i = 0; i < 1000; i++) cr_assert_eq(sampler_draw(s, c, 3), 8);
+    cr_assert_eq(sampler_draw(s, c, 0), -1);
+    sampler_free(s);
+}
