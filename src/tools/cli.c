@@ -19,6 +19,8 @@ void cli_common_defaults(struct cli_common *c) {
     c->top_p = 0.95f;
     c->min_p = 0.05f;
     c->seed = 0;
+    c->spec = spec_params_default();
+    c->mtp_vocab = 0;
 }
 
 const char *cli_common_help(void) {
@@ -29,7 +31,13 @@ const char *cli_common_help(void) {
            "  --cpu ref|avx2|avx512  cap the CPU kernels (default: best found)\n"
            "  --temp F             temperature, 0 = greedy (default 0)\n"
            "  --top-k N --top-p F --min-p F   sampling chain (defaults 40, 0.95, 0.05)\n"
-           "  --seed N             sampling seed (default 0)\n";
+           "  --seed N             sampling seed (default 0)\n"
+           "  --spec off|mtp|ngram speculative decoding (default off)\n"
+           "  --spec-n-max N       draft tokens per cycle (default 3, at most 8)\n"
+           "  --spec-n-min N       minimum drafts (default 0)\n"
+           "  --spec-p-min F       stop drafting under this probability (default 0)\n"
+           "  --spec-sample-drafts sample drafts from the drafter (rejection sampling) at temp > 0\n"
+           "  --spec-mtp-vocab N   draft head over the first N token ids only (default 0 = all)\n";
 }
 
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out) {
@@ -97,6 +105,24 @@ int cli_parse_common(struct cli_common *c, int argc, char **argv, int *i) {
         unsigned long long s = v ? strtoull(v, &end, 10) : 0;
         if (!v || errno || *end || v[0] == '-') { fprintf(stderr, "error: --seed expects a non-negative integer\n"); return -1; }
         c->seed = s;
+    } else if (IS("--spec")) {
+        if (!v || spec_type_parse(v, &c->spec.type)) { fprintf(stderr, "error: --spec expects off, mtp or ngram\n"); return -1; }
+    } else if (IS("--spec-n-max") || IS("--spec-draft-n-max")) {
+        if (cli_parse_int(a, v, 1, SPEC_MAX_DRAFT, &l)) return -1;
+        c->spec.n_max = (int)l;
+    } else if (IS("--spec-n-min")) {
+        if (cli_parse_int(a, v, 0, SPEC_MAX_DRAFT, &l)) return -1;
+        c->spec.n_min = (int)l;
+    } else if (IS("--spec-p-min")) {
+        if (cli_parse_float(a, v, 0, 1, &d)) return -1;
+        c->spec.p_min = (float)d;
+    } else if (IS("--spec-mtp-vocab")) {
+        if (cli_parse_int(a, v, 0, 1 << 24, &l)) return -1;
+        c->mtp_vocab = (int)l;
+    } else if (IS("--spec-sample-drafts")) {
+        c->spec.sample_drafts = true;
+        *i += 1;
+        return 1;
     } else {
         return 0;
     }
@@ -111,7 +137,7 @@ int cli_open_model(const struct cli_common *c, int n_seq, int n_keep_states, str
     *m = NULL;
     *be = backend_cpu_init(c->n_threads, c->cpu_level);
     if (!*be) { fprintf(stderr, "error: cannot start the CPU backend\n"); return 1; }
-    struct model_params p = {n_seq, c->n_ctx, c->n_batch, n_keep_states};
+    struct model_params p = {n_seq, c->n_ctx, c->n_batch, COTI_MAX(n_keep_states, SPEC_MAX_DRAFT + 1)};
     int rc = model_load(m, c->model_path, *be, &p, err, sizeof err);
     if (rc) {
         fprintf(stderr, "error: %s\n", err);

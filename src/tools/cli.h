@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "model.h"
+#include "spec.h"
 
 struct cli_common {
     const char *model_path;
@@ -20,6 +21,9 @@ struct cli_common {
     float top_p;
     float min_p;
     uint64_t seed;
+    /* speculation */
+    struct spec_params spec;
+    int mtp_vocab;               /* draft-head vocabulary subset, 0 = full */
 };
 
 void cli_common_defaults(struct cli_common *c);

@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "sample.h"
+#include "spec.h"
 #include "tokenizer.h"
 #include "tools.h"
 
@@ -16,14 +17,6 @@ static void usage(void) {
                     "  -n, --n-predict N    tokens to generate (default 128)\n"
                     "  --ignore-eos         keep generating past end-of-generation tokens\n%s",
             cli_common_help());
-}
-
-/* FNV-1a over the bytes of the last logits row: equal runs print equal hashes. */
-static uint64_t hash_floats(const float *x, size_t n) {
-    uint64_t h = 1469598103934665603ull;
-    const unsigned char *p = (const unsigned char *)x;
-    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
 }
 
 static char *read_file(const char *path) {
@@ -92,44 +85,48 @@ int tool_run_main(int argc, char **argv) {
     struct sampler_params sp = {c.temperature, c.top_k, c.top_p, c.min_p, 0, c.seed};
     if (sampler_init(&smp, &sp, m->info.n_vocab, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
 
-    const int V = m->info.n_vocab;
-    float *logits = malloc(sizeof(float) * (size_t)V);
-    int32_t *pos = malloc(sizeof(int32_t) * n_toks);
-    if (!logits || !pos) { free(logits); free(pos); fprintf(stderr, "error: out of memory\n"); goto done; }
-    for (size_t i = 0; i < n_toks; i++) pos[i] = (int32_t)i;
+    struct spec_engine *eng = NULL;
+    if (spec_engine_init(&eng, m, c.mtp_vocab, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
     fputs(prompt, stdout);
     fflush(stdout);
-
-    struct model_output out;
+    int32_t first, buf[SPEC_MAX_DRAFT + 1];
     int64_t t0 = coti_time_us();
-    struct model_batch b = {.n = (int)n_toks, .tokens = toks, .pos = pos};
-    if (model_forward(m, &b, &out, err, sizeof err)) { fprintf(stderr, "\nerror: %s\n", err); free(logits); free(pos); goto done; }
-    be->download(be, logits, out.logits, sizeof(float) * (size_t)V);
+    if (spec_seq_begin(eng, 0, toks, (int)n_toks, &sp, &c.spec, &first, err, sizeof err)) {
+        fprintf(stderr, "\nerror: %s\n", err);
+        spec_engine_free(eng);
+        goto done;
+    }
     int64_t t1 = coti_time_us();
     long n_gen = 0;
+    int n_buf = 1;
+    buf[0] = first;
     const char *piece;
     size_t piece_len;
-    for (; n_gen < n_predict; n_gen++) {
-        int32_t id = sampler_sample(smp, logits);
-        if (!ignore_eos && tokenizer_is_eog(tok, id)) break;
-        if (tokenizer_token_to_piece(tok, id, false, &piece, &piece_len) == 0) fwrite(piece, 1, piece_len, stdout);
+    bool stop = false;
+    while (!stop) {
+        for (int i = 0; i < n_buf && !stop; i++) {
+            if (!ignore_eos && tokenizer_is_eog(tok, buf[i])) { stop = true; break; }
+            if (tokenizer_token_to_piece(tok, buf[i], false, &piece, &piece_len) == 0) fwrite(piece, 1, piece_len, stdout);
+            if (++n_gen >= n_predict) stop = true;
+        }
         fflush(stdout);
-        if (n_gen + 1 == n_predict) { n_gen++; break; }
-        int32_t p = (int32_t)(n_toks + n_gen);
-        struct model_batch one = {.n = 1, .tokens = &id, .pos = &p};
-        if (model_forward(m, &one, &out, err, sizeof err)) { fprintf(stderr, "\nerror: %s\n", err); free(logits); free(pos); goto done; }
-        be->download(be, logits, out.logits, sizeof(float) * (size_t)V);
+        if (stop) break;
+        if (spec_seq_step(eng, 0, (int)(n_predict - n_gen), buf, &n_buf, NULL, err, sizeof err)) {
+            fprintf(stderr, "\nerror: %s\n", err);
+            spec_engine_free(eng);
+            goto done;
+        }
     }
     int64_t t2 = coti_time_us();
     fputc('\n', stdout);
+    const struct spec_stats *st = spec_seq_stats(eng, 0);
     double pp_s = (t1 - t0) / 1e6, tg_s = (t2 - t1) / 1e6;
-    fprintf(stderr, "# prompt %zu tokens %.1f ms %.1f tok/s | decode %ld tokens %.1f ms %.1f tok/s | threads %d | cpu %s | logits hash %016llx\n",
+    fprintf(stderr, "# prompt %zu tokens %.1f ms %.1f tok/s | decode %ld tokens %.1f ms %.1f tok/s | spec %s n_max %d: drafted %ld accepted %ld (%.3f) | threads %d | cpu %s\n",
             n_toks, pp_s * 1e3, n_toks / (pp_s > 0 ? pp_s : 1e-9), n_gen, tg_s * 1e3,
-            n_gen > 1 ? (n_gen - 1) / (tg_s > 0 ? tg_s : 1e-9) : 0.0, c.n_threads,
-            c.cpu_level == QUANT_CPU_AVX512 ? "avx512" : c.cpu_level == QUANT_CPU_AVX2 ? "avx2" : "ref",
-            (unsigned long long)hash_floats(logits, (size_t)V));
-    free(logits);
-    free(pos);
+            n_gen > 1 ? (n_gen - 1) / (tg_s > 0 ? tg_s : 1e-9) : 0.0, spec_type_name(c.spec.type), c.spec.n_max,
+            st->n_drafted, st->n_accepted, st->n_drafted ? (double)st->n_accepted / st->n_drafted : 0.0, c.n_threads,
+            c.cpu_level == QUANT_CPU_AVX512 ? "avx512" : c.cpu_level == QUANT_CPU_AVX2 ? "avx2" : "ref");
+    spec_engine_free(eng);
     rc = 0;
 done:
     free(toks);

@@ -1,0 +1,60 @@
+/* drafter.h — what the speculative driver asks of a drafter. A drafter proposes tokens; it
+ * never decides what is emitted (the target's verify pass does), so a bad drafter costs
+ * speed, never correctness. One file per drafter in src/drafters/. */
+#ifndef COTI_DRAFTER_H
+#define COTI_DRAFTER_H
+
+#include "model.h"
+#include "sample.h"
+
+/* Upper bound of draft tokens per cycle: sizes per-sequence buffers and the target's kept
+ * recurrent states (1 + SPEC_MAX_DRAFT rows per verify). */
+#define SPEC_MAX_DRAFT 8
+
+struct draft_request {
+    const int32_t *history;      /* tokens of the sequence: [0, L) in the target, [L] pending */
+    int L;
+    int n_max;                   /* propose at most this many */
+    int n_min;                   /* ...and at least this many unless the drafter has nothing */
+    float p_min;                 /* stop when the proposed token's probability falls below */
+    struct sampler *sampler;     /* non-NULL: sample drafts from the drafter's distribution
+                                    (through the request's sampling chain) and report it */
+};
+
+struct draft_result {
+    int n;
+    int32_t tokens[SPEC_MAX_DRAFT];
+    /* with a sampler: the distribution each draft was drawn from (candidates, p normalized);
+     * rejection sampling needs q(x) for every x. Points into drafter-owned memory valid until
+     * the next draft call. */
+    const struct sampler_cand *q[SPEC_MAX_DRAFT];
+    size_t q_n[SPEC_MAX_DRAFT];
+};
+
+struct drafter;
+
+struct drafter_vtable {
+    const char *name;
+    void (*free)(struct drafter *d);
+    /* Sequence s starts over (new request). */
+    void (*reset)(struct drafter *d, int s);
+    /* The target accepted positions [pos0, pos0 + n) of sequence s; hidden holds their
+     * post-norm hidden rows in backend memory (valid only during this call). */
+    int (*observe)(struct drafter *d, int s, const int32_t *history, int pos0, int n,
+                   const float *hidden, char *err, size_t err_size);
+    int (*draft)(struct drafter *d, int s, const struct draft_request *rq, struct draft_result *out,
+                 char *err, size_t err_size);
+};
+
+struct drafter {
+    const struct drafter_vtable *vt;
+    int n_vocab;                 /* size of the distributions it samples from (draft sampler) */
+};
+
+/* NextN self-speculation on the target's own MTP head. vocab_subset > 0 limits the draft
+ * head's logits to ids [0, vocab_subset). */
+int drafter_mtp_init(struct drafter **out, struct model *m, int vocab_subset, char *err, size_t err_size);
+/* Prompt lookup: continue the most recent earlier occurrence of the last few tokens. */
+int drafter_ngram_init(struct drafter **out, int n_seq, char *err, size_t err_size);
+
+#endif

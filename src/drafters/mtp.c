@@ -1,0 +1,200 @@
+/* mtp.c — NextN self-speculation: the target's own MTP head drafts (arch-qwen35.md §7).
+ * Row q of the head takes (token x_q, the target's post-norm hidden hn_{q-1}) and predicts
+ * x_{q+1}; its attention reads the head's own KV cache, which holds one entry per position
+ * the target has accepted. Chained drafts feed the head's own output hidden back.
+ *
+ * Per sequence the drafter stages the target hidden rows it has not consumed yet:
+ * staged row r = hn at position mtp_len-1+r (row 0 = zeros before the first token). A draft
+ * call runs every pending catch-up row AND the first draft row in one batch of the head —
+ * after a verify that accepted a drafts that is a+1 rows for the price of about one — then
+ * chains single rows for further drafts, and finally truncates the head's cache to the
+ * pending token's row, which was computed from the true hidden and stays valid. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "drafters/drafter.h"
+
+struct mtp_seq {
+    float *staged;               /* backend memory, [cap][n_embd] */
+    int n_staged;
+};
+
+struct mtp {
+    struct drafter base;
+    struct model *m;
+    int vocab_subset;
+    int cap;                     /* staged rows per sequence = n_batch of the model */
+    int E;
+    struct mtp_seq *seqs;
+    float *h_chain;              /* backend memory, [1][E]: the head's last output hidden */
+    int32_t *d_ids;              /* backend memory: argmax results */
+    float *d_p;
+    int32_t *pos, *tok;          /* host, [cap] */
+    bool *want;
+    float *host_logits;          /* [n_vocab] for sampled drafts */
+    struct sampler_cand *qbuf[SPEC_MAX_DRAFT];
+};
+
+static struct mtp *mtp_of(struct drafter *d) { return (struct mtp *)d; }
+
+static void mtp_free(struct drafter *d) {
+    struct mtp *t = mtp_of(d);
+    struct backend *be = t->m->be;
+    for (int s = 0; s < t->m->n_seq && t->seqs; s++) if (t->seqs[s].staged) be->free(be, t->seqs[s].staged);
+    if (t->h_chain) be->free(be, t->h_chain);
+    if (t->d_ids) be->free(be, t->d_ids);
+    if (t->d_p) be->free(be, t->d_p);
+    for (int i = 0; i < SPEC_MAX_DRAFT; i++) free(t->qbuf[i]);
+    free(t->seqs); free(t->pos); free(t->tok); free(t->want); free(t->host_logits);
+    free(t);
+}
+
+static void mtp_reset(struct drafter *d, int s) {
+    struct mtp *t = mtp_of(d);
+    struct backend *be = t->m->be;
+    t->m->mtp_len[s] = 0;
+    /* hn_{-1} = 0: the first row of a sequence sees a zero hidden */
+    be->copy(be, t->seqs[s].staged, t->h_chain + t->E, sizeof(float) * t->E); /* h_chain row 1 is kept zero */
+    t->seqs[s].n_staged = 1;
+}
+
+/* Run the head over staged rows [0, n_rows) (positions mtp_len..), logits on the last row if
+ * want_last. Consumes those rows from the stage. */
+static int mtp_run_rows(struct mtp *t, int s, const int32_t *history, int n_rows, bool want_last,
+                        struct model_output *o, char *err, size_t err_size) {
+    struct model *m = t->m;
+    const int q0 = m->mtp_len[s];
+    for (int i = 0; i < n_rows; i++) {
+        t->pos[i] = q0 + i;
+        t->tok[i] = history[q0 + i];
+        t->want[i] = want_last && i == n_rows - 1;
+    }
+    int32_t *seqv = t->tok + t->cap; /* second half of tok holds the sequence ids */
+    for (int i = 0; i < n_rows; i++) seqv[i] = s;
+    struct model_batch b = {.n = n_rows, .tokens = t->tok, .pos = t->pos, .seq = seqv, .want_logits = t->want,
+                            .n_vocab_out = t->vocab_subset};
+    return m->vt->mtp_forward(m, &b, t->seqs[s].staged, o, err, err_size);
+}
+
+static int mtp_observe(struct drafter *d, int s, const int32_t *history, int pos0, int n,
+                       const float *hidden, char *err, size_t err_size) {
+    struct mtp *t = mtp_of(d);
+    struct backend *be = t->m->be;
+    struct mtp_seq *sq = &t->seqs[s];
+    const size_t row = sizeof(float) * (size_t)t->E;
+    if (pos0 != t->m->mtp_len[s] - 1 + sq->n_staged)
+        return coti_fail(err, err_size, COTI_E_ARG, "mtp: observed position %d does not follow the staged rows", pos0);
+    while (n > 0) {
+        int room = t->cap - sq->n_staged;
+        if (room == 0) {
+            /* stage full (long prompts): consume all rows but the last, which becomes row 0 */
+            struct model_output o;
+            int rc = mtp_run_rows(t, s, history, sq->n_staged - 1, false, &o, err, err_size);
+            if (rc) return rc;
+            be->copy(be, sq->staged, sq->staged + (size_t)(sq->n_staged - 1) * t->E, row);
+            sq->n_staged = 1;
+            continue;
+        }
+        int k = COTI_MIN(room, n);
+        be->copy(be, sq->staged + (size_t)sq->n_staged * t->E, hidden, row * (size_t)k);
+        sq->n_staged += k;
+        hidden += (size_t)k * t->E;
+        n -= k;
+    }
+    return 0;
+}
+
+/* Index of the max and its probability, on the backend; only two scalars travel. */
+static int32_t mtp_pick(struct mtp *t, const float *logits, int n_vocab, float *p) {
+    struct backend *be = t->m->be;
+    int32_t id;
+    be->argmax(be, logits, 1, n_vocab, t->d_ids, t->d_p);
+    be->download(be, &id, t->d_ids, sizeof id);
+    be->download(be, p, t->d_p, sizeof *p);
+    return id;
+}
+
+static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, struct draft_result *out,
+                     char *err, size_t err_size) {
+    struct mtp *t = mtp_of(d);
+    struct model *m = t->m;
+    struct backend *be = m->be;
+    struct mtp_seq *sq = &t->seqs[s];
+    out->n = 0;
+    /* the stage must reach hn_{L-1}: rows mtp_len..L are then computable */
+    if (m->mtp_len[s] - 1 + sq->n_staged != rq->L)
+        return coti_fail(err, err_size, COTI_E_ARG, "mtp: staged hidden rows end at %d, expected %d",
+                         m->mtp_len[s] - 1 + sq->n_staged, rq->L);
+    struct model_output o;
+    int rc = mtp_run_rows(t, s, rq->history, sq->n_staged, true, &o, err, err_size);
+    if (rc) return rc;
+    const int L = rq->L;
+    for (int i = 0; i < rq->n_max; i++) {
+        int32_t id;
+        float p;
+        if (rq->sampler) {
+            const struct sampler_cand *cands;
+            size_t nc;
+            be->download(be, t->host_logits, o.logits, sizeof(float) * (size_t)o.n_vocab);
+            sampler_probs(rq->sampler, t->host_logits, &cands, &nc);
+            memcpy(t->qbuf[i], cands, nc * sizeof *cands);
+            id = sampler_draw(rq->sampler, t->qbuf[i], nc);
+            out->q[i] = t->qbuf[i];
+            out->q_n[i] = nc;
+            p = 1.0f;
+        } else {
+            id = mtp_pick(t, o.logits, o.n_vocab, &p);
+            out->q[i] = NULL;
+            out->q_n[i] = 0;
+            if (p < rq->p_min && i >= rq->n_min) break;
+        }
+        out->tokens[out->n++] = id;
+        if (i + 1 == rq->n_max || L + i + 1 >= m->n_ctx) break;
+        /* chain: row (d_i, L+1+i, the head's own hidden) */
+        be->copy(be, t->h_chain, o.hidden + (size_t)(o.n - 1) * t->E, sizeof(float) * t->E);
+        int32_t pos = L + 1 + i, seqv = s;
+        bool want = true;
+        struct model_batch b = {.n = 1, .tokens = &out->tokens[i], .pos = &pos, .seq = &seqv, .want_logits = &want,
+                                .n_vocab_out = t->vocab_subset};
+        rc = m->vt->mtp_forward(m, &b, t->h_chain, &o, err, err_size);
+        if (rc) return rc;
+    }
+    /* keep the pending token's row (computed from the true hidden); drop the chained ones */
+    m->mtp_len[s] = L + 1;
+    sq->n_staged = 0;
+    return 0;
+}
+
+static const struct drafter_vtable mtp_vtable = {"mtp", mtp_free, mtp_reset, mtp_observe, mtp_draft};
+
+int drafter_mtp_init(struct drafter **out, struct model *m, int vocab_subset, char *err, size_t err_size) {
+    if (!m->info.has_mtp || !m->vt->mtp_forward)
+        return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "the model has no NextN (MTP) head: use --spec ngram or off");
+    struct mtp *t = calloc(1, sizeof *t);
+    if (!t) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    t->base.vt = &mtp_vtable;
+    t->m = m;
+    t->E = m->info.n_embd;
+    t->cap = m->n_batch + 1;
+    t->vocab_subset = vocab_subset > 0 && vocab_subset < m->info.n_vocab ? vocab_subset : 0;
+    t->base.n_vocab = t->vocab_subset ? t->vocab_subset : m->info.n_vocab;
+    struct backend *be = m->be;
+    t->seqs = calloc((size_t)m->n_seq, sizeof *t->seqs);
+    t->pos = malloc(sizeof(int32_t) * (size_t)t->cap);
+    t->tok = malloc(sizeof(int32_t) * (size_t)t->cap * 2);
+    t->want = malloc(sizeof(bool) * (size_t)t->cap);
+    t->host_logits = malloc(sizeof(float) * (size_t)m->info.n_vocab);
+    t->h_chain = be->alloc(be, sizeof(float) * (size_t)t->E * 2); /* row 1 stays zero */
+    t->d_ids = be->alloc(be, sizeof(int32_t));
+    t->d_p = be->alloc(be, sizeof(float));
+    bool ok = t->seqs && t->pos && t->tok && t->want && t->host_logits && t->h_chain && t->d_ids && t->d_p;
+    for (int i = 0; ok && i < SPEC_MAX_DRAFT; i++) ok = (t->qbuf[i] = malloc(sizeof(struct sampler_cand) * (size_t)m->info.n_vocab)) != NULL;
+    for (int s = 0; ok && s < m->n_seq; s++) {
+        t->seqs[s].staged = be->alloc(be, sizeof(float) * (size_t)t->E * t->cap);
+        ok = t->seqs[s].staged != NULL;
+        t->seqs[s].n_staged = 1;
+    }
+    if (!ok) { mtp_free(&t->base); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory for the MTP drafter"); }
+    *out = &t->base;
+    return 0;
+}

@@ -1,0 +1,291 @@
+/* spec.c — the speculative driver (see spec.h). */
+#include "spec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct spec_seq {
+    int32_t *hist;               /* prompt + emitted tokens; the last one is pending */
+    int n_hist;
+    struct sampler *smp;         /* target sampler */
+    struct sampler *dsmp;        /* draft sampler (sampled drafts) */
+    struct sampler_params sp;
+    struct spec_params p;
+    struct spec_stats st;
+};
+
+struct spec_engine {
+    struct model *m;
+    struct drafter *mtp, *ngram;
+    struct spec_seq *seqs;
+    int V;
+    float *row;                  /* host [V]: one logits row for host-side sampling */
+    float *qdense;               /* host [V]: draft distribution lookup, kept all-zero */
+    struct sampler_cand *resid;  /* host [V] */
+    int32_t *d_ids;              /* backend [1 + SPEC_MAX_DRAFT] */
+    int32_t *pos, *seqv;         /* host [n_batch] */
+    bool *want;                  /* host [n_batch] */
+};
+
+struct spec_params spec_params_default(void) {
+    return (struct spec_params){SPEC_OFF, 3, 0, 0.0f, false};
+}
+
+const char *spec_type_name(enum spec_type t) {
+    return t == SPEC_MTP ? "mtp" : t == SPEC_NGRAM ? "ngram" : "off";
+}
+
+int spec_type_parse(const char *s, enum spec_type *out) {
+    if (!strcmp(s, "off") || !strcmp(s, "none")) *out = SPEC_OFF;
+    else if (!strcmp(s, "mtp") || !strcmp(s, "draft-mtp")) *out = SPEC_MTP;
+    else if (!strcmp(s, "ngram")) *out = SPEC_NGRAM;
+    else return COTI_E_ARG;
+    return 0;
+}
+
+void spec_engine_free(struct spec_engine *e) {
+    if (!e) return;
+    for (int s = 0; e->seqs && s < e->m->n_seq; s++) {
+        free(e->seqs[s].hist);
+        sampler_free(e->seqs[s].smp);
+        sampler_free(e->seqs[s].dsmp);
+    }
+    if (e->mtp) e->mtp->vt->free(e->mtp);
+    if (e->ngram) e->ngram->vt->free(e->ngram);
+    if (e->d_ids) e->m->be->free(e->m->be, e->d_ids);
+    free(e->seqs); free(e->row); free(e->qdense); free(e->resid); free(e->pos); free(e->seqv); free(e->want);
+    free(e);
+}
+
+int spec_engine_init(struct spec_engine **out, struct model *m, int mtp_vocab, char *err, size_t err_size) {
+    if (m->n_keep_states < SPEC_MAX_DRAFT + 1)
+        return coti_fail(err, err_size, COTI_E_ARG, "model must keep %d states for speculation (has %d)",
+                         SPEC_MAX_DRAFT + 1, m->n_keep_states);
+    struct spec_engine *e = calloc(1, sizeof *e);
+    if (!e) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    e->m = m;
+    e->V = m->info.n_vocab;
+    e->seqs = calloc((size_t)m->n_seq, sizeof *e->seqs);
+    e->row = malloc(sizeof(float) * (size_t)e->V);
+    e->qdense = calloc((size_t)e->V, sizeof(float));
+    e->resid = malloc(sizeof(struct sampler_cand) * (size_t)e->V);
+    e->pos = malloc(sizeof(int32_t) * (size_t)m->n_batch);
+    e->seqv = malloc(sizeof(int32_t) * (size_t)m->n_batch);
+    e->want = malloc(sizeof(bool) * (size_t)m->n_batch);
+    e->d_ids = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT));
+    bool ok = e->seqs && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids;
+    for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
+    if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
+    int rc = drafter_ngram_init(&e->ngram, m->n_seq, err, err_size);
+    if (!rc && m->info.has_mtp) rc = drafter_mtp_init(&e->mtp, m, mtp_vocab, err, err_size);
+    if (rc) { spec_engine_free(e); return rc; }
+    *out = e;
+    return 0;
+}
+
+bool spec_engine_supports(const struct spec_engine *e, enum spec_type t) {
+    return t == SPEC_OFF || (t == SPEC_MTP && e->mtp) || (t == SPEC_NGRAM && e->ngram);
+}
+
+static struct drafter *drafter_for(struct spec_engine *e, enum spec_type t) {
+    return t == SPEC_MTP ? e->mtp : t == SPEC_NGRAM ? e->ngram : NULL;
+}
+
+const struct spec_stats *spec_seq_stats(const struct spec_engine *e, int s) { return &e->seqs[s].st; }
+
+const int32_t *spec_seq_tokens(const struct spec_engine *e, int s, int *n) {
+    *n = e->seqs[s].n_hist;
+    return e->seqs[s].hist;
+}
+
+/* Sample the token after logits row `row` (backend memory) with the target's sampler. */
+static int32_t sample_row(struct spec_engine *e, struct spec_seq *q, const float *row) {
+    struct backend *be = e->m->be;
+    if (q->sp.temperature <= 0.0f) {
+        int32_t id;
+        be->argmax(be, row, 1, e->V, e->d_ids, NULL);
+        be->download(be, &id, e->d_ids, sizeof id);
+        return id;
+    }
+    be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
+    return sampler_sample(q->smp, e->row);
+}
+
+int spec_seq_begin(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
+                   const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
+                   char *err, size_t err_size) {
+    struct model *m = e->m;
+    if (s < 0 || s >= m->n_seq) return coti_fail(err, err_size, COTI_E_ARG, "sequence %d out of range", s);
+    if (n_prompt < 1) return coti_fail(err, err_size, COTI_E_ARG, "empty prompt");
+    if (n_prompt >= m->n_ctx)
+        return coti_fail(err, err_size, COTI_E_RANGE, "prompt of %d tokens does not fit the context of %d", n_prompt, m->n_ctx);
+    if (p->n_max < 1 || p->n_max > SPEC_MAX_DRAFT || p->n_min < 0 || p->n_min > p->n_max || !(p->p_min >= 0.0f && p->p_min <= 1.0f))
+        return coti_fail(err, err_size, COTI_E_ARG, "speculative parameters out of range (n_max in [1, %d], 0 <= n_min <= n_max, p_min in [0, 1])",
+                         SPEC_MAX_DRAFT);
+    if (!spec_engine_supports(e, p->type))
+        return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "speculation '%s' is not available for this model", spec_type_name(p->type));
+    struct spec_seq *q = &e->seqs[s];
+    struct drafter *d = drafter_for(e, p->type);
+    int rc;
+    if (q->smp) rc = sampler_reset(q->smp, sp, err, err_size);
+    else rc = sampler_init(&q->smp, sp, e->V, err, err_size);
+    if (rc) return rc;
+    if (d && p->sample_drafts && sp->temperature > 0.0f && d->n_vocab > 0) {
+        struct sampler_params dsp = *sp;
+        dsp.seed = sp->seed ^ 0x5bd1e9955bd1e995ull; /* its own stream, still a function of the seed */
+        sampler_free(q->dsmp);
+        q->dsmp = NULL;
+        if ((rc = sampler_init(&q->dsmp, &dsp, d->n_vocab, err, err_size))) return rc;
+    }
+    q->sp = *sp;
+    q->p = *p;
+    memset(&q->st, 0, sizeof q->st);
+    model_seq_reset(m, s);
+    if (d) d->vt->reset(d, s);
+    memcpy(q->hist, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    q->n_hist = n_prompt;
+
+    int64_t t0 = coti_time_us();
+    struct model_output o;
+    for (int i0 = 0; i0 < n_prompt; i0 += m->n_batch) {
+        int n = COTI_MIN(m->n_batch, n_prompt - i0);
+        for (int i = 0; i < n; i++) e->pos[i] = i0 + i;
+        for (int i = 0; i < n; i++) e->seqv[i] = s;
+        struct model_batch b = {.n = n, .tokens = prompt + i0, .pos = e->pos, .seq = e->seqv};
+        rc = model_forward(m, &b, &o, err, err_size);
+        if (rc) return rc;
+        if (d && (rc = d->vt->observe(d, s, q->hist, i0, n, o.hidden, err, err_size))) return rc;
+    }
+    *first = sample_row(e, q, o.logits);
+    q->hist[q->n_hist++] = *first;
+    q->st.n_prompt = n_prompt;
+    q->st.n_gen = 1;
+    q->st.t_prompt_us = coti_time_us() - t0;
+    return 0;
+}
+
+/* Rejection step for a sampled draft d ~ q at a row whose target distribution is p:
+ * accept with probability min(1, p(d)/q(d)); otherwise return a token drawn from
+ * normalize(max(0, p - q)). Returns -1 when d is accepted. */
+static int32_t reject_or_accept(struct spec_engine *e, struct spec_seq *q, int32_t d,
+                                const struct sampler_cand *qc, size_t qn) {
+    const struct sampler_cand *pc;
+    size_t pn;
+    sampler_probs(q->smp, e->row, &pc, &pn);
+    for (size_t i = 0; i < qn; i++) e->qdense[qc[i].id] = qc[i].p;
+    double pd = 0.0;
+    for (size_t i = 0; i < pn; i++) if (pc[i].id == d) pd = pc[i].p;
+    double qd = e->qdense[d];
+    double u = sampler_next_uniform(q->smp);
+    int32_t out = -1;
+    if (!(qd > 0.0 && u < pd / qd)) {
+        size_t rn = 0;
+        double sum = 0.0;
+        for (size_t i = 0; i < pn; i++) {
+            double r = pc[i].p - e->qdense[pc[i].id];
+            if (r > 0.0) { e->resid[rn] = (struct sampler_cand){pc[i].id, 0.0f, (float)r}; sum += r; rn++; }
+        }
+        if (rn == 0 || sum <= 0.0) out = sampler_draw(q->smp, pc, pn); /* p == q on the support */
+        else {
+            for (size_t i = 0; i < rn; i++) e->resid[i].p = (float)(e->resid[i].p / sum);
+            out = sampler_draw(q->smp, e->resid, rn);
+        }
+    }
+    for (size_t i = 0; i < qn; i++) e->qdense[qc[i].id] = 0.0f;
+    return out;
+}
+
+int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,
+                  struct spec_probe *probe, char *err, size_t err_size) {
+    struct model *m = e->m;
+    struct backend *be = m->be;
+    struct spec_seq *q = &e->seqs[s];
+    struct drafter *d = drafter_for(e, q->p.type);
+    *n_out = 0;
+    if (max_new < 1) return 0;
+    const int L = q->n_hist - 1;
+    if (L + 1 >= m->n_ctx) return coti_fail(err, err_size, COTI_E_RANGE, "context of %d positions is full", m->n_ctx);
+    int64_t t0 = coti_time_us();
+
+    /* draft */
+    struct draft_result dr = {0};
+    int k_cap = COTI_MIN(q->p.n_max, max_new - 1);
+    k_cap = COTI_MIN(k_cap, m->n_ctx - 1 - (L + 1));
+    if (probe) k_cap = COTI_MIN(k_cap, probe->n_forced - probe->n_used - 1);
+    if (d && k_cap > 0) {
+        struct draft_request rq = {q->hist, L, k_cap, COTI_MIN(q->p.n_min, k_cap), q->p.p_min,
+                                   q->dsmp && q->sp.temperature > 0.0f ? q->dsmp : NULL};
+        int rc = d->vt->draft(d, s, &rq, &dr, err, err_size);
+        if (rc) return rc;
+    }
+    const int k = dr.n;
+    int64_t t1 = coti_time_us();
+
+    /* verify: [pending, d1..dk] at L..L+k */
+    int32_t toks[1 + SPEC_MAX_DRAFT];
+    toks[0] = q->hist[L];
+    for (int i = 0; i < k; i++) toks[1 + i] = dr.tokens[i];
+    for (int i = 0; i <= k; i++) { e->pos[i] = L + i; e->seqv[i] = s; e->want[i] = true; }
+    struct model_batch b = {.n = k + 1, .tokens = toks, .pos = e->pos, .seq = e->seqv, .want_logits = e->want,
+                            .keep_states = k > 0};
+    struct model_output o;
+    int rc = model_forward(m, &b, &o, err, err_size);
+    if (rc) return rc;
+    int32_t ids[1 + SPEC_MAX_DRAFT];
+    const bool greedy = q->sp.temperature <= 0.0f && !probe;
+    if (greedy) {
+        be->argmax(be, o.logits, k + 1, e->V, e->d_ids, NULL);
+        be->download(be, ids, e->d_ids, sizeof(int32_t) * (size_t)(k + 1));
+    }
+    int64_t t2 = coti_time_us();
+
+    /* accept: a drafts, then the target's own token */
+    int a = 0;
+    int32_t next = -1;
+    for (int i = 0; i <= k && next < 0; i++) {
+        const float *row = o.logits + (size_t)i * e->V;
+        if (probe) {
+            if (probe->on_row) probe->on_row(probe->user, L + i, row, e->V);
+            int32_t want_tok = probe->forced[probe->n_used + i];
+            if (i < k && dr.tokens[i] == want_tok) a++;
+            else next = want_tok;
+        } else if (greedy) {
+            if (i < k && ids[i] == dr.tokens[i]) a++;
+            else next = ids[i];
+        } else if (i < k && dr.q[i]) {
+            be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
+            int32_t r = reject_or_accept(e, q, dr.tokens[i], dr.q[i], dr.q_n[i]);
+            if (r < 0) a++;
+            else next = r;
+        } else {
+            be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
+            int32_t t = sampler_sample(q->smp, e->row);
+            if (i < k && t == dr.tokens[i]) a++;
+            else next = t;
+        }
+    }
+    if (probe) probe->n_used += a + 1;
+    if (k - a > 0 && (rc = model_seq_rollback(m, s, k - a)))
+        return coti_fail(err, err_size, rc, "rollback of %d positions failed", k - a);
+    if (d && (rc = d->vt->observe(d, s, q->hist, L, a + 1, o.hidden, err, err_size))) return rc;
+
+    for (int i = 0; i < a; i++) q->hist[q->n_hist++] = dr.tokens[i];
+    q->hist[q->n_hist++] = next;
+    for (int i = 0; i < a; i++) out[i] = dr.tokens[i];
+    out[a] = next;
+    *n_out = a + 1;
+
+    q->st.n_gen += a + 1;
+    if (k > 0) {
+        q->st.n_verify++;
+        q->st.n_drafted += k;
+        q->st.n_accepted += a;
+        for (int i = 0; i < k; i++) q->st.drafted_at[i]++;
+        for (int i = 0; i < a; i++) q->st.accepted_at[i]++;
+    }
+    int64_t t3 = coti_time_us();
+    q->st.t_draft_us += t1 - t0;
+    q->st.t_verify_us += t2 - t1;
+    q->st.t_glue_us += t3 - t2;
+    return 0;
+}

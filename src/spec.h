@@ -1,0 +1,71 @@
+/* spec.h — the speculative driver: one cycle shared by every drafter.
+ *   draft (drafter proposes d1..dk after the pending token)
+ *   verify (one target batch over [pending, d1..dk], logits for every row)
+ *   accept (greedy: longest prefix where the target's argmax equals the draft, then the
+ *           target's own token; temperature > 0: exact — sample-and-match for greedy drafts,
+ *           min(1, p/q) rejection sampling with resampling from (p - q)+ for sampled drafts)
+ *   roll back (target KV + recurrent state to the accepted prefix; drafter catches up).
+ * With speculation off the same object runs plain decoding, so callers have one loop.
+ * Knows nothing of HTTP or text. */
+#ifndef COTI_SPEC_H
+#define COTI_SPEC_H
+
+#include "drafters/drafter.h"
+#include "model.h"
+#include "sample.h"
+
+enum spec_type { SPEC_OFF = 0, SPEC_MTP, SPEC_NGRAM };
+
+struct spec_params {
+    enum spec_type type;
+    int n_max;                   /* drafts per cycle, 1..SPEC_MAX_DRAFT */
+    int n_min;
+    float p_min;                 /* MTP: stop drafting under this top probability */
+    bool sample_drafts;          /* temperature > 0: sample drafts from q and use rejection
+                                    sampling (else greedy drafts, sample-and-match) */
+};
+
+struct spec_params spec_params_default(void);
+const char *spec_type_name(enum spec_type t);
+int spec_type_parse(const char *s, enum spec_type *out); /* "off" "mtp" "ngram" */
+
+struct spec_stats {
+    long n_prompt, n_gen;        /* prompt tokens processed, tokens emitted */
+    long n_drafted, n_accepted, n_verify;
+    long drafted_at[SPEC_MAX_DRAFT], accepted_at[SPEC_MAX_DRAFT]; /* by draft position */
+    int64_t t_prompt_us, t_draft_us, t_verify_us, t_glue_us;
+};
+
+/* Teacher forcing for the equivalence gate: instead of the target's choice, the cycle
+ * accepts exactly forced[] (positions continue the sequence), and reports every verify row's
+ * logits (backend memory, row i predicts position pos0+i+1) before accepting. */
+struct spec_probe {
+    const int32_t *forced;
+    int n_forced;
+    int n_used;
+    void (*on_row)(void *user, int pos, const float *logits, int n_vocab);
+    void *user;
+};
+
+struct spec_engine;
+
+/* Engine over a loaded model: owns the drafters (the MTP drafter only when the model has a
+ * NextN head). mtp_vocab: draft-head vocabulary subset (0 = full). */
+int spec_engine_init(struct spec_engine **out, struct model *m, int mtp_vocab, char *err, size_t err_size);
+void spec_engine_free(struct spec_engine *e);
+bool spec_engine_supports(const struct spec_engine *e, enum spec_type t);
+
+/* Start sequence s on a prompt (resets it, prefills, samples the first token into *first).
+ * Returns 0 or a negative coti_err (bad params, prompt too long for the context). */
+int spec_seq_begin(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
+                   const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
+                   char *err, size_t err_size);
+/* One cycle: emits 1..n_max+1 tokens into out (at most max_new), *n_out set. The last one is
+ * pending (not yet in the target). probe may be NULL. */
+int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,
+                  struct spec_probe *probe, char *err, size_t err_size);
+const struct spec_stats *spec_seq_stats(const struct spec_engine *e, int s);
+/* Tokens of the sequence so far (prompt + emitted); *n set. */
+const int32_t *spec_seq_tokens(const struct spec_engine *e, int s, int *n);
+
+#endif
