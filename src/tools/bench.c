@@ -1,0 +1,204 @@
+/* bench.c — `coti bench`: decode speed of several speculative configurations in one run,
+ * same model, same prompts, interleaved (every repeat runs each configuration on each prompt
+ * in turn, so machine noise hits them alike). Every request is fresh (the sequence is reset
+ * and the prompt prefilled), greedy, and runs to -n tokens ignoring end-of-generation.
+ * Prints per configuration the median over repeats of decode tok/s (tokens after the first
+ * / time after the first), the ratio to the first configuration (normally `off`),
+ * acceptance = accepted/drafted over the same requests, tokens per verify, the split of time
+ * into draft / verify / glue, and whether the output equals the first configuration's. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "prompts.h"
+#include "spec.h"
+#include "tokenizer.h"
+#include "tools.h"
+
+#define BENCH_MAX_CONFIGS 16
+
+static void usage(void) {
+    fprintf(stderr, "usage: coti bench [-m MODEL] --spec off,mtp,ngram[,mtp:N ...] --prompts FILE [-n N] [--repeat R] [--json PATH]\n"
+                    "  a configuration is TYPE or TYPE:N_MAX (default n_max from --spec-n-max)\n%s",
+            cli_common_help());
+}
+
+struct config {
+    struct spec_params sp;
+    char name[32];
+    double *tps;                 /* per repeat */
+    long drafted, accepted, verifies, tokens;
+    int64_t t_draft, t_verify, t_glue, t_total;
+    bool same_as_first;
+};
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int tool_bench_main(int argc, char **argv) {
+    struct cli_common c;
+    cli_common_defaults(&c);
+    const char *prompts_path = NULL, *json_path = NULL, *spec_list = "off,mtp";
+    long n_gen = 128, repeat = 3;
+    for (int i = 1; i < argc;) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--spec")) { if (!v) { usage(); return 1; } spec_list = v; i += 2; continue; }
+        int r = cli_parse_common(&c, argc, argv, &i);
+        if (r < 0) return 1;
+        if (r > 0) continue;
+        if (!strcmp(a, "--prompts")) { if (!v) { usage(); return 1; } prompts_path = v; i += 2; }
+        else if (!strcmp(a, "--json")) { if (!v) { usage(); return 1; } json_path = v; i += 2; }
+        else if (!strcmp(a, "-n")) { if (cli_parse_int(a, v, 2, 1 << 16, &n_gen)) return 1; i += 2; }
+        else if (!strcmp(a, "--repeat")) { if (cli_parse_int(a, v, 1, 1000, &repeat)) return 1; i += 2; }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
+        else { fprintf(stderr, "error: unknown option '%s'\n", a); usage(); return 1; }
+    }
+    if (!prompts_path) { fprintf(stderr, "error: --prompts FILE is required\n"); usage(); return 1; }
+    struct config cfg[BENCH_MAX_CONFIGS];
+    int n_cfg = 0;
+    char list[256];
+    snprintf(list, sizeof list, "%s", spec_list);
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n_cfg == BENCH_MAX_CONFIGS) { fprintf(stderr, "error: at most %d configurations\n", BENCH_MAX_CONFIGS); return 1; }
+        struct config *k = &cfg[n_cfg];
+        memset(k, 0, sizeof *k);
+        k->sp = c.spec;
+        char *colon = strchr(t, ':');
+        long nm = c.spec.n_max;
+        if (colon) { *colon = 0; if (cli_parse_int("--spec n_max", colon + 1, 1, SPEC_MAX_DRAFT, &nm)) return 1; }
+        if (spec_type_parse(t, &k->sp.type)) { fprintf(stderr, "error: unknown speculation '%s'\n", t); return 1; }
+        k->sp.n_max = (int)nm;
+        if (k->sp.type == SPEC_OFF) snprintf(k->name, sizeof k->name, "off");
+        else snprintf(k->name, sizeof k->name, "%s:%ld", t, nm);
+        n_cfg++;
+    }
+    struct prompt_list pl;
+    if (prompts_load(prompts_path, &pl)) return 1;
+    struct backend *be;
+    struct model *m;
+    if (cli_open_model(&c, 1, 0, &be, &m)) { prompts_free(&pl); return 1; }
+    int rc = 1;
+    char err[512];
+    struct tokenizer *tok = NULL;
+    struct spec_engine *eng = NULL;
+    int32_t **ptoks = calloc(pl.n, sizeof(int32_t *));
+    size_t *np = calloc(pl.n, sizeof(size_t));
+    int32_t **ref = calloc(pl.n, sizeof(int32_t *)); /* first configuration's outputs */
+    int32_t *gen = malloc(sizeof(int32_t) * ((size_t)n_gen + SPEC_MAX_DRAFT + 1));
+    double *tmp = malloc(sizeof(double) * (size_t)repeat);
+    for (int k = 0; k < n_cfg; k++) { cfg[k].tps = calloc((size_t)repeat, sizeof(double)); cfg[k].same_as_first = true; }
+    if (!ptoks || !np || !ref || !gen || !tmp) { fprintf(stderr, "error: out of memory\n"); goto done; }
+    if (tokenizer_init(&tok, m->gguf, err, sizeof err) || spec_engine_init(&eng, m, c.mtp_vocab, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
+    for (int k = 0; k < n_cfg; k++)
+        if (!spec_engine_supports(eng, cfg[k].sp.type)) { fprintf(stderr, "error: '%s' is not available for this model\n", cfg[k].name); goto done; }
+    for (size_t p = 0; p < pl.n; p++) {
+        if (tokenizer_encode(tok, pl.items[p], strlen(pl.items[p]), true, true, &ptoks[p], &np[p], err, sizeof err) || np[p] == 0) {
+            fprintf(stderr, "error: prompt %zu: cannot tokenize\n", p);
+            goto done;
+        }
+        if ((long)np[p] + n_gen + SPEC_MAX_DRAFT + 1 > c.n_ctx) { fprintf(stderr, "error: prompt %zu too long for -c %d\n", p, c.n_ctx); goto done; }
+        ref[p] = malloc(sizeof(int32_t) * (size_t)n_gen);
+        if (!ref[p]) goto done;
+    }
+    struct sampler_params greedy = {0.0f, 0, 1.0f, 0.0f, 0, c.seed};
+    for (long r = 0; r < repeat; r++) {
+        for (int k = 0; k < n_cfg; k++) {
+            long toks = 0;
+            int64_t t_dec = 0;
+            for (size_t p = 0; p < pl.n; p++) {
+                int32_t first;
+                if (spec_seq_begin(eng, 0, ptoks[p], (int)np[p], &greedy, &cfg[k].sp, &first, err, sizeof err)) {
+                    fprintf(stderr, "error: %s\n", err);
+                    goto done;
+                }
+                int64_t t0 = coti_time_us();
+                int n = 1, nb;
+                gen[0] = first;
+                while (n < n_gen) {
+                    if (spec_seq_step(eng, 0, (int)(n_gen - n), gen + n, &nb, NULL, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
+                    n += nb;
+                }
+                int64_t t1 = coti_time_us();
+                t_dec += t1 - t0;
+                toks += n - 1;
+                if (k == 0 && r == 0) memcpy(ref[p], gen, sizeof(int32_t) * (size_t)n_gen);
+                else if (memcmp(ref[p], gen, sizeof(int32_t) * (size_t)n_gen)) cfg[k].same_as_first = false;
+                const struct spec_stats *st = spec_seq_stats(eng, 0);
+                cfg[k].drafted += st->n_drafted;
+                cfg[k].accepted += st->n_accepted;
+                cfg[k].verifies += st->n_verify;
+                cfg[k].tokens += n - 1;
+                cfg[k].t_draft += st->t_draft_us;
+                cfg[k].t_verify += st->t_verify_us;
+                cfg[k].t_glue += st->t_glue_us;
+                cfg[k].t_total += t1 - t0;
+            }
+            cfg[k].tps[r] = toks / (t_dec / 1e6);
+        }
+    }
+    double med[BENCH_MAX_CONFIGS];
+    for (int k = 0; k < n_cfg; k++) {
+        memcpy(tmp, cfg[k].tps, sizeof(double) * (size_t)repeat);
+        qsort(tmp, (size_t)repeat, sizeof(double), cmp_double);
+        med[k] = tmp[repeat / 2];
+    }
+    printf("# bench %s | %zu prompts x %ld tokens, %ld repeats, threads %d | first fresh request each time, greedy\n",
+           c.model_path, pl.n, n_gen, repeat, c.n_threads);
+    printf("%-10s %10s %8s %12s %10s %8s %8s %8s %6s\n", "config", "tok/s", "ratio", "accept", "tok/verify", "draft%", "verify%", "glue%", "same");
+    cJSON *root = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(root, "configs");
+    cJSON_AddStringToObject(root, "model", c.model_path);
+    cJSON_AddNumberToObject(root, "n_prompts", (double)pl.n);
+    cJSON_AddNumberToObject(root, "n_gen", (double)n_gen);
+    cJSON_AddNumberToObject(root, "repeat", (double)repeat);
+    cJSON_AddNumberToObject(root, "threads", c.n_threads);
+    for (int k = 0; k < n_cfg; k++) {
+        const struct config *g = &cfg[k];
+        double acc = g->drafted ? (double)g->accepted / g->drafted : 0.0;
+        double tpv = g->verifies ? (double)(g->accepted + g->verifies) / g->verifies : 1.0;
+        double tt = g->t_total > 0 ? (double)g->t_total : 1.0;
+        char accs[32];
+        snprintf(accs, sizeof accs, "%ld/%ld", g->accepted, g->drafted);
+        printf("%-10s %10.1f %8.3f %12s %10.2f %7.1f%% %7.1f%% %7.1f%% %6s   (acceptance %.3f; repeats:", g->name, med[k], med[k] / med[0], accs, tpv,
+               100.0 * g->t_draft / tt, 100.0 * g->t_verify / tt, 100.0 * g->t_glue / tt, g->same_as_first ? "yes" : "NO", acc);
+        for (long r = 0; r < repeat; r++) printf(" %.1f", g->tps[r]);
+        printf(")\n");
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "config", g->name);
+        cJSON_AddNumberToObject(o, "tok_per_s_median", med[k]);
+        cJSON_AddNumberToObject(o, "ratio_to_first", med[k] / med[0]);
+        cJSON_AddNumberToObject(o, "drafted", (double)g->drafted);
+        cJSON_AddNumberToObject(o, "accepted", (double)g->accepted);
+        cJSON_AddNumberToObject(o, "acceptance", acc);
+        cJSON_AddNumberToObject(o, "tokens_per_verify", tpv);
+        cJSON_AddBoolToObject(o, "output_equals_first", g->same_as_first);
+        cJSON *reps = cJSON_AddArrayToObject(o, "tok_per_s");
+        for (long r = 0; r < repeat; r++) cJSON_AddItemToArray(reps, cJSON_CreateNumber(g->tps[r]));
+        cJSON_AddItemToArray(arr, o);
+    }
+    if (json_path) {
+        char *s = cJSON_Print(root);
+        FILE *f = fopen(json_path, "w");
+        if (!s || !f || fputs(s, f) < 0) fprintf(stderr, "error: cannot write %s\n", json_path);
+        if (f) fclose(f);
+        free(s);
+    }
+    cJSON_Delete(root);
+    rc = 0;
+done:
+    for (size_t p = 0; p < pl.n; p++) { if (ptoks) free(ptoks[p]); if (ref) free(ref[p]); }
+    free(ptoks); free(np); free(ref); free(gen); free(tmp);
+    for (int k = 0; k < n_cfg; k++) free(cfg[k].tps);
+    spec_engine_free(eng);
+    tokenizer_free(tok);
+    model_free(m);
+    backend_free(be);
+    prompts_free(&pl);
+    return rc;
+}

@@ -1,0 +1,169 @@
+/* equiv.c — `coti equiv`: the losslessness gate. For each prompt, greedy plain decoding
+ * produces a continuation and, at every position, the plain next-token distribution; then
+ * the same token sequence is teacher-forced through the speculative path (real drafts, real
+ * multi-row verify batches, real rollbacks) and every verify row is compared with the plain
+ * row for the same position (equiv.h). Exits 1 on any real disagreement (argmax differs and
+ * it is not a near-tie). --free also reports where free-running greedy texts first differ. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "equiv.h"
+#include "prompts.h"
+#include "spec.h"
+#include "tokenizer.h"
+#include "tools.h"
+
+static void usage(void) {
+    fprintf(stderr, "usage: coti equiv [-m MODEL] --spec mtp|ngram (--prompts FILE | -p PROMPT) [-n N] [--top K] [--tie F] [--free]\n"
+                    "  -n N                 tokens per prompt (default 64)\n"
+                    "  --top K              compare top-K logprobs (default 10)\n"
+                    "  --tie F              argmax flips within F logprob are near-ties (default 0.05)\n"
+                    "  --free               also compare free-running greedy outputs\n"
+                    "  --inject-divergence P  swap the top two of the speculative row at position P\n"
+                    "                       (shows the gate catches a real divergence)\n%s",
+            cli_common_help());
+}
+
+struct collect {
+    struct equiv_row *rows;      /* indexed by position */
+    int n_pos;
+    int k;
+    long inject_pos;
+};
+
+static void on_row(void *user, int pos, const float *logits, int n_vocab) {
+    struct collect *c = user;
+    if (pos < 0 || pos >= c->n_pos) return;
+    equiv_row_from_logits(logits, n_vocab, c->k, &c->rows[pos]);
+    if (pos == c->inject_pos && c->rows[pos].n >= 2) {
+        struct equiv_row *r = &c->rows[pos];
+        int32_t t = r->id[0]; r->id[0] = r->id[1]; r->id[1] = t;
+        r->logprob[1] = r->logprob[0] - 1.0f; /* a clear, non-tie flip */
+    }
+}
+
+int tool_equiv_main(int argc, char **argv) {
+    struct cli_common c;
+    cli_common_defaults(&c);
+    c.spec.type = SPEC_MTP;
+    const char *prompts_path = NULL, *prompt = NULL;
+    long n_gen = 64, top = 10, inject = -1;
+    double tie = 0.05;
+    bool free_run = false;
+    for (int i = 1; i < argc;) {
+        int r = cli_parse_common(&c, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--prompts")) { if (!v) { usage(); return 2; } prompts_path = v; i += 2; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!v) { usage(); return 2; } prompt = v; i += 2; }
+        else if (!strcmp(a, "-n")) { if (cli_parse_int(a, v, 2, 1 << 16, &n_gen)) return 2; i += 2; }
+        else if (!strcmp(a, "--top")) { if (cli_parse_int(a, v, 2, EQUIV_MAX_TOP, &top)) return 2; i += 2; }
+        else if (!strcmp(a, "--tie")) { if (cli_parse_float(a, v, 0, 10, &tie)) return 2; i += 2; }
+        else if (!strcmp(a, "--inject-divergence")) { if (cli_parse_int(a, v, 0, 1 << 24, &inject)) return 2; i += 2; }
+        else if (!strcmp(a, "--free")) { free_run = true; i++; }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
+        else { fprintf(stderr, "error: unknown option '%s'\n", a); usage(); return 2; }
+    }
+    if (!prompts_path == !prompt) { fprintf(stderr, "error: give one of --prompts and -p\n"); return 2; }
+    if (c.spec.type == SPEC_OFF) { fprintf(stderr, "error: --spec must be mtp or ngram\n"); return 2; }
+    struct prompt_list pl = {0};
+    char *one[1] = {(char *)prompt};
+    if (prompts_path) { if (prompts_load(prompts_path, &pl)) return 2; }
+    else { pl.items = one; pl.n = 1; }
+
+    struct backend *be;
+    struct model *m;
+    int rc = 2;
+    if (cli_open_model(&c, 1, 0, &be, &m)) { if (prompts_path) prompts_free(&pl); return 2; }
+    char err[512];
+    struct tokenizer *tok = NULL;
+    struct spec_engine *eng = NULL;
+    struct collect plain = {0}, spec = {0};
+    int32_t *seq = NULL;
+    if (tokenizer_init(&tok, m->gguf, err, sizeof err) || spec_engine_init(&eng, m, c.mtp_vocab, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
+    plain.rows = calloc((size_t)c.n_ctx, sizeof(struct equiv_row));
+    spec.rows = calloc((size_t)c.n_ctx, sizeof(struct equiv_row));
+    seq = malloc(sizeof(int32_t) * ((size_t)c.n_ctx + SPEC_MAX_DRAFT + 2));
+    if (!plain.rows || !spec.rows || !seq) { fprintf(stderr, "error: out of memory\n"); goto done; }
+    plain.n_pos = spec.n_pos = c.n_ctx;
+    plain.k = spec.k = (int)top;
+    plain.inject_pos = -1;
+    struct equiv_stats st;
+    equiv_stats_init(&st);
+    struct sampler_params greedy = {0.0f, 0, 1.0f, 0.0f, 0, c.seed};
+    struct spec_params off = c.spec;
+    off.type = SPEC_OFF;
+    long free_diff_prompts = 0;
+    for (size_t pi = 0; pi < pl.n; pi++) {
+        int32_t *pt = NULL;
+        size_t np = 0;
+        if (tokenizer_encode(tok, pl.items[pi], strlen(pl.items[pi]), true, true, &pt, &np, err, sizeof err) || np == 0) {
+            fprintf(stderr, "error: prompt %zu: cannot tokenize (%s)\n", pi, np ? err : "empty");
+            free(pt);
+            goto done;
+        }
+        if ((long)np + n_gen + SPEC_MAX_DRAFT + 2 > c.n_ctx) { fprintf(stderr, "error: prompt %zu too long for -c %d\n", pi, c.n_ctx); free(pt); goto done; }
+        /* plain: prefill, then one-token decode steps; every step's row is the reference */
+        int32_t first, buf[SPEC_MAX_DRAFT + 1];
+        int nb;
+        struct spec_probe pprobe = {NULL, 0, 0, on_row, &plain};
+        if (spec_seq_begin(eng, 0, pt, (int)np, &greedy, &off, &first, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); free(pt); goto done; }
+        memcpy(seq, pt, sizeof(int32_t) * np);
+        int n_seq = (int)np;
+        seq[n_seq++] = first;
+        while (n_seq < (int)np + n_gen) {
+            if (spec_seq_step(eng, 0, 1, buf, &nb, NULL, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); free(pt); goto done; }
+            seq[n_seq++] = buf[0];
+        }
+        /* plain rows: re-run the same path with a probe that forces the same tokens */
+        if (spec_seq_begin(eng, 0, pt, (int)np, &greedy, &off, &first, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); free(pt); goto done; }
+        pprobe.forced = seq + np + 1;
+        pprobe.n_forced = n_seq - (int)np - 1;
+        pprobe.n_used = 0;
+        while (pprobe.n_used < pprobe.n_forced)
+            if (spec_seq_step(eng, 0, pprobe.n_forced - pprobe.n_used, buf, &nb, &pprobe, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); free(pt); goto done; }
+        /* speculative: the same tokens forced through drafts, verify batches and rollbacks */
+        struct spec_probe sprobe = {seq + np + 1, n_seq - (int)np - 1, 0, on_row, &spec};
+        spec.inject_pos = inject >= 0 ? (long)np + inject : -1;
+        if (spec_seq_begin(eng, 0, pt, (int)np, &greedy, &c.spec, &first, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); free(pt); goto done; }
+        if (first != seq[np]) { fprintf(stderr, "error: prompt %zu: the speculative prefill chose a different first token\n", pi); free(pt); goto done; }
+        while (sprobe.n_used < sprobe.n_forced)
+            if (spec_seq_step(eng, 0, sprobe.n_forced - sprobe.n_used, buf, &nb, &sprobe, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); free(pt); goto done; }
+        const struct spec_stats *ss = spec_seq_stats(eng, 0);
+        long before = st.n_real;
+        for (int p = (int)np; p < n_seq - 1; p++) equiv_add(&st, p, &plain.rows[p], &spec.rows[p], (float)tie);
+        fprintf(stderr, "prompt %zu: %zu prompt tokens, %d positions, drafted %ld accepted %ld, real disagreements %ld\n",
+                pi, np, n_seq - 1 - (int)np, ss->n_drafted, ss->n_accepted, st.n_real - before);
+        if (free_run) {
+            /* free-running greedy with speculation on: where does it first leave the plain text? */
+            if (spec_seq_begin(eng, 0, pt, (int)np, &greedy, &c.spec, &first, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); free(pt); goto done; }
+            int n = 1, diff = first == seq[np] ? -1 : 0;
+            while (diff < 0 && n < n_gen) {
+                if (spec_seq_step(eng, 0, (int)(n_gen - n), buf, &nb, NULL, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); free(pt); goto done; }
+                for (int i = 0; i < nb && diff < 0; i++, n++) if (buf[i] != seq[np + n]) diff = n;
+            }
+            if (diff >= 0) { free_diff_prompts++; fprintf(stderr, "prompt %zu: free-running greedy text first differs at generated token %d\n", pi, diff); }
+        }
+        free(pt);
+    }
+    printf("# equiv spec %s n_max %d: positions %ld, top-1 agreement %ld/%ld (%.4f), near-ties %ld, real disagreements %ld, mean |dlogprob top-1| %.3g, max %.3g",
+           spec_type_name(c.spec.type), c.spec.n_max, st.n_rows, st.n_agree, st.n_rows, st.n_rows ? (double)st.n_agree / st.n_rows : 0.0,
+           st.n_near_tie, st.n_real, st.n_rows ? st.sum_d_top1 / st.n_rows : 0.0, st.max_d_top1);
+    if (free_run) printf(", free-running texts differing: %ld/%zu", free_diff_prompts, pl.n);
+    printf("\n");
+    rc = st.n_real ? 1 : 0;
+done:
+    free(plain.rows); free(spec.rows); free(seq);
+    spec_engine_free(eng);
+    tokenizer_free(tok);
+    model_free(m);
+    backend_free(be);
+    if (prompts_path) prompts_free(&pl);
+    return rc;
+}
