@@ -85,24 +85,30 @@ QUANT_ALWAYS_INLINE __m512i load_nibbles_2x16(const uint8_t *p, size_t stride, i
     return _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(0x0F));
 }
 
-/* f16 scale(s) at p (and p + stride) -> [s0 x8 | s1 x8] (s1 = 0 for a single block). */
-QUANT_ALWAYS_INLINE __m512 load_scale_2(const uint8_t *p, size_t stride, int two) {
-    uint32_t v = quant_rd_u16(p) | (two ? (uint32_t)quant_rd_u16(p + stride) << 16 : 0);
-    __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)v));
-    const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    return _mm512_permutexvar_ps(idx, _mm512_zextps128_ps512(f));
+/* Block scales are fetched 16 blocks at a time: one dword gather per row reads the f16 at the
+ * start of each block and the f16 after it (Q4_1/Q5_1: m; Q8_1: s), converted to f32 into a
+ * small array; pairs of blocks then take their [s0 x8 | s1 x8] vector with two broadcasts
+ * from memory instead of a convert and a shuffle each. Lanes past the row's end are zero. */
+#define CHUNK_BLOCKS 16
+
+QUANT_ALWAYS_INLINE void gather_scales16(const uint8_t *p, int stride, __mmask16 m, float *d,
+                                         float *second) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(stride));
+    __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, p, 1);
+    _mm512_store_ps(d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)));
+    if (second) _mm512_store_ps(second, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))));
 }
 
-/* Two adjacent f16 (d, m) or (d, s) at p (and p + stride) -> scale [d0 x8 | d1 x8] and
- * offset [m0, 0 x7 | m1, 0 x7] (one lane per block, so the block adds m*s exactly once). */
-QUANT_ALWAYS_INLINE void load_scale_min_2(const uint8_t *p, size_t stride, int two, __m512 *d,
-                                          __m512 *m) {
-    uint64_t v = quant_rd_u32(p) | (two ? (uint64_t)quant_rd_u32(p + stride) << 32 : 0);
-    __m512 f = _mm512_zextps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)v)));
-    const __m512i id = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i im = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
-    *d = _mm512_permutexvar_ps(id, f);
-    *m = _mm512_maskz_permutexvar_ps(0x0101, im, f);
+/* [s[0] x8 | s[1] x8], or [s[0] x8 | 0 x8] for a single block. */
+QUANT_ALWAYS_INLINE __m512 bcast_2(const float *s, int two) {
+    if (!two) return _mm512_maskz_broadcastss_ps(0x00FF, _mm_load_ss(s));
+    return _mm512_mask_broadcastss_ps(_mm512_set1_ps(s[0]), 0xFF00, _mm_load_ss(s + 1));
+}
+
+/* [s[0], 0 x7 | s[1], 0 x7]: a per-block term added once (lane 0 of each half). */
+QUANT_ALWAYS_INLINE __m512 lane0_2(const float *s, int two) {
+    return _mm512_maskz_expandloadu_ps(two ? 0x0101 : 0x0001, s);
 }
 
 /* -k * (sum of each group of 4 activation bytes): the dpbusd starting value that turns
@@ -129,24 +135,46 @@ QUANT_ALWAYS_INLINE __m512i q5_0_codes(const uint8_t *p, int two) {
     return _mm512_mask_add_epi8(c, (__mmask64)qh, c, _mm512_set1_epi8(16));
 }
 
-#define DEF_SYM32(NAME, BLOCK_BYTES, OFFSET, CODES)                                            \
-    QUANT_ALWAYS_INLINE void NAME##_step(struct tile *tl, int64_t ib, int R, int T, int two) { \
-        __m512i wq[QUANT_TILE_MAX];                                                            \
-        __m512 dw[QUANT_TILE_MAX];                                                             \
-        UNROLL for (int r = 0; r < R; r++) {                                                   \
-            const uint8_t *p = tl->w[r] + ib * (BLOCK_BYTES);                                  \
-            wq[r] = CODES(p, two);                                                             \
-            dw[r] = load_scale_2(p, BLOCK_BYTES, two);                                         \
+struct chunk_scales {   /* f32 scales of the current 16-block chunk, per tile row / token */
+    _Alignas(64) float w[QUANT_TILE_MAX][CHUNK_BLOCKS], wm[QUANT_TILE_MAX][CHUNK_BLOCKS];
+    _Alignas(64) float x[QUANT_TILE_MAX][CHUNK_BLOCKS], xm[QUANT_TILE_MAX][CHUNK_BLOCKS];
+};
+
+/* Walk the row in chunks of 16 blocks and pairs of blocks within them (the single-block tail,
+ * if any, comes last: 16 is even), calling STEP(tl, cs, ib, k, R, T, two) per pair. */
+#define WALK32(STEP, BLOCK_BYTES, XBLOCK_BYTES, WITH_M)                                        \
+    do {                                                                                       \
+        const int64_t nb_ = g->n / 32;                                                         \
+        struct chunk_scales cs;                                                                \
+        for (int64_t c = 0; c < nb_; c += CHUNK_BLOCKS) {                                      \
+            int nbc = (int)(nb_ - c < CHUNK_BLOCKS ? nb_ - c : CHUNK_BLOCKS);                  \
+            __mmask16 m = (__mmask16)((1u << nbc) - 1);                                        \
+            UNROLL for (int r = 0; r < R; r++)                                                 \
+                gather_scales16(tl.w[r] + c * (BLOCK_BYTES), BLOCK_BYTES, m, cs.w[r],          \
+                                WITH_M ? cs.wm[r] : NULL);                                     \
+            UNROLL for (int t = 0; t < T; t++)                                                 \
+                gather_scales16(tl.x[t] + c * (XBLOCK_BYTES), XBLOCK_BYTES, m, cs.x[t],        \
+                                WITH_M ? cs.xm[t] : NULL);                                     \
+            int k = 0;                                                                         \
+            for (; k + 2 <= nbc; k += 2) STEP(&tl, &cs, c + k, k, R, T, 1);                    \
+            if (k < nbc) STEP(&tl, &cs, c + k, k, R, T, 0);                                    \
         }                                                                                      \
+    } while (0)
+
+#define DEF_SYM32(NAME, BLOCK_BYTES, OFFSET, CODES)                                            \
+    QUANT_ALWAYS_INLINE void NAME##_step(struct tile *tl, const struct chunk_scales *cs,       \
+                                         int64_t ib, int k, int R, int T, int two) {           \
+        __m512i wq[QUANT_TILE_MAX];                                                            \
+        UNROLL for (int r = 0; r < R; r++) wq[r] = CODES(tl->w[r] + ib * (BLOCK_BYTES), two);  \
         UNROLL for (int t = 0; t < T; t++) {                                                   \
-            const uint8_t *p = tl->x[t] + ib * 34;                                             \
-            __m512i xq = load_2x32(p + 2, 34, two);                                            \
-            __m512 dx = load_scale_2(p, 34, two);                                              \
+            __m512i xq = load_2x32(tl->x[t] + ib * 34 + 2, 34, two);                           \
+            __m512 dx = bcast_2(&cs->x[t][k], two);                                            \
             __m512i init = offset_init(xq, OFFSET);                                            \
             UNROLL for (int r = 0; r < R; r++) {                                               \
                 __m512i s = _mm512_dpbusd_epi32(init, wq[r], xq);                              \
                 tl->acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),                         \
-                                                _mm512_mul_ps(dw[r], dx), tl->acc[r][t]);      \
+                                                _mm512_mul_ps(bcast_2(&cs->w[r][k], two), dx), \
+                                                tl->acc[r][t]);                                \
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
@@ -154,9 +182,7 @@ QUANT_ALWAYS_INLINE __m512i q5_0_codes(const uint8_t *p, int two) {
                                          int64_t t0, int R, int T) {                           \
         struct tile tl;                                                                        \
         tile_init(&tl, g, o0, t0, R, T);                                                       \
-        int64_t nb = g->n / 32, ib = 0;                                                        \
-        for (; ib + 2 <= nb; ib += 2) NAME##_step(&tl, ib, R, T, 1);                           \
-        if (ib < nb) NAME##_step(&tl, ib, R, T, 0);                                            \
+        WALK32(NAME##_step, BLOCK_BYTES, 34, 0);                                               \
         tile_store(&tl, g, o0, t0, R, T);                                                      \
     }                                                                                          \
     QUANT_TILES(NAME)
@@ -182,24 +208,19 @@ QUANT_ALWAYS_INLINE __m512i q5_1_codes(const uint8_t *p, int two) {
 }
 
 #define DEF_ASYM32(NAME, BLOCK_BYTES, CODES)                                                   \
-    QUANT_ALWAYS_INLINE void NAME##_step(struct tile *tl, int64_t ib, int R, int T, int two) { \
+    QUANT_ALWAYS_INLINE void NAME##_step(struct tile *tl, const struct chunk_scales *cs,       \
+                                         int64_t ib, int k, int R, int T, int two) {           \
         __m512i wq[QUANT_TILE_MAX];                                                            \
-        __m512 dw[QUANT_TILE_MAX], mw[QUANT_TILE_MAX];                                         \
-        UNROLL for (int r = 0; r < R; r++) {                                                   \
-            const uint8_t *p = tl->w[r] + ib * (BLOCK_BYTES);                                  \
-            wq[r] = CODES(p, two);                                                             \
-            load_scale_min_2(p, BLOCK_BYTES, two, &dw[r], &mw[r]);                             \
-        }                                                                                      \
+        UNROLL for (int r = 0; r < R; r++) wq[r] = CODES(tl->w[r] + ib * (BLOCK_BYTES), two);  \
         UNROLL for (int t = 0; t < T; t++) {                                                   \
-            const uint8_t *p = tl->x[t] + ib * 36;                                             \
-            __m512i xq = load_2x32(p + 4, 36, two);                                            \
-            __m512 dx, sx;                                                                     \
-            load_scale_min_2(p, 36, two, &dx, &sx);                                            \
+            __m512i xq = load_2x32(tl->x[t] + ib * 36 + 4, 36, two);                           \
+            __m512 dx = bcast_2(&cs->x[t][k], two), sx = lane0_2(&cs->xm[t][k], two);          \
             UNROLL for (int r = 0; r < R; r++) {                                               \
                 __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[r], xq);            \
-                __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[r], dx),    \
+                __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),                              \
+                                           _mm512_mul_ps(bcast_2(&cs->w[r][k], two), dx),      \
                                            tl->acc[r][t]);                                     \
-                tl->acc[r][t] = _mm512_fmadd_ps(mw[r], sx, a);                                 \
+                tl->acc[r][t] = _mm512_fmadd_ps(lane0_2(&cs->wm[r][k], two), sx, a);           \
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
@@ -207,9 +228,7 @@ QUANT_ALWAYS_INLINE __m512i q5_1_codes(const uint8_t *p, int two) {
                                          int64_t t0, int R, int T) {                           \
         struct tile tl;                                                                        \
         tile_init(&tl, g, o0, t0, R, T);                                                       \
-        int64_t nb = g->n / 32, ib = 0;                                                        \
-        for (; ib + 2 <= nb; ib += 2) NAME##_step(&tl, ib, R, T, 1);                           \
-        if (ib < nb) NAME##_step(&tl, ib, R, T, 0);                                            \
+        WALK32(NAME##_step, BLOCK_BYTES, 36, 1);                                               \
         tile_store(&tl, g, o0, t0, R, T);                                                      \
     }                                                                                          \
     QUANT_TILES(NAME)
