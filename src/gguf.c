@@ -450,11 +450,13 @@ static int parse(struct gguf_file_priv *fp, char *err, size_t err_size) {
     size_t max_kv = rd_left(&r) / GGUF_MIN_KV_BYTES;
     if (n_kv > max_kv)
         return coti_fail(err, err_size, COTI_E_FORMAT,
-                         "n_kv is %lld but must be in [0, %zu] (the %zu bytes after the header)",
+                         "n_kv is %lld but must be in [0, %zu]: the %zu bytes after the header cannot "
+                         "hold more records (truncated or corrupt file?)",
                          (long long)(int64_t)n_kv, max_kv, rd_left(&r));
     if (n_tensors > rd_left(&r) / GGUF_MIN_TENSOR_INFO_BYTES)
         return coti_fail(err, err_size, COTI_E_FORMAT,
-                         "n_tensors is %lld but must be in [0, %zu] (the %zu bytes after the header)",
+                         "n_tensors is %lld but must be in [0, %zu]: the %zu bytes after the header cannot "
+                         "hold more records (truncated or corrupt file?)",
                          (long long)(int64_t)n_tensors, rd_left(&r) / GGUF_MIN_TENSOR_INFO_BYTES,
                          rd_left(&r));
 
@@ -491,7 +493,8 @@ static int parse(struct gguf_file_priv *fp, char *err, size_t err_size) {
     /* tensor directory */
     if (n_tensors > rd_left(&r) / GGUF_MIN_TENSOR_INFO_BYTES)
         return coti_fail(err, err_size, COTI_E_FORMAT,
-                         "n_tensors is %llu but must be in [0, %zu] (the %zu bytes after the metadata)",
+                         "n_tensors is %llu but must be in [0, %zu]: the %zu bytes after the metadata "
+                         "cannot hold more records (truncated or corrupt file?)",
                          (unsigned long long)n_tensors, rd_left(&r) / GGUF_MIN_TENSOR_INFO_BYTES,
                          rd_left(&r));
     if (!(f->tensors = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof *f->tensors)))

@@ -371,6 +371,38 @@ Test(gguf, mkmodel_bad_options) {
     cr_assert_eq(access(p, F_OK), -1, "a failed run left a file");
 }
 
+/* --shape coti-tiny reproduces the shipped model's layout exactly (that file loads in
+ * llama.cpp): every key with its type and value (but general.name), every tensor with its
+ * name, type, shape and offset, in the same order. */
+Test(gguf, mkmodel_matches_shipped_layout) {
+    char p[128];
+    tmp_path(p, sizeof p, "cotitiny");
+    cr_assert_eq(run_mk(p, "--shape", "coti-tiny", NULL), 0);
+    struct gguf_file *f = open_ok(p), *ref = open_ok("models/coti-tiny-qwen35-mtp-q8_0.gguf");
+    cr_assert_eq(f->n_kv, ref->n_kv);
+    for (uint64_t i = 0; i < ref->n_kv; i++) {
+        const struct gguf_kv *a = &ref->kv[i], *b = &f->kv[i];
+        cr_assert_str_eq(b->key, a->key, "kv %llu", (unsigned long long)i);
+        cr_assert(b->type == a->type && b->arr_type == a->arr_type && b->n == a->n, "%s", a->key);
+        if (!strcmp(a->key, "general.name")) continue;
+        if (a->type == GGUF_TYPE_STRING) cr_assert_str_eq(b->str, a->str, "%s", a->key);
+        else if (a->type == GGUF_TYPE_ARRAY && a->arr_type == GGUF_TYPE_STRING)
+            for (uint64_t k = 0; k < a->n; k++) cr_assert_str_eq(b->arr_str[k], a->arr_str[k], "%s", a->key);
+        else if (a->type == GGUF_TYPE_ARRAY) cr_assert_eq(memcmp(b->arr, a->arr, a->n * 4), 0, "%s", a->key);
+        else cr_assert_eq(memcmp(&b->v, &a->v, sizeof a->v), 0, "%s", a->key);
+    }
+    cr_assert_eq(f->n_tensors, ref->n_tensors);
+    for (uint64_t i = 0; i < ref->n_tensors; i++) {
+        const struct gguf_tensor *a = &ref->tensors[i], *b = &f->tensors[i];
+        cr_assert_str_eq(b->name, a->name);
+        cr_assert(b->type == a->type && b->n_dims == a->n_dims && b->offset == a->offset, "%s", a->name);
+        for (int d = 0; d < 4; d++) cr_assert_eq(b->ne[d], a->ne[d], "%s", a->name);
+    }
+    gguf_close(ref);
+    gguf_close(f);
+    unlink(p);
+}
+
 /* The 9b preset's layout, checked without generating its ~10 GB of data. */
 Test(gguf, mkmodel_9b_layout) {
     struct mk_model m = {.wtype = GGML_TYPE_Q8_0, .seed = 1};
