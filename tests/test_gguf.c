@@ -841,3 +841,85 @@ Test(gguf, shipped_model) {
     }
     gguf_close(f);
 }
+
+/* ---------------------------------------------------------------------------------------
+ * `coti gguf` (src/tools/ is not in libcoti.a, so the inspector is compiled in here)
+ * ------------------------------------------------------------------------------------- */
+
+#include "../src/tools/gguf_inspect.c"
+
+/* Runs tool_gguf_main with stdout captured into a malloc'ed string. */
+static int run_inspect(char **out, int argc, char **argv) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/coti_test_gguf_inspect_%ld.txt", (long)getpid());
+    fflush(stdout);
+    int saved = dup(1);
+    FILE *fp = fopen(path, "w+");
+    cr_assert(fp && saved >= 0);
+    dup2(fileno(fp), 1);
+    int rc = tool_gguf_main(argc, argv);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    fseek(fp, 0, SEEK_END);   /* the output went through fd 1, not through fp */
+    long n = ftell(fp);
+    cr_assert_geq(n, 0);
+    rewind(fp);
+    *out = calloc((size_t)n + 1, 1);
+    cr_assert_eq(fread(*out, 1, (size_t)n, fp), (size_t)n);
+    fclose(fp);
+    unlink(path);
+    return rc;
+}
+
+Test(gguf, inspect_shipped_model) {
+    char *out;
+    char *argv[] = {"gguf", SHIPPED_MODEL, NULL};
+    cr_assert_eq(run_inspect(&out, 2, argv), 0);
+    cr_assert(strstr(out, "version: 3"), "%s", out);
+    cr_assert(strstr(out, "general.architecture: string \"qwen35\""));
+    cr_assert(strstr(out, "qwen35.block_count: uint32 9"));
+    cr_assert(strstr(out, "qwen35.rope.dimension_sections: array[int32] count 4 [3, 3, 2, 0]"));
+    cr_assert(strstr(out, "tokenizer.ggml.tokens: array[string] count 16384 [\"<|endoftext|>\", "));
+    cr_assert(strstr(out, ", ...]"));                      /* abbreviated */
+    cr_assert(strstr(out, "... (196 bytes)"));            /* chat template truncated */
+    cr_assert(strstr(out, "tensors: 123"));
+    cr_assert(strstr(out, "token_embd.weight"));
+    cr_assert(strstr(out, "{384, 16384}"));
+    cr_assert(strstr(out, "total: 24941664 elements"));  /* MODEL_CARD.md: 24,941,664 parameters */
+    free(out);
+}
+
+Test(gguf, inspect_hostile_strings_and_bad_files) {
+    /* control characters and invalid UTF-8 must come out escaped */
+    struct gguf_writer *w = gguf_writer_init();
+    gguf_writer_set_str(w, "evil\x1b[2Jkey", "a\x1b]0;title\x07 \xff\xfe ok \xc3\xa9");
+    const char *toks[] = {"\x1b[31mred"};
+    gguf_writer_set_arr_str(w, "toks", toks, 1);
+    char path[64], err[256];
+    snprintf(path, sizeof path, "/tmp/coti_test_gguf_evil_%ld.gguf", (long)getpid());
+    cr_assert_eq(gguf_writer_write(w, path, err, sizeof err), 0, "%s", err);
+    gguf_writer_free(w);
+    char *out;
+    char *argv[] = {"gguf", path, NULL};
+    cr_assert_eq(run_inspect(&out, 2, argv), 0);
+    cr_assert_null(strchr(out, '\x1b'), "raw ESC in output: %s", out);
+    cr_assert_null(strchr(out, '\x07'));
+    cr_assert(strstr(out, "evil\\x1b[2Jkey: string \"a\\x1b]0;title\\x07 \\xff\\xfe ok \xc3\xa9\""), "%s", out);
+    cr_assert(strstr(out, "[\"\\x1b[31mred\"]"), "%s", out);
+    free(out);
+    unlink(path);
+
+    /* a bad file: exit code 1, the message on stderr */
+    FILE *fp = fopen(path, "wb");
+    fwrite("GGUF\x63\0\0\0", 1, 8, fp);
+    fwrite(&(uint64_t){0}, 8, 1, fp);
+    fwrite(&(uint64_t){0}, 8, 1, fp);
+    fclose(fp);
+    cr_assert_eq(run_inspect(&out, 2, argv), 1);
+    free(out);
+    unlink(path);
+    char *argv2[] = {"gguf", NULL};
+    cr_assert_eq(run_inspect(&out, 1, argv2), 1);
+    free(out);
+}
