@@ -72,7 +72,8 @@ int gguf_get_i32(const struct gguf_file *f, const char *key, int32_t *out, char 
 int gguf_get_f32(const struct gguf_file *f, const char *key, float *out, char *err, size_t err_size);
 int gguf_get_bool(const struct gguf_file *f, const char *key, bool *out, char *err, size_t err_size);
 int gguf_get_str(const struct gguf_file *f, const char *key, const char **out, char *err, size_t err_size);
-/* Integer array (any integer or bool element type) into out[0..max); *n gets the count. */
+/* Integer array (any integer or bool element type) into out[0..max); *n gets the count.
+ * out == NULL only asks for the count; more than max elements is COTI_E_FORMAT. */
 int gguf_get_arr_i32(const struct gguf_file *f, const char *key, int32_t *out, size_t max, size_t *n, char *err, size_t err_size);
 
 /* Writer: builds a file in memory order kv..., tensor infos, aligned data. */
