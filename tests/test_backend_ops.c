@@ -37,9 +37,9 @@ static void gdn_ref(const float *qkv, int stride, const float *g, const float *b
         }
 }
 
-static void check_gdn(bool chunked, int n_tok, float gscale) {
+static void check_gdn_level(bool chunked, int n_tok, float gscale, enum quant_cpu_level level) {
     const int nk = 2, nv = 4, dk = 16, dv = 16, ch = 2 * nk * dk + nv * dv;
-    struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
+    struct backend *be = backend_cpu_init(2, level);
     float *qkv = malloc(sizeof(float) * n_tok * ch), *g = malloc(sizeof(float) * n_tok * nv);
     float *beta = malloc(sizeof(float) * n_tok * nv), *S = malloc(sizeof(float) * nv * dk * dv);
     float *out = malloc(sizeof(float) * n_tok * nv * dv);
@@ -55,11 +55,66 @@ static void check_gdn(bool chunked, int n_tok, float gscale) {
     double worst = 0, worst_s = 0;
     for (int i = 0; i < n_tok * nv * dv; i++) worst = fmax(worst, fabs(out[i] - outd[i]));
     for (int i = 0; i < nv * dk * dv; i++) worst_s = fmax(worst_s, fabs(S[i] - Sd[i]));
-    cr_assert_lt(worst, 2e-5, "%s gdn, %d tokens: max |dout| %g", chunked ? "chunked" : "recurrent", n_tok, worst);
+    cr_assert_lt(worst, 2e-5, "%s gdn, %d tokens, level %d: max |dout| %g", chunked ? "chunked" : "recurrent", n_tok, (int)level, worst);
     cr_assert_lt(worst_s, 2e-5, "%s gdn, %d tokens: max |dstate| %g", chunked ? "chunked" : "recurrent", n_tok, worst_s);
     free(qkv); free(g); free(beta); free(S); free(out); free(Sd); free(outd);
     backend_free(be);
 }
 
+/* every kernel level against the same f64 reference: never a kernel against itself */
+static void check_gdn(bool chunked, int n_tok, float gscale) {
+    check_gdn_level(chunked, n_tok, gscale, QUANT_CPU_REF);
+    if (quant_cpu_level_detect() != QUANT_CPU_REF) check_gdn_level(chunked, n_tok, gscale, quant_cpu_level_detect());
+}
+
 Test(backend_ops, gdn_recurrent_matches_f64_reference) { check_gdn(false, 1, 0.3f); check_gdn(false, 150, 0.3f); check_gdn(false, 150, 4.0f); }
 Test(backend_ops, gdn_chunked_matches_f64_reference) { check_gdn(true, 1, 0.3f); check_gdn(true, 64, 0.3f); check_gdn(true, 150, 0.3f); check_gdn(true, 150, 4.0f); check_gdn(true, 150, 0.01f); }
+
+/* f64 reference attention over an f16 cache (values as stored). */
+static void check_attention(enum quant_cpu_level level, int n_ctx, int D) {
+    const int H = 4, HKV = 2, kvd = HKV * D, n_tok = 3;
+    struct backend *be = backend_cpu_init(2, level);
+    float *q = malloc(sizeof(float) * n_tok * H * D), *out = malloc(sizeof(float) * n_tok * H * D);
+    float *kf = malloc(sizeof(float) * n_ctx * kvd), *vf = malloc(sizeof(float) * n_ctx * kvd);
+    uint16_t *kc = malloc(sizeof(uint16_t) * n_ctx * kvd), *vc = malloc(sizeof(uint16_t) * n_ctx * kvd);
+    fill(q, (size_t)n_tok * H * D, 1.0f);
+    fill(kf, (size_t)n_ctx * kvd, 1.0f);
+    fill(vf, (size_t)n_ctx * kvd, 1.0f);
+    int32_t cells[512], cell0[3], nctx[3];
+    for (int i = 0; i < n_ctx; i++) cells[i] = i;
+    be->kv_store(be, kf, kvd, vf, kvd, n_ctx, kvd, cells, kc, vc);
+    for (int t = 0; t < n_tok; t++) { cell0[t] = 0; nctx[t] = n_ctx - n_tok + 1 + t; }
+    const float scale = 1.0f / sqrtf((float)D);
+    be->attention(be, q, H * D, D, kc, vc, cell0, nctx, n_tok, H, HKV, D, scale, out);
+    double worst = 0;
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < H; h++) {
+            const int hk = h / (H / HKV);
+            double s[512], mx = -1e300, sum = 0;
+            for (int c = 0; c < nctx[t]; c++) {
+                double d = 0;
+                for (int i = 0; i < D; i++) d += (double)q[(t * H + h) * D + i] * fp16_to_f32(kc[c * kvd + hk * D + i]);
+                s[c] = d * scale;
+                if (s[c] > mx) mx = s[c];
+            }
+            for (int c = 0; c < nctx[t]; c++) { s[c] = exp(s[c] - mx); sum += s[c]; }
+            for (int i = 0; i < D; i++) {
+                double o = 0;
+                for (int c = 0; c < nctx[t]; c++) o += s[c] / sum * fp16_to_f32(vc[c * kvd + hk * D + i]);
+                worst = fmax(worst, fabs(o - out[(t * H + h) * D + i]));
+            }
+        }
+    /* outputs are convex combinations of values in [-1, 1]: f32 error ~1e-6 */
+    cr_assert_lt(worst, 1e-5, "attention level %d, ctx %d, D %d: max |dout| %g", (int)level, n_ctx, D, worst);
+    free(q); free(out); free(kf); free(vf); free(kc); free(vc);
+    backend_free(be);
+}
+
+Test(backend_ops, attention_matches_f64_reference) {
+    enum quant_cpu_level levels[2] = {QUANT_CPU_REF, quant_cpu_level_detect()};
+    for (int l = 0; l < 2; l++) {
+        check_attention(levels[l], 5, 64);
+        check_attention(levels[l], 300, 64);
+        check_attention(levels[l], 37, 24); /* head dim not a multiple of 16: masked tails */
+    }
+}

@@ -9,6 +9,7 @@
  * bit. */
 #include "backend.h"
 #include "threadpool.h"
+#include "cpu/ops.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -17,11 +18,13 @@
 struct cpu_ctx {
     struct threadpool *tp;
     enum quant_cpu_level level;
+    const struct cpu_ops *ops;   /* attention and delta-rule kernels for this level */
     struct quant_kernels kernels[GGML_TYPE_COUNT];
     bool have_kernels[GGML_TYPE_COUNT];
     /* activation conversion scratch, grown on demand (only while warming up) */
     void *xconv;
     size_t xconv_size;
+    struct gdn_chunk_scratch *chunk_scratch; /* one per thread (~300 KB each) */
 };
 
 static struct cpu_ctx *cpu(struct backend *be) { return be->ctx; }
@@ -233,56 +236,20 @@ static void cpu_kv_store(struct backend *be, const float *k, int k_stride, const
     }
 }
 
-struct attn_job {
-    const float *q; int q_stride, q_head_stride;
-    const uint16_t *k, *v; const int32_t *cell0, *n_ctx;
-    int n_tok, n_head, n_head_kv, head_dim; float scale; float *out;
-};
-
-#define CPU_ATTN_MAX_HEAD_DIM 512
-
-/* One (token, head) pair: online softmax over the cached rows, f32 throughout. */
-static void attn_one(const struct attn_job *j, int t, int h) {
-    const int D = j->head_dim, kvd = j->n_head_kv * D;
-    const int hk = h / (j->n_head / j->n_head_kv);
-    const float *q = j->q + (size_t)t * j->q_stride + (size_t)h * j->q_head_stride;
-    float acc[CPU_ATTN_MAX_HEAD_DIM];
-    float m = -INFINITY, l = 0.0f;
-    for (int i = 0; i < D; i++) acc[i] = 0.0f;
-    const int32_t c0 = j->cell0[t], n = j->n_ctx[t];
-    for (int c = 0; c < n; c++) {
-        const uint16_t *kr = j->k + (size_t)(c0 + c) * kvd + (size_t)hk * D;
-        const uint16_t *vr = j->v + (size_t)(c0 + c) * kvd + (size_t)hk * D;
-        float s = 0.0f;
-        for (int i = 0; i < D; i++) s += q[i] * fp16_to_f32(kr[i]);
-        s *= j->scale;
-        if (s > m) {
-            float corr = expf(m - s);
-            for (int i = 0; i < D; i++) acc[i] *= corr;
-            l *= corr;
-            m = s;
-        }
-        float p = expf(s - m);
-        l += p;
-        for (int i = 0; i < D; i++) acc[i] += p * fp16_to_f32(vr[i]);
-    }
-    float *o = j->out + (size_t)t * j->n_head * D + (size_t)h * D;
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (int i = 0; i < D; i++) o[i] = acc[i] * inv;
-}
+struct attn_task { struct attn_job a; const struct cpu_ops *ops; };
 
 static void attn_worker(void *arg, int ith, int nth) {
-    const struct attn_job *j = arg;
-    int total = j->n_tok * j->n_head;
-    for (int i = ith; i < total; i += nth) attn_one(j, i / j->n_head, i % j->n_head);
+    const struct attn_task *j = arg;
+    const int total = j->a.n_tok * j->a.n_head;
+    for (int i = ith; i < total; i += nth) j->ops->attn_one(&j->a, i / j->a.n_head, i % j->a.n_head);
 }
 
 static void cpu_attention(struct backend *be, const float *q, int q_stride, int q_head_stride,
                           const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *cell0,
                           const int32_t *n_ctx, int n_tok, int n_head, int n_head_kv, int head_dim,
                           float scale, float *out) {
-    struct attn_job j = {q, q_stride, q_head_stride, k_cache, v_cache, cell0, n_ctx,
-                         n_tok, n_head, n_head_kv, head_dim, scale, out};
+    struct attn_task j = {{q, q_stride, q_head_stride, k_cache, v_cache, cell0, n_ctx,
+                           n_tok, n_head, n_head_kv, head_dim, scale, out}, cpu(be)->ops};
     if (head_dim > CPU_ATTN_MAX_HEAD_DIM) abort(); /* model loading rejects such files */
     threadpool_run(cpu(be)->tp, attn_worker, &j);
 }
@@ -321,165 +288,31 @@ static void cpu_gdn_gates(struct backend *be, const float *a, int a_stride, cons
         }
 }
 
-struct gdn_job {
-    const float *qkv; int qkv_stride; const float *g, *beta; float *state;
-    int n_tok, nk, nv, dk, dv; float eps; float *out, *snap; int n_snap;
-};
-
-#define CPU_GDN_MAX_DIM 256
-
-static void l2_normalize(const float *x, float *y, int n, float eps) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += x[i] * x[i];
-    float nrm = sqrtf(s);
-    float inv = 1.0f / (nrm > eps ? nrm : eps);
-    for (int i = 0; i < n; i++) y[i] = x[i] * inv;
-}
-
-/* One v-head over all tokens: S ← e^g S; δ = β(v − Sᵀk); S ← S + k δᵀ; o = Sᵀq / √dk. */
-static void gdn_head(const struct gdn_job *j, int h) {
-    const int dk = j->dk, dv = j->dv, gk = h % j->nk;
-    const size_t st_elems = (size_t)j->nv * dk * dv;
-    float *S = j->state + (size_t)h * dk * dv;   /* S[jv][i]: value row jv, key index i */
-    float q[CPU_GDN_MAX_DIM], kk[CPU_GDN_MAX_DIM];
-    const float qscale = 1.0f / sqrtf((float)dk);
-    for (int t = 0; t < j->n_tok; t++) {
-        const float *row = j->qkv + (size_t)t * j->qkv_stride;
-        l2_normalize(row + (size_t)gk * dk, q, dk, j->eps);
-        l2_normalize(row + (size_t)j->nk * dk + (size_t)gk * dk, kk, dk, j->eps);
-        const float *v = row + (size_t)2 * j->nk * dk + (size_t)h * dv;
-        const float decay = expf(j->g[(size_t)t * j->nv + h]);
-        const float b = j->beta[(size_t)t * j->nv + h];
-        float *o = j->out + (size_t)t * j->nv * dv + (size_t)h * dv;
-        for (int jv = 0; jv < dv; jv++) {
-            float *s = S + (size_t)jv * dk;
-            float kv = 0.0f;
-            for (int i = 0; i < dk; i++) { s[i] *= decay; kv += s[i] * kk[i]; }
-            float delta = b * (v[jv] - kv);
-            float oq = 0.0f;
-            for (int i = 0; i < dk; i++) { s[i] += kk[i] * delta; oq += s[i] * q[i]; }
-            o[jv] = oq * qscale;
-        }
-        if (j->snap && t < j->n_snap)
-            memcpy(j->snap + (size_t)t * st_elems + (size_t)h * dk * dv, S, sizeof(float) * (size_t)dk * dv);
-    }
-}
+struct gdn_task { struct gdn_job g; struct cpu_ctx *c; };
 
 static void gdn_worker(void *arg, int ith, int nth) {
-    const struct gdn_job *j = arg;
-    for (int h = ith; h < j->nv; h += nth) gdn_head(j, h);
+    const struct gdn_task *j = arg;
+    for (int h = ith; h < j->g.nv; h += nth) j->c->ops->gdn_head(&j->g, h);
 }
 
 static void cpu_gdn(struct backend *be, const float *qkv, int qkv_stride, const float *g,
                     const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
                     float eps, float *out, float *snap, int n_snap) {
     if (dk > CPU_GDN_MAX_DIM) abort(); /* model loading rejects such files */
-    struct gdn_job j = {qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out, snap, n_snap};
+    struct gdn_task j = {{qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out, snap, n_snap}, cpu(be)};
     threadpool_run(cpu(be)->tp, gdn_worker, &j);
 }
 
-/* Chunked form, one v-head: for each chunk of up to GDN_CHUNK tokens, with G the cumulative
- * log-decay inside the chunk and A_ij = β_i (k_i·k_j) e^{G_i−G_j} (j < i), solve
- * (I + A) U = diag(β) V and (I + A) W = diag(β e^G) K by forward substitution, then
- * Vnew = U − W S, O = e^G (Q S) + P Vnew with P_ij = (q_i·k_j) e^{G_i−G_j} (j ≤ i), and
- * S' = e^{G_last} S + Σ_j e^{G_last−G_j} k_j Vnew_jᵀ. */
-#define GDN_CHUNK 64
-
-struct gdn_chunk_scratch {
-    float q[GDN_CHUNK][CPU_GDN_MAX_DIM], k[GDN_CHUNK][CPU_GDN_MAX_DIM];
-    float u[GDN_CHUNK][CPU_GDN_MAX_DIM], w[GDN_CHUNK][CPU_GDN_MAX_DIM];
-    float A[GDN_CHUNK][GDN_CHUNK], G[GDN_CHUNK], b[GDN_CHUNK];
-};
-
-static void gdn_chunked_head(const struct gdn_job *j, int h, struct gdn_chunk_scratch *cs) {
-    const int dk = j->dk, dv = j->dv, gk = h % j->nk;
-    float *S = j->state + (size_t)h * dk * dv;   /* S[jv][i] */
-    const float qscale = 1.0f / sqrtf((float)dk);
-    for (int t0 = 0; t0 < j->n_tok; t0 += GDN_CHUNK) {
-        const int C = COTI_MIN(GDN_CHUNK, j->n_tok - t0);
-        float G = 0.0f;
-        for (int i = 0; i < C; i++) {
-            const float *row = j->qkv + (size_t)(t0 + i) * j->qkv_stride;
-            l2_normalize(row + (size_t)gk * dk, cs->q[i], dk, j->eps);
-            for (int d = 0; d < dk; d++) cs->q[i][d] *= qscale;
-            l2_normalize(row + (size_t)j->nk * dk + (size_t)gk * dk, cs->k[i], dk, j->eps);
-            G += j->g[(size_t)(t0 + i) * j->nv + h];
-            cs->G[i] = G;
-            cs->b[i] = j->beta[(size_t)(t0 + i) * j->nv + h];
-        }
-        for (int i = 0; i < C; i++)
-            for (int jj = 0; jj < i; jj++) {
-                float kk = 0.0f;
-                for (int d = 0; d < dk; d++) kk += cs->k[i][d] * cs->k[jj][d];
-                cs->A[i][jj] = cs->b[i] * kk * expf(cs->G[i] - cs->G[jj]);
-            }
-        /* forward substitution: u_i = β_i v_i − Σ A_ij u_j ; w_i = β_i e^{G_i} k_i − Σ A_ij w_j */
-        for (int i = 0; i < C; i++) {
-            const float *v = j->qkv + (size_t)(t0 + i) * j->qkv_stride + (size_t)2 * j->nk * dk + (size_t)h * dv;
-            const float eg = expf(cs->G[i]);
-            for (int d = 0; d < dv; d++) cs->u[i][d] = cs->b[i] * v[d];
-            for (int d = 0; d < dk; d++) cs->w[i][d] = cs->b[i] * eg * cs->k[i][d];
-            for (int jj = 0; jj < i; jj++) {
-                const float a = cs->A[i][jj];
-                for (int d = 0; d < dv; d++) cs->u[i][d] -= a * cs->u[jj][d];
-                for (int d = 0; d < dk; d++) cs->w[i][d] -= a * cs->w[jj][d];
-            }
-        }
-        /* Vnew = U − W S (into u) */
-        for (int i = 0; i < C; i++)
-            for (int jv = 0; jv < dv; jv++) {
-                const float *s = S + (size_t)jv * dk;
-                float ws = 0.0f;
-                for (int d = 0; d < dk; d++) ws += cs->w[i][d] * s[d];
-                cs->u[i][jv] -= ws;
-            }
-        /* outputs */
-        for (int i = 0; i < C; i++) {
-            float *o = j->out + (size_t)(t0 + i) * j->nv * dv + (size_t)h * dv;
-            const float eg = expf(cs->G[i]);
-            float p[GDN_CHUNK];
-            for (int jj = 0; jj <= i; jj++) {
-                float qk = 0.0f;
-                for (int d = 0; d < dk; d++) qk += cs->q[i][d] * cs->k[jj][d];
-                p[jj] = qk * expf(cs->G[i] - cs->G[jj]);
-            }
-            for (int jv = 0; jv < dv; jv++) {
-                const float *s = S + (size_t)jv * dk;
-                float qs = 0.0f;
-                for (int d = 0; d < dk; d++) qs += cs->q[i][d] * s[d];
-                float acc = eg * qs;
-                for (int jj = 0; jj <= i; jj++) acc += p[jj] * cs->u[jj][jv];
-                o[jv] = acc;
-            }
-        }
-        /* state leaving the chunk */
-        const float Gl = cs->G[C - 1], egl = expf(Gl);
-        float dec[GDN_CHUNK];
-        for (int jj = 0; jj < C; jj++) dec[jj] = expf(Gl - cs->G[jj]);
-        for (int jv = 0; jv < dv; jv++) {
-            float *s = S + (size_t)jv * dk;
-            for (int d = 0; d < dk; d++) s[d] *= egl;
-            for (int jj = 0; jj < C; jj++) {
-                const float c = dec[jj] * cs->u[jj][jv];
-                for (int d = 0; d < dk; d++) s[d] += c * cs->k[jj][d];
-            }
-        }
-    }
-}
-
 static void gdn_chunked_worker(void *arg, int ith, int nth) {
-    const struct gdn_job *j = arg;
-    struct gdn_chunk_scratch *cs = malloc(sizeof *cs); /* ~200 KB: too big for a worker's stack */
-    if (!cs) abort();
-    for (int h = ith; h < j->nv; h += nth) gdn_chunked_head(j, h, cs);
-    free(cs);
+    const struct gdn_task *j = arg;
+    for (int h = ith; h < j->g.nv; h += nth) j->c->ops->gdn_chunked_head(&j->g, h, &j->c->chunk_scratch[ith]);
 }
 
 static void cpu_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const float *g,
                             const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
                             float eps, float *out) {
     if (dk > CPU_GDN_MAX_DIM || dv > CPU_GDN_MAX_DIM) abort(); /* model loading rejects such files */
-    struct gdn_job j = {qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out, NULL, 0};
+    struct gdn_task j = {{qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out, NULL, 0}, cpu(be)};
     threadpool_run(cpu(be)->tp, gdn_chunked_worker, &j);
 }
 
@@ -501,6 +334,7 @@ static void cpu_destroy(struct backend *be) {
     struct cpu_ctx *c = cpu(be);
     threadpool_free(c->tp);
     free(c->xconv);
+    free(c->chunk_scratch);
     free(c);
     free(be);
 }
@@ -510,8 +344,10 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     struct cpu_ctx *c = calloc(1, sizeof(*c));
     if (!be || !c) { free(be); free(c); return NULL; }
     c->tp = threadpool_init(n_threads);
-    if (!c->tp) { free(be); free(c); return NULL; }
+    c->chunk_scratch = malloc(sizeof(struct gdn_chunk_scratch) * (size_t)(n_threads < 1 ? 1 : n_threads));
+    if (!c->tp || !c->chunk_scratch) { threadpool_free(c->tp); free(c->chunk_scratch); free(be); free(c); return NULL; }
     c->level = level;
+    c->ops = level >= QUANT_CPU_AVX512 ? &cpu_ops_avx512 : &cpu_ops_ref;
     for (int t = 0; t < GGML_TYPE_COUNT; t++)
         c->have_kernels[t] = ggml_type_supported((enum ggml_type)t) &&
                              quant_kernels_get((enum ggml_type)t, level, &c->kernels[t]);

@@ -1,0 +1,45 @@
+/* ops.h — the CPU backend's non-matmul kernels that are worth SIMD (attention over the f16
+ * KV cache, the delta rule in both forms). Their bodies live once in ops_body.h and are
+ * compiled twice: ops_ref.c (plain C, the reference) and ops_avx512.c (AVX-512 vector
+ * primitives); backend_cpu.c picks a table at init from the CPU level. */
+#ifndef COTI_CPU_OPS_H
+#define COTI_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CPU_ATTN_MAX_HEAD_DIM 512
+#define CPU_GDN_MAX_DIM 256
+#define GDN_CHUNK 64
+
+struct attn_job {
+    const float *q; int q_stride, q_head_stride;
+    const uint16_t *k, *v; const int32_t *cell0, *n_ctx;
+    int n_tok, n_head, n_head_kv, head_dim; float scale; float *out;
+};
+
+struct gdn_job {
+    const float *qkv; int qkv_stride; const float *g, *beta; float *state;
+    int n_tok, nk, nv, dk, dv; float eps; float *out, *snap; int n_snap;
+};
+
+/* Scratch of one chunked-form call for one thread (too large for a worker's stack). */
+struct gdn_chunk_scratch {
+    float q[GDN_CHUNK][CPU_GDN_MAX_DIM], k[GDN_CHUNK][CPU_GDN_MAX_DIM];
+    float u[GDN_CHUNK][CPU_GDN_MAX_DIM], w[GDN_CHUNK][CPU_GDN_MAX_DIM];
+    float A[GDN_CHUNK][GDN_CHUNK], decay[GDN_CHUNK][GDN_CHUNK], G[GDN_CHUNK], b[GDN_CHUNK];
+};
+
+struct cpu_ops {
+    /* one (token, head) pair of attention */
+    void (*attn_one)(const struct attn_job *j, int t, int h);
+    /* one v-head over all tokens of the job, per-token recurrence */
+    void (*gdn_head)(const struct gdn_job *j, int h);
+    /* one v-head over all tokens of the job, chunked form */
+    void (*gdn_chunked_head)(const struct gdn_job *j, int h, struct gdn_chunk_scratch *cs);
+};
+
+extern const struct cpu_ops cpu_ops_ref;
+extern const struct cpu_ops cpu_ops_avx512;
+
+#endif
