@@ -1,5 +1,5 @@
 /* quant_avx2.c — AVX2 + FMA + F16C kernels: activation conversion (from_float) and tiled gemm
- * for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K. Compiled with the AVX2
+ * for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K. Compiled with the AVX2
  * flags (Makefile: *_avx2.c) and only called when quant_cpu_level_detect() found them.
  * The AVX-512 file replaces most of these on CPUs that have it; this is the path for the
  * others, so it favours plain code over the last few percent.
@@ -237,6 +237,15 @@ QUANT_ALWAYS_INLINE void q5_K_row(const uint8_t *b, struct k_row *k) {
     }
 }
 
+/* 16 int16 scales, one per 16-element sub-block: c[j] (32 elements) covers sub-blocks 2j
+ * (pairs 0..7) and 2j + 1 (pairs 8..15). */
+QUANT_ALWAYS_INLINE void k16_pair_scales(__m256i sc16, struct k_row *k) {
+    int16_t s[16];
+    _mm256_storeu_si256((__m256i *)s, sc16);
+    UNROLL for (int j = 0; j < 8; j++)
+        k->sc[j] = _mm256_set_m128i(_mm_set1_epi16(s[2 * j + 1]), _mm_set1_epi16(s[2 * j]));
+}
+
 QUANT_ALWAYS_INLINE void q6_K_row(const uint8_t *b, struct k_row *k) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
     UNROLL for (int h = 0; h < 2; h++) {
@@ -251,14 +260,49 @@ QUANT_ALWAYS_INLINE void q6_K_row(const uint8_t *b, struct k_row *k) {
             k->c[4 * h + g] = _mm256_or_si256(lo[g], _mm256_slli_epi16(hi, 4));
         }
     }
-    /* 32 elements = two 16-element sub-blocks: int16 lanes 0..7 and 8..15 */
     __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-    UNROLL for (int j = 0; j < 8; j++)
-        k->sc[j] = _mm256_set_m128i(_mm_set1_epi16((int8_t)b[192 + 2 * j + 1]),
-                                    _mm_set1_epi16((int8_t)b[192 + 2 * j]));
+    k16_pair_scales(sc16, k);
     k->mn = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
     k->d = f16_at(b + 208);
     k->dmin = 0.0f;
+}
+
+/* 2-bit codes of Q2_K / Q3_K: element 128h + 32j + l is bits 2j..2j+1 of qs[32h + l]. */
+QUANT_ALWAYS_INLINE __m256i k2_low_bits(const uint8_t *qs, int h, int j) {
+    return _mm256_and_si256(_mm256_srli_epi16(loadu256(qs + 32 * h), 2 * j), _mm256_set1_epi8(3));
+}
+
+/* Q3_K: code + 4 = low bits + 4 * (bit 4h + j of hmask[l]); the +4 comes back out as
+ * -4 * Σ_t sc_t bsums_t. */
+QUANT_ALWAYS_INLINE void q3_K_row(const uint8_t *b, struct k_row *k) {
+    __m256i hm = loadu256(b);
+    UNROLL for (int h = 0; h < 2; h++)
+        UNROLL for (int j = 0; j < 4; j++) {
+            __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + j)));
+            __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+            k->c[4 * h + j] = _mm256_or_si256(k2_low_bits(b + 32, h, j),
+                                              _mm256_and_si256(set, _mm256_set1_epi8(4)));
+        }
+    uint32_t w[4];
+    quant_k3_scales_u6(b + 96, w);
+    __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)w)),
+                                    _mm256_set1_epi16(32));
+    k16_pair_scales(sc16, k);
+    k->mn = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2));
+    k->d = f16_at(b + 108);
+    k->dmin = 0.0f;
+}
+
+/* Q2_K: codes 0..3; byte t of scales: low nibble scale, high nibble min of sub-block t. */
+QUANT_ALWAYS_INLINE void q2_K_row(const uint8_t *b, struct k_row *k) {
+    UNROLL for (int h = 0; h < 2; h++)
+        UNROLL for (int j = 0; j < 4; j++) k->c[4 * h + j] = k2_low_bits(b + 16, h, j);
+    __m128i s = _mm_loadu_si128((const __m128i *)b);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    k16_pair_scales(_mm256_cvtepu8_epi16(_mm_and_si128(s, m4)), k);
+    k->mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
+    k->d = f16_at(b + 80);
+    k->dmin = f16_at(b + 82);
 }
 
 QUANT_ALWAYS_INLINE __m256i k_isum(const struct k_row *k, const uint8_t *xb, __m256i s) {
@@ -300,9 +344,13 @@ QUANT_ALWAYS_INLINE __m256 q6_block(const struct k_row *k, const uint8_t *xb, __
     }                                                                                          \
     QUANT_TILES(NAME)
 
+DEF_KQ(q2_K, 84, q2_K_row, k4_block)
+DEF_KQ(q3_K, 110, q3_K_row, q6_block)
 DEF_KQ(q4_K, 144, q4_K_row, k4_block)
 DEF_KQ(q5_K, 176, q5_K_row, k4_block)
 DEF_KQ(q6_K, 210, q6_K_row, q6_block)
+QUANT_GEMM(q2_K, 2, 2)
+QUANT_GEMM(q3_K, 2, 2)
 QUANT_GEMM(q4_K, 2, 2)
 QUANT_GEMM(q5_K, 2, 2)
 QUANT_GEMM(q6_K, 2, 2)
@@ -537,6 +585,8 @@ void quant_kernels_fill_avx2(enum ggml_type t, struct quant_kernels *k) {
     case GGML_TYPE_Q5_0: k->gemm = q5_0_gemm; break;
     case GGML_TYPE_Q5_1: k->gemm = q5_1_gemm; break;
     case GGML_TYPE_Q8_0: k->gemm = q8_0_gemm; break;
+    case GGML_TYPE_Q2_K: k->gemm = q2_K_gemm; break;
+    case GGML_TYPE_Q3_K: k->gemm = q3_K_gemm; break;
     case GGML_TYPE_Q4_K: k->gemm = q4_K_gemm; break;
     case GGML_TYPE_Q5_K: k->gemm = q5_K_gemm; break;
     case GGML_TYPE_Q6_K: k->gemm = q6_K_gemm; break;

@@ -1,5 +1,5 @@
 /* quant_avx512.c — AVX-512 (F, BW, VL, DQ, VNNI) kernels: activation conversion (from_float)
- * and tiled gemm for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+ * and tiled gemm for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
  * Compiled with the AVX-512 flags (Makefile: *_avx512.c) and only called when
  * quant_cpu_level_detect() found all of them. Types not handled here keep the AVX2 kernels.
  *
@@ -300,6 +300,16 @@ QUANT_ALWAYS_INLINE void q5_K_row(const uint8_t *b, struct k_row *k) {
     }
 }
 
+/* 16 int16 scales, one per 16-element sub-block, spread so that c[j]'s code pairs (8 per
+ * sub-block) meet their scale: k->sc[j] lane i = scale of sub-block 4j + i/8. */
+QUANT_ALWAYS_INLINE void k16_spread_scales(__m256i sc16, struct k_row *k) {
+    __m512i sc = _mm512_zextsi256_si512(sc16);
+    const __m512i eighth = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
+                                            1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    UNROLL for (int j = 0; j < 4; j++)
+        k->sc[j] = _mm512_permutexvar_epi16(_mm512_add_epi16(eighth, _mm512_set1_epi16((short)(4 * j))), sc);
+}
+
 QUANT_ALWAYS_INLINE void q6_K_row(const uint8_t *b, struct k_row *k) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     /* high bits of group g (32 elements) are bits 2g..2g+1 of qh: move them to bits 4..5 */
@@ -313,17 +323,55 @@ QUANT_ALWAYS_INLINE void q6_K_row(const uint8_t *b, struct k_row *k) {
         k->c[2 * h] = _mm512_or_si512(lo, _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
         k->c[2 * h + 1] = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
     }
-    /* 16 int8 scales, one per 16 elements = 8 int16 pairs */
+    /* 16 int8 scales, one per 16 elements */
     __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-    __m512i sc = _mm512_zextsi256_si512(sc16);
-    const __m512i eighth = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
-                                            1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    UNROLL for (int j = 0; j < 4; j++)
-        k->sc[j] = _mm512_permutexvar_epi16(_mm512_add_epi16(eighth, _mm512_set1_epi16((short)(4 * j))), sc);
+    k16_spread_scales(sc16, k);
     /* codes are stored +32: subtract 32 * Σ_t sc_t bsums_t (|32 sc| <= 4096 fits int16) */
     k->mn = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
     k->d = f16_at(b + 208);
     k->dmin = 0.0f;
+}
+
+/* 2-bit codes of Q2_K / Q3_K: element 128h + 32j + l is bits 2j..2j+1 of qs[32h + l]. c[k]
+ * (elements 64k..64k+63) holds j = 2(k%2) in its low half and j + 1 in its high half. */
+QUANT_ALWAYS_INLINE __m512i k2_low_bits(const uint8_t *qs, int k) {
+    int h = k / 2, j = 2 * (k % 2);
+    __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
+    __m512i sh = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * j)),
+                                         _mm512_set1_epi16((short)(2 * j + 2)));
+    return _mm512_and_si512(_mm512_srlv_epi16(q, sh), _mm512_set1_epi8(3));
+}
+
+/* Q3_K: code + 4 = low bits + 4 * (bit 4h + j of hmask[l]); the +4 is taken back with
+ * -4 * Σ_t sc_t bsums_t, as Q6_K does with 32. */
+QUANT_ALWAYS_INLINE void q3_K_row(const uint8_t *b, struct k_row *k) {
+    __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b));
+    UNROLL for (int j = 0; j < 4; j++) {
+        int bit = 4 * (j / 2) + 2 * (j % 2);
+        __m512i lo = k2_low_bits(b + 32, j);
+        __m512i sel = _mm512_mask_blend_epi8(0xFFFFFFFF00000000ull, _mm512_set1_epi8((char)(1 << bit)),
+                                             _mm512_set1_epi8((char)(1 << (bit + 1))));
+        k->c[j] = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(hm, sel), lo, _mm512_set1_epi8(4));
+    }
+    uint32_t w[4];
+    quant_k3_scales_u6(b + 96, w);
+    __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)w)),
+                                    _mm256_set1_epi16(32));
+    k16_spread_scales(sc16, k);
+    k->mn = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2));
+    k->d = f16_at(b + 108);
+    k->dmin = 0.0f;
+}
+
+/* Q2_K: codes 0..3; byte t of scales: low nibble scale, high nibble min of sub-block t. */
+QUANT_ALWAYS_INLINE void q2_K_row(const uint8_t *b, struct k_row *k) {
+    UNROLL for (int j = 0; j < 4; j++) k->c[j] = k2_low_bits(b + 16, j);
+    __m128i s = _mm_loadu_si128((const __m128i *)b);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    k16_spread_scales(_mm256_cvtepu8_epi16(_mm_and_si128(s, m4)), k);
+    k->mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
+    k->d = f16_at(b + 80);
+    k->dmin = f16_at(b + 82);
 }
 
 /* Σ_k scale * code * x over the block, exact in int32, starting from init. */
@@ -336,7 +384,7 @@ QUANT_ALWAYS_INLINE __m512i k_isum(const struct k_row *k, const uint8_t *xb, __m
     return s;
 }
 
-/* d*dy*isum - dmin*dy*Σ mn*bsums (Q4_K, Q5_K). */
+/* d*dy*isum - dmin*dy*Σ mn*bsums (Q2_K, Q4_K, Q5_K). */
 QUANT_ALWAYS_INLINE __m512 k4_block(const struct k_row *k, const uint8_t *xb, __m512 acc) {
     __m512i is = k_isum(k, xb, _mm512_setzero_si512());
     __m256i ms = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xb + 260)), k->mn);
@@ -346,7 +394,7 @@ QUANT_ALWAYS_INLINE __m512 k4_block(const struct k_row *k, const uint8_t *xb, __
                             _mm512_set1_ps(k->dmin * dy), acc);
 }
 
-/* d*dy*(isum - 32 Σ sc*bsums) (Q6_K). */
+/* d*dy*(isum - k Σ sc*bsums) (Q6_K: k = 32, Q3_K: k = 4). */
 QUANT_ALWAYS_INLINE __m512 q6_block(const struct k_row *k, const uint8_t *xb, __m512 acc) {
     __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xb + 260)), k->mn);
     __m512i is = k_isum(k, xb, _mm512_zextsi256_si512(corr));
@@ -370,9 +418,13 @@ QUANT_ALWAYS_INLINE __m512 q6_block(const struct k_row *k, const uint8_t *xb, __
     }                                                                                          \
     QUANT_TILES(NAME)
 
+DEF_KQ(q2_K, 84, q2_K_row, k4_block)
+DEF_KQ(q3_K, 110, q3_K_row, q6_block)
 DEF_KQ(q4_K, 144, q4_K_row, k4_block)
 DEF_KQ(q5_K, 176, q5_K_row, k4_block)
 DEF_KQ(q6_K, 210, q6_K_row, q6_block)
+QUANT_GEMM(q2_K, 4, 4)
+QUANT_GEMM(q3_K, 4, 4)
 QUANT_GEMM(q4_K, 4, 4)
 QUANT_GEMM(q5_K, 4, 4)
 QUANT_GEMM(q6_K, 4, 4)
@@ -556,6 +608,8 @@ void quant_kernels_fill_avx512(enum ggml_type t, struct quant_kernels *k) {
     case GGML_TYPE_Q5_0: k->gemm = q5_0_gemm; break;
     case GGML_TYPE_Q5_1: k->gemm = q5_1_gemm; break;
     case GGML_TYPE_Q8_0: k->gemm = q8_0_gemm; break;
+    case GGML_TYPE_Q2_K: k->gemm = q2_K_gemm; break;
+    case GGML_TYPE_Q3_K: k->gemm = q3_K_gemm; break;
     case GGML_TYPE_Q4_K: k->gemm = q4_K_gemm; break;
     case GGML_TYPE_Q5_K: k->gemm = q5_K_gemm; break;
     case GGML_TYPE_Q6_K: k->gemm = q6_K_gemm; break;

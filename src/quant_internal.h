@@ -82,6 +82,18 @@ static inline void quant_k4_scales_mins(const uint8_t *s, uint64_t *sc8, uint64_
     *mn8 = mn_lo | (uint64_t)mn_hi << 32;
 }
 
+/* All 16 Q3_K scales at once as unsigned 6-bit bytes (byte t = quant_k3_scale(t) + 32): low
+ * nibbles of bytes 0..7 are sub-blocks 0..7, their high nibbles 8..15, and byte 8 + t%4 holds
+ * the two top bits of sub-block t at bit 2*(t/4). */
+static inline void quant_k3_scales_u6(const uint8_t *s, uint32_t w[4]) {
+    uint32_t a0 = quant_rd_u32(s), a1 = quant_rd_u32(s + 4), a2 = quant_rd_u32(s + 8);
+    const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x03030303u;
+    w[0] = (a0 & m4) | ((a2 & m2) << 4);
+    w[1] = (a1 & m4) | (((a2 >> 2) & m2) << 4);
+    w[2] = ((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4);
+    w[3] = ((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4);
+}
+
 /* Signed 6-bit scale (-32..31) of sub-block t (0..15) of a Q3_K 12-byte scales field. */
 static inline int quant_k3_scale(int t, const uint8_t *s) {
     int lo = t < 8 ? (s[t] & 0xF) : (s[t - 8] >> 4);
