@@ -164,34 +164,29 @@ int spec_seq_begin(struct spec_engine *e, int s, const int32_t *prompt, int n_pr
     return 0;
 }
 
-/* Rejection step for a sampled draft d ~ q at a row whose target distribution is p:
- * accept with probability min(1, p(d)/q(d)); otherwise return a token drawn from
- * normalize(max(0, p - q)). Returns -1 when d is accepted. */
-static int32_t reject_or_accept(struct spec_engine *e, struct spec_seq *q, int32_t d,
-                                const struct sampler_cand *qc, size_t qn) {
-    const struct sampler_cand *pc;
-    size_t pn;
-    sampler_probs(q->smp, e->row, &pc, &pn);
-    for (size_t i = 0; i < qn; i++) e->qdense[qc[i].id] = qc[i].p;
+int32_t spec_rejection_step(struct sampler *smp, const struct sampler_cand *pc, size_t pn,
+                            const struct sampler_cand *qc, size_t qn, int32_t d, float *qdense,
+                            struct sampler_cand *resid) {
+    for (size_t i = 0; i < qn; i++) qdense[qc[i].id] = qc[i].p;
     double pd = 0.0;
     for (size_t i = 0; i < pn; i++) if (pc[i].id == d) pd = pc[i].p;
-    double qd = e->qdense[d];
-    double u = sampler_next_uniform(q->smp);
+    const double qd = qdense[d];
+    const double u = sampler_next_uniform(smp);
     int32_t out = -1;
     if (!(qd > 0.0 && u < pd / qd)) {
         size_t rn = 0;
         double sum = 0.0;
         for (size_t i = 0; i < pn; i++) {
-            double r = pc[i].p - e->qdense[pc[i].id];
-            if (r > 0.0) { e->resid[rn] = (struct sampler_cand){pc[i].id, 0.0f, (float)r}; sum += r; rn++; }
+            double r = pc[i].p - qdense[pc[i].id];
+            if (r > 0.0) { resid[rn] = (struct sampler_cand){pc[i].id, 0.0f, (float)r}; sum += r; rn++; }
         }
-        if (rn == 0 || sum <= 0.0) out = sampler_draw(q->smp, pc, pn); /* p == q on the support */
+        if (rn == 0 || sum <= 0.0) out = sampler_draw(smp, pc, pn); /* p == q on the support */
         else {
-            for (size_t i = 0; i < rn; i++) e->resid[i].p = (float)(e->resid[i].p / sum);
-            out = sampler_draw(q->smp, e->resid, rn);
+            for (size_t i = 0; i < rn; i++) resid[i].p = (float)(resid[i].p / sum);
+            out = sampler_draw(smp, resid, rn);
         }
     }
-    for (size_t i = 0; i < qn; i++) e->qdense[qc[i].id] = 0.0f;
+    for (size_t i = 0; i < qn; i++) qdense[qc[i].id] = 0.0f;
     return out;
 }
 
@@ -254,7 +249,10 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
             else next = ids[i];
         } else if (i < k && dr.q[i]) {
             be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
-            int32_t r = reject_or_accept(e, q, dr.tokens[i], dr.q[i], dr.q_n[i]);
+            const struct sampler_cand *pc;
+            size_t pn;
+            sampler_probs(q->smp, e->row, &pc, &pn);
+            int32_t r = spec_rejection_step(q->smp, pc, pn, dr.q[i], dr.q_n[i], dr.tokens[i], e->qdense, e->resid);
             if (r < 0) a++;
             else next = r;
         } else {

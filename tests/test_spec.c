@@ -1,0 +1,189 @@
+/* test_spec.c — the speculative driver is lossless: greedy output with MTP and n-gram
+ * speculation equals plain decoding for many prompts and every draft depth, on the shipped
+ * trained model and on generated random qwen35 models; exact rejection sampling reproduces
+ * the target distribution (and a wrong rule is caught by the same statistic). */
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "spec.h"
+#include "tokenizer.h"
+
+#define MODEL_PATH "models/coti-tiny-qwen35-mtp-q8_0.gguf"
+#define N_GEN 20
+
+struct env {
+    struct backend *be;
+    struct model *m;
+    struct spec_engine *e;
+};
+
+static struct env env_open(const char *path) {
+    struct env v;
+    char err[512];
+    v.be = backend_cpu_init(1, quant_cpu_level_detect());
+    struct model_params p = {1, 1024, 128, SPEC_MAX_DRAFT + 1};
+    cr_assert_eq(model_load(&v.m, path, v.be, &p, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(spec_engine_init(&v.e, v.m, 0, err, sizeof err), 0, "%s", err);
+    return v;
+}
+
+static void env_close(struct env *v) {
+    spec_engine_free(v->e);
+    model_free(v->m);
+    backend_free(v->be);
+}
+
+/* Greedy generation of n tokens with the given speculation. */
+static void generate(struct env *v, const int32_t *prompt, int np, enum spec_type t, int n_max, int32_t *out, int n) {
+    char err[512];
+    struct sampler_params sp = {0.0f, 0, 1.0f, 0.0f, 0, 1};
+    struct spec_params p = spec_params_default();
+    p.type = t;
+    p.n_max = n_max;
+    int32_t first;
+    cr_assert_eq(spec_seq_begin(v->e, 0, prompt, np, &sp, &p, &first, err, sizeof err), 0, "%s", err);
+    out[0] = first;
+    int k = 1, nb;
+    int32_t buf[SPEC_MAX_DRAFT + 1];
+    while (k < n) {
+        cr_assert_eq(spec_seq_step(v->e, 0, n - k, buf, &nb, NULL, err, sizeof err), 0, "%s", err);
+        cr_assert(nb >= 1 && nb <= n_max + 1 && nb <= n - k, "cycle emitted %d tokens", nb);
+        memcpy(out + k, buf, sizeof(int32_t) * (size_t)nb);
+        k += nb;
+    }
+}
+
+/* Every prompt, every depth 1..4, both drafters: the tokens equal plain decoding. Returns
+ * the number of accepted drafts, so callers can check speculation really happened. */
+static long check_lossless(struct env *v, int32_t **prompts, const int *np, int n_prompts) {
+    long accepted = 0;
+    int32_t ref[N_GEN], got[N_GEN];
+    for (int i = 0; i < n_prompts; i++) {
+        generate(v, prompts[i], np[i], SPEC_OFF, 1, ref, N_GEN);
+        for (int n_max = 1; n_max <= 4; n_max++) {
+            enum spec_type types[2] = {SPEC_MTP, SPEC_NGRAM};
+            for (int t = 0; t < 2; t++) {
+                if (!spec_engine_supports(v->e, types[t])) continue;
+                generate(v, prompts[i], np[i], types[t], n_max, got, N_GEN);
+                for (int k = 0; k < N_GEN; k++)
+                    cr_assert_eq(got[k], ref[k], "prompt %d, %s n_max %d: token %d is %d, plain decoding gave %d", i,
+                                 spec_type_name(types[t]), n_max, k, got[k], ref[k]);
+                accepted += spec_seq_stats(v->e, 0)->n_accepted;
+            }
+        }
+    }
+    return accepted;
+}
+
+Test(spec, greedy_lossless_on_default_model_16_prompts, .timeout = 300) {
+    struct env v = env_open(MODEL_PATH);
+    char err[256];
+    struct tokenizer *tok;
+    cr_assert_eq(tokenizer_init(&tok, v.m->gguf, err, sizeof err), 0, "%s", err);
+    FILE *f = fopen("tests/data-prompts.json", "rb");
+    cr_assert_not_null(f);
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *arr = cJSON_Parse(buf);
+    cr_assert(cJSON_IsArray(arr));
+    int32_t *prompts[16];
+    int np[16];
+    for (int i = 0; i < 16; i++) {
+        const char *s = cJSON_GetArrayItem(arr, i)->valuestring;
+        size_t nt;
+        /* the first ~160 bytes keep the suite fast; code and prose both occur */
+        cr_assert_eq(tokenizer_encode(tok, s, strlen(s) < 160 ? strlen(s) : 160, false, false, &prompts[i], &nt, err, sizeof err), 0);
+        np[i] = (int)nt;
+    }
+    long accepted = check_lossless(&v, prompts, np, 16);
+    cr_assert_gt(accepted, 100, "speculation must actually accept drafts on the trained model (accepted %ld)", accepted);
+    for (int i = 0; i < 16; i++) free(prompts[i]);
+    cJSON_Delete(arr);
+    tokenizer_free(tok);
+    env_close(&v);
+}
+
+static void random_prompt(int32_t *t, int n, int V, uint32_t seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        /* a small alphabet repeats n-grams, so the n-gram drafter gets to propose */
+        t[i] = (int32_t)((seed >> 8) % (uint32_t)(i % 3 ? V : 7));
+    }
+}
+
+Test(spec, greedy_lossless_on_random_models, .timeout = 300) {
+    const char *types[2] = {"q8_0", "f32"};
+    for (int ti = 0; ti < 2; ti++) {
+        char path[128], cmd[512];
+        snprintf(path, sizeof path, "/tmp/coti-test-spec-%d-%s.gguf", (int)getpid(), types[ti]);
+        snprintf(cmd, sizeof cmd, "./coti mkmodel --arch qwen35 -o %s --type %s --seed %d > /dev/null 2>&1", path, types[ti], 40 + ti);
+        cr_assert_eq(system(cmd), 0, "mkmodel failed: %s", cmd);
+        struct env v = env_open(path);
+        int32_t p[6][24], *pp[6];
+        int np[6];
+        for (int i = 0; i < 6; i++) { random_prompt(p[i], 24, v.m->info.n_vocab, 100 + i); pp[i] = p[i]; np[i] = 24; }
+        check_lossless(&v, pp, np, 6);
+        env_close(&v);
+        remove(path);
+    }
+}
+
+/* ---- exact rejection sampling on a tiny vocabulary ---- */
+
+#define RS_V 6
+#define RS_TRIALS 60000
+
+/* chi-square of observed counts against probabilities; 5 degrees of freedom: the 1e-6
+ * upper quantile is about 35.9, so a correct rule fails this with probability < 1e-6 */
+#define RS_CHI2_LIMIT 35.9
+
+static double chi2(const long *count, const double *p, int n, long total) {
+    double x = 0;
+    for (int i = 0; i < n; i++) {
+        double e = p[i] * total;
+        x += (count[i] - e) * (count[i] - e) / e;
+    }
+    return x;
+}
+
+/* Draw d ~ q_true, run the rule with the q it is told; histogram of emitted tokens. */
+static double run_rejection(const double *p, const double *q_true, const double *q_told) {
+    struct sampler *smp;
+    struct sampler_params sp = {1.0f, 0, 1.0f, 0.0f, 0, 12345};
+    char err[128];
+    cr_assert_eq(sampler_init(&smp, &sp, RS_V, err, sizeof err), 0);
+    struct sampler_cand pc[RS_V], qc[RS_V], qt[RS_V], resid[RS_V];
+    for (int i = 0; i < RS_V; i++) {
+        pc[i] = (struct sampler_cand){i, 0, (float)p[i]};
+        qc[i] = (struct sampler_cand){i, 0, (float)q_told[i]};
+        qt[i] = (struct sampler_cand){i, 0, (float)q_true[i]};
+    }
+    float qdense[RS_V] = {0};
+    long count[RS_V] = {0};
+    for (int n = 0; n < RS_TRIALS; n++) {
+        int32_t d = sampler_draw(smp, qt, RS_V);
+        int32_t r = spec_rejection_step(smp, pc, RS_V, qc, RS_V, d, qdense, resid);
+        count[r < 0 ? d : r]++;
+    }
+    for (int i = 0; i < RS_V; i++) cr_assert_eq(qdense[i], 0.0f, "scratch must be left zero");
+    sampler_free(smp);
+    return chi2(count, p, RS_V, RS_TRIALS);
+}
+
+Test(spec, rejection_sampling_reproduces_target_distribution) {
+    const double p[RS_V] = {0.40, 0.25, 0.15, 0.10, 0.07, 0.03};
+    const double q[RS_V] = {0.10, 0.30, 0.05, 0.35, 0.15, 0.05};
+    double x = run_rejection(p, q, q);
+    cr_assert_lt(x, RS_CHI2_LIMIT, "speculative samples deviate from the target: chi2 %.1f", x);
+    /* a rule fed the wrong q (here: believing the draft is p itself) accepts every draft, so
+     * the output follows q — the same statistic must reject it */
+    double bad = run_rejection(p, q, p);
+    cr_assert_gt(bad, RS_CHI2_LIMIT, "a wrong acceptance rule went unnoticed: chi2 %.1f", bad);
+}
