@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# cli.sh — end-to-end checks of the coti command on the shipped model and generated ones:
+# each check runs a real subcommand and asserts on its exit code and output.
+# Usage: bash tests/cli.sh path/to/coti     (run from the repository root)
+set -u
+COTI=${1:-./coti}
+MODEL=models/coti-tiny-qwen35-mtp-q8_0.gguf
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+
+check() { # name, then a command that must succeed
+    local name=$1; shift
+    if "$@" >"$TMP/out" 2>"$TMP/err"; then pass=$((pass + 1)); echo "ok   $name"
+    else fail=$((fail + 1)); echo "FAIL $name"; tail -5 "$TMP/err" "$TMP/out"; fi
+}
+
+gguf_lists_model() { "$COTI" gguf "$MODEL" | grep -q 'qwen35'; }
+check "coti gguf prints the architecture" gguf_lists_model
+
+run_generates() {
+    "$COTI" run -p $'#include <stdio.h>\nint main(void)\n{\n' -n 24 -t 1 > "$TMP/run.txt" 2> "$TMP/run.err" &&
+    [ "$(wc -c < "$TMP/run.txt")" -gt 40 ] && grep -q 'decode 24 tokens' "$TMP/run.err"
+}
+check "coti run generates and reports speed" run_generates
+
+spec_outputs_equal() {
+    local p=$'static int foo(struct device *dev)\n{\n'
+    "$COTI" run -p "$p" -n 48 -t 1 --spec off > "$TMP/off.txt" 2>/dev/null &&
+    "$COTI" run -p "$p" -n 48 -t 1 --spec mtp --spec-n-max 3 > "$TMP/mtp.txt" 2>/dev/null &&
+    "$COTI" run -p "$p" -n 48 -t 1 --spec ngram > "$TMP/ngram.txt" 2>/dev/null &&
+    cmp -s "$TMP/off.txt" "$TMP/mtp.txt" && cmp -s "$TMP/off.txt" "$TMP/ngram.txt"
+}
+check "coti run: greedy text identical with --spec off, mtp, ngram" spec_outputs_equal
+
+equiv_passes() { "$COTI" equiv --spec mtp --prompts tests/data-prompts.json -n 16 -t 1 | grep -q 'real disagreements 0'; }
+check "coti equiv: 0 real disagreements on the default model" equiv_passes
+
+equiv_flags_injected() {
+    "$COTI" equiv --spec mtp -p 'int main(int argc' -n 16 -t 1 --inject-divergence 4 > "$TMP/inj.txt" 2>/dev/null
+    [ $? -eq 1 ] && grep -q 'real disagreements 1' "$TMP/inj.txt"
+}
+check "coti equiv flags an injected divergence (exit 1)" equiv_flags_injected
+
+equiv_random_models() {
+    for t in q8_0 q4_0 f16; do
+        "$COTI" mkmodel --arch qwen35 -o "$TMP/r-$t.gguf" --type "$t" --seed 3 >/dev/null 2>&1 || return 1
+        "$COTI" equiv -m "$TMP/r-$t.gguf" --spec mtp --spec-n-max 4 -p 'hello world, hello world, hello' -n 24 -t 1 | grep -q 'real disagreements 0' || return 1
+        "$COTI" equiv -m "$TMP/r-$t.gguf" --spec ngram -p 'abc abc abc abc' -n 24 -t 1 | grep -q 'real disagreements 0' || return 1
+    done
+}
+check "coti equiv: 0 real disagreements on random q8_0/q4_0/f16 models" equiv_random_models
+
+bench_runs() {
+    printf '["int main(void)\\n{\\n", {"prompt": "static void f(int x)\\n{\\n"}]' > "$TMP/p.json"
+    "$COTI" bench --spec off,mtp:2,ngram --prompts "$TMP/p.json" -n 24 --repeat 1 -t 1 --json "$TMP/b.json" > "$TMP/b.txt" &&
+    python3 -c "
+import json,sys
+b=json.load(open('$TMP/b.json'))
+c=b['configs']
+assert [x['config'] for x in c]==['off','mtp:2','ngram:3'], c
+assert all(x['output_equals_first'] for x in c), 'outputs differ'
+assert c[1]['drafted']>0 and 0<=c[1]['accepted']<=c[1]['drafted']
+"
+}
+check "coti bench: configurations side by side, same outputs, JSON" bench_runs
+
+logits_json() {
+    "$COTI" logits --tokens 1,200,300,400 --top 5 --json > "$TMP/l.json" &&
+    "$COTI" logits --tokens 1,200,300,400 --top 5 --json --mtp > "$TMP/lm.json" &&
+    python3 -c "
+import json,math
+for f in ['$TMP/l.json','$TMP/lm.json']:
+    r=json.load(open(f))['rows']
+    assert len(r)==4 and all(len(x['top'])==5 for x in r)
+    for x in r:
+        lp=[t[1] for t in x['top']]
+        assert lp==sorted(lp,reverse=True) and lp[0]<=0 and sum(math.exp(v) for v in lp)<=1.0001
+"
+}
+check "coti logits: main and NextN heads as JSON" logits_json
+
+bad_inputs_fail_cleanly() {
+    "$COTI" run -m /nonexistent.gguf -p x -n 2 2>"$TMP/e1"; [ $? -eq 1 ] && grep -qi 'error' "$TMP/e1" || return 1
+    head -c 100000 "$MODEL" > "$TMP/trunc.gguf"
+    "$COTI" run -m "$TMP/trunc.gguf" -p x -n 2 2>"$TMP/e2"; [ $? -eq 1 ] && grep -qi 'error' "$TMP/e2" || return 1
+    "$COTI" run -p x -n -3 2>/dev/null; [ $? -eq 1 ] || return 1
+    "$COTI" run -p x --spec-n-max 99 2>/dev/null; [ $? -eq 1 ] || return 1
+    "$COTI" run -p "$(head -c 20000 /dev/zero | tr '\0' a)" -c 64 -n 4 2>"$TMP/e3"; [ $? -eq 1 ] && grep -q 'context' "$TMP/e3"
+}
+check "bad model files and parameters fail with a message, no crash" bad_inputs_fail_cleanly
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
