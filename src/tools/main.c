@@ -13,6 +13,7 @@ static const struct {
     {"logits", tool_logits_main, "print top-N next-token logprobs for every position (conformance)"},
     {"bench", tool_bench_main, "decode tok/s of speculative configurations side by side"},
     {"equiv", tool_equiv_main, "the losslessness gate: speculative verify rows vs plain decoding"},
+    {"serve", tool_serve_main, "OpenAI-compatible HTTP server with llama.cpp-style timings"},
     {"gguf", tool_gguf_main, "print a GGUF file's metadata and tensors"},
     {"mkmodel", tool_mkmodel_main, "write a tiny random-weight test model"},
 };

@@ -9,5 +9,6 @@ int tool_gguf_main(int argc, char **argv);
 int tool_mkmodel_main(int argc, char **argv);
 int tool_bench_main(int argc, char **argv);
 int tool_equiv_main(int argc, char **argv);
+int tool_serve_main(int argc, char **argv);
 
 #endif

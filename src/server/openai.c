@@ -1,0 +1,754 @@
+/* openai.c — request fields and response shapes of the completion endpoints (see openai.h).
+ * Field names, aliases, defaults and hard/clamped ranges follow llama.cpp's native schema
+ * (server-api.md §3.2); the shapes follow server-task.cpp (§4, §5). Deviations, each chosen
+ * so that a client is told rather than silently served something else, are listed in
+ * docs/server.md: wrong JSON types and malformed JSON are 400 (llama.cpp: 500 for some),
+ * unsupported features (tools, grammars, logprobs, n > 1, several prompts) are 400, and the
+ * per-request `speculative.*` fields are honoured (llama.cpp ignores them). */
+#include "server/openai.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "chat.h"
+
+/* ------------------------------------------------------------------------------------------
+ * Errors */
+
+int openai_error_set(struct openai_error *e, int status, const char *type, const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->n_prompt_tokens = e->n_ctx = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static int bad_request(struct openai_error *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bad_request(struct openai_error *e, const char *fmt, ...) {
+    e->status = 400;
+    e->type = "invalid_request_error";
+    e->n_prompt_tokens = e->n_ctx = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return 400;
+}
+
+static int out_of_memory(struct openai_error *e) { return openai_error_set(e, 500, "server_error", "out of memory"); }
+
+char *openai_error_render(const struct openai_error *e) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON *o = cJSON_AddObjectToObject(root, "error");
+    if (o) {
+        cJSON_AddNumberToObject(o, "code", e->status);
+        openai_add_text(o, "message", e->message, strlen(e->message));
+        cJSON_AddStringToObject(o, "type", e->type ? e->type : "server_error");
+        if (e->type && !strcmp(e->type, "exceed_context_size_error")) {
+            cJSON_AddNumberToObject(o, "n_prompt_tokens", e->n_prompt_tokens);
+            cJSON_AddNumberToObject(o, "n_ctx", e->n_ctx);
+        }
+    }
+    char *s = root ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Text */
+
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 when it is not one (overlong forms,
+ * surrogates and code points above U+10FFFF are invalid, as in RFC 3629). */
+static size_t utf8_seq_len(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    if (c >= 0x01 && c < 0x80) return 1;
+    size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (len == 0 || len > n) return 0;
+    for (size_t i = 1; i < len; i++) if ((s[i] & 0xC0) != 0x80) return 0;
+    if (c == 0xE0 && s[1] < 0xA0) return 0;   /* overlong */
+    if (c == 0xED && s[1] >= 0xA0) return 0;  /* surrogate */
+    if (c == 0xF0 && s[1] < 0x90) return 0;   /* overlong */
+    if (c == 0xF4 && s[1] >= 0x90) return 0;  /* above U+10FFFF */
+    return len;
+}
+
+bool openai_add_text(cJSON *obj, const char *key, const char *text, size_t len) {
+    size_t cap;
+    if (!coti_mul_size(len, 3, &cap) || !coti_add_size(cap, 1, &cap)) return false;
+    char *buf = malloc(cap);
+    if (!buf) return false;
+    size_t n = 0;
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = 0; i < len;) {
+        size_t k = utf8_seq_len(s + i, len - i);
+        if (k) {
+            memcpy(buf + n, s + i, k);
+            n += k;
+            i += k;
+        } else {
+            memcpy(buf + n, "\xEF\xBF\xBD", 3);
+            n += 3;
+            i++;
+        }
+    }
+    buf[n] = 0;
+    bool ok = cJSON_AddStringToObject(obj, key, buf) != NULL;
+    free(buf);
+    return ok;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Request fields */
+
+/* A field, or NULL when absent or JSON null ("use the default", server-api.md §3.2). */
+static const cJSON *field(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* Integer field k into *out (unchanged when absent). Out of [lo, hi]: clamped when clamp,
+ * else 400 "Field 'k': Value must be between lo and hi" (llama.cpp's hard-limit wording). */
+static int get_int(const cJSON *o, const char *k, double lo, double hi, bool clamp, double *out, struct openai_error *e) {
+    const cJSON *v = field(o, k);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return bad_request(e, "Field '%s': expected an integer", k);
+    double d = v->valuedouble;
+    if (d < lo || d > hi) {
+        if (!clamp) return bad_request(e, "Field '%s': Value must be between %.0f and %.0f", k, lo, hi);
+        d = d < lo ? lo : hi;
+    }
+    *out = d;
+    return 0;
+}
+
+static int get_num(const cJSON *o, const char *k, double lo, double hi, bool clamp, double *out, struct openai_error *e) {
+    const cJSON *v = field(o, k);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v)) return bad_request(e, "Field '%s': expected a number", k);
+    double d = v->valuedouble;
+    if (!(d >= lo && d <= hi)) {
+        if (!clamp) return bad_request(e, "Field '%s': Value must be between %g and %g", k, lo, hi);
+        d = d < lo ? lo : hi;
+    }
+    *out = d;
+    return 0;
+}
+
+static int get_bool(const cJSON *o, const char *k, bool *out, struct openai_error *e) {
+    const cJSON *v = field(o, k);
+    if (!v) return 0;
+    if (!cJSON_IsBool(v)) return bad_request(e, "Field '%s': expected a boolean", k);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* `stop`: a string or an array of strings. Empty strings are dropped (they would match
+ * everywhere). */
+static int get_stop(const cJSON *o, struct gen_params *g, struct openai_error *e) {
+    const cJSON *v = field(o, "stop");
+    if (!v) return 0;
+    const cJSON *one = cJSON_IsString(v) ? v : NULL;
+    if (!one && !cJSON_IsArray(v)) return bad_request(e, "Field 'stop': expected a string or an array of strings");
+    int n = one ? 1 : cJSON_GetArraySize(v);
+    if (n > OPENAI_MAX_STOP) return bad_request(e, "Field 'stop': at most %d stop strings, got %d", OPENAI_MAX_STOP, n);
+    g->stop = calloc((size_t)(n ? n : 1), sizeof *g->stop);
+    if (!g->stop) return out_of_memory(e);
+    for (int i = 0; i < n; i++) {
+        const cJSON *s = one ? one : cJSON_GetArrayItem(v, i);
+        if (!cJSON_IsString(s)) return bad_request(e, "Field 'stop': element %d is not a string", i);
+        size_t len = strlen(s->valuestring);
+        if (len > OPENAI_MAX_STOP_BYTES)
+            return bad_request(e, "Field 'stop': a stop string has %zu bytes, at most %d are allowed", len, OPENAI_MAX_STOP_BYTES);
+        if (len == 0) continue;
+        if (!(g->stop[g->n_stop] = strdup(s->valuestring))) return out_of_memory(e);
+        g->n_stop++;
+    }
+    return 0;
+}
+
+/* Per-request speculation: {"speculative": {"type", "n_max", "n_min", "p_min"}} and the flat
+ * llama.cpp names "speculative.type" etc., the flat ones winning when both are given. */
+static int get_spec(const struct openai_ctx *c, const cJSON *o, struct spec_params *p, struct openai_error *e) {
+    const cJSON *nested = field(o, "speculative");
+    if (nested && !cJSON_IsObject(nested)) return bad_request(e, "Field 'speculative': expected an object");
+    const cJSON *srcs[2] = {nested, o};
+    static const char *names[2][4] = {{"type", "n_max", "n_min", "p_min"},
+                                      {"speculative.type", "speculative.n_max", "speculative.n_min", "speculative.p_min"}};
+    bool n_min_given = false;
+    int rc;
+    for (int k = 0; k < 2; k++) {
+        if (!srcs[k]) continue;
+        const cJSON *t = field(srcs[k], names[k][0]);
+        if (t) {
+            if (!cJSON_IsString(t) || spec_type_parse(t->valuestring, &p->type))
+                return bad_request(e, "Field '%s': expected \"off\", \"mtp\" or \"ngram\"", names[k][0]);
+            if (!spec_engine_supports(c->eng, p->type))
+                return bad_request(e, "Field '%s': speculation '%s' is not available for this model", names[k][0], t->valuestring);
+        }
+        double d = p->n_max;
+        if ((rc = get_int(srcs[k], names[k][1], 1, SPEC_MAX_DRAFT, false, &d, e))) return rc;
+        p->n_max = (int)d;
+        d = p->n_min;
+        if (field(srcs[k], names[k][2])) n_min_given = true;
+        if ((rc = get_int(srcs[k], names[k][2], 0, SPEC_MAX_DRAFT, false, &d, e))) return rc;
+        p->n_min = (int)d;
+        d = p->p_min;
+        if ((rc = get_num(srcs[k], names[k][3], 0, 1, false, &d, e))) return rc;
+        p->p_min = (float)d;
+    }
+    if (p->n_min > p->n_max) {
+        if (n_min_given) return bad_request(e, "Field 'speculative.n_min': Value must be between 0 and n_max (%d)", p->n_max);
+        p->n_min = p->n_max; /* the server default n_min yields to a smaller requested n_max */
+    }
+    return 0;
+}
+
+/* Features llama.cpp has and coti does not: refuse rather than answer as if they were off. */
+static int check_unsupported(const cJSON *o, struct openai_error *e) {
+    const cJSON *v;
+    if ((v = field(o, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
+        return bad_request(e, "Field 'tools': tool calling is not supported by this server");
+    if ((v = field(o, "response_format"))) {
+        const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
+        if (!t || !cJSON_IsString(t) || strcmp(t->valuestring, "text"))
+            return bad_request(e, "Field 'response_format': only {\"type\": \"text\"} is supported");
+    }
+    static const char *absent[] = {"grammar", "json_schema", "logit_bias", "suffix"};
+    for (size_t i = 0; i < COTI_ARRAY_LEN(absent); i++)
+        if ((v = field(o, absent[i])) && !(cJSON_IsString(v) && !v->valuestring[0]) && !(cJSON_IsArray(v) && !cJSON_GetArraySize(v)) &&
+            !(cJSON_IsObject(v) && !v->child))
+            return bad_request(e, "Field '%s' is not supported by this server", absent[i]);
+    if ((v = field(o, "echo")) && !cJSON_IsFalse(v)) return bad_request(e, "Field 'echo' is not supported");
+    if ((v = field(o, "logprobs")) && !cJSON_IsFalse(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
+        return bad_request(e, "Field 'logprobs': token probabilities are not supported by this server");
+    if ((v = field(o, "n_probs")) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
+        return bad_request(e, "Field 'n_probs': token probabilities are not supported by this server");
+    static const char *ones[] = {"n", "n_cmpl", "best_of"};
+    for (size_t i = 0; i < COTI_ARRAY_LEN(ones); i++)
+        if ((v = field(o, ones[i])) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
+            return bad_request(e, "Field '%s': Value must be between 1 and 1 (one completion per request)", ones[i]);
+    return 0;
+}
+
+static uint64_t random_u64(void) {
+    uint64_t x = 0;
+    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) x = (uint64_t)coti_time_us() * 0x9E3779B97F4A7C15ull;
+    return x;
+}
+
+/* Sampling, limits and speculation (server-api.md §3.2). */
+static int parse_params(const struct openai_ctx *c, const cJSON *o, struct openai_request *r, struct openai_error *e) {
+    struct gen_params *g = &r->g;
+    int rc;
+    g->sp = c->sampling;
+    g->spec = c->spec;
+    g->n_predict = c->n_predict;
+    g->cache_prompt = true;
+    const cJSON *model = field(o, "model");
+    if (model && !cJSON_IsString(model)) return bad_request(e, "Field 'model': expected a string");
+    if ((rc = check_unsupported(o, e))) return rc;
+
+    /* n_predict and its aliases, in llama.cpp's precedence order */
+    static const char *np_names[] = {"n_predict", "max_completion_tokens", "max_tokens"};
+    for (size_t i = 0; i < COTI_ARRAY_LEN(np_names); i++) {
+        if (!field(o, np_names[i])) continue;
+        double d = 0;
+        if ((rc = get_int(o, np_names[i], -1, 2147483647.0, false, &d, e))) return rc;
+        g->n_predict = (int)d;
+        break;
+    }
+    double d = g->sp.temperature;
+    if ((rc = get_num(o, "temperature", 0, 1e9, true, &d, e))) return rc;
+    g->sp.temperature = (float)d;
+    d = g->sp.top_k;
+    if ((rc = get_int(o, "top_k", 0, 2147483647.0, true, &d, e))) return rc;
+    g->sp.top_k = (int32_t)d;
+    d = g->sp.top_p;
+    if ((rc = get_num(o, "top_p", 0, 1, true, &d, e))) return rc;
+    g->sp.top_p = (float)d;
+    d = g->sp.min_p;
+    if ((rc = get_num(o, "min_p", 0, 1, true, &d, e))) return rc;
+    g->sp.min_p = (float)d;
+    d = g->sp.min_keep;
+    if ((rc = get_int(o, "min_keep", 0, 2147483647.0, true, &d, e))) return rc;
+    g->sp.min_keep = (int32_t)d;
+    /* seed: -1 and 0xFFFFFFFF (llama.cpp's LLAMA_DEFAULT_SEED) mean "random" */
+    d = -1;
+    if ((rc = get_int(o, "seed", -1, 9007199254740992.0, false, &d, e))) return rc;
+    if (d >= 0 && d != 4294967295.0) g->sp.seed = (uint64_t)d;
+    else if (d < 0 && c->seed_fixed && !field(o, "seed")) g->sp.seed = c->sampling.seed;
+    else g->sp.seed = random_u64();
+    if ((rc = get_stop(o, g, e))) return rc;
+    if ((rc = get_bool(o, "stream", &r->stream, e))) return rc;
+    if ((rc = get_bool(o, "ignore_eos", &g->ignore_eos, e))) return rc;
+    if ((rc = get_bool(o, "cache_prompt", &g->cache_prompt, e))) return rc;
+    if ((rc = get_bool(o, "return_tokens", &r->return_tokens, e))) return rc;
+    const cJSON *so = field(o, "stream_options");
+    if (so && !cJSON_IsObject(so)) return bad_request(e, "Field 'stream_options': expected an object");
+    if (so && (rc = get_bool(so, "include_usage", &r->include_usage, e))) return rc;
+    return get_spec(c, o, &g->spec, e);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Prompts */
+
+struct tokv {
+    int32_t *p;
+    size_t n, cap;
+};
+
+static bool tokv_push(struct tokv *v, const int32_t *ids, size_t n) {
+    if (v->n + n > v->cap) {
+        size_t cap = v->cap ? v->cap : 64;
+        while (cap < v->n + n) cap *= 2;
+        int32_t *p = realloc(v->p, cap * sizeof *p);
+        if (!p) return false;
+        v->p = p;
+        v->cap = cap;
+    }
+    if (n) memcpy(v->p + v->n, ids, n * sizeof *ids);
+    v->n += n;
+    return true;
+}
+
+static int encode_text(const struct openai_ctx *c, const char *s, bool add_special, bool parse_special, struct tokv *v,
+                       struct openai_error *e) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[256];
+    int rc = tokenizer_encode(c->tok, s, strlen(s), add_special, parse_special, &ids, &n, err, sizeof err);
+    if (rc == COTI_E_NOMEM) return out_of_memory(e);
+    if (rc) return bad_request(e, "cannot tokenize the prompt: %s", err);
+    bool ok = tokv_push(v, ids, n);
+    free(ids);
+    return ok ? 0 : out_of_memory(e);
+}
+
+int openai_tokenize_prompt(const struct openai_ctx *c, const cJSON *v, const char *name, bool add_special,
+                           bool parse_special, int32_t **out, int *n_out, struct openai_error *e) {
+    struct tokv tv = {0};
+    int rc = 0;
+    *out = NULL;
+    *n_out = 0;
+    if (cJSON_IsString(v)) {
+        rc = encode_text(c, v->valuestring, add_special, parse_special, &tv, e);
+    } else if (cJSON_IsArray(v)) {
+        /* one-element batch [[...]] / ["..."] is that prompt; a batch of several is not served */
+        int n = cJSON_GetArraySize(v);
+        bool all_strings = n > 0;
+        for (const cJSON *it = v->child; it; it = it->next) all_strings = all_strings && cJSON_IsString(it);
+        if (n == 1 && cJSON_IsArray(v->child))
+            return openai_tokenize_prompt(c, v->child, name, add_special, parse_special, out, n_out, e);
+        if (all_strings && n > 1 && strcmp(name, "content") != 0)
+            return bad_request(e, "Field '%s': several prompts in one request are not supported", name);
+        int i = 0;
+        for (const cJSON *it = v->child; it && !rc; it = it->next, i++) {
+            if (cJSON_IsString(it)) {
+                /* BOS only in front, and only when the prompt starts with text (llama.cpp) */
+                rc = encode_text(c, it->valuestring, add_special && i == 0, parse_special, &tv, e);
+            } else if (cJSON_IsNumber(it)) {
+                double d = it->valuedouble;
+                if (d != floor(d) || d < 0 || d >= c->n_vocab) {
+                    rc = bad_request(e, "Field '%s': invalid token %g at index %d (the vocabulary has %d tokens)", name, d, i, c->n_vocab);
+                } else {
+                    int32_t id = (int32_t)d;
+                    if (!tokv_push(&tv, &id, 1)) rc = out_of_memory(e);
+                }
+            } else if (cJSON_IsArray(it) || cJSON_IsObject(it)) {
+                rc = bad_request(e, "Field '%s': several prompts in one request are not supported", name);
+            } else {
+                rc = bad_request(e, "Field '%s': element %d must be a string or a token id", name, i);
+            }
+        }
+    } else {
+        rc = bad_request(e, "Field '%s': expected a string or an array of tokens", name);
+    }
+    if (!rc && tv.n > (size_t)INT32_MAX / 2) rc = bad_request(e, "Field '%s': too many tokens", name);
+    if (rc) {
+        free(tv.p);
+        return rc;
+    }
+    *out = tv.p;
+    *n_out = (int)tv.n;
+    return 0;
+}
+
+int openai_render_chat(const struct openai_ctx *c, const cJSON *body, char **out, struct openai_error *e) {
+    *out = NULL;
+    const cJSON *msgs = field(body, "messages");
+    if (!msgs) return bad_request(e, "'messages' is required");
+    if (!cJSON_IsArray(msgs)) return bad_request(e, "Field 'messages': expected an array");
+    int n = cJSON_GetArraySize(msgs);
+    if (n == 0) return bad_request(e, "Field 'messages': expected a non-empty array");
+    bool add_gen = true, thinking = true;
+    int rc;
+    if ((rc = get_bool(body, "add_generation_prompt", &add_gen, e))) return rc;
+    const cJSON *kw = field(body, "chat_template_kwargs");
+    if (kw && !cJSON_IsObject(kw)) return bad_request(e, "Field 'chat_template_kwargs': expected an object");
+    if (kw && (rc = get_bool(kw, "enable_thinking", &thinking, e))) return rc;
+    const cJSON *effort = field(body, "reasoning_effort");
+    if (effort && cJSON_IsString(effort) && !strcmp(effort->valuestring, "none")) thinking = false;
+
+    struct chat_message *cm = calloc((size_t)n, sizeof *cm);
+    char **owned = calloc((size_t)n, sizeof *owned);
+    if (!cm || !owned) { free(cm); free(owned); return out_of_memory(e); }
+    int i = 0;
+    rc = 0;
+    for (const cJSON *m = msgs->child; m && !rc; m = m->next, i++) {
+        const cJSON *role = cJSON_IsObject(m) ? field(m, "role") : NULL;
+        if (!cJSON_IsObject(m)) { rc = bad_request(e, "Field 'messages': element %d is not an object", i); break; }
+        if (!role || !cJSON_IsString(role)) { rc = bad_request(e, "Field 'messages[%d].role': expected a string", i); break; }
+        cm[i].role = role->valuestring;
+        const cJSON *content = field(m, "content");
+        bool assistant = !strcmp(role->valuestring, "assistant");
+        if (!content) {
+            /* llama.cpp: only an assistant message (with tool calls) may omit its content */
+            if (!assistant) { rc = bad_request(e, "Field 'messages[%d].content' is required", i); break; }
+            cm[i].content = "";
+        } else if (cJSON_IsString(content)) {
+            cm[i].content = content->valuestring;
+        } else if (cJSON_IsArray(content)) {
+            /* parts: concatenate the text ones; media parts need a vision model we do not have */
+            size_t len = 0;
+            for (const cJSON *p = content->child; p && !rc; p = p->next) {
+                const cJSON *type = cJSON_IsObject(p) ? field(p, "type") : NULL;
+                const cJSON *text = cJSON_IsObject(p) ? field(p, "text") : NULL;
+                if (!type || !cJSON_IsString(type) || strcmp(type->valuestring, "text") || !text || !cJSON_IsString(text))
+                    rc = bad_request(e, "Field 'messages[%d].content': only {\"type\": \"text\", \"text\": ...} parts are supported", i);
+                else len += strlen(text->valuestring);
+            }
+            if (rc) break;
+            if (!(owned[i] = malloc(len + 1))) { rc = out_of_memory(e); break; }
+            owned[i][0] = 0;
+            size_t at = 0;
+            for (const cJSON *p = content->child; p; p = p->next) {
+                const char *t = field(p, "text")->valuestring;
+                size_t k = strlen(t);
+                memcpy(owned[i] + at, t, k + 1);
+                at += k;
+            }
+            cm[i].content = owned[i];
+        } else {
+            rc = bad_request(e, "Field 'messages[%d].content': expected a string, an array of parts or null", i);
+        }
+    }
+    if (!rc) {
+        char err[256];
+        int crc = chat_apply(c->chat_template, cm, (size_t)n, add_gen, thinking, out, err, sizeof err);
+        if (crc == COTI_E_NOMEM) rc = out_of_memory(e);
+        else if (crc) rc = bad_request(e, "cannot apply the chat template: %s", err);
+    }
+    for (int k = 0; k < n; k++) free(owned[k]);
+    free(owned);
+    free(cm);
+    return rc;
+}
+
+void openai_request_free(struct openai_request *r) {
+    gen_params_free(&r->g);
+    free(r->prompt);
+    r->prompt = NULL;
+    r->n_prompt = 0;
+}
+
+int openai_parse_request(const struct openai_ctx *c, enum openai_api api, const cJSON *body,
+                         struct openai_request *r, struct openai_error *e) {
+    memset(r, 0, sizeof *r);
+    r->api = api;
+    r->created = (long)time(NULL);
+    static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    memcpy(r->id, "chatcmpl-", 9);
+    for (int i = 0; i < 32; i += 8) {
+        uint64_t x = random_u64();
+        for (int k = 0; k < 8; k++, x >>= 8) r->id[9 + i + k] = alnum[(x & 0xFF) % 62];
+    }
+    r->id[41] = 0;
+    if (!cJSON_IsObject(body)) return bad_request(e, "the request body must be a JSON object");
+    int rc = parse_params(c, body, r, e);
+    if (!rc) {
+        if (api == OPENAI_API_CHAT) {
+            char *text = NULL;
+            rc = openai_render_chat(c, body, &text, e);
+            if (!rc) {
+                cJSON tmp = {.type = cJSON_String, .valuestring = text};
+                rc = openai_tokenize_prompt(c, &tmp, "messages", true, true, &r->prompt, &r->n_prompt, e);
+            }
+            free(text);
+        } else {
+            const cJSON *p = field(body, "prompt");
+            if (!p) rc = bad_request(e, "'prompt' is required");
+            else rc = openai_tokenize_prompt(c, p, "prompt", tokenizer_add_bos(c->tok), true, &r->prompt, &r->n_prompt, e);
+        }
+    }
+    if (!rc && r->n_prompt == 0) rc = bad_request(e, "the prompt is empty");
+    if (!rc && r->n_prompt >= c->n_ctx) {
+        rc = openai_error_set(e, 400, "exceed_context_size_error",
+                              "the request exceeds the available context size (%d tokens in the prompt, %d in the context), "
+                              "try increasing it", r->n_prompt, c->n_ctx);
+        e->n_prompt_tokens = r->n_prompt;
+        e->n_ctx = c->n_ctx;
+    }
+    if (rc) openai_request_free(r);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Responses */
+
+cJSON *openai_timings(const struct task_result *res) {
+    cJSON *t = cJSON_CreateObject();
+    if (!t) return NULL;
+    /* divisions by zero give NaN/inf, which cJSON prints as null, as llama.cpp's writer does */
+    double pn = res->prompt_n, gn = res->predicted_n;
+    cJSON_AddNumberToObject(t, "cache_n", res->cache_n);
+    cJSON_AddNumberToObject(t, "prompt_n", res->prompt_n);
+    cJSON_AddNumberToObject(t, "prompt_ms", res->prompt_ms);
+    cJSON_AddNumberToObject(t, "prompt_per_token_ms", res->prompt_ms / pn);
+    cJSON_AddNumberToObject(t, "prompt_per_second", 1e3 * pn / res->prompt_ms);
+    cJSON_AddNumberToObject(t, "predicted_n", res->predicted_n);
+    cJSON_AddNumberToObject(t, "predicted_ms", res->predicted_ms);
+    cJSON_AddNumberToObject(t, "predicted_per_token_ms", res->predicted_ms / gn);
+    cJSON_AddNumberToObject(t, "predicted_per_second", 1e3 * gn / res->predicted_ms);
+    if (res->draft_n > 0) {
+        cJSON_AddNumberToObject(t, "draft_n", (double)res->draft_n);
+        cJSON_AddNumberToObject(t, "draft_n_accepted", (double)res->draft_n_accepted);
+    }
+    return t;
+}
+
+static cJSON *usage_json(const struct task_result *res) {
+    cJSON *u = cJSON_CreateObject();
+    if (!u) return NULL;
+    cJSON_AddNumberToObject(u, "completion_tokens", res->predicted_n);
+    cJSON_AddNumberToObject(u, "prompt_tokens", res->n_prompt);
+    cJSON_AddNumberToObject(u, "total_tokens", res->n_prompt + res->predicted_n);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    if (d) cJSON_AddNumberToObject(d, "cached_tokens", res->cache_n);
+    return u;
+}
+
+static const char *finish_reason(const struct task_result *res) {
+    return res->stop_type == STOP_TYPE_LIMIT ? "length" : "stop";
+}
+
+/* The fields every OpenAI-shaped object carries. */
+static void add_envelope(cJSON *o, const struct openai_ctx *c, const struct openai_request *r, const char *object) {
+    cJSON_AddNumberToObject(o, "created", (double)r->created);
+    cJSON_AddStringToObject(o, "model", c->model_name);
+    cJSON_AddStringToObject(o, "system_fingerprint", "coti");
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddStringToObject(o, "id", r->id);
+}
+
+/* Print o (NULL-safe) and free it. NULL when any step ran out of memory: cJSON's add
+ * functions return NULL then, and a missing member would be a silent wrong answer, so the
+ * caller answers 500 instead. */
+static char *print_free(cJSON *o, bool ok) {
+    char *s = o && ok ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return s;
+}
+
+static cJSON *native_object(const struct openai_ctx *c, const struct openai_request *r, const char *text, size_t n_text,
+                            const int32_t *tokens, size_t n_tokens, const struct task_result *res, bool *ok) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) { *ok = false; return NULL; }
+    cJSON_AddNumberToObject(o, "index", 0);
+    *ok = openai_add_text(o, "content", text, n_text) && *ok;
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
+    for (size_t i = 0; toks && r->return_tokens && i < n_tokens; i++)
+        if (tokens[i] >= 0) cJSON_AddItemToArray(toks, cJSON_CreateNumber(tokens[i]));
+    cJSON_AddNumberToObject(o, "id_slot", res->id_slot);
+    cJSON_AddBoolToObject(o, "stop", true);
+    cJSON_AddStringToObject(o, "model", c->model_name);
+    cJSON_AddNumberToObject(o, "tokens_predicted", res->predicted_n);
+    cJSON_AddNumberToObject(o, "tokens_evaluated", res->n_prompt);
+    cJSON *gs = cJSON_AddObjectToObject(o, "generation_settings");
+    if (gs) {
+        cJSON_AddNumberToObject(gs, "seed", (double)r->g.sp.seed);
+        cJSON_AddNumberToObject(gs, "temperature", r->g.sp.temperature);
+        cJSON_AddNumberToObject(gs, "top_k", r->g.sp.top_k);
+        cJSON_AddNumberToObject(gs, "top_p", r->g.sp.top_p);
+        cJSON_AddNumberToObject(gs, "min_p", r->g.sp.min_p);
+        cJSON_AddNumberToObject(gs, "min_keep", r->g.sp.min_keep);
+        cJSON_AddNumberToObject(gs, "n_predict", r->g.n_predict);
+        cJSON_AddNumberToObject(gs, "max_tokens", r->g.n_predict);
+        cJSON_AddBoolToObject(gs, "ignore_eos", r->g.ignore_eos);
+        cJSON_AddBoolToObject(gs, "stream", r->stream);
+        cJSON *stop = cJSON_AddArrayToObject(gs, "stop");
+        for (int i = 0; stop && i < r->g.n_stop; i++) openai_add_text(stop, "", r->g.stop[i], strlen(r->g.stop[i]));
+        cJSON_AddStringToObject(gs, "speculative.type", spec_type_name(r->g.spec.type));
+        cJSON_AddNumberToObject(gs, "speculative.n_max", r->g.spec.n_max);
+        cJSON_AddNumberToObject(gs, "speculative.n_min", r->g.spec.n_min);
+        cJSON_AddNumberToObject(gs, "speculative.p_min", r->g.spec.p_min);
+    }
+    char *prompt = NULL;
+    size_t n_prompt = 0;
+    if (tokenizer_detokenize(c->tok, r->prompt, (size_t)r->n_prompt, true, &prompt, &n_prompt, NULL, 0) == 0) {
+        *ok = openai_add_text(o, "prompt", prompt, n_prompt) && *ok;
+        free(prompt);
+    } else {
+        *ok = false;
+    }
+    cJSON_AddBoolToObject(o, "has_new_line", memchr(text, '\n', n_text) != NULL);
+    cJSON_AddBoolToObject(o, "truncated", false);
+    cJSON_AddStringToObject(o, "stop_type", stop_type_name(res->stop_type));
+    const char *word = res->stop_type == STOP_TYPE_WORD && res->stop_index >= 0 ? r->g.stop[res->stop_index] : "";
+    *ok = openai_add_text(o, "stopping_word", word, strlen(word)) && *ok;
+    cJSON_AddNumberToObject(o, "tokens_cached", res->tokens_cached);
+    cJSON *t = openai_timings(res);
+    if (t) cJSON_AddItemToObject(o, "timings", t);
+    *ok = *ok && toks && gs && t;
+    return o;
+}
+
+char *openai_render_final(const struct openai_ctx *c, const struct openai_request *r, const char *text,
+                          size_t n_text, const int32_t *tokens, size_t n_tokens, const struct task_result *res) {
+    bool ok = true;
+    if (r->api == OPENAI_API_NATIVE) {
+        cJSON *o = native_object(c, r, text, n_text, tokens, n_tokens, res, &ok);
+        return print_free(o, ok);
+    }
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    ok = choices && ch && cJSON_AddItemToArray(choices, ch);
+    if (!ok) cJSON_Delete(ch);
+    if (ok && r->api == OPENAI_API_CHAT) {
+        cJSON_AddStringToObject(ch, "finish_reason", finish_reason(res));
+        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+        ok = msg && cJSON_AddStringToObject(msg, "role", "assistant") && openai_add_text(msg, "content", text, n_text);
+    } else if (ok) {
+        ok = openai_add_text(ch, "text", text, n_text);
+        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON_AddNullToObject(ch, "logprobs");
+        cJSON_AddStringToObject(ch, "finish_reason", finish_reason(res));
+    }
+    add_envelope(o, c, r, r->api == OPENAI_API_CHAT ? "chat.completion" : "text_completion");
+    cJSON *u = usage_json(res), *t = openai_timings(res);
+    if (u) cJSON_AddItemToObject(o, "usage", u);
+    if (t) cJSON_AddItemToObject(o, "timings", t);
+    return print_free(o, ok && u && t);
+}
+
+char *openai_render_chunk_role(const struct openai_ctx *c, const struct openai_request *r) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    bool ok = choices && ch && cJSON_AddItemToArray(choices, ch);
+    if (!ok) cJSON_Delete(ch);
+    if (ok) {
+        cJSON_AddNullToObject(ch, "finish_reason");
+        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        ok = d && cJSON_AddStringToObject(d, "role", "assistant") && cJSON_AddNullToObject(d, "content");
+    }
+    add_envelope(o, c, r, "chat.completion.chunk");
+    return print_free(o, ok);
+}
+
+char *openai_render_chunk(const struct openai_ctx *c, const struct openai_request *r, const char *text,
+                          size_t len, int32_t id, int id_slot, int n_predicted) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    bool ok = true;
+    if (r->api == OPENAI_API_NATIVE) {
+        cJSON_AddNumberToObject(o, "index", 0);
+        ok = openai_add_text(o, "content", text, len);
+        cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
+        ok = ok && toks;
+        if (toks && id >= 0) cJSON_AddItemToArray(toks, cJSON_CreateNumber(id));
+        cJSON_AddBoolToObject(o, "stop", false);
+        cJSON_AddNumberToObject(o, "id_slot", id_slot);
+        cJSON_AddNumberToObject(o, "tokens_predicted", n_predicted);
+        cJSON_AddNumberToObject(o, "tokens_evaluated", r->n_prompt);
+        return print_free(o, ok);
+    }
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    ok = choices && ch && cJSON_AddItemToArray(choices, ch);
+    if (!ok) cJSON_Delete(ch);
+    if (ok && r->api == OPENAI_API_CHAT) {
+        cJSON_AddNullToObject(ch, "finish_reason");
+        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        ok = d && openai_add_text(d, "content", text, len);
+    } else if (ok) {
+        ok = openai_add_text(ch, "text", text, len);
+        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON_AddNullToObject(ch, "logprobs");
+        cJSON_AddNullToObject(ch, "finish_reason");
+    }
+    add_envelope(o, c, r, r->api == OPENAI_API_CHAT ? "chat.completion.chunk" : "text_completion");
+    return print_free(o, ok);
+}
+
+bool openai_render_stream_end(const struct openai_ctx *c, const struct openai_request *r,
+                              const struct task_result *res, char **out, int *n) {
+    *n = 0;
+    if (r->api == OPENAI_API_NATIVE) {
+        /* the full native object with empty content and no tokens (server-api.md §5) */
+        bool ok = true;
+        cJSON *o = native_object(c, r, "", 0, NULL, 0, res, &ok);
+        if (!(out[0] = print_free(o, ok))) return false;
+        *n = 1;
+        return true;
+    }
+    bool chat = r->api == OPENAI_API_CHAT;
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return false;
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    bool ok = choices && ch && cJSON_AddItemToArray(choices, ch);
+    if (!ok) cJSON_Delete(ch);
+    if (ok && chat) {
+        cJSON_AddStringToObject(ch, "finish_reason", finish_reason(res));
+        cJSON_AddNumberToObject(ch, "index", 0);
+        ok = cJSON_AddObjectToObject(ch, "delta") != NULL;
+    } else if (ok) {
+        cJSON_AddStringToObject(ch, "text", "");
+        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON_AddNullToObject(ch, "logprobs");
+        cJSON_AddStringToObject(ch, "finish_reason", finish_reason(res));
+    }
+    add_envelope(o, c, r, chat ? "chat.completion.chunk" : "text_completion");
+    /* completions always carry usage in the last chunk; chat only on request, in a chunk of
+     * its own with no choices, to which the timings then move */
+    bool usage_chunk = chat && r->include_usage;
+    if (!chat) {
+        cJSON *u = usage_json(res);
+        ok = ok && u;
+        if (u) cJSON_AddItemToObject(o, "usage", u);
+    }
+    if (!usage_chunk) {
+        cJSON *t = openai_timings(res);
+        ok = ok && t;
+        if (t) cJSON_AddItemToObject(o, "timings", t);
+    }
+    if (!(out[0] = print_free(o, ok))) return false;
+    *n = 1;
+    if (usage_chunk) {
+        cJSON *o2 = cJSON_CreateObject();
+        if (!o2) { free(out[0]); *n = 0; return false; }
+        bool ok2 = cJSON_AddArrayToObject(o2, "choices") != NULL;
+        add_envelope(o2, c, r, "chat.completion.chunk");
+        cJSON *u = usage_json(res), *t = openai_timings(res);
+        if (u) cJSON_AddItemToObject(o2, "usage", u);
+        if (t) cJSON_AddItemToObject(o2, "timings", t);
+        if (!(out[1] = print_free(o2, ok2 && u && t))) { free(out[0]); *n = 0; return false; }
+        *n = 2;
+    }
+    return true;
+}

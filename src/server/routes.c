@@ -1,0 +1,657 @@
+/* routes.c — the endpoints (see routes.h). A completion request goes: JSON body -> openai.c
+ * parses it into a task -> slots.c queues and runs it -> the handler waits on the task's
+ * channel (checking that the client is still there) -> openai.c shapes the answer. A
+ * streamed answer is an SSE reader that blocks on the channel and writes one event per
+ * token's text. Everything a bad request causes stays in its own handler: it gets a 4xx in
+ * OpenAI's error shape and never reaches the engine. */
+#include "server/routes.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/http.h"
+
+/* ------------------------------------------------------------------------------------------
+ * Helpers */
+
+void routes_count_http(struct routes *r, int status) {
+    if (r) metrics_count_http(r->mx, status);
+}
+
+/* Parse x's body as one JSON value; NULL with e filled (400) when it is not JSON. */
+static cJSON *parse_body(struct routes *r, struct http_exchange *x, struct openai_error *e) {
+    if (strlen(x->body) != x->n_body) {
+        openai_error_set(e, 400, "invalid_request_error", "malformed JSON: the body contains a NUL byte");
+        return NULL;
+    }
+    const char *end = NULL;
+    pthread_mutex_lock(&r->json_mu);
+    /* length + 1 takes in the NUL terminator: cJSON then rejects trailing garbage */
+    cJSON *j = cJSON_ParseWithLengthOpts(x->body, x->n_body + 1, &end, true);
+    pthread_mutex_unlock(&r->json_mu);
+    if (!j) {
+        size_t at = end && end >= x->body && end <= x->body + x->n_body ? (size_t)(end - x->body) : 0;
+        openai_error_set(e, 400, "invalid_request_error", "malformed JSON in the request body near byte %zu", at);
+    }
+    return j;
+}
+
+static cJSON *parse_object_body(struct routes *r, struct http_exchange *x, struct openai_error *e) {
+    cJSON *j = parse_body(r, x, e);
+    if (j && !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        openai_error_set(e, 400, "invalid_request_error", "the request body must be a JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+static enum MHD_Result send_cjson(struct http_exchange *x, int status, cJSON *o) {
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return http_send_json(x, status, s);
+}
+
+static const char *spec_types_name(enum spec_type t) {
+    return t == SPEC_MTP ? "draft-mtp" : t == SPEC_NGRAM ? "ngram-simple" : "none";
+}
+
+/* The short `params` object of /props and /slots (server-api.md §3.4, the fields coti has). */
+static cJSON *params_json(const struct sampler_params *sp, const struct spec_params *spec, int n_predict, bool ignore_eos) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddNumberToObject(o, "seed", (double)sp->seed);
+    cJSON_AddNumberToObject(o, "temperature", sp->temperature);
+    cJSON_AddNumberToObject(o, "top_k", sp->top_k);
+    cJSON_AddNumberToObject(o, "top_p", sp->top_p);
+    cJSON_AddNumberToObject(o, "min_p", sp->min_p);
+    cJSON_AddNumberToObject(o, "min_keep", sp->min_keep);
+    cJSON_AddNumberToObject(o, "max_tokens", n_predict);
+    cJSON_AddNumberToObject(o, "n_predict", n_predict);
+    cJSON_AddBoolToObject(o, "ignore_eos", ignore_eos);
+    cJSON *s = cJSON_AddArrayToObject(o, "samplers");
+    static const char *chain[] = {"top_k", "top_p", "min_p", "temperature"};
+    for (size_t i = 0; s && i < COTI_ARRAY_LEN(chain); i++) cJSON_AddItemToArray(s, cJSON_CreateString(chain[i]));
+    cJSON_AddStringToObject(o, "speculative.types", spec_types_name(spec->type));
+    cJSON_AddNumberToObject(o, "speculative.n_max", spec->n_max);
+    cJSON_AddNumberToObject(o, "speculative.n_min", spec->n_min);
+    cJSON_AddNumberToObject(o, "speculative.p_min", spec->p_min);
+    return o;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Simple endpoints */
+
+static enum MHD_Result route_health(struct routes *r, struct http_exchange *x) {
+    return http_send_json(x, 200, strdup("{\"status\":\"ok\"}"));
+}
+
+static enum MHD_Result route_models(struct routes *r, struct http_exchange *x) {
+    const char *name = r->oc.model_name;
+    const struct gguf_tensor *emb = gguf_find_tensor(r->m->gguf, "token_embd.weight");
+    const struct ggml_type_traits *tt = emb ? ggml_type_traits_get(emb->type) : NULL;
+    char ftype[16] = "";
+    for (size_t i = 0; tt && tt->name[i] && i + 1 < sizeof ftype; i++) ftype[i] = (char)toupper((unsigned char)tt->name[i]);
+    cJSON *o = cJSON_CreateObject();
+    cJSON *models = cJSON_AddArrayToObject(o, "models");
+    cJSON *m = cJSON_CreateObject();
+    if (models && m) {
+        cJSON_AddItemToArray(models, m);
+        cJSON_AddStringToObject(m, "name", name);
+        cJSON_AddStringToObject(m, "model", name);
+        cJSON_AddStringToObject(m, "modified_at", "");
+        cJSON_AddStringToObject(m, "size", "");
+        cJSON_AddStringToObject(m, "digest", "");
+        cJSON_AddStringToObject(m, "type", "model");
+        cJSON_AddStringToObject(m, "description", "");
+        cJSON *tags = cJSON_AddArrayToObject(m, "tags");
+        if (tags) cJSON_AddItemToArray(tags, cJSON_CreateString(""));
+        cJSON *caps = cJSON_AddArrayToObject(m, "capabilities");
+        if (caps) cJSON_AddItemToArray(caps, cJSON_CreateString("completion"));
+        cJSON_AddStringToObject(m, "parameters", "");
+        cJSON *d = cJSON_AddObjectToObject(m, "details");
+        if (d) {
+            cJSON_AddStringToObject(d, "parent_model", "");
+            cJSON_AddStringToObject(d, "format", "gguf");
+            cJSON_AddStringToObject(d, "family", r->m->info.arch);
+            cJSON *fam = cJSON_AddArrayToObject(d, "families");
+            if (fam) cJSON_AddItemToArray(fam, cJSON_CreateString(r->m->info.arch));
+            cJSON_AddStringToObject(d, "parameter_size", "");
+            cJSON_AddStringToObject(d, "quantization_level", ftype);
+        }
+    } else {
+        cJSON_Delete(m);
+    }
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    cJSON *dm = cJSON_CreateObject();
+    if (data && dm) {
+        cJSON_AddItemToArray(data, dm);
+        cJSON_AddStringToObject(dm, "id", name);
+        cJSON_AddArrayToObject(dm, "aliases");
+        cJSON_AddArrayToObject(dm, "tags");
+        cJSON_AddStringToObject(dm, "object", "model");
+        cJSON_AddNumberToObject(dm, "created", (double)r->t_start_unix);
+        cJSON_AddStringToObject(dm, "owned_by", "llamacpp");
+        cJSON *meta = cJSON_AddObjectToObject(dm, "meta");
+        if (meta) {
+            cJSON_AddNumberToObject(meta, "vocab_type", 2); /* llama.cpp's LLAMA_VOCAB_TYPE_BPE */
+            cJSON_AddNumberToObject(meta, "n_vocab", r->m->info.n_vocab);
+            cJSON_AddNumberToObject(meta, "n_ctx", r->m->n_ctx);
+            cJSON_AddNumberToObject(meta, "n_ctx_train", r->m->info.n_ctx_train);
+            cJSON_AddNumberToObject(meta, "n_embd", r->m->info.n_embd);
+            cJSON_AddNumberToObject(meta, "n_params", (double)r->n_params);
+            cJSON_AddNumberToObject(meta, "size", (double)r->model_size_bytes);
+            cJSON_AddStringToObject(meta, "ftype", ftype);
+        }
+    } else {
+        cJSON_Delete(dm);
+    }
+    return send_cjson(x, 200, o);
+}
+
+static void add_token_text(cJSON *o, const char *key, const struct tokenizer *tok, int32_t id) {
+    const char *p = "";
+    size_t n = 0;
+    if (id >= 0) tokenizer_token_to_piece(tok, id, true, &p, &n);
+    openai_add_text(o, key, p, n);
+}
+
+static enum MHD_Result route_props(struct routes *r, struct http_exchange *x) {
+    const struct openai_ctx *c = &r->oc;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *dgs = cJSON_AddObjectToObject(o, "default_generation_settings");
+    if (dgs) {
+        cJSON *pj = params_json(&c->sampling, &c->spec, c->n_predict, false);
+        if (pj) cJSON_AddItemToObject(dgs, "params", pj);
+        cJSON_AddNumberToObject(dgs, "n_ctx", c->n_ctx);
+    }
+    cJSON_AddNumberToObject(o, "total_slots", slots_count(r->slots));
+    cJSON_AddStringToObject(o, "model_alias", c->model_name);
+    const struct gguf_tensor *emb = gguf_find_tensor(r->m->gguf, "token_embd.weight");
+    const struct ggml_type_traits *tt = emb ? ggml_type_traits_get(emb->type) : NULL;
+    cJSON_AddStringToObject(o, "model_ftype", tt ? tt->name : "");
+    cJSON_AddStringToObject(o, "model_path", r->p->model_path);
+    cJSON *mod = cJSON_AddObjectToObject(o, "modalities");
+    if (mod) {
+        cJSON_AddBoolToObject(mod, "vision", false);
+        cJSON_AddBoolToObject(mod, "video", false);
+        cJSON_AddBoolToObject(mod, "audio", false);
+    }
+    cJSON_AddBoolToObject(o, "endpoint_slots", true);
+    cJSON_AddBoolToObject(o, "endpoint_props", false);
+    cJSON_AddBoolToObject(o, "endpoint_metrics", true);
+    cJSON_AddBoolToObject(o, "ui", false);
+    openai_add_text(o, "chat_template", r->chat_template_text, strlen(r->chat_template_text));
+    cJSON_AddObjectToObject(o, "chat_template_caps");
+    add_token_text(o, "bos_token", c->tok, tokenizer_bos(c->tok));
+    add_token_text(o, "eos_token", c->tok, tokenizer_eos(c->tok));
+    cJSON_AddStringToObject(o, "build_info", "coti");
+    cJSON_AddBoolToObject(o, "is_sleeping", false);
+    cJSON_AddBoolToObject(o, "cors_proxy_enabled", false);
+    cJSON *spec = cJSON_AddObjectToObject(o, "speculative");
+    if (spec) {
+        /* coti extra: what a request may ask for in its speculative fields */
+        cJSON_AddStringToObject(spec, "type", spec_type_name(c->spec.type));
+        cJSON_AddBoolToObject(spec, "mtp", spec_engine_supports(c->eng, SPEC_MTP));
+        cJSON_AddBoolToObject(spec, "ngram", spec_engine_supports(c->eng, SPEC_NGRAM));
+        cJSON_AddNumberToObject(spec, "n_max_limit", SPEC_MAX_DRAFT);
+    }
+    return send_cjson(x, 200, o);
+}
+
+static enum MHD_Result route_props_post(struct routes *r, struct http_exchange *x) {
+    struct openai_error e;
+    openai_error_set(&e, 501, "not_supported_error", "This server does not support changing global properties.");
+    return http_send_error(x, &e);
+}
+
+static enum MHD_Result route_slots(struct routes *r, struct http_exchange *x) {
+    int n = slots_count(r->slots);
+    struct slot_view *v = calloc((size_t)n, sizeof *v);
+    if (!v) return http_send_json(x, 500, NULL);
+    slots_view(r->slots, v);
+    const char *fail = MHD_lookup_connection_value(x->conn, MHD_GET_ARGUMENT_KIND, "fail_on_no_slot");
+    if (fail && strcmp(fail, "0") && strcmp(fail, "false")) {
+        bool idle = false;
+        for (int i = 0; i < n; i++) idle = idle || !v[i].processing;
+        if (!idle) {
+            free(v);
+            struct openai_error e;
+            openai_error_set(&e, 503, "unavailable_error", "no slot available");
+            return http_send_error(x, &e);
+        }
+    }
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) {
+        cJSON *s = cJSON_CreateObject();
+        if (!s) break;
+        cJSON_AddItemToArray(a, s);
+        cJSON_AddNumberToObject(s, "id", v[i].id);
+        cJSON_AddNumberToObject(s, "n_ctx", r->m->n_ctx);
+        cJSON_AddBoolToObject(s, "speculative", v[i].id_task >= 0 ? v[i].spec.type != SPEC_OFF : r->oc.spec.type != SPEC_OFF);
+        cJSON_AddBoolToObject(s, "is_processing", v[i].processing);
+        if (v[i].id_task < 0) continue;
+        cJSON_AddNumberToObject(s, "id_task", (double)v[i].id_task);
+        cJSON_AddNumberToObject(s, "n_prompt_tokens", v[i].n_prompt);
+        cJSON_AddNumberToObject(s, "n_prompt_tokens_processed", v[i].n_prompt_processed);
+        cJSON_AddNumberToObject(s, "n_prompt_tokens_cache", v[i].n_cache);
+        cJSON *pj = params_json(&v[i].sp, &v[i].spec, v[i].n_predict, v[i].ignore_eos);
+        if (pj) cJSON_AddItemToObject(s, "params", pj);
+        /* a one-element array, as llama.cpp's JSON construction produces (server-api.md §2.4) */
+        cJSON *nt = cJSON_AddArrayToObject(s, "next_token");
+        cJSON *t = cJSON_CreateObject();
+        if (nt && t) {
+            cJSON_AddItemToArray(nt, t);
+            cJSON_AddBoolToObject(t, "has_next_token", v[i].processing);
+            cJSON_AddBoolToObject(t, "has_new_line", v[i].has_new_line);
+            cJSON_AddNumberToObject(t, "n_remain", v[i].n_predict < 0 ? -1 : v[i].n_predict - v[i].n_decoded);
+            cJSON_AddNumberToObject(t, "n_decoded", v[i].n_decoded);
+        } else {
+            cJSON_Delete(t);
+        }
+    }
+    free(v);
+    return send_cjson(x, 200, a);
+}
+
+static enum MHD_Result route_metrics(struct routes *r, struct http_exchange *x) {
+    return http_send_text(x, 200, "text/plain; version=0.0.4", metrics_render(r->mx));
+}
+
+static enum MHD_Result route_tokenize(struct routes *r, struct http_exchange *x) {
+    struct openai_error e;
+    cJSON *b = parse_object_body(r, x, &e);
+    if (!b) return http_send_error(x, &e);
+    bool add_special = false, parse_special = true, with_pieces = false;
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(b, "content");
+    const char *bad = NULL;
+    const char *names[] = {"add_special", "parse_special", "with_pieces"};
+    bool *vals[] = {&add_special, &parse_special, &with_pieces};
+    for (int i = 0; i < 3; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(b, names[i]);
+        if (!v || cJSON_IsNull(v)) continue;
+        if (!cJSON_IsBool(v)) bad = names[i];
+        else *vals[i] = cJSON_IsTrue(v);
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    int rc = 0;
+    if (bad) rc = openai_error_set(&e, 400, "invalid_request_error", "Field '%s': expected a boolean", bad);
+    else if (!content || cJSON_IsNull(content)) rc = openai_error_set(&e, 400, "invalid_request_error", "'content' is required");
+    else rc = openai_tokenize_prompt(&r->oc, content, "content", add_special, parse_special, &ids, &n, &e);
+    cJSON_Delete(b);
+    if (rc) return http_send_error(x, &e);
+    cJSON *o = cJSON_CreateObject();
+    cJSON *a = cJSON_AddArrayToObject(o, "tokens");
+    for (int i = 0; a && i < n; i++) {
+        if (!with_pieces) {
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+            continue;
+        }
+        cJSON *t = cJSON_CreateObject();
+        if (!t) break;
+        cJSON_AddItemToArray(a, t);
+        cJSON_AddNumberToObject(t, "id", ids[i]);
+        const char *p = "";
+        size_t len = 0;
+        tokenizer_token_to_piece(r->oc.tok, ids[i], true, &p, &len);
+        bool valid = true;
+        for (size_t k = 0; k < len && valid;) {
+            /* a piece that is not valid UTF-8 on its own (half a character) goes as bytes */
+            unsigned char ch = (unsigned char)p[k];
+            size_t need = ch < 0x80 ? 1 : ch >= 0xF0 && ch <= 0xF4 ? 4 : ch >= 0xE0 ? 3 : ch >= 0xC2 && ch < 0xE0 ? 2 : 0;
+            if (need == 0 || k + need > len || !ch) valid = false;
+            for (size_t j = 1; valid && j < need; j++) valid = ((unsigned char)p[k + j] & 0xC0) == 0x80;
+            k += need ? need : 1;
+        }
+        if (valid) {
+            openai_add_text(t, "piece", p, len);
+        } else {
+            cJSON *bytes = cJSON_AddArrayToObject(t, "piece");
+            for (size_t k = 0; bytes && k < len; k++) cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)p[k]));
+        }
+    }
+    free(ids);
+    return send_cjson(x, 200, o);
+}
+
+static enum MHD_Result route_detokenize(struct routes *r, struct http_exchange *x) {
+    struct openai_error e;
+    cJSON *b = parse_object_body(r, x, &e);
+    if (!b) return http_send_error(x, &e);
+    const cJSON *toks = cJSON_GetObjectItemCaseSensitive(b, "tokens");
+    int rc = 0;
+    int32_t *ids = NULL;
+    int n = 0;
+    if (!toks || cJSON_IsNull(toks)) {
+        rc = openai_error_set(&e, 400, "invalid_request_error", "'tokens' is required");
+    } else if (!cJSON_IsArray(toks)) {
+        rc = openai_error_set(&e, 400, "invalid_request_error", "Field 'tokens': expected an array of token ids");
+    } else {
+        n = cJSON_GetArraySize(toks);
+        ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
+        if (!ids) rc = openai_error_set(&e, 500, "server_error", "out of memory");
+        int i = 0;
+        for (const cJSON *t = toks->child; t && !rc; t = t->next, i++) {
+            if (!cJSON_IsNumber(t) || t->valuedouble != (double)(int32_t)t->valuedouble || t->valuedouble < 0 ||
+                t->valuedouble >= r->oc.n_vocab)
+                rc = openai_error_set(&e, 400, "invalid_request_error", "Field 'tokens': element %d is not a token id in [0, %d)", i,
+                                      r->oc.n_vocab);
+            else ids[i] = (int32_t)t->valuedouble;
+        }
+    }
+    cJSON_Delete(b);
+    char *text = NULL;
+    size_t len = 0;
+    if (!rc && tokenizer_detokenize(r->oc.tok, ids, (size_t)n, true, &text, &len, e.message, sizeof e.message))
+        rc = openai_error_set(&e, 500, "server_error", "cannot detokenize");
+    free(ids);
+    if (rc) return http_send_error(x, &e);
+    cJSON *o = cJSON_CreateObject();
+    bool ok = o && openai_add_text(o, "content", text, len);
+    free(text);
+    if (!ok) { cJSON_Delete(o); o = NULL; }
+    return send_cjson(x, 200, o);
+}
+
+static enum MHD_Result route_apply_template(struct routes *r, struct http_exchange *x) {
+    struct openai_error e;
+    cJSON *b = parse_object_body(r, x, &e);
+    if (!b) return http_send_error(x, &e);
+    char *prompt = NULL;
+    int rc = openai_render_chat(&r->oc, b, &prompt, &e);
+    cJSON_Delete(b);
+    if (rc) return http_send_error(x, &e);
+    cJSON *o = cJSON_CreateObject();
+    bool ok = o && openai_add_text(o, "prompt", prompt, strlen(prompt));
+    free(prompt);
+    if (!ok) { cJSON_Delete(o); o = NULL; }
+    return send_cjson(x, 200, o);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Generation */
+
+static void note_result(char *note, size_t size, const struct task *t, const struct task_result *res) {
+    snprintf(note, size, "task=%ld slot=%d prompt=%d cache=%d gen=%d draft_n=%ld accepted=%ld prompt_ms=%.1f gen_ms=%.1f stop=%s%s",
+             task_id(t), res->id_slot, res->n_prompt, res->cache_n, res->predicted_n, res->draft_n, res->draft_n_accepted,
+             res->prompt_ms, res->predicted_ms, stop_type_name(res->stop_type), res->cancelled ? " cancelled" : "");
+}
+
+/* A streamed answer in progress: owns its request copy, its task reference and a buffer of
+ * formatted SSE bytes not yet handed to MHD. */
+struct stream {
+    struct routes *r;
+    struct MHD_Connection *conn;
+    struct openai_request req;
+    struct task *t;
+    struct task_chunk chunk;
+    char *out;
+    size_t n_out, off, cap;
+    bool ended, role_sent, failed;
+    int n_predicted;
+    int64_t t_last_event_us;
+    /* for the log line, written when MHD is done with the stream */
+    long log_id;
+    char method[16], url[96];
+    int64_t t_start_us;
+};
+
+static bool stream_put(struct stream *s, const char *a, size_t n) {
+    if (s->n_out + n > s->cap) {
+        size_t cap = s->cap ? s->cap : 4096;
+        while (cap < s->n_out + n) cap *= 2;
+        char *p = realloc(s->out, cap);
+        if (!p) return false;
+        s->out = p;
+        s->cap = cap;
+    }
+    memcpy(s->out + s->n_out, a, n);
+    s->n_out += n;
+    return true;
+}
+
+/* One SSE event "data: <payload>\n\n"; takes payload (NULL = out of memory). */
+static bool stream_event(struct stream *s, char *payload) {
+    bool ok = payload && stream_put(s, "data: ", 6) && stream_put(s, payload, strlen(payload)) && stream_put(s, "\n\n", 2);
+    free(payload);
+    s->t_last_event_us = coti_time_us();
+    return ok;
+}
+
+/* Format what the channel holds into SSE events. Returns false when out of memory. */
+static bool stream_format(struct stream *s) {
+    const struct openai_ctx *c = &s->r->oc;
+    struct task_chunk *k = &s->chunk;
+    bool ok = true;
+    if (s->req.api == OPENAI_API_CHAT && !s->role_sent && (k->n_pieces || (k->done && !k->result.status))) {
+        ok = stream_event(s, openai_render_chunk_role(c, &s->req));
+        s->role_sent = true;
+    }
+    for (size_t i = 0; i < k->n_pieces && ok; i++) {
+        const struct task_piece *p = &k->pieces[i];
+        if (p->id >= 0) s->n_predicted++;
+        /* OpenAI chunks carry text; a token whose text is held back (or empty) makes none */
+        if (s->req.api != OPENAI_API_NATIVE && p->len == 0) continue;
+        ok = stream_event(s, openai_render_chunk(c, &s->req, k->text + p->off, p->len, p->id, k->id_slot, s->n_predicted));
+    }
+    task_chunk_clear(k);
+    if (ok && k->done) {
+        if (k->result.status) {
+            /* an error after the stream began: one error event, and the stream ends */
+            struct openai_error e;
+            openai_error_set(&e, k->result.status, k->result.status == 503 ? "unavailable_error" : "server_error", "%s",
+                             k->result.message);
+            ok = stream_event(s, openai_error_render(&e));
+        } else {
+            char *ev[2];
+            int n = 0;
+            ok = openai_render_stream_end(c, &s->req, &k->result, ev, &n);
+            for (int i = 0; i < n; i++) ok = stream_event(s, ev[i]) && ok;
+            if (ok && s->req.api != OPENAI_API_NATIVE) ok = stream_put(s, "data: [DONE]\n\n", 14);
+        }
+        s->ended = true;
+    }
+    return ok;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    struct stream *s = cls;
+    int64_t t_check = coti_time_us();
+    for (;;) {
+        if (s->off < s->n_out) {
+            size_t n = COTI_MIN(max, s->n_out - s->off);
+            memcpy(buf, s->out + s->off, n);
+            s->off += n;
+            return (ssize_t)n;
+        }
+        s->off = s->n_out = 0;
+        if (s->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (s->chunk.n_pieces || s->chunk.done) {
+            if (!stream_format(s)) {
+                s->failed = true;
+                task_cancel(s->t);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+            continue;
+        }
+        bool news = task_take(s->t, HTTP_POLL_MS, &s->chunk);
+        int64_t now = coti_time_us();
+        if (!news || now - t_check > HTTP_POLL_MS * 1000) {
+            t_check = now;
+            if (http_client_gone(s->conn)) {
+                task_cancel(s->t);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+        }
+        if (!news && now - s->t_last_event_us > (int64_t)HTTP_SSE_PING_S * 1000000) {
+            s->t_last_event_us = now;
+            if (!stream_put(s, ":\n\n", 3)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+static void stream_free(void *cls) {
+    struct stream *s = cls;
+    /* the task may still run (client gone): stop it; a no-op when it has finished */
+    task_cancel(s->t);
+    char note[384];
+    if (s->chunk.done && !s->chunk.result.status) note_result(note, sizeof note, s->t, &s->chunk.result);
+    else if (s->chunk.done) snprintf(note, sizeof note, "task=%ld stream error=%d", task_id(s->t), s->chunk.result.status);
+    else snprintf(note, sizeof note, "task=%ld stream gen=%d", task_id(s->t), s->n_predicted);
+    http_log_request(s->log_id, s->method, s->url, 200, s->t_start_us, note, !s->ended || s->failed);
+    task_unref(s->t);
+    task_chunk_free(&s->chunk);
+    openai_request_free(&s->req);
+    free(s->out);
+    free(s);
+}
+
+/* Wait until the task has started (stream) or finished. Returns false when the client went
+ * away (the task is cancelled then). */
+static bool wait_task(struct task *t, struct MHD_Connection *conn, struct task_chunk *c, bool until_started) {
+    int64_t t_check = coti_time_us();
+    while (!c->done && !(until_started && c->started)) {
+        bool news = task_take(t, HTTP_POLL_MS, c);
+        int64_t now = coti_time_us();
+        if (!news || now - t_check > HTTP_POLL_MS * 1000) {
+            t_check = now;
+            if (http_client_gone(conn)) {
+                task_cancel(t);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+static enum MHD_Result route_generate(struct routes *r, struct http_exchange *x, enum openai_api api) {
+    struct openai_error e;
+    cJSON *b = parse_body(r, x, &e);
+    if (!b) return http_send_error(x, &e);
+    struct openai_request req;
+    int rc = openai_parse_request(&r->oc, api, b, &req, &e);
+    cJSON_Delete(b);
+    if (rc) return http_send_error(x, &e);
+    struct task *t = task_new(req.prompt, req.n_prompt, &req.g);
+    if (!t) {
+        openai_request_free(&req);
+        openai_error_set(&e, 500, "server_error", "out of memory");
+        return http_send_error(x, &e);
+    }
+    if (slots_submit(r->slots, t)) {
+        task_unref(t);
+        openai_request_free(&req);
+        openai_error_set(&e, 503, "unavailable_error", "the server is busy or shutting down, retry later");
+        return http_send_error(x, &e);
+    }
+    struct task_chunk chunk = {0};
+    /* headers go out once the prompt is processed, so an early failure is a plain error */
+    if (!wait_task(t, x->conn, &chunk, req.stream)) {
+        snprintf(x->note, sizeof x->note, "task=%ld cancelled: client gone", task_id(t));
+        task_unref(t);
+        task_chunk_free(&chunk);
+        openai_request_free(&req);
+        return MHD_NO;
+    }
+    if (chunk.done && chunk.result.status) {
+        openai_error_set(&e, chunk.result.status,
+                         chunk.result.status == 503 ? "unavailable_error" : chunk.result.status < 500 ? "invalid_request_error" : "server_error",
+                         "%s", chunk.result.message);
+        task_unref(t);
+        task_chunk_free(&chunk);
+        openai_request_free(&req);
+        return http_send_error(x, &e);
+    }
+    if (req.stream) {
+        struct stream *s = calloc(1, sizeof *s);
+        if (!s) {
+            task_cancel(t);
+            task_unref(t);
+            task_chunk_free(&chunk);
+            openai_request_free(&req);
+            return http_send_json(x, 500, NULL);
+        }
+        s->r = r;
+        s->conn = x->conn;
+        s->req = req;
+        s->t = t;
+        s->chunk = chunk;
+        s->t_last_event_us = coti_time_us();
+        s->log_id = x->id;
+        snprintf(s->method, sizeof s->method, "%s", x->method);
+        snprintf(s->url, sizeof s->url, "%s", x->url);
+        s->t_start_us = x->t_start_us;
+        return http_send_stream(x, stream_read, s, stream_free);
+    }
+    /* the ids of the generated tokens, for the native return_tokens */
+    int32_t *ids = malloc(sizeof *ids * (chunk.n_pieces ? chunk.n_pieces : 1));
+    size_t n_ids = 0;
+    for (size_t i = 0; ids && i < chunk.n_pieces; i++)
+        if (chunk.pieces[i].id >= 0) ids[n_ids++] = chunk.pieces[i].id;
+    char *json = ids ? openai_render_final(&r->oc, &req, chunk.text ? chunk.text : "", chunk.n_text, ids, n_ids, &chunk.result) : NULL;
+    note_result(x->note, sizeof x->note, t, &chunk.result);
+    free(ids);
+    task_unref(t);
+    task_chunk_free(&chunk);
+    openai_request_free(&req);
+    return http_send_json(x, 200, json);
+}
+
+static enum MHD_Result route_chat(struct routes *r, struct http_exchange *x) { return route_generate(r, x, OPENAI_API_CHAT); }
+static enum MHD_Result route_completions(struct routes *r, struct http_exchange *x) {
+    return route_generate(r, x, OPENAI_API_COMPLETIONS);
+}
+static enum MHD_Result route_native(struct routes *r, struct http_exchange *x) { return route_generate(r, x, OPENAI_API_NATIVE); }
+
+/* ------------------------------------------------------------------------------------------
+ * Routing */
+
+typedef enum MHD_Result (*route_fn)(struct routes *r, struct http_exchange *x);
+
+static const struct route {
+    const char *path;
+    const char *method;
+    route_fn fn;
+} route_table[] = {
+    {"/health", "GET", route_health},
+    {"/v1/health", "GET", route_health},
+    {"/models", "GET", route_models},
+    {"/v1/models", "GET", route_models},
+    {"/props", "GET", route_props},
+    {"/props", "POST", route_props_post},
+    {"/slots", "GET", route_slots},
+    {"/metrics", "GET", route_metrics},
+    {"/tokenize", "POST", route_tokenize},
+    {"/detokenize", "POST", route_detokenize},
+    {"/apply-template", "POST", route_apply_template},
+    {"/completion", "POST", route_native},
+    {"/completions", "POST", route_native},
+    {"/v1/completions", "POST", route_completions},
+    {"/chat/completions", "POST", route_chat},
+    {"/v1/chat/completions", "POST", route_chat},
+};
+
+enum MHD_Result routes_handle(struct routes *r, struct http_exchange *x) {
+    const char *method = !strcmp(x->method, "HEAD") ? "GET" : x->method;
+    char allow[64] = "";
+    for (size_t i = 0; i < COTI_ARRAY_LEN(route_table); i++) {
+        const struct route *rt = &route_table[i];
+        if (strcmp(rt->path, x->url)) continue;
+        if (!strcmp(rt->method, method)) return rt->fn(r, x);
+        size_t n = strlen(allow);
+        snprintf(allow + n, sizeof allow - n, "%s%s", n ? ", " : "", rt->method);
+    }
+    struct openai_error e;
+    if (!allow[0]) {
+        openai_error_set(&e, 404, "not_found_error", "File Not Found");
+        return http_send_error(x, &e);
+    }
+    if (!strcmp(method, "OPTIONS")) return http_send_preflight(x, allow);
+    openai_error_set(&e, 405, "invalid_request_error", "method %s is not allowed on %s (allowed: %s)",
+                     strlen(x->method) < 16 ? x->method : "?", x->url, allow);
+    return http_send_error_allow(x, &e, allow);
+}

@@ -1,0 +1,95 @@
+/* serve.c — `coti serve`: the OpenAI-compatible HTTP server (src/server/). Parses the
+ * options, loads the model with one sequence per slot and hands over to server_run. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "server/server.h"
+#include "tools.h"
+
+static void usage(void) {
+    fprintf(stderr, "usage: coti serve [-m MODEL] [--host H] [--port P] [--parallel N] [options]\n"
+                    "  --host H             address to listen on (default 127.0.0.1)\n"
+                    "  --port P             TCP port (default 8080; 0 = any free port, printed at start)\n"
+                    "  -np, --parallel N    slots: requests decoded at once, each its own sequence (default 4)\n"
+                    "  -n, --n-predict N    default max tokens of a request (default -1 = until EOG / context)\n"
+                    "  -a, --alias NAME     model name in /v1/models and answers (default: the file name)\n"
+                    "  --max-body BYTES     largest request body (default %zu; 413 beyond)\n"
+                    "Request defaults come from the sampling options below (temperature 0.8 unless --temp);\n"
+                    "requests without a seed get a random one unless --seed is given.\n%s",
+            SERVER_MAX_BODY_DEFAULT, cli_common_help());
+}
+
+int tool_serve_main(int argc, char **argv) {
+    struct cli_common c;
+    cli_common_defaults(&c);
+    c.temperature = 0.8f; /* llama.cpp's server default; --temp overrides */
+    struct server_params p = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .max_body_bytes = SERVER_MAX_BODY_DEFAULT,
+                              .n_predict = -1};
+    long l;
+    for (int i = 1; i < argc;) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--seed")) p.seed_fixed = true;
+        int r = cli_parse_common(&c, argc, argv, &i);
+        if (r < 0) return 1;
+        if (r > 0) continue;
+        if (!strcmp(a, "--host")) {
+            if (!v) { usage(); return 1; }
+            p.host = v;
+        } else if (!strcmp(a, "--port")) {
+            if (cli_parse_int(a, v, 0, 65535, &l)) return 1;
+            p.port = (int)l;
+        } else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) {
+            if (cli_parse_int(a, v, 1, 256, &l)) return 1;
+            p.n_parallel = (int)l;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            if (cli_parse_int(a, v, -1, 1 << 30, &l)) return 1;
+            p.n_predict = (int)l;
+        } else if (!strcmp(a, "-a") || !strcmp(a, "--alias")) {
+            if (!v) { usage(); return 1; }
+            p.model_alias = v;
+        } else if (!strcmp(a, "--max-body")) {
+            if (cli_parse_int(a, v, 1024, 1L << 30, &l)) return 1;
+            p.max_body_bytes = (size_t)l;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 0;
+        } else {
+            fprintf(stderr, "error: unknown option '%s'\n", a);
+            usage();
+            return 1;
+        }
+        i += !strcmp(a, "-h") || !strcmp(a, "--help") ? 1 : 2;
+    }
+    if (c.spec.n_min > c.spec.n_max) {
+        fprintf(stderr, "error: --spec-n-min (%d) exceeds --spec-n-max (%d)\n", c.spec.n_min, c.spec.n_max);
+        return 1;
+    }
+    p.model_path = c.model_path;
+    p.n_ctx = c.n_ctx;
+    p.n_threads = c.n_threads;
+    p.sampling = (struct sampler_params){c.temperature, c.top_k, c.top_p, c.min_p, 0, c.seed};
+    p.spec = c.spec;
+
+    struct backend *be;
+    struct model *m;
+    if (cli_open_model(&c, p.n_parallel, SPEC_MAX_DRAFT + 1, &be, &m)) return 1;
+    char err[512];
+    struct tokenizer *tok = NULL;
+    struct spec_engine *eng = NULL;
+    int rc = 1;
+    if (tokenizer_init(&tok, m->gguf, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
+    if (spec_engine_init(&eng, m, c.mtp_vocab, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
+    if (!spec_engine_supports(eng, c.spec.type)) {
+        fprintf(stderr, "error: --spec %s is not available for this model\n", spec_type_name(c.spec.type));
+        goto done;
+    }
+    rc = server_run(&p, m, tok, eng);
+done:
+    spec_engine_free(eng);
+    tokenizer_free(tok);
+    model_free(m);
+    backend_free(be);
+    return rc;
+}
