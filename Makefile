@@ -36,7 +36,7 @@ CFLAGS    += -DCOTI_CUDA
 LDLIBS    += -L/usr/local/cuda/lib64 -lcudart
 endif
 
-.PHONY: all test asan clean setup bench
+.PHONY: all test test-server asan clean setup bench
 all: coti
 
 coti: $(BUILD)/coti
@@ -71,6 +71,14 @@ $(BUILD)/%.o: %.cu
 test: $(BUILD)/test_coti coti
 	$(BUILD)/test_coti -j2
 	bash tests/cli.sh ./coti
+	$(MAKE) test-server
+
+# The server's HTTP tests: tests/server/*.test.mjs drive `coti serve` on loopback with the
+# official openai npm client (package-lock.json pins it). COTI_BIN=build-asan/coti runs them
+# against the sanitizer build. The load test (node tests/server/load.mjs) is not part of it.
+test-server: coti
+	[ -d node_modules ] || npm ci --no-audit --no-fund
+	node --test tests/server/
 
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its own build folder.
 asan:
@@ -83,6 +91,7 @@ setup:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential libcriterion-dev \
 	    libcjson-dev libmicrohttpd-dev libpcre2-dev
+	command -v node >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm
 
 clean:
 	rm -rf build build-asan coti
