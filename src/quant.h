@@ -17,7 +17,8 @@ enum ggml_type {
     GGML_TYPE_COUNT = 41,        /* ids below this may appear in files; unknown ones are rejected */
 };
 
-/* Size facts of a type. block_elems == 0 means "not supported by coti". */
+/* Size facts of a type. block_elems == 0 means "not supported by coti" (ids ggml defines but
+ * coti cannot compute still have their name and block_bytes, for messages). */
 struct ggml_type_traits {
     const char *name;            /* "q8_0" */
     int block_elems;             /* elements per block (1, 32 or 256) */
@@ -50,12 +51,16 @@ enum quant_cpu_level quant_cpu_level_detect(void);
 /* Kernels for one weight type at one CPU level, filled once at init (no `if` in hot loops).
  *
  * from_float: convert an activation row to vec_dot_type (this is where llama.cpp's
- *   activation quantization happens; must equal quant_quantize_row_ref up to the rounding
- *   differences quant-formats.md §5.1 allows — the tests say which).
+ *   activation quantization happens). Every level writes exactly the bytes of
+ *   quant_quantize_row_ref for finite input (the reference rounding of §5.1), so logits do
+ *   not depend on the CPU found; non-finite input is converted without UB, bytes unspecified
+ *   for the Q8 formats.
  * gemm: y[t*ldy + o] = dot(W row o, X row t) for o < n_out, t < n_tok; W rows are row_bytes
  *   apart, X rows (converted) are x_row_bytes apart. Reads each weight row once for all
- *   n_tok activation rows (verify batches of k+1 rows, prefill). Each output's value must
- *   not depend on n_tok or on how the caller splits the o range across threads. */
+ *   n_tok activation rows (verify batches of k+1 rows, prefill). Each output's value does
+ *   not depend on n_tok or on how the caller splits the o range across threads (bit-identical,
+ *   tested); values differ from quant_vec_dot_ref and between levels by f32 summation order
+ *   only. */
 struct quant_kernels {
     enum ggml_type type;
     enum ggml_type vec_dot_type;
@@ -64,7 +69,8 @@ struct quant_kernels {
                  const void *x, size_t x_row_bytes, int64_t n_tok, float *y, int64_t ldy);
     void (*dequantize_row)(const void *src, float *dst, int64_t n);
 };
-/* Returns false if the type is not supported; out is filled with the best kernels <= level. */
+/* Returns false if the type is not supported; out is filled with the best kernels <= level
+ * (and <= quant_cpu_level_detect(), whatever level asks for). */
 bool quant_kernels_get(enum ggml_type t, enum quant_cpu_level level, struct quant_kernels *out);
 
 #endif
