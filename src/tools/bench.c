@@ -1,7 +1,8 @@
 /* bench.c — `coti bench`: decode speed of several speculative configurations in one run,
  * same model, same prompts, interleaved (every repeat runs each configuration on each prompt
  * in turn, so machine noise hits them alike). Every request is fresh (the sequence is reset
- * and the prompt prefilled), greedy, and runs to -n tokens ignoring end-of-generation.
+ * and the prompt prefilled), greedy unless --temp is given, and runs to -n tokens ignoring
+ * end-of-generation.
  * Prints per configuration the median over repeats of decode tok/s (tokens after the first
  * / time after the first), the ratio to the first configuration (normally `off`),
  * acceptance = accepted/drafted over the same requests, tokens per verify, the split of time
@@ -107,7 +108,9 @@ int tool_bench_main(int argc, char **argv) {
         ref[p] = malloc(sizeof(int32_t) * (size_t)n_gen);
         if (!ref[p]) goto done;
     }
-    struct sampler_params greedy = {0.0f, 0, 1.0f, 0.0f, 0, c.seed};
+    /* greedy unless --temp: at temperature > 0 outputs differ by design (the RNG is used
+     * differently), so the `same` column is only meaningful for greedy runs */
+    struct sampler_params greedy = {c.temperature, c.top_k, c.top_p, c.min_p, 0, c.seed};
     for (long r = 0; r < repeat; r++) {
         for (int k = 0; k < n_cfg; k++) {
             long toks = 0;
