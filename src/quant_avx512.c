@@ -121,8 +121,8 @@ static inline __m512i offset_init(__m512i xq, int k) {
 /* ------------------------------------------------------------------------------------------
  * Q8_0 x Q8_0, Q4_0 x Q8_0, Q5_0 x Q8_0 (34-byte activation blocks: d@0, qs@2). */
 
-/* Codes of two weight blocks starting at byte offset off of row p, as unsigned bytes whose
- * value minus the type's offset is the signed code. */
+/* Codes of the weight block at p (and of the next one, if two) as unsigned bytes whose value
+ * minus the type's offset is the signed code. */
 QUANT_ALWAYS_INLINE __m512i q8_0_codes(const uint8_t *p, int two) {   /* +128 via sign flip */
     return _mm512_xor_si512(load_2x32(p + 2, 34, two), _mm512_set1_epi8((char)0x80));
 }
