@@ -111,9 +111,10 @@ static int32_t sample_row(struct spec_engine *e, struct spec_seq *q, const float
     return sampler_sample(q->smp, e->row);
 }
 
-int spec_seq_begin(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
-                   const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
-                   char *err, size_t err_size) {
+/* spec_seq_begin with the first n_keep prompt tokens already held by sequence s (0: reset). */
+static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt, int n_keep,
+                     const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
+                     char *err, size_t err_size) {
     struct model *m = e->m;
     if (s < 0 || s >= m->n_seq) return coti_fail(err, err_size, COTI_E_ARG, "sequence %d out of range", s);
     if (n_prompt < 1) return coti_fail(err, err_size, COTI_E_ARG, "empty prompt");
@@ -140,14 +141,16 @@ int spec_seq_begin(struct spec_engine *e, int s, const int32_t *prompt, int n_pr
     q->sp = *sp;
     q->p = *p;
     memset(&q->st, 0, sizeof q->st);
-    model_seq_reset(m, s);
-    if (d) d->vt->reset(d, s);
+    if (n_keep == 0) {
+        model_seq_reset(m, s);
+        if (d) d->vt->reset(d, s);
+    }
     memcpy(q->hist, prompt, sizeof(int32_t) * (size_t)n_prompt);
     q->n_hist = n_prompt;
 
     int64_t t0 = coti_time_us();
     struct model_output o;
-    for (int i0 = 0; i0 < n_prompt; i0 += m->n_batch) {
+    for (int i0 = n_keep; i0 < n_prompt; i0 += m->n_batch) {
         int n = COTI_MIN(m->n_batch, n_prompt - i0);
         for (int i = 0; i < n; i++) e->pos[i] = i0 + i;
         for (int i = 0; i < n; i++) e->seqv[i] = s;
@@ -158,10 +161,33 @@ int spec_seq_begin(struct spec_engine *e, int s, const int32_t *prompt, int n_pr
     }
     *first = sample_row(e, q, o.logits);
     q->hist[q->n_hist++] = *first;
-    q->st.n_prompt = n_prompt;
+    q->st.n_prompt = n_prompt - n_keep;
     q->st.n_gen = 1;
     q->st.t_prompt_us = coti_time_us() - t0;
     return 0;
+}
+
+int spec_seq_begin(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
+                   const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
+                   char *err, size_t err_size) {
+    return seq_start(e, s, prompt, n_prompt, 0, sp, p, first, err, err_size);
+}
+
+int spec_seq_begin_cached(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
+                          const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
+                          int *n_cached, char *err, size_t err_size) {
+    *n_cached = 0;
+    if (s < 0 || s >= e->m->n_seq) return coti_fail(err, err_size, COTI_E_ARG, "sequence %d out of range", s);
+    const struct spec_seq *q = &e->seqs[s];
+    /* the target holds every history token but the pending one; the recurrent state cannot be
+     * cut back, so only a prefix that is the whole held state is reusable, and the drafter
+     * state is only continuable by the same drafter */
+    const int n_have = q->n_hist - 1;
+    bool reuse = q->smp && n_have > 0 && n_have < n_prompt && e->m->seq_len[s] == n_have && q->p.type == p->type &&
+                 memcmp(q->hist, prompt, sizeof(int32_t) * (size_t)n_have) == 0;
+    int rc = seq_start(e, s, prompt, n_prompt, reuse ? n_have : 0, sp, p, first, err, err_size);
+    if (!rc) *n_cached = reuse ? n_have : 0;
+    return rc;
 }
 
 int32_t spec_rejection_step(struct sampler *smp, const struct sampler_cand *pc, size_t pn,

@@ -60,6 +60,15 @@ bool spec_engine_supports(const struct spec_engine *e, enum spec_type t);
 int spec_seq_begin(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
                    const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
                    char *err, size_t err_size);
+/* spec_seq_begin that keeps what sequence s already holds when that is a prefix of the prompt:
+ * when the last call on s succeeded, used the same speculation type, and the tokens held in
+ * the target (spec_seq_tokens without the pending one) are prompt[0, n) with n < n_prompt,
+ * only prompt[n, n_prompt) is prefilled and *n_cached = n (stats count the prefilled part);
+ * otherwise it is spec_seq_begin and *n_cached = 0. Same results as spec_seq_begin up to the
+ * floating-point reduction order of the split prefill. */
+int spec_seq_begin_cached(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
+                          const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
+                          int *n_cached, char *err, size_t err_size);
 /* One cycle: emits 1..n_max+1 tokens into out (at most max_new), *n_out set. The last one is
  * pending (not yet in the target). probe may be NULL. */
 int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,

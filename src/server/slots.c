@@ -453,7 +453,11 @@ static void slot_begin(struct slots *s, struct slot *sl) {
     sl->n_decoded = 0;
     sl->cache_n = 0;
     int64_t t0 = coti_time_us();
-    int rc = spec_seq_begin(s->e, sl->id, t->prompt, t->n_prompt, &t->g.sp, &t->g.spec, &first, err, sizeof err);
+    /* reuse only a state the driver left consistent: the last call on this slot succeeded */
+    int rc = t->g.cache_prompt && sl->state_ok
+                 ? spec_seq_begin_cached(s->e, sl->id, t->prompt, t->n_prompt, &t->g.sp, &t->g.spec, &first, &sl->cache_n,
+                                         err, sizeof err)
+                 : spec_seq_begin(s->e, sl->id, t->prompt, t->n_prompt, &t->g.sp, &t->g.spec, &first, err, sizeof err);
     sl->state_ok = rc == 0;
     sl->t_first_us = sl->t_last_us = coti_time_us();
     sl->prompt_ms = (sl->t_first_us - t0) / 1e3;
