@@ -1,0 +1,178 @@
+/* attention.cu — causal softmax attention over the f16 KV cache, GQA, online softmax in f32.
+ *
+ * A block of ATTN_WARPS warps serves one (token, q head, slice of the token's cache rows); each
+ * warp takes every ATTN_WARPS-th row of the slice with the head dimension spread over its lanes
+ * (8 consecutive f16 per lane per 256 elements when head_dim % 8 == 0), keeps its own running
+ * max / sum / accumulator, and the warps are merged in a fixed order. Decode and verify batches
+ * (n_tok <= ATTN_SMALL_BATCH) cut every token's rows into ATTN_SPLIT slices (a function of that
+ * token's n_ctx only) and merge the slices in a second kernel, so the whole GPU works on one
+ * token and a token's output does not depend on the batch it came in. Prefill uses one slice.
+ * Differences from the CPU: the order of the q·k sum and the merge of the partial softmaxes
+ * (rounding only), and CUDA's expf. */
+#include "cuda_internal.cuh"
+
+#define ATTN_WARPS 4
+#define ATTN_SPLIT 32
+#define ATTN_SMALL_BATCH 8
+#define ATTN_MAX_D 512
+
+/* Element i (< NE) of a lane's share of a head: VEC: 8 consecutive per 256-element chunk. */
+template <int NE, bool VEC> __device__ __forceinline__ int attn_elem(int lane, int i) {
+    return VEC ? 256 * (i / 8) + 8 * lane + (i % 8) : lane + 32 * i;
+}
+
+template <int NE, bool VEC>
+__device__ __forceinline__ void attn_load_f16(const uint16_t *p, int lane, int D, float (&o)[NE]) {
+    if constexpr (VEC) {
+#pragma unroll
+        for (int c = 0; c < NE / 8; c++) {
+            const int e = 256 * c + 8 * lane;
+            if (e < D) {
+                const uint4 v = *(const uint4 *)(p + e);
+                const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float2 f = __half22float2(*(const __half2 *)&w[i]);
+                    o[8 * c + 2 * i] = f.x;
+                    o[8 * c + 2 * i + 1] = f.y;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) o[8 * c + i] = 0.0f;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < NE; i++) {
+            const int e = lane + 32 * i;
+            o[i] = e < D ? cuda_h2f(p[e]) : 0.0f;
+        }
+    }
+}
+
+template <int NE, bool VEC>
+__global__ void __launch_bounds__(ATTN_WARPS * 32)
+attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const uint16_t *__restrict__ kc,
+            const uint16_t *__restrict__ vc, const int32_t *__restrict__ cell0, const int32_t *__restrict__ n_ctx,
+            int n_head, int n_head_kv, int D, float scale, float *__restrict__ out, float *__restrict__ part) {
+    __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
+    __shared__ float sm_acc[ATTN_WARPS][ATTN_MAX_D];
+    cuda_pdl_begin();
+    const int s = blockIdx.x, n_split = gridDim.x, h = blockIdx.y, t = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int hk = h / (n_head / n_head_kv), kvd = n_head_kv * D;
+    const int len = n_ctx[t], c0 = cell0[t];
+    const int per = (len + n_split - 1) / n_split, lo = s * per, hi = min(len, lo + per);
+    const float *qh = q + (size_t)t * q_stride + (size_t)h * q_head_stride;
+    float qv[NE], acc[NE], kf[NE], vf[NE];
+#pragma unroll
+    for (int i = 0; i < NE; i++) {
+        const int e = attn_elem<NE, VEC>(lane, i);
+        qv[i] = e < D ? qh[e] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int c = lo + warp; c < hi; c += ATTN_WARPS) {
+        const size_t ro = (size_t)(c0 + c) * kvd + (size_t)hk * D;
+        attn_load_f16<NE, VEC>(kc + ro, lane, D, kf);
+        attn_load_f16<NE, VEC>(vc + ro, lane, D, vf);
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NE; i++) dot = fmaf(qv[i], kf[i], dot);
+        const float sc = cuda_warp_sum(dot) * scale;
+        if (sc > m) {
+            const float corr = expf(m - sc);
+#pragma unroll
+            for (int i = 0; i < NE; i++) acc[i] *= corr;
+            l *= corr;
+            m = sc;
+        }
+        const float p = expf(sc - m);
+        l += p;
+#pragma unroll
+        for (int i = 0; i < NE; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(p, vf[i]));
+    }
+    if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
+#pragma unroll
+    for (int i = 0; i < NE; i++) {
+        const int e = attn_elem<NE, VEC>(lane, i);
+        if (e < D) sm_acc[warp][e] = acc[i];
+    }
+    __syncthreads();
+    float M = sm_m[0];
+    for (int w = 1; w < ATTN_WARPS; w++) M = fmaxf(M, sm_m[w]);
+    float f[ATTN_WARPS], L = 0.0f;
+    for (int w = 0; w < ATTN_WARPS; w++) {
+        f[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - M);
+        L += sm_l[w] * f[w];
+    }
+    if (n_split == 1) {
+        float *o = out + (size_t)t * n_head * D + (size_t)h * D;
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        for (int e = threadIdx.x; e < D; e += blockDim.x) {
+            float a = 0.0f;
+            for (int w = 0; w < ATTN_WARPS; w++) a += sm_acc[w][e] * f[w];
+            o[e] = a * inv;
+        }
+    } else {
+        float *pp = part + (((size_t)t * n_head + h) * n_split + s) * (D + 2);
+        if (threadIdx.x == 0) { pp[0] = M; pp[1] = L; }
+        for (int e = threadIdx.x; e < D; e += blockDim.x) {
+            float a = 0.0f;
+            for (int w = 0; w < ATTN_WARPS; w++) a += sm_acc[w][e] * f[w];
+            pp[2 + e] = a;
+        }
+    }
+}
+
+__global__ void attn_merge_kernel(const float *__restrict__ part, int n_split, int n_head, int D, float *__restrict__ out) {
+    cuda_pdl_begin();
+    const int h = blockIdx.x, t = blockIdx.y;
+    const float *pp = part + ((size_t)t * n_head + h) * n_split * (D + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < n_split; s++) M = fmaxf(M, pp[(size_t)s * (D + 2)]);
+    float L = 0.0f;
+    for (int s = 0; s < n_split; s++) {
+        const float ms = pp[(size_t)s * (D + 2)];
+        if (ms != -INFINITY) L += pp[(size_t)s * (D + 2) + 1] * expf(ms - M);
+    }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    float *o = out + (size_t)t * n_head * D + (size_t)h * D;
+    for (int e = threadIdx.x; e < D; e += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < n_split; s++) {
+            const float ms = pp[(size_t)s * (D + 2)];
+            if (ms != -INFINITY) a += pp[(size_t)s * (D + 2) + 2 + e] * expf(ms - M);
+        }
+        o[e] = a * inv;
+    }
+}
+
+void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head_stride,
+                    const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *cell0,
+                    const int32_t *n_ctx, int n_tok, int n_head, int n_head_kv, int head_dim,
+                    float scale, float *out) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n_tok < 1 || n_head < 1) return;
+    if (head_dim > ATTN_MAX_D || n_head_kv < 1 || n_head % n_head_kv) abort(); /* model loading rejects these */
+    const int n_split = n_tok <= ATTN_SMALL_BATCH ? ATTN_SPLIT : 1;
+    float *part = NULL;
+    if (n_split > 1)
+        part = (float *)cuda_scratch(c, &c->attn_part, &c->attn_part_size,
+                                     sizeof(float) * (size_t)n_tok * n_head * n_split * (head_dim + 2));
+    const dim3 grid(n_split, n_head, n_tok);
+    const bool vec = head_dim % 8 == 0;
+#define ATTN_LAUNCH(NE, VEC)                                                                    \
+    cuda_launch(c, grid, ATTN_WARPS * 32, attn_kernel<NE, VEC>, q, q_stride, q_head_stride, k_cache, v_cache, \
+                cell0, n_ctx, n_head, n_head_kv, head_dim, scale, out, part)
+    if (head_dim <= 256) {
+        if (vec) ATTN_LAUNCH(8, true);
+        else ATTN_LAUNCH(8, false);
+    } else {
+        if (vec) ATTN_LAUNCH(16, true);
+        else ATTN_LAUNCH(16, false);
+    }
+#undef ATTN_LAUNCH
+    if (n_split > 1)
+        cuda_launch(c, dim3(n_head, n_tok), 128, attn_merge_kernel, (const float *)part, n_split, n_head, head_dim, out);
+}

@@ -1,0 +1,213 @@
+/* backend_cuda.cu — the CUDA backend object: device memory, one stream per backend, the upload
+ * staging, weight upload, and the op table filled from the op-family files (matmul.cu,
+ * attention.cu, deltanet.cu, ops.cu).
+ *
+ * Every op is queued on the backend's stream and returns at once; download() and sync() are the
+ * only calls that wait (upload() also waits when the host buffer is larger than half the pinned
+ * staging area, or when it wraps onto a half whose copies are still queued). Host buffers passed
+ * to upload() may be reused as soon as it returns.
+ *
+ * Errors: init failures return NULL with a message; after init a failing CUDA call prints
+ * file:line and aborts (a sticky device error cannot be recovered from in-process). alloc()
+ * returns NULL when the device is out of memory. */
+#include "cuda_internal.cuh"
+#include "backend_cuda.h"
+
+#include <string.h>
+
+extern "C" {
+#include "common.h"
+}
+
+/* Pinned staging for upload(): two halves of this size together. */
+#define CUDA_STAGE_BYTES ((size_t)4 << 20)
+/* Device allocations are padded so kernels may read a 16-byte vector (or a partial unit of a
+ * weight row) past the last byte without leaving the allocation. */
+#define CUDA_ALLOC_PAD 256
+
+/* ---- memory ------------------------------------------------------------------------ */
+
+static void *cuda_alloc(struct backend *be, size_t bytes) {
+    struct cuda_ctx *c = cuda_enter(be);
+    void *p = NULL;
+    if (bytes > SIZE_MAX - CUDA_ALLOC_PAD) return NULL;
+    if (cudaMalloc(&p, bytes + CUDA_ALLOC_PAD) != cudaSuccess) {
+        (void)cudaGetLastError(); /* out-of-memory is not sticky: clear it */
+        return NULL;
+    }
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes + CUDA_ALLOC_PAD, c->stream));
+    return p;
+}
+
+static void cuda_free(struct backend *be, void *p) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (!p) return;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* queued kernels may still read it */
+    CUDA_CHECK(cudaFree(p));
+}
+
+static void cuda_upload(struct backend *be, void *dst, const void *src, size_t bytes) {
+    struct cuda_ctx *c = cuda_enter(be);
+    const size_t half = CUDA_STAGE_BYTES / 2;
+    if (!bytes) return;
+    if (bytes > half) { /* large (state resets, weights): straight from pageable memory */
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        return;
+    }
+    if (c->stage_pos + bytes > (size_t)(c->stage_half + 1) * half) {
+        /* leave this half (its copies are fenced by an event), enter the other one once the
+         * copies queued from it last time are done */
+        CUDA_CHECK(cudaEventRecord(c->stage_ev[c->stage_half], c->stream));
+        c->stage_ev_live[c->stage_half] = true;
+        c->stage_half ^= 1;
+        c->stage_pos = (size_t)c->stage_half * half;
+        if (c->stage_ev_live[c->stage_half]) CUDA_CHECK(cudaEventSynchronize(c->stage_ev[c->stage_half]));
+    }
+    uint8_t *s = c->stage + c->stage_pos;
+    memcpy(s, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst, s, bytes, cudaMemcpyHostToDevice, c->stream));
+    c->stage_pos += (bytes + 63) & ~(size_t)63;
+}
+
+static void cuda_download(struct backend *be, void *dst, const void *src, size_t bytes) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+static void cuda_copy(struct backend *be, void *dst, const void *src, size_t bytes) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+}
+
+static void cuda_sync(struct backend *be) {
+    struct cuda_ctx *c = cuda_enter(be);
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+/* The weight goes to device memory once, bytes unchanged (GGUF block layout, rows row_bytes
+ * apart), plus CUDA_ALLOC_PAD readable bytes after the last row. */
+static int cuda_weight_init(struct backend *be, struct bweight *w, enum ggml_type type,
+                            int64_t n_in, int64_t n_out, const void *host_data) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (!cuda_weight_type_supported(type)) return COTI_E_UNSUPPORTED;
+    size_t rb = ggml_row_size(type, n_in), bytes;
+    if (!rb || n_out < 1 || n_out > INT32_MAX || n_in > INT32_MAX) return COTI_E_FORMAT;
+    if (!coti_mul_size(rb, (size_t)n_out, &bytes)) return COTI_E_FORMAT;
+    void *d = cuda_alloc(be, bytes);
+    if (!d) return COTI_E_NOMEM;
+    CUDA_CHECK(cudaMemcpyAsync(d, host_data, bytes, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    w->type = type;
+    w->n_in = n_in;
+    w->n_out = n_out;
+    w->row_bytes = rb;
+    w->data = d;
+    return 0;
+}
+
+static void cuda_weight_free(struct backend *be, struct bweight *w) {
+    cuda_free(be, (void *)w->data);
+    w->data = NULL;
+}
+
+static void cuda_destroy(struct backend *be) {
+    struct cuda_ctx *c = cuda_enter(be);
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (c->xq) CUDA_CHECK(cudaFree(c->xq));
+    if (c->attn_part) CUDA_CHECK(cudaFree(c->attn_part));
+    if (c->amax_part) CUDA_CHECK(cudaFree(c->amax_part));
+    for (int i = 0; i < 2; i++) CUDA_CHECK(cudaEventDestroy(c->stage_ev[i]));
+    CUDA_CHECK(cudaFreeHost(c->stage));
+    CUDA_CHECK(cudaStreamDestroy(c->stream));
+    free(c);
+    free(be);
+}
+
+extern "C" void *backend_cuda_stream(struct backend *be) {
+    return be && be->destroy == cuda_destroy ? (void *)cuda_ctx_of(be)->stream : NULL;
+}
+
+/* ---- init ---------------------------------------------------------------------------- */
+
+#define INIT_CALL(call)                                                                        \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess) {                                                               \
+            coti_fail(err, err_size, COTI_E_UNSUPPORTED, "cuda: %s: %s", #call,                \
+                      cudaGetErrorString(e_));                                                 \
+            goto fail;                                                                         \
+        }                                                                                      \
+    } while (0)
+
+extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_size) {
+    struct backend *be = (struct backend *)calloc(1, sizeof(*be));
+    struct cuda_ctx *c = (struct cuda_ctx *)calloc(1, sizeof(*c));
+    int n_dev = 0;
+    cudaDeviceProp prop;
+    if (!be || !c) {
+        coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+        free(be);
+        free(c);
+        return NULL;
+    }
+    INIT_CALL(cudaGetDeviceCount(&n_dev));
+    if (device < 0 || device >= n_dev) {
+        coti_fail(err, err_size, COTI_E_ARG, "cuda: device %d does not exist (%d devices)", device, n_dev);
+        goto fail;
+    }
+    INIT_CALL(cudaSetDevice(device));
+    INIT_CALL(cudaGetDeviceProperties(&prop, device));
+    if (prop.major < 9) {
+        coti_fail(err, err_size, COTI_E_UNSUPPORTED,
+                  "cuda: device %d (%s) has compute capability %d.%d; coti's kernels need 9.0",
+                  device, prop.name, prop.major, prop.minor);
+        goto fail;
+    }
+    c->device = device;
+    c->n_sm = prop.multiProcessorCount;
+    INIT_CALL(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    INIT_CALL(cudaEventCreateWithFlags(&c->stage_ev[0], cudaEventDisableTiming));
+    INIT_CALL(cudaEventCreateWithFlags(&c->stage_ev[1], cudaEventDisableTiming));
+    INIT_CALL(cudaHostAlloc((void **)&c->stage, CUDA_STAGE_BYTES, cudaHostAllocDefault));
+
+    be->name = "cuda";
+    be->ctx = c;
+    be->alloc = cuda_alloc;
+    be->free = cuda_free;
+    be->upload = cuda_upload;
+    be->download = cuda_download;
+    be->copy = cuda_copy;
+    be->sync = cuda_sync;
+    be->weight_init = cuda_weight_init;
+    be->weight_free = cuda_weight_free;
+    be->matmul = cuda_matmul;
+    be->matmul_n = cuda_matmul_n;
+    be->get_rows = cuda_get_rows;
+    be->rmsnorm = cuda_rmsnorm;
+    be->rmsnorm_gated = cuda_rmsnorm_gated;
+    be->add = cuda_add;
+    be->swiglu = cuda_swiglu;
+    be->mul_sigmoid = cuda_mul_sigmoid;
+    be->rope_neox = cuda_rope_neox;
+    be->kv_store = cuda_kv_store;
+    be->attention = cuda_attention;
+    be->ssm_conv = cuda_ssm_conv;
+    be->gdn_gates = cuda_gdn_gates;
+    be->gdn = cuda_gdn;
+    be->gdn_chunked = cuda_gdn_chunked;
+    be->argmax = cuda_argmax;
+    be->destroy = cuda_destroy;
+    return be;
+
+fail:
+    if (c->stage) cudaFreeHost(c->stage);
+    if (c->stage_ev[0]) cudaEventDestroy(c->stage_ev[0]);
+    if (c->stage_ev[1]) cudaEventDestroy(c->stage_ev[1]);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    (void)cudaGetLastError();
+    free(c);
+    free(be);
+    return NULL;
+}

@@ -1,0 +1,176 @@
+/* cuda_internal.cuh — what the CUDA backend's translation units share: the per-backend context,
+ * the error macro, scratch growth, small device helpers, and the host entry points each op
+ * family (matmul.cu, attention.cu, deltanet.cu, ops.cu) gives backend_cuda.cu's table.
+ * Not for other modules: they see backend_cuda.h only. */
+#ifndef COTI_CUDA_INTERNAL_CUH
+#define COTI_CUDA_INTERNAL_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" {
+#include "backend.h"
+}
+
+/* Everything a backend object owns. No file-scope state anywhere in src/cuda: two backends
+ * (a target and a drafter, or two devices) never share a stream or a scratch buffer. */
+struct cuda_ctx {
+    int device;
+    int n_sm;
+    cudaStream_t stream;
+    /* pinned staging for small uploads: two halves, each fenced by an event */
+    uint8_t *stage;
+    size_t stage_pos;
+    int stage_half;
+    cudaEvent_t stage_ev[2];
+    bool stage_ev_live[2];
+    /* scratch, grown on first use (warm-up), never per call once sized */
+    void *xq;          size_t xq_size;      /* converted matmul activations */
+    void *attn_part;   size_t attn_part_size;
+    void *amax_part;   size_t amax_part_size;
+};
+
+static inline struct cuda_ctx *cuda_ctx_of(struct backend *be) { return (struct cuda_ctx *)be->ctx; }
+
+/* A CUDA failure after init is a broken device or a resource failure at warm-up: say where
+ * and stop (the CPU backend aborts on the same class of failure). */
+#define CUDA_CHECK(call)                                                                       \
+    do {                                                                                       \
+        cudaError_t err_ = (call);                                                             \
+        if (err_ != cudaSuccess) {                                                             \
+            fprintf(stderr, "cuda: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,                \
+                    cudaGetErrorString(err_));                                                 \
+            abort();                                                                           \
+        }                                                                                      \
+    } while (0)
+
+/* Make this backend's device current (cheap when it already is). */
+static inline struct cuda_ctx *cuda_enter(struct backend *be) {
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    int cur = -1;
+    CUDA_CHECK(cudaGetDevice(&cur));
+    if (cur != c->device) CUDA_CHECK(cudaSetDevice(c->device));
+    return c;
+}
+
+/* Ensure *p holds at least `need` bytes of device memory. Growing waits for the stream (the
+ * old buffer may still be read by queued kernels), so it happens only while warming up. */
+static inline void *cuda_scratch(struct cuda_ctx *c, void **p, size_t *size, size_t need) {
+    if (need <= *size) return *p;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (*p) CUDA_CHECK(cudaFree(*p));
+    *p = NULL;
+    *size = 0;
+    size_t n = (need + need / 4 + 4095) & ~(size_t)4095;
+    CUDA_CHECK(cudaMalloc(p, n));
+    *size = n;
+    return *p;
+}
+
+static inline int cuda_cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
+
+/* Every kernel is launched with programmatic dependent launch (Hopper): it may be scheduled
+ * while the kernel before it in the stream is still running, and must call cuda_pdl_wait()
+ * before it touches memory that earlier work writes or reads (every kernel here waits before
+ * its first global access; matvec first prefetches weight bytes, which nothing writes). Each
+ * kernel lets the next one launch as soon as all its blocks have started (cuda_pdl_trigger);
+ * the next one's wait still covers this kernel's completion and memory. Launch gaps then
+ * overlap the previous kernel's tail, which matters when decode is launch-bound. */
+__device__ __forceinline__ void cuda_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void cuda_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void cuda_pdl_begin() { cuda_pdl_trigger(); cuda_pdl_wait(); }
+
+template <typename... KArgs, typename... Args>
+static inline void cuda_launch(struct cuda_ctx *c, dim3 grid, dim3 block, void (*kernel)(KArgs...), Args... args) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = c->stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+/* ---- device helpers ---- */
+
+__device__ __forceinline__ float cuda_silu(float v) { return v / (1.0f + expf(-v)); }
+__device__ __forceinline__ float cuda_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+__device__ __forceinline__ float cuda_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ uint16_t cuda_f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
+__device__ __forceinline__ float cuda_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+/* f32 -> bf16 bits, RNE with quiet NaN: quant.c's f32_to_bf16 */
+__device__ __forceinline__ uint16_t cuda_f2bf(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ float cuda_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+__device__ __forceinline__ double cuda_warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+__device__ __forceinline__ float cuda_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    return v;
+}
+__device__ __forceinline__ int cuda_warp_sum_i(int v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+
+/* ---- host entry points of the op families (the struct backend members) ---- */
+
+/* matmul.cu */
+void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, int n_tok, float *y);
+void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
+                   const float *x, int n_tok);
+void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out);
+bool cuda_weight_type_supported(enum ggml_type t);
+
+/* ops.cu */
+void cuda_rmsnorm(struct backend *be, const float *x, int x_stride, const float *w, int n_rows,
+                  int dim, float eps, float *y, int y_stride);
+void cuda_rmsnorm_gated(struct backend *be, const float *x, const float *w, const float *z,
+                        int n_rows, int dim, float eps, float *y);
+void cuda_add(struct backend *be, const float *a, const float *b, int64_t n, float *y);
+void cuda_swiglu(struct backend *be, const float *g, const float *u, int64_t n, float *y);
+void cuda_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok, int n_head,
+                      int dim, int gate_stride, int gate_head_stride);
+void cuda_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
+                    int head_stride, int n_rot, const int32_t *pos, float base);
+void cuda_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
+                   int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache,
+                   uint16_t *v_cache);
+void cuda_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max);
+
+/* attention.cu */
+void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head_stride,
+                    const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *cell0,
+                    const int32_t *n_ctx, int n_tok, int n_head, int n_head_kv, int head_dim,
+                    float scale, float *out);
+
+/* deltanet.cu */
+void cuda_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch, int k, const float *w,
+                   float *state, float *y, float *snap, int n_snap);
+void cuda_gdn_gates(struct backend *be, const float *a, int a_stride, const float *b, int b_stride,
+                    const float *dt_bias, const float *ssm_a, int n_tok, int n_v, float *g,
+                    float *beta);
+void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const float *g,
+              const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
+              float eps, float *out, float *snap, int n_snap);
+void cuda_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const float *g,
+                      const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
+                      float eps, float *out);
+
+#endif

@@ -1,0 +1,249 @@
+/* ops.cu — norms, elementwise ops, rope, KV store and argmax on the device.
+ *
+ * Numerics follow backend_cpu.c operation by operation (non-contracted multiplies where the CPU
+ * rounds twice); what differs: Σx² of a norm is accumulated in double in another order (the
+ * f32 scale then matches the CPU's except in rare last-bit cases), expf/sinf/cosf are CUDA's
+ * (≤ 2 ulp) instead of glibc's, and argmax's softmax sum is taken in double in another order. */
+#include "cuda_internal.cuh"
+
+#include <math.h>
+
+/* ---- rmsnorm / rmsnorm_gated ---------------------------------------------------------------- */
+
+/* TPR threads per row (32: a warp per row, 8 rows per block; 256: a block per row). z, if
+ * given, gates the output with silu(z) (z rows have y's stride). */
+template <int TPR>
+__global__ void __launch_bounds__(256) rmsnorm_kernel(const float *x, int xs, const float *__restrict__ w,
+                                                      int n_rows, int dim, float eps, float *y, int ys,
+                                                      const float *z) {
+    cuda_pdl_begin();
+    const int row = blockIdx.x * (256 / TPR) + threadIdx.x / TPR, tid = threadIdx.x % TPR;
+    if (row >= n_rows) return;
+    const float *xr = x + (size_t)row * xs;
+    double sum = 0.0;
+    for (int i = tid; i < dim; i += TPR) sum += (double)xr[i] * xr[i];
+    sum = cuda_warp_sum_d(sum);
+    if constexpr (TPR > 32) {
+        __shared__ double part[TPR / 32];
+        if (tid % 32 == 0) part[tid / 32] = sum;
+        __syncthreads();
+        sum = 0.0;
+        for (int i = 0; i < TPR / 32; i++) sum += part[i];
+    }
+    const float s = 1.0f / sqrtf((float)(sum / dim) + eps);
+    float *yr = y + (size_t)row * ys;
+    const float *zr = z ? z + (size_t)row * ys : NULL;
+    for (int i = tid; i < dim; i += TPR) {
+        float v = __fmul_rn(__fmul_rn(xr[i], s), w[i]);
+        if (zr) v = __fmul_rn(v, cuda_silu(zr[i]));
+        yr[i] = v;
+    }
+}
+
+static void rmsnorm_launch(struct cuda_ctx *c, const float *x, int xs, const float *w, int n_rows, int dim,
+                           float eps, float *y, int ys, const float *z) {
+    if (n_rows < 1) return;
+    if (dim <= 1024) cuda_launch(c, cuda_cdiv(n_rows, 8), 256, rmsnorm_kernel<32>, x, xs, w, n_rows, dim, eps, y, ys, z);
+    else cuda_launch(c, n_rows, 256, rmsnorm_kernel<256>, x, xs, w, n_rows, dim, eps, y, ys, z);
+}
+
+void cuda_rmsnorm(struct backend *be, const float *x, int x_stride, const float *w, int n_rows,
+                  int dim, float eps, float *y, int y_stride) {
+    rmsnorm_launch(cuda_enter(be), x, x_stride, w, n_rows, dim, eps, y, y_stride, NULL);
+}
+
+void cuda_rmsnorm_gated(struct backend *be, const float *x, const float *w, const float *z,
+                        int n_rows, int dim, float eps, float *y) {
+    rmsnorm_launch(cuda_enter(be), x, dim, w, n_rows, dim, eps, y, dim, z);
+}
+
+/* ---- elementwise ------------------------------------------------------------------------------ */
+
+static int elem_grid(struct cuda_ctx *c, int64_t n) {
+    return (int)COTI_MAX((int64_t)1, COTI_MIN((n + 255) / 256, (int64_t)c->n_sm * 8));
+}
+
+__global__ void add_kernel(const float *a, const float *b, int64_t n, float *y) {
+    cuda_pdl_begin();
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = a[i] + b[i];
+}
+
+__global__ void swiglu_kernel(const float *g, const float *u, int64_t n, float *y) {
+    cuda_pdl_begin();
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __fmul_rn(cuda_silu(g[i]), u[i]);
+}
+
+void cuda_add(struct backend *be, const float *a, const float *b, int64_t n, float *y) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n < 1) return;
+    cuda_launch(c, elem_grid(c, n), 256, add_kernel, a, b, n, y);
+}
+
+void cuda_swiglu(struct backend *be, const float *g, const float *u, int64_t n, float *y) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n < 1) return;
+    cuda_launch(c, elem_grid(c, n), 256, swiglu_kernel, g, u, n, y);
+}
+
+__global__ void mul_sigmoid_kernel(float *x, const float *gate, int n_tok, int n_head, int dim, int gs, int ghs) {
+    cuda_pdl_begin();
+    const int64_t n = (int64_t)n_tok * n_head * dim;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int e = (int)(i % dim);
+        const int64_t th = i / dim;
+        const int h = (int)(th % n_head);
+        const int64_t t = th / n_head;
+        x[i] = __fmul_rn(x[i], cuda_sigmoid(gate[t * gs + (int64_t)h * ghs + e]));
+    }
+}
+
+void cuda_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok, int n_head,
+                      int dim, int gate_stride, int gate_head_stride) {
+    struct cuda_ctx *c = cuda_enter(be);
+    const int64_t n = (int64_t)n_tok * n_head * dim;
+    if (n < 1) return;
+    cuda_launch(c, elem_grid(c, n), 256, mul_sigmoid_kernel, x, gate, n_tok, n_head, dim, gate_stride, gate_head_stride);
+}
+
+/* ---- rope ---------------------------------------------------------------------------------------- */
+
+#define ROPE_MAX_HALF 256
+
+/* One block per token: the angles by repeated multiplication (theta_d = pos·scale^d rounded at
+ * every step, as the CPU forms them), then every head's pairs. */
+__global__ void rope_kernel(float *x, int tok_stride, int n_head, int head_stride, int half,
+                            const int32_t *__restrict__ pos, float theta_scale) {
+    __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    cuda_pdl_begin();
+    const int t = blockIdx.x;
+    for (int d = threadIdx.x; d < half; d += blockDim.x) {
+        float theta = (float)pos[t];
+        for (int i = 0; i < d; i++) theta *= theta_scale;
+        cs[d] = cosf(theta);
+        sn[d] = sinf(theta);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_head * half; i += blockDim.x) {
+        const int h = i / half, d = i % half;
+        float *v = x + (size_t)t * tok_stride + (size_t)h * head_stride;
+        const float a = v[d], b = v[d + half];
+        v[d] = __fsub_rn(__fmul_rn(a, cs[d]), __fmul_rn(b, sn[d]));
+        v[d + half] = __fadd_rn(__fmul_rn(a, sn[d]), __fmul_rn(b, cs[d]));
+    }
+}
+
+void cuda_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
+                    int head_stride, int n_rot, const int32_t *pos, float base) {
+    struct cuda_ctx *c = cuda_enter(be);
+    const int half = n_rot / 2;
+    if (n_tok < 1 || half < 1) return;
+    if (half > ROPE_MAX_HALF) abort(); /* model loading rejects such files (head_dim <= 512) */
+    const float theta_scale = powf(base, -2.0f / (float)n_rot); /* the host's powf, as the CPU's */
+    cuda_launch(c, n_tok, 256, rope_kernel, x, tok_stride, n_head, head_stride, half, pos, theta_scale);
+}
+
+/* ---- KV store ------------------------------------------------------------------------------------ */
+
+__global__ void kv_store_kernel(const float *k, int ks, const float *v, int vs, int n_tok, int d,
+                                const int32_t *__restrict__ cells, uint16_t *kc, uint16_t *vc) {
+    cuda_pdl_begin();
+    const int64_t n = (int64_t)n_tok * d;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / d;
+        const int e = (int)(i % d);
+        const size_t dst = (size_t)cells[t] * d + e;
+        kc[dst] = cuda_f2h(k[t * ks + e]);
+        vc[dst] = cuda_f2h(v[t * vs + e]);
+    }
+}
+
+void cuda_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
+                   int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache,
+                   uint16_t *v_cache) {
+    struct cuda_ctx *c = cuda_enter(be);
+    const int64_t n = (int64_t)n_tok * n_kv_dim;
+    if (n < 1) return;
+    cuda_launch(c, elem_grid(c, n), 256, kv_store_kernel, k, k_stride, v, v_stride, n_tok, n_kv_dim, cells, k_cache,
+                v_cache);
+}
+
+/* ---- argmax -------------------------------------------------------------------------------------- */
+
+/* Rows are cut into slices of ARGMAX_SLICE elements (a function of n only, so a row's result
+ * does not depend on how many rows there are). Each block finds its slice's max (lowest index
+ * on ties) and, if asked, Σ exp(x - slice max) in double; a second kernel merges the slices in
+ * order. NaN logits give an unspecified index. */
+#define ARGMAX_SLICE 4096
+#define ARGMAX_THREADS 256
+
+struct am_part {
+    float v;
+    int i;
+    double s;
+};
+
+__device__ __forceinline__ void am_merge(float &v, int &i, float ov, int oi) {
+    if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
+}
+
+__global__ void __launch_bounds__(ARGMAX_THREADS) argmax_part_kernel(const float *__restrict__ x, int n, int want_p,
+                                                                     am_part *part) {
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ int si[ARGMAX_THREADS / 32];
+    __shared__ double ss[ARGMAX_THREADS / 32];
+    cuda_pdl_begin();
+    const int r = blockIdx.y, b = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int lo = b * ARGMAX_SLICE, hi = min(n, lo + ARGMAX_SLICE);
+    const float *xr = x + (size_t)r * n;
+    float v = -INFINITY;
+    int idx = 0x7FFFFFFF;
+    if (lo + tid < hi) { v = xr[lo + tid]; idx = lo + tid; }
+    for (int i = lo + tid + ARGMAX_THREADS; i < hi; i += ARGMAX_THREADS)
+        if (xr[i] > v) { v = xr[i]; idx = i; }
+    for (int o = 16; o > 0; o >>= 1) am_merge(v, idx, __shfl_xor_sync(0xFFFFFFFFu, v, o), __shfl_xor_sync(0xFFFFFFFFu, idx, o));
+    if (lane == 0) { sv[warp] = v; si[warp] = idx; }
+    __syncthreads();
+    v = sv[0];
+    idx = si[0];
+    for (int w = 1; w < ARGMAX_THREADS / 32; w++) am_merge(v, idx, sv[w], si[w]);
+    double s = 0.0;
+    if (want_p) {
+        for (int i = lo + tid; i < hi; i += ARGMAX_THREADS) s += exp((double)xr[i] - (double)v);
+        s = cuda_warp_sum_d(s);
+        if (lane == 0) ss[warp] = s;
+        __syncthreads();
+        s = 0.0;
+        for (int w = 0; w < ARGMAX_THREADS / 32; w++) s += ss[w];
+    }
+    if (tid == 0) part[(size_t)r * gridDim.x + b] = am_part{v, idx, s};
+}
+
+/* One warp per row. */
+__global__ void argmax_final_kernel(const am_part *__restrict__ part, int nb, int n_rows, int32_t *out, float *p_max) {
+    cuda_pdl_begin();
+    const int r = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (r >= n_rows) return;
+    const am_part *p = part + (size_t)r * nb;
+    float v = -INFINITY;
+    int idx = 0x7FFFFFFF;
+    for (int b = lane; b < nb; b += 32) am_merge(v, idx, p[b].v, p[b].i);
+    for (int o = 16; o > 0; o >>= 1) am_merge(v, idx, __shfl_xor_sync(0xFFFFFFFFu, v, o), __shfl_xor_sync(0xFFFFFFFFu, idx, o));
+    if (p_max) {
+        double s = 0.0;
+        for (int b = lane; b < nb; b += 32) s += p[b].s * exp((double)p[b].v - (double)v);
+        s = cuda_warp_sum_d(s);
+        if (lane == 0) p_max[r] = (float)(1.0 / s);
+    }
+    if (lane == 0) out[r] = idx;
+}
+
+void cuda_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n_rows < 1 || n < 1) return;
+    const int nb = cuda_cdiv(n, ARGMAX_SLICE);
+    am_part *part = (am_part *)cuda_scratch(c, &c->amax_part, &c->amax_part_size, sizeof(am_part) * (size_t)nb * n_rows);
+    cuda_launch(c, dim3(nb, n_rows), ARGMAX_THREADS, argmax_part_kernel, x, n, (int)(p_max != NULL), part);
+    cuda_launch(c, cuda_cdiv(n_rows, 4), 128, argmax_final_kernel, (const am_part *)part, nb, n_rows, out, p_max);
+}

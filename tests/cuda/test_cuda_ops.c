@@ -1,0 +1,802 @@
+/* test_cuda_ops.c — every op of the CUDA backend against the CPU reference backend
+ * (backend_cpu_init(1, QUANT_CPU_REF)) on seeded random inputs, plus a matvec bandwidth bench.
+ * Standalone (not under tests/: CI has no GPU). Exit status 0 only if every case passes.
+ *
+ * Build (from the repository root, after `make CUDA=1`, or with BUILD=<dir> and that dir):
+ *   cc -std=c11 -O2 -g -D_GNU_SOURCE -Isrc -I/usr/local/cuda/include -o build/test_cuda_ops \
+ *      tests/cuda/test_cuda_ops.c build/libcoti.a -L/usr/local/cuda/lib64 -lcudart -lstdc++ -lm -pthread
+ * Run:
+ *   build/test_cuda_ops [--seed N] [--only OP]     correctness; one line per case
+ *   build/test_cuda_ops --bench                    Q8_0 matvec GB/s against a D2D copy
+ *
+ * Tolerances (each case prints its max abs / rel error and the bound):
+ * - matmul: the GPU quantizes activations exactly as the CPU reference does and forms every
+ *   block's integer sum and scale products identically; only the f32 order of the block sum
+ *   changes. So |gpu - cpu| <= 2e-5 · Σ_i |w_i x_i| per output (f32 reassociation of <= 128
+ *   block terms per lane plus a 32-lane butterfly: typically ~1e-7, worst case n·2^-24).
+ *   Also: a row's output must be bit-identical whatever the batch it came in (n_tok 1..17).
+ * - get_rows, kv_store, add, ssm_conv state/snapshots: bit-exact (same f32/f16 operations).
+ * - rmsnorm: 4 ulp relative (Σx² reordered, in double on both sides).
+ * - ops with expf/sinf/cosf/log1pf (rmsnorm_gated, swiglu, mul_sigmoid, rope, ssm_conv output,
+ *   gdn_gates): CUDA's functions are within 2 ulp of glibc's, so 2e-6 relative (+1e-6·max|x|
+ *   absolute for rope, whose outputs cancel).
+ * - attention: q·k sums and the softmax merge are reordered; 1e-5 relative to max|v|.
+ * - gdn / gdn_chunked: O(1) outputs after up to 70 steps of f32 rank-1 updates reordered
+ *   (test_backend_ops.c bounds CPU f32 against f64 by 2e-5): 2e-5 absolute.
+ * - argmax: the same index; p_max within 1e-6 relative (double sums on both sides). */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cuda/backend_cuda.h"
+
+static struct backend *cpu, *gpu;
+static int n_pass, n_fail;
+static const char *only;
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
+}
+static void fill(float *x, size_t n, float scale) { for (size_t i = 0; i < n; i++) x[i] = frand() * scale; }
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) { fprintf(stderr, "out of memory\n"); exit(2); }
+    return p;
+}
+static bool want(const char *op) { return !only || strcmp(only, op) == 0; }
+
+/* device helpers */
+static void *gdup(const void *h, size_t bytes) {
+    void *d = gpu->alloc(gpu, bytes);
+    if (!d) { fprintf(stderr, "cuda alloc of %zu bytes failed\n", bytes); exit(2); }
+    gpu->upload(gpu, d, h, bytes);
+    return d;
+}
+static void *galloc(size_t bytes) {
+    void *d = gpu->alloc(gpu, bytes);
+    if (!d) { fprintf(stderr, "cuda alloc of %zu bytes failed\n", bytes); exit(2); }
+    return d;
+}
+static void gget(void *h, const void *d, size_t bytes) { gpu->download(gpu, h, d, bytes); }
+
+/* Element-wise: |got - ref| <= abs_tol + rel_tol·|ref|, NaN where the reference has NaN. */
+static bool check(const char *op, const char *shape, const float *got, const float *ref, size_t n,
+                  double abs_tol, double rel_tol) {
+    double max_abs = 0, max_rel = 0;
+    size_t bad = n;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(ref[i]) != isnan(got[i])) { bad = i; break; }
+        if (isnan(ref[i])) continue;
+        double d = fabs((double)got[i] - ref[i]);
+        double r = d / fmax(fabs(ref[i]), 1e-30);
+        if (d > max_abs) max_abs = d;
+        if (r > max_rel && fabs(ref[i]) > 1e-30) max_rel = r;
+        if (!(d <= abs_tol + rel_tol * fabs(ref[i])) && bad == n) bad = i;
+    }
+    bool ok = bad == n;
+    printf("%-5s %-14s %-44s max_abs %.3e max_rel %.3e (tol abs %.1e rel %.1e)", ok ? "ok" : "FAIL", op, shape,
+           max_abs, max_rel, abs_tol, rel_tol);
+    if (!ok) printf("  first bad [%zu]: got %.9g want %.9g", bad, got[bad], ref[bad]);
+    printf("\n");
+    ok ? n_pass++ : n_fail++;
+    return ok;
+}
+
+/* Bit equality (ints, f16 caches, float outputs that must not change). */
+static bool check_bits(const char *op, const char *shape, const void *got, const void *ref, size_t bytes) {
+    const unsigned char *a = got, *b = ref;
+    size_t bad = bytes;
+    for (size_t i = 0; i < bytes; i++) if (a[i] != b[i]) { bad = i; break; }
+    bool ok = bad == bytes;
+    printf("%-5s %-14s %-44s bit-exact%s", ok ? "ok" : "FAIL", op, shape, ok ? "" : " MISMATCH");
+    if (!ok) printf(" at byte %zu", bad);
+    printf("\n");
+    ok ? n_pass++ : n_fail++;
+    return ok;
+}
+
+/* ---- matmul / matmul_n / get_rows ------------------------------------------------------ */
+
+static const enum ggml_type mm_types[] = {
+    GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+};
+
+struct hweight {
+    enum ggml_type type;
+    int n_in, n_out;
+    size_t rb;
+    void *data;      /* host, GGUF layout */
+    float *deq;      /* dequantized, for the error scale */
+};
+
+static struct hweight make_weight(enum ggml_type t, int n_in, int n_out) {
+    struct hweight w = {t, n_in, n_out, ggml_row_size(t, n_in), NULL, NULL};
+    float *row = xmalloc(sizeof(float) * n_in);
+    w.data = xmalloc(w.rb * n_out);
+    w.deq = xmalloc(sizeof(float) * (size_t)n_in * n_out);
+    for (int o = 0; o < n_out; o++) {
+        float rs = 0.25f + 0.75f * fabsf(frand()); /* rows of different magnitude */
+        for (int i = 0; i < n_in; i++) row[i] = frand() * rs;
+        quant_quantize_row_ref(t, row, (char *)w.data + (size_t)o * w.rb, n_in);
+        quant_dequantize_row_ref(t, (char *)w.data + (size_t)o * w.rb, w.deq + (size_t)o * n_in, n_in);
+    }
+    free(row);
+    return w;
+}
+static void free_hweight(struct hweight *w) { free(w->data); free(w->deq); }
+
+/* Σ_i |w_oi x_ti| for every output: the scale of f32 reassociation error. */
+static void dot_scale(const struct hweight *w, const float *x, int n_tok, float *scale) {
+    for (int t = 0; t < n_tok; t++)
+        for (int o = 0; o < w->n_out; o++) {
+            double s = 0;
+            for (int i = 0; i < w->n_in; i++) s += fabs((double)w->deq[(size_t)o * w->n_in + i] * x[(size_t)t * w->n_in + i]);
+            scale[(size_t)t * w->n_out + o] = (float)s;
+        }
+}
+
+static bool check_scaled(const char *op, const char *shape, const float *got, const float *ref, const float *scale,
+                         size_t n, double k) {
+    double max_abs = 0, max_ratio = 0;
+    size_t bad = n;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (isnan(got[i]) || isnan(ref[i])) d = INFINITY;
+        if (d > max_abs) max_abs = d;
+        double r = d / fmax(scale[i], 1e-30);
+        if (r > max_ratio) max_ratio = r;
+        if (!(d <= k * scale[i] + 1e-30) && bad == n) bad = i;
+    }
+    bool ok = bad == n;
+    printf("%-5s %-14s %-44s max_abs %.3e max |d|/S %.3e (tol %.1e·S, S = Σ|w·x|)", ok ? "ok" : "FAIL", op, shape,
+           max_abs, max_ratio, k);
+    if (!ok) printf("  first bad [%zu]: got %.9g want %.9g S %.3g", bad, got[bad], ref[bad], scale[bad]);
+    printf("\n");
+    ok ? n_pass++ : n_fail++;
+    return ok;
+}
+
+#define MM_TOL 2e-5
+
+static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
+    static const int toks[] = {1, 2, 3, 4, 5, 7, 8, 9, 17};
+    const int max_tok = 17;
+    const char *tn = ggml_type_traits_get(t)->name;
+    struct hweight hw = make_weight(t, n_in, n_out);
+    struct bweight wc = {0}, wg = {0};
+    if (cpu->weight_init(cpu, &wc, t, n_in, n_out, hw.data) || gpu->weight_init(gpu, &wg, t, n_in, n_out, hw.data)) {
+        printf("FAIL  matmul %s: weight_init refused\n", tn);
+        n_fail++;
+        free_hweight(&hw);
+        return;
+    }
+    float *x = xmalloc(sizeof(float) * (size_t)max_tok * n_in);
+    for (int tk = 0; tk < max_tok; tk++) fill(x + (size_t)tk * n_in, n_in, tk % 3 == 0 ? 3.0f : 0.7f);
+    float *yc = xmalloc(sizeof(float) * (size_t)max_tok * n_out), *yg = xmalloc(sizeof(float) * (size_t)max_tok * n_out);
+    float *yfull = xmalloc(sizeof(float) * (size_t)max_tok * n_out), *scale = xmalloc(sizeof(float) * (size_t)max_tok * n_out);
+    dot_scale(&hw, x, max_tok, scale);
+    float *dx = gdup(x, sizeof(float) * (size_t)max_tok * n_in), *dy = galloc(sizeof(float) * (size_t)max_tok * n_out);
+    /* the full batch first: every smaller batch must reproduce its rows bit for bit */
+    gpu->matmul(gpu, &wg, dx, max_tok, dy);
+    gget(yfull, dy, sizeof(float) * (size_t)max_tok * n_out);
+    char shape[96];
+    for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
+        int nt = toks[k];
+        cpu->matmul(cpu, &wc, x, nt, yc);
+        gpu->matmul(gpu, &wg, dx, nt, dy);
+        gget(yg, dy, sizeof(float) * (size_t)nt * n_out);
+        snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
+        check_scaled("matmul", shape, yg, yc, scale, (size_t)nt * n_out, MM_TOL);
+        if (nt != max_tok) check_bits("matmul-batch", shape, yg, yfull, sizeof(float) * (size_t)nt * n_out);
+    }
+    /* a single row taken from the middle of the batch (x offset) */
+    gpu->matmul(gpu, &wg, dx + (size_t)11 * n_in, 1, dy);
+    gget(yg, dy, sizeof(float) * n_out);
+    snprintf(shape, sizeof shape, "%s %dx%d row 11 alone", tn, n_in, n_out);
+    check_bits("matmul-batch", shape, yg, yfull + (size_t)11 * n_out, sizeof(float) * n_out);
+
+    /* get_rows: exact dequantization */
+    int32_t ids[5] = {0, n_out - 1, n_out / 2, 0, n_out / 3};
+    float *rc = xmalloc(sizeof(float) * 5 * n_in), *rg = xmalloc(sizeof(float) * 5 * n_in);
+    int32_t *dids = gdup(ids, sizeof ids);
+    float *dr = galloc(sizeof(float) * 5 * n_in);
+    cpu->get_rows(cpu, &wc, ids, 5, rc);
+    gpu->get_rows(gpu, &wg, dids, 5, dr);
+    gget(rg, dr, sizeof(float) * 5 * n_in);
+    snprintf(shape, sizeof shape, "%s %dx%d 5 ids", tn, n_in, n_out);
+    if (want("get_rows")) check_bits("get_rows", shape, rg, rc, sizeof(float) * 5 * n_in);
+
+    gpu->free(gpu, dx); gpu->free(gpu, dy); gpu->free(gpu, dids); gpu->free(gpu, dr);
+    cpu->weight_free(cpu, &wc);
+    gpu->weight_free(gpu, &wg);
+    free(x); free(yc); free(yg); free(yfull); free(scale); free(rc); free(rg);
+    free_hweight(&hw);
+}
+
+static void test_matmul(void) {
+    for (size_t i = 0; i < sizeof mm_types / sizeof mm_types[0]; i++) {
+        enum ggml_type t = mm_types[i];
+        int be = ggml_type_traits_get(t)->block_elems;
+        if (be == 256) {
+            test_matmul_type(t, 256, 37);
+            test_matmul_type(t, 2304, 130);   /* 9 super-blocks: rows at every alignment */
+        } else if (be == 32) {
+            test_matmul_type(t, 384, 130);    /* the tiny model's width */
+            test_matmul_type(t, 4096, 67);
+            test_matmul_type(t, 96, 5);
+        } else {
+            test_matmul_type(t, 100, 37);     /* a partial 32-element unit, rows 8-byte aligned */
+            test_matmul_type(t, 1024, 70);
+            test_matmul_type(t, 33, 3);
+        }
+    }
+    /* n_out not a multiple of the rows per block, n_in < 32 */
+    test_matmul_type(GGML_TYPE_F32, 7, 1);
+}
+
+/* Mixed types in one matmul_n (one conversion per vec_dot type, one launch per weight type). */
+static void test_matmul_n(void) {
+    const enum ggml_type ts[4] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q8_0, GGML_TYPE_F16};
+    const int n_outs[4] = {64, 33, 200, 9}, n_in = 512, n_tok = 5;
+    struct hweight hw[4];
+    struct bweight wc[4], wg[4];
+    const struct bweight *pc[4], *pg[4];
+    float *yc[4], *yg[4], *dy[4], *scale[4];
+    float *x = xmalloc(sizeof(float) * n_tok * n_in);
+    fill(x, (size_t)n_tok * n_in, 1.5f);
+    float *dx = gdup(x, sizeof(float) * n_tok * n_in);
+    for (int i = 0; i < 4; i++) {
+        hw[i] = make_weight(ts[i], n_in, n_outs[i]);
+        memset(&wc[i], 0, sizeof wc[i]);
+        memset(&wg[i], 0, sizeof wg[i]);
+        cpu->weight_init(cpu, &wc[i], ts[i], n_in, n_outs[i], hw[i].data);
+        gpu->weight_init(gpu, &wg[i], ts[i], n_in, n_outs[i], hw[i].data);
+        pc[i] = &wc[i];
+        pg[i] = &wg[i];
+        yc[i] = xmalloc(sizeof(float) * n_tok * n_outs[i]);
+        yg[i] = xmalloc(sizeof(float) * n_tok * n_outs[i]);
+        scale[i] = xmalloc(sizeof(float) * n_tok * n_outs[i]);
+        dy[i] = galloc(sizeof(float) * n_tok * n_outs[i]);
+        dot_scale(&hw[i], x, n_tok, scale[i]);
+    }
+    cpu->matmul_n(cpu, pc, yc, 4, x, n_tok);
+    gpu->matmul_n(gpu, pg, dy, 4, dx, n_tok);
+    for (int i = 0; i < 4; i++) {
+        char shape[96];
+        gget(yg[i], dy[i], sizeof(float) * n_tok * n_outs[i]);
+        snprintf(shape, sizeof shape, "[%d] %s %dx%d tok %d", i, ggml_type_traits_get(ts[i])->name, n_in, n_outs[i], n_tok);
+        check_scaled("matmul_n", shape, yg[i], yc[i], scale[i], (size_t)n_tok * n_outs[i], MM_TOL);
+        cpu->weight_free(cpu, &wc[i]);
+        gpu->weight_free(gpu, &wg[i]);
+        gpu->free(gpu, dy[i]);
+        free(yc[i]); free(yg[i]); free(scale[i]);
+        free_hweight(&hw[i]);
+    }
+    gpu->free(gpu, dx);
+    free(x);
+    /* an unsupported type is refused */
+    struct bweight w = {0};
+    static unsigned char q2k[4 * 84];
+    int rc = gpu->weight_init(gpu, &w, GGML_TYPE_Q2_K, 256, 4, q2k);
+    printf("%-5s %-14s %-44s rc %d\n", rc == COTI_E_UNSUPPORTED ? "ok" : "FAIL", "weight_init", "q2_K refused", rc);
+    rc == COTI_E_UNSUPPORTED ? n_pass++ : n_fail++;
+}
+
+/* ---- norms and elementwise ---------------------------------------------------------------- */
+
+static void test_rmsnorm(int n_rows, int dim, int xs, int ys, bool in_place) {
+    char shape[96];
+    size_t nx = (size_t)n_rows * xs, ny = (size_t)n_rows * ys;
+    float *x = xmalloc(sizeof(float) * nx), *w = xmalloc(sizeof(float) * dim);
+    float *yc = xmalloc(sizeof(float) * (in_place ? nx : ny)), *yg = xmalloc(sizeof(float) * (in_place ? nx : ny));
+    fill(x, nx, 2.0f);
+    fill(yc, in_place ? nx : ny, 1.0f);
+    for (int i = 0; i < dim; i++) w[i] = 1.0f + 0.5f * frand();
+    float *dx = gdup(x, sizeof(float) * nx), *dw = gdup(w, sizeof(float) * dim);
+    if (in_place) {
+        memcpy(yc, x, sizeof(float) * nx);
+        cpu->rmsnorm(cpu, yc, xs, w, n_rows, dim, 1e-6f, yc, xs);
+        gpu->rmsnorm(gpu, dx, xs, dw, n_rows, dim, 1e-6f, dx, xs);
+        gget(yg, dx, sizeof(float) * nx);
+        ny = nx;
+    } else {
+        float *dy = gdup(yc, sizeof(float) * ny); /* untouched gaps keep their (nonzero) values */
+        cpu->rmsnorm(cpu, x, xs, w, n_rows, dim, 1e-6f, yc, ys);
+        gpu->rmsnorm(gpu, dx, xs, dw, n_rows, dim, 1e-6f, dy, ys);
+        gget(yg, dy, sizeof(float) * ny);
+        gpu->free(gpu, dy);
+    }
+    snprintf(shape, sizeof shape, "%d rows x %d, strides %d/%d%s", n_rows, dim, xs, ys, in_place ? " in place" : "");
+    check("rmsnorm", shape, yg, yc, ny, 0, 4.8e-7);
+    gpu->free(gpu, dx); gpu->free(gpu, dw);
+    free(x); free(w); free(yc); free(yg);
+}
+
+static void test_rmsnorm_gated(int n_rows, int dim) {
+    char shape[96];
+    size_t n = (size_t)n_rows * dim;
+    float *x = xmalloc(sizeof(float) * n), *z = xmalloc(sizeof(float) * n), *w = xmalloc(sizeof(float) * dim);
+    float *yc = xmalloc(sizeof(float) * n), *yg = xmalloc(sizeof(float) * n);
+    fill(x, n, 2.0f);
+    fill(z, n, 4.0f);
+    for (int i = 0; i < dim; i++) w[i] = 1.0f + 0.5f * frand();
+    float *dx = gdup(x, sizeof(float) * n), *dz = gdup(z, sizeof(float) * n), *dw = gdup(w, sizeof(float) * dim);
+    float *dy = galloc(sizeof(float) * n);
+    cpu->rmsnorm_gated(cpu, x, w, z, n_rows, dim, 1e-6f, yc);
+    gpu->rmsnorm_gated(gpu, dx, dw, dz, n_rows, dim, 1e-6f, dy);
+    gget(yg, dy, sizeof(float) * n);
+    snprintf(shape, sizeof shape, "%d rows x %d", n_rows, dim);
+    check("rmsnorm_gated", shape, yg, yc, n, 1e-30, 2e-6);
+    gpu->free(gpu, dx); gpu->free(gpu, dz); gpu->free(gpu, dw); gpu->free(gpu, dy);
+    free(x); free(z); free(w); free(yc); free(yg);
+}
+
+static void test_elementwise(int64_t n) {
+    char shape[96];
+    float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
+    float *yc = xmalloc(sizeof(float) * n), *yg = xmalloc(sizeof(float) * n);
+    fill(a, n, 6.0f);
+    fill(b, n, 2.0f);
+    float *da = gdup(a, sizeof(float) * n), *db = gdup(b, sizeof(float) * n), *dy = galloc(sizeof(float) * n);
+    snprintf(shape, sizeof shape, "n %lld", (long long)n);
+    cpu->add(cpu, a, b, n, yc);
+    gpu->add(gpu, da, db, n, dy);
+    gget(yg, dy, sizeof(float) * n);
+    check_bits("add", shape, yg, yc, sizeof(float) * n);
+    cpu->swiglu(cpu, a, b, n, yc);
+    gpu->swiglu(gpu, da, db, n, dy);
+    gget(yg, dy, sizeof(float) * n);
+    check("swiglu", shape, yg, yc, n, 1e-30, 2e-6);
+    /* in place, as the model calls it: y = g */
+    memcpy(yc, a, sizeof(float) * n);
+    cpu->swiglu(cpu, yc, b, n, yc);
+    gpu->swiglu(gpu, da, db, n, da);
+    gget(yg, da, sizeof(float) * n);
+    check("swiglu", "in place", yg, yc, n, 1e-30, 2e-6);
+    gpu->free(gpu, da); gpu->free(gpu, db); gpu->free(gpu, dy);
+    free(a); free(b); free(yc); free(yg);
+}
+
+static void test_mul_sigmoid(int n_tok, int n_head, int dim) {
+    char shape[96];
+    const int gs = 2 * n_head * dim, ghs = 2 * dim; /* the gate interleaved with q, as qwen35 does */
+    size_t nx = (size_t)n_tok * n_head * dim, ng = (size_t)n_tok * gs;
+    float *x = xmalloc(sizeof(float) * nx), *g = xmalloc(sizeof(float) * ng), *yg = xmalloc(sizeof(float) * nx);
+    fill(x, nx, 3.0f);
+    fill(g, ng, 5.0f);
+    float *dx = gdup(x, sizeof(float) * nx), *dg = gdup(g, sizeof(float) * ng);
+    cpu->mul_sigmoid(cpu, x, g + dim, n_tok, n_head, dim, gs, ghs);
+    gpu->mul_sigmoid(gpu, dx, dg + dim, n_tok, n_head, dim, gs, ghs);
+    gget(yg, dx, sizeof(float) * nx);
+    snprintf(shape, sizeof shape, "%d tok x %d heads x %d", n_tok, n_head, dim);
+    check("mul_sigmoid", shape, yg, x, nx, 1e-30, 2e-6);
+    gpu->free(gpu, dx); gpu->free(gpu, dg);
+    free(x); free(g); free(yg);
+}
+
+/* ---- rope, kv store, attention ------------------------------------------------------------- */
+
+static void test_rope(int n_tok, int n_head, int head_dim, int n_rot, int tok_stride, int head_stride, int pos0) {
+    char shape[96];
+    size_t n = (size_t)n_tok * tok_stride;
+    float *x = xmalloc(sizeof(float) * n), *yg = xmalloc(sizeof(float) * n);
+    int32_t *pos = xmalloc(sizeof(int32_t) * n_tok);
+    fill(x, n, 2.0f);
+    for (int t = 0; t < n_tok; t++) pos[t] = pos0 + 3 * t;
+    float *dx = gdup(x, sizeof(float) * n);
+    int32_t *dpos = gdup(pos, sizeof(int32_t) * n_tok);
+    cpu->rope_neox(cpu, x, n_tok, tok_stride, n_head, head_stride, n_rot, pos, 10000000.0f);
+    gpu->rope_neox(gpu, dx, n_tok, tok_stride, n_head, head_stride, n_rot, dpos, 10000000.0f);
+    gget(yg, dx, sizeof(float) * n);
+    snprintf(shape, sizeof shape, "%d tok %d heads dim %d rot %d pos %d..", n_tok, n_head, head_dim, n_rot, pos0);
+    check("rope_neox", shape, yg, x, n, 2e-6 * 2.0, 2e-6);
+    gpu->free(gpu, dx); gpu->free(gpu, dpos);
+    free(x); free(yg); free(pos);
+}
+
+static void test_kv_store(int n_tok, int kvd, int n_cells) {
+    char shape[96];
+    const int ks = kvd + 8; /* k rows with a stride, as q/k/v slices of a wider row */
+    float *k = xmalloc(sizeof(float) * n_tok * ks), *v = xmalloc(sizeof(float) * n_tok * kvd);
+    int32_t *cells = xmalloc(sizeof(int32_t) * n_tok);
+    uint16_t *kc = xmalloc(2 * (size_t)n_cells * kvd), *vc = xmalloc(2 * (size_t)n_cells * kvd);
+    uint16_t *kg = xmalloc(2 * (size_t)n_cells * kvd), *vg = xmalloc(2 * (size_t)n_cells * kvd);
+    fill(k, (size_t)n_tok * ks, 4.0f);
+    fill(v, (size_t)n_tok * kvd, 70000.0f); /* some beyond f16's range: inf */
+    for (int t = 0; t < n_tok; t++) cells[t] = (t * 7 + 3) % n_cells;
+    for (size_t i = 0; i < (size_t)n_cells * kvd; i++) kc[i] = vc[i] = (uint16_t)(i * 2654435761u >> 16);
+    uint16_t *dkc = gdup(kc, 2 * (size_t)n_cells * kvd), *dvc = gdup(vc, 2 * (size_t)n_cells * kvd);
+    float *dk = gdup(k, sizeof(float) * n_tok * ks), *dv = gdup(v, sizeof(float) * n_tok * kvd);
+    int32_t *dcells = gdup(cells, sizeof(int32_t) * n_tok);
+    cpu->kv_store(cpu, k, ks, v, kvd, n_tok, kvd, cells, kc, vc);
+    gpu->kv_store(gpu, dk, ks, dv, kvd, n_tok, kvd, dcells, dkc, dvc);
+    gget(kg, dkc, 2 * (size_t)n_cells * kvd);
+    gget(vg, dvc, 2 * (size_t)n_cells * kvd);
+    snprintf(shape, sizeof shape, "%d tok kvd %d cells %d (K)", n_tok, kvd, n_cells);
+    check_bits("kv_store", shape, kg, kc, 2 * (size_t)n_cells * kvd);
+    snprintf(shape, sizeof shape, "%d tok kvd %d cells %d (V)", n_tok, kvd, n_cells);
+    check_bits("kv_store", shape, vg, vc, 2 * (size_t)n_cells * kvd);
+    gpu->free(gpu, dkc); gpu->free(gpu, dvc); gpu->free(gpu, dk); gpu->free(gpu, dv); gpu->free(gpu, dcells);
+    free(k); free(v); free(cells); free(kc); free(vc); free(kg); free(vg);
+}
+
+/* n_tok tokens of sequence seq continuing a cache of len0 rows (causal), n_seq sequences of
+ * n_ctx cells each; also checks that every token alone gives the bits it gave in the batch. */
+static void test_attention(int n_tok, int len0, int n_head, int n_head_kv, int D, int seq) {
+    char shape[96];
+    const int n_ctx = len0 + n_tok + 5, n_cells = (seq + 1) * n_ctx, kvd = n_head_kv * D;
+    const int qs = 2 * n_head * D, qhs = 2 * D; /* q interleaved with its gate, as qwen35 does */
+    float *q = xmalloc(sizeof(float) * n_tok * qs);
+    uint16_t *kc = xmalloc(2 * (size_t)n_cells * kvd), *vc = xmalloc(2 * (size_t)n_cells * kvd);
+    int32_t *cell0 = xmalloc(sizeof(int32_t) * n_tok), *nctx = xmalloc(sizeof(int32_t) * n_tok);
+    float *oc = xmalloc(sizeof(float) * n_tok * n_head * D), *og = xmalloc(sizeof(float) * n_tok * n_head * D);
+    float *o1 = xmalloc(sizeof(float) * n_head * D);
+    fill(q, (size_t)n_tok * qs, 1.5f);
+    float vmax = 0;
+    for (size_t i = 0; i < (size_t)n_cells * kvd; i++) {
+        kc[i] = f32_to_fp16(frand() * 2.0f);
+        float vv = frand() * 3.0f;
+        vc[i] = f32_to_fp16(vv);
+        vmax = fmaxf(vmax, fabsf(fp16_to_f32(vc[i])));
+    }
+    for (int t = 0; t < n_tok; t++) { cell0[t] = seq * n_ctx; nctx[t] = len0 + t + 1; }
+    float *dq = gdup(q, sizeof(float) * n_tok * qs);
+    uint16_t *dkc = gdup(kc, 2 * (size_t)n_cells * kvd), *dvc = gdup(vc, 2 * (size_t)n_cells * kvd);
+    int32_t *dc0 = gdup(cell0, sizeof(int32_t) * n_tok), *dn = gdup(nctx, sizeof(int32_t) * n_tok);
+    float *dout = galloc(sizeof(float) * n_tok * n_head * D);
+    const float scale = 1.0f / sqrtf((float)D);
+    cpu->attention(cpu, q, qs, qhs, kc, vc, cell0, nctx, n_tok, n_head, n_head_kv, D, scale, oc);
+    gpu->attention(gpu, dq, qs, qhs, dkc, dvc, dc0, dn, n_tok, n_head, n_head_kv, D, scale, dout);
+    gget(og, dout, sizeof(float) * n_tok * n_head * D);
+    snprintf(shape, sizeof shape, "%d tok ctx %d..%d heads %d/%d dim %d", n_tok, len0 + 1, len0 + n_tok, n_head, n_head_kv, D);
+    check("attention", shape, og, oc, (size_t)n_tok * n_head * D, 1e-5 * vmax, 0);
+    if (n_tok > 1 && n_tok <= 8) { /* decode of each row alone = the verify batch's row */
+        bool same = true;
+        for (int t = 0; t < n_tok && same; t++) {
+            gpu->attention(gpu, dq + (size_t)t * qs, qs, qhs, dkc, dvc, dc0 + t, dn + t, 1, n_head, n_head_kv, D, scale, dout);
+            gget(o1, dout, sizeof(float) * n_head * D);
+            same = memcmp(o1, og + (size_t)t * n_head * D, sizeof(float) * n_head * D) == 0;
+        }
+        check_bits("attention-1", shape, &same, &(bool){true}, sizeof same);
+    }
+    gpu->free(gpu, dq); gpu->free(gpu, dkc); gpu->free(gpu, dvc); gpu->free(gpu, dc0); gpu->free(gpu, dn); gpu->free(gpu, dout);
+    free(q); free(kc); free(vc); free(cell0); free(nctx); free(oc); free(og); free(o1);
+}
+
+/* ---- delta net ------------------------------------------------------------------------------ */
+
+static void test_ssm_conv(int n_tok, int n_ch, int k, int n_snap) {
+    char shape[96];
+    const int ks = k - 1;
+    float *x = xmalloc(sizeof(float) * n_tok * n_ch), *w = xmalloc(sizeof(float) * n_ch * k);
+    float *st = xmalloc(sizeof(float) * (n_ch * ks + 1)), *stg = xmalloc(sizeof(float) * (n_ch * ks + 1));
+    float *yc = xmalloc(sizeof(float) * n_tok * n_ch), *yg = xmalloc(sizeof(float) * n_tok * n_ch);
+    size_t nsnap = (size_t)COTI_MAX(n_snap, 1) * n_ch * ks + 1;
+    float *sc = xmalloc(sizeof(float) * nsnap), *sg = xmalloc(sizeof(float) * nsnap);
+    fill(x, (size_t)n_tok * n_ch, 3.0f);
+    fill(w, (size_t)n_ch * k, 1.0f);
+    fill(st, (size_t)n_ch * ks + 1, 2.0f);
+    fill(sc, nsnap, 1.0f);
+    float *dx = gdup(x, sizeof(float) * n_tok * n_ch), *dw = gdup(w, sizeof(float) * n_ch * k);
+    float *dst = gdup(st, sizeof(float) * (n_ch * ks + 1)), *dy = galloc(sizeof(float) * n_tok * n_ch);
+    float *dsn = gdup(sc, sizeof(float) * nsnap);
+    cpu->ssm_conv(cpu, x, n_tok, n_ch, k, w, st, yc, n_snap ? sc : NULL, n_snap);
+    gpu->ssm_conv(gpu, dx, n_tok, n_ch, k, dw, dst, dy, n_snap ? dsn : NULL, n_snap);
+    gget(yg, dy, sizeof(float) * n_tok * n_ch);
+    gget(stg, dst, sizeof(float) * (n_ch * ks + 1));
+    gget(sg, dsn, sizeof(float) * nsnap);
+    snprintf(shape, sizeof shape, "%d tok %d ch k %d snap %d", n_tok, n_ch, k, n_snap);
+    check("ssm_conv", shape, yg, yc, (size_t)n_tok * n_ch, 1e-30, 2e-6);
+    check_bits("ssm_conv-state", shape, stg, st, sizeof(float) * (n_ch * ks + 1));
+    check_bits("ssm_conv-snap", shape, sg, sc, sizeof(float) * nsnap);
+    gpu->free(gpu, dx); gpu->free(gpu, dw); gpu->free(gpu, dst); gpu->free(gpu, dy); gpu->free(gpu, dsn);
+    free(x); free(w); free(st); free(stg); free(yc); free(yg); free(sc); free(sg);
+}
+
+static void test_gdn_gates(int n_tok, int n_v) {
+    char shape[96];
+    const int as = n_v + 3, bs = n_v + 5;
+    float *a = xmalloc(sizeof(float) * n_tok * as), *b = xmalloc(sizeof(float) * n_tok * bs);
+    float *dt = xmalloc(sizeof(float) * n_v), *sa = xmalloc(sizeof(float) * n_v);
+    float *gc = xmalloc(sizeof(float) * n_tok * n_v), *bc = xmalloc(sizeof(float) * n_tok * n_v);
+    float *gg = xmalloc(sizeof(float) * n_tok * n_v), *bg = xmalloc(sizeof(float) * n_tok * n_v);
+    fill(a, (size_t)n_tok * as, 15.0f); /* both sides of the softplus threshold (20) */
+    fill(b, (size_t)n_tok * bs, 6.0f);
+    fill(dt, n_v, 8.0f);
+    for (int i = 0; i < n_v; i++) sa[i] = -0.1f - fabsf(frand()) * 5.0f;
+    float *da = gdup(a, sizeof(float) * n_tok * as), *db = gdup(b, sizeof(float) * n_tok * bs);
+    float *ddt = gdup(dt, sizeof(float) * n_v), *dsa = gdup(sa, sizeof(float) * n_v);
+    float *dg = galloc(sizeof(float) * n_tok * n_v), *dbt = galloc(sizeof(float) * n_tok * n_v);
+    cpu->gdn_gates(cpu, a, as, b, bs, dt, sa, n_tok, n_v, gc, bc);
+    gpu->gdn_gates(gpu, da, as, db, bs, ddt, dsa, n_tok, n_v, dg, dbt);
+    gget(gg, dg, sizeof(float) * n_tok * n_v);
+    gget(bg, dbt, sizeof(float) * n_tok * n_v);
+    snprintf(shape, sizeof shape, "%d tok %d heads (g)", n_tok, n_v);
+    check("gdn_gates", shape, gg, gc, (size_t)n_tok * n_v, 1e-30, 2e-6);
+    snprintf(shape, sizeof shape, "%d tok %d heads (beta)", n_tok, n_v);
+    check("gdn_gates", shape, bg, bc, (size_t)n_tok * n_v, 1e-30, 2e-6);
+    gpu->free(gpu, da); gpu->free(gpu, db); gpu->free(gpu, ddt); gpu->free(gpu, dsa); gpu->free(gpu, dg); gpu->free(gpu, dbt);
+    free(a); free(b); free(dt); free(sa); free(gc); free(bc); free(gg); free(bg);
+}
+
+static void test_gdn(bool chunked, int n_tok, int nk, int nv, int dk, int n_snap) {
+    char shape[96];
+    const int dv = dk, ch = 2 * nk * dk + nv * dv, stride = ch + 7;
+    const size_t st_n = (size_t)nv * dk * dv, nsnap = (size_t)COTI_MAX(n_snap, 1) * st_n;
+    float *qkv = xmalloc(sizeof(float) * n_tok * stride), *g = xmalloc(sizeof(float) * n_tok * nv);
+    float *beta = xmalloc(sizeof(float) * n_tok * nv), *S = xmalloc(sizeof(float) * st_n), *Sg = xmalloc(sizeof(float) * st_n);
+    float *oc = xmalloc(sizeof(float) * n_tok * nv * dv), *og = xmalloc(sizeof(float) * n_tok * nv * dv);
+    float *sc = xmalloc(sizeof(float) * nsnap), *sg = xmalloc(sizeof(float) * nsnap);
+    fill(qkv, (size_t)n_tok * stride, 1.0f);
+    for (int i = 0; i < n_tok * nv; i++) { g[i] = -0.3f * (frand() + 1.0f); beta[i] = 0.5f * (frand() + 1.0f); }
+    fill(S, st_n, 0.5f);
+    fill(sc, nsnap, 1.0f);
+    float *dqkv = gdup(qkv, sizeof(float) * n_tok * stride), *dg = gdup(g, sizeof(float) * n_tok * nv);
+    float *dbeta = gdup(beta, sizeof(float) * n_tok * nv), *dS = gdup(S, sizeof(float) * st_n);
+    float *dout = galloc(sizeof(float) * n_tok * nv * dv), *dsn = gdup(sc, sizeof(float) * nsnap);
+    if (chunked) {
+        cpu->gdn_chunked(cpu, qkv, stride, g, beta, S, n_tok, nk, nv, dk, dv, 1e-6f, oc);
+        gpu->gdn_chunked(gpu, dqkv, stride, dg, dbeta, dS, n_tok, nk, nv, dk, dv, 1e-6f, dout);
+    } else {
+        cpu->gdn(cpu, qkv, stride, g, beta, S, n_tok, nk, nv, dk, dv, 1e-6f, oc, n_snap ? sc : NULL, n_snap);
+        gpu->gdn(gpu, dqkv, stride, dg, dbeta, dS, n_tok, nk, nv, dk, dv, 1e-6f, dout, n_snap ? dsn : NULL, n_snap);
+    }
+    gget(og, dout, sizeof(float) * n_tok * nv * dv);
+    gget(Sg, dS, sizeof(float) * st_n);
+    gget(sg, dsn, sizeof(float) * nsnap);
+    const char *op = chunked ? "gdn_chunked" : "gdn";
+    snprintf(shape, sizeof shape, "%d tok nk %d nv %d d %d snap %d (out)", n_tok, nk, nv, dk, n_snap);
+    check(op, shape, og, oc, (size_t)n_tok * nv * dv, 2e-5, 0);
+    snprintf(shape, sizeof shape, "%d tok nk %d nv %d d %d snap %d (state)", n_tok, nk, nv, dk, n_snap);
+    check(op, shape, Sg, S, st_n, 2e-5, 0);
+    if (!chunked) {
+        snprintf(shape, sizeof shape, "%d tok nk %d nv %d d %d snap %d (snap)", n_tok, nk, nv, dk, n_snap);
+        check(op, shape, sg, sc, nsnap, 2e-5, 0);
+    }
+    gpu->free(gpu, dqkv); gpu->free(gpu, dg); gpu->free(gpu, dbeta); gpu->free(gpu, dS); gpu->free(gpu, dout); gpu->free(gpu, dsn);
+    free(qkv); free(g); free(beta); free(S); free(Sg); free(oc); free(og); free(sc); free(sg);
+}
+
+/* ---- argmax ----------------------------------------------------------------------------------- */
+
+static void test_argmax(int n_rows, int n) {
+    char shape[96];
+    float *x = xmalloc(sizeof(float) * n_rows * n);
+    fill(x, (size_t)n_rows * n, 8.0f);
+    for (int r = 0; r < n_rows; r++) { /* a tie across slices: the lower index wins */
+        float *xr = x + (size_t)r * n;
+        int a = (r * 7919) % n, b = (a + n / 2 + 1) % n;
+        xr[a] = xr[b] = 9.5f;
+    }
+    int32_t *ic = xmalloc(sizeof(int32_t) * n_rows), *ig = xmalloc(sizeof(int32_t) * n_rows);
+    float *pc = xmalloc(sizeof(float) * n_rows), *pg = xmalloc(sizeof(float) * n_rows);
+    float *dx = gdup(x, sizeof(float) * n_rows * n);
+    int32_t *di = galloc(sizeof(int32_t) * n_rows);
+    float *dp = galloc(sizeof(float) * n_rows);
+    cpu->argmax(cpu, x, n_rows, n, ic, pc);
+    gpu->argmax(gpu, dx, n_rows, n, di, dp);
+    gget(ig, di, sizeof(int32_t) * n_rows);
+    gget(pg, dp, sizeof(float) * n_rows);
+    snprintf(shape, sizeof shape, "%d rows x %d", n_rows, n);
+    check_bits("argmax", shape, ig, ic, sizeof(int32_t) * n_rows);
+    check("argmax-p", shape, pg, pc, n_rows, 0, 1e-6);
+    gpu->argmax(gpu, dx, n_rows, n, di, NULL);
+    gget(ig, di, sizeof(int32_t) * n_rows);
+    check_bits("argmax", "(no p_max)", ig, ic, sizeof(int32_t) * n_rows);
+    gpu->free(gpu, dx); gpu->free(gpu, di); gpu->free(gpu, dp);
+    free(x); free(ic); free(ig); free(pc); free(pg);
+}
+
+/* ---- memory ------------------------------------------------------------------------------------ */
+
+static void test_memory(void) {
+    const size_t n = 3 << 20; /* larger than half the upload staging: the direct path too */
+    unsigned char *a = xmalloc(n), *b = xmalloc(n), *z = xmalloc(4096);
+    for (size_t i = 0; i < n; i++) a[i] = (unsigned char)(i * 131 + 7);
+    unsigned char *d = galloc(n), *e = galloc(n);
+    gget(z, d, 4096);
+    static const unsigned char zero[4096];
+    check_bits("alloc", "zeroed", z, zero, 4096);
+    gpu->upload(gpu, d, a, n);
+    gpu->copy(gpu, e, d, n);
+    gget(b, e, n);
+    check_bits("upload+copy", "3 MiB", b, a, n);
+    /* many small uploads from one reused host buffer (the model's metadata pattern) wrap the
+     * staging halves; each must land intact */
+    int32_t v[1000];
+    int32_t *dv = galloc(sizeof v * 64);
+    for (int k = 0; k < 64 * 50; k++) {
+        for (int i = 0; i < 1000; i++) v[i] = k * 1000 + i;
+        gpu->upload(gpu, dv + (k % 64) * 1000, v, sizeof v);
+    }
+    int32_t *got = xmalloc(sizeof v * 64), *exp = xmalloc(sizeof v * 64);
+    gget(got, dv, sizeof v * 64);
+    for (int j = 0; j < 64; j++)
+        for (int i = 0; i < 1000; i++) exp[j * 1000 + i] = (64 * 49 + j) * 1000 + i;
+    check_bits("upload", "3200 x 4000 B reused host buffer", got, exp, sizeof v * 64);
+    gpu->free(gpu, d); gpu->free(gpu, e); gpu->free(gpu, dv);
+    free(a); free(b); free(z); free(got); free(exp);
+}
+
+/* ---- bench ------------------------------------------------------------------------------------- */
+
+#define BENCH_CHECK(call)                                                                     \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) { fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_)); exit(2); } \
+    } while (0)
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median over reps of (time of `iters` calls)/iters, in µs, with CUDA events on the backend's
+ * stream. Weights rotate over copies so the working set is well beyond the L2. */
+static void bench(void) {
+    cudaStream_t s = (cudaStream_t)backend_cuda_stream(gpu);
+    cudaEvent_t e0, e1;
+    BENCH_CHECK(cudaEventCreate(&e0));
+    BENCH_CHECK(cudaEventCreate(&e1));
+    const int reps = 7, iters = 50;
+    float ts[16];
+    /* copy baseline: 1 GiB device to device, counted as bytes read + written */
+    const size_t cb = (size_t)1 << 30;
+    void *ca = galloc(cb), *cbuf = galloc(cb);
+    for (int r = 0; r < reps; r++) {
+        BENCH_CHECK(cudaEventRecord(e0, s));
+        for (int i = 0; i < 5; i++) gpu->copy(gpu, cbuf, ca, cb);
+        BENCH_CHECK(cudaEventRecord(e1, s));
+        BENCH_CHECK(cudaEventSynchronize(e1));
+        BENCH_CHECK(cudaEventElapsedTime(&ts[r], e0, e1));
+    }
+    qsort(ts, reps, sizeof ts[0], cmp_float);
+    const double copy_gbps = 2.0 * cb * 5 / (ts[reps / 2] * 1e-3) / 1e9;
+    printf("bench copy d2d 1 GiB: %.1f GB/s (read + write), spread %.1f..%.1f\n", copy_gbps,
+           2.0 * cb * 5 / (ts[reps - 1] * 1e-3) / 1e9, 2.0 * cb * 5 / (ts[0] * 1e-3) / 1e9);
+    gpu->free(gpu, ca);
+    gpu->free(gpu, cbuf);
+
+    /* the floor of one dependent kernel: a chain of tiny adds */
+    {
+        float *a = galloc(sizeof(float) * 4096);
+        for (int r = 0; r < reps; r++) {
+            BENCH_CHECK(cudaEventRecord(e0, s));
+            for (int i = 0; i < 500; i++) gpu->add(gpu, a, a, 4096, a);
+            BENCH_CHECK(cudaEventRecord(e1, s));
+            BENCH_CHECK(cudaEventSynchronize(e1));
+            BENCH_CHECK(cudaEventElapsedTime(&ts[r], e0, e1));
+        }
+        qsort(ts, reps, sizeof ts[0], cmp_float);
+        printf("bench dependent tiny kernel (add, 4096 floats): %.2f us per launch\n", ts[reps / 2] * 1e3 / 500);
+        gpu->free(gpu, a);
+    }
+    static const int shapes[][2] = {{384, 384}, {384, 16384}, {4096, 4096}, {4096, 12288}, {12288, 4096}, {4096, 248320}};
+    static const int rows[] = {1, 4, 8};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int n_in = shapes[k][0], n_out = shapes[k][1];
+        const size_t rb = ggml_row_size(GGML_TYPE_Q8_0, n_in), bytes = rb * n_out;
+        int n_copies = (int)((((size_t)512 << 20) + bytes - 1) / bytes);
+        if (n_copies > 16) n_copies = 16;
+        /* random weight bytes with sane scales: quantize a few rows and repeat them */
+        unsigned char *h = xmalloc(bytes);
+        float *row = xmalloc(sizeof(float) * n_in);
+        for (int o = 0; o < 64 && o < n_out; o++) {
+            fill(row, n_in, 1.0f);
+            quant_quantize_row_ref(GGML_TYPE_Q8_0, row, h + (size_t)o * rb, n_in);
+        }
+        for (int o = 64; o < n_out; o++) memcpy(h + (size_t)o * rb, h + (size_t)(o % 64) * rb, rb);
+        struct bweight w[16];
+        for (int c = 0; c < n_copies; c++) {
+            memset(&w[c], 0, sizeof w[c]);
+            if (gpu->weight_init(gpu, &w[c], GGML_TYPE_Q8_0, n_in, n_out, h)) { fprintf(stderr, "weight_init failed\n"); exit(2); }
+        }
+        float *x = xmalloc(sizeof(float) * 8 * n_in);
+        fill(x, (size_t)8 * n_in, 1.0f);
+        float *dx = gdup(x, sizeof(float) * 8 * n_in), *dy = galloc(sizeof(float) * 8 * (size_t)n_out);
+        for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+            const int nt = rows[ri];
+            for (int i = 0; i < 3; i++) gpu->matmul(gpu, &w[i % n_copies], dx, nt, dy);
+            for (int r = 0; r < reps; r++) {
+                BENCH_CHECK(cudaEventRecord(e0, s));
+                for (int i = 0; i < iters; i++) gpu->matmul(gpu, &w[i % n_copies], dx, nt, dy);
+                BENCH_CHECK(cudaEventRecord(e1, s));
+                BENCH_CHECK(cudaEventSynchronize(e1));
+                BENCH_CHECK(cudaEventElapsedTime(&ts[r], e0, e1));
+            }
+            qsort(ts, reps, sizeof ts[0], cmp_float);
+            const double us = ts[reps / 2] * 1e3 / iters, gbps = bytes / (us * 1e-6) / 1e9;
+            printf("matvec q8_0 %5d -> %6d rows %d: %8.2f us %7.1f GB/s %5.1f%% of copy (spread %.2f..%.2f us, %d copies)\n",
+                   n_in, n_out, nt, us, gbps, 100.0 * gbps / copy_gbps, ts[0] * 1e3 / iters, ts[reps - 1] * 1e3 / iters,
+                   n_copies);
+        }
+        for (int c = 0; c < n_copies; c++) gpu->weight_free(gpu, &w[c]);
+        gpu->free(gpu, dx);
+        gpu->free(gpu, dy);
+        free(h); free(row); free(x);
+    }
+    BENCH_CHECK(cudaEventDestroy(e0));
+    BENCH_CHECK(cudaEventDestroy(e1));
+}
+
+int main(int argc, char **argv) {
+    bool do_bench = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--bench")) do_bench = true;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else { fprintf(stderr, "usage: %s [--bench] [--seed N] [--only OP]\n", argv[0]); return 2; }
+    }
+    char err[256] = "";
+    gpu = backend_cuda_init(0, err, sizeof err);
+    if (!gpu) { fprintf(stderr, "backend_cuda_init: %s\n", err); return 2; }
+    if (do_bench) {
+        bench();
+        backend_free(gpu);
+        return 0;
+    }
+    cpu = backend_cpu_init(1, QUANT_CPU_REF);
+    if (!cpu) { fprintf(stderr, "backend_cpu_init failed\n"); return 2; }
+
+    if (want("memory")) test_memory();
+    if (want("matmul")) test_matmul();
+    if (want("matmul_n")) test_matmul_n();
+    if (want("get_rows") && only) test_matmul(); /* get_rows runs inside the matmul cases */
+    if (want("rmsnorm")) {
+        test_rmsnorm(5, 384, 384, 384, false);
+        test_rmsnorm(3, 4096, 4096, 4096, false);
+        test_rmsnorm(4 * 16, 256, 512, 512, true);   /* per-head q norm over [q ; gate] rows */
+        test_rmsnorm(3, 384, 384, 768, false);       /* into half of a concatenated row */
+        test_rmsnorm(1, 5000, 5000, 5000, false);
+    }
+    if (want("rmsnorm_gated")) { test_rmsnorm_gated(4 * 32, 128); test_rmsnorm_gated(3, 1500); }
+    if (want("add") || want("swiglu")) { test_elementwise(1); test_elementwise(12289); test_elementwise(3 * 12288); }
+    if (want("mul_sigmoid")) { test_mul_sigmoid(1, 16, 256); test_mul_sigmoid(5, 3, 100); }
+    if (want("rope_neox")) {
+        test_rope(1, 16, 256, 64, 2 * 16 * 256, 2 * 256, 7);
+        test_rope(5, 4, 256, 64, 4 * 256, 256, 30000);
+        test_rope(3, 2, 128, 128, 2 * 128, 128, 100000);
+        test_rope(70, 8, 64, 32, 8 * 64, 64, 0);
+    }
+    if (want("kv_store")) { test_kv_store(1, 1024, 10); test_kv_store(9, 512, 20); test_kv_store(3, 100, 5); }
+    if (want("attention")) {
+        test_attention(1, 0, 16, 4, 256, 0);     /* first token */
+        test_attention(1, 700, 16, 4, 256, 1);   /* decode, second sequence */
+        test_attention(4, 300, 16, 4, 256, 0);   /* verify batch */
+        test_attention(8, 5000, 8, 2, 128, 2);   /* verify batch, long cache */
+        test_attention(40, 0, 4, 1, 64, 0);      /* prefill */
+        test_attention(3, 50, 6, 3, 36, 0);      /* head dim not a multiple of 8 */
+        test_attention(12, 20, 4, 4, 512, 1);    /* widest head, no GQA */
+        test_attention(2, 10, 2, 1, 400, 0);     /* wide, scalar path */
+    }
+    if (want("ssm_conv")) {
+        test_ssm_conv(1, 8192, 4, 1);
+        test_ssm_conv(5, 1000, 4, 3);
+        test_ssm_conv(70, 300, 4, 0);
+        test_ssm_conv(6, 100, 2, 6);
+        test_ssm_conv(4, 77, 16, 2);
+    }
+    if (want("gdn_gates")) { test_gdn_gates(1, 32); test_gdn_gates(33, 48); }
+    if (want("gdn")) {
+        test_gdn(false, 1, 16, 32, 128, 1);
+        test_gdn(false, 4, 2, 4, 128, 3);
+        test_gdn(false, 70, 2, 4, 16, 0);
+        test_gdn(false, 5, 1, 2, 256, 5);
+        test_gdn(false, 3, 2, 6, 40, 2);
+    }
+    if (want("gdn_chunked")) { test_gdn(true, 150, 2, 4, 128, 0); test_gdn(true, 64, 2, 4, 16, 0); }
+    if (want("argmax")) { test_argmax(1, 248320); test_argmax(5, 1000); test_argmax(3, 4097); }
+
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    backend_free(cpu);
+    backend_free(gpu);
+    return n_fail ? 1 : 0;
+}
