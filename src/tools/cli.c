@@ -1,5 +1,8 @@
 /* cli.c — see cli.h. */
 #include "cli.h"
+#ifdef COTI_CUDA
+#include "cuda/backend_cuda.h"
+#endif
 
 #include <errno.h>
 #include <math.h>
@@ -29,6 +32,7 @@ const char *cli_common_help(void) {
            "  -c, --ctx-size N     context positions per sequence (default 4096)\n"
            "  -b, --batch-size N   rows per forward step (default 512)\n"
            "  --cpu ref|avx2|avx512  cap the CPU kernels (default: best found)\n"
+           "  --device cpu|cuda    compute backend (cuda needs a `make CUDA=1` build)\n"
            "  --temp F             temperature, 0 = greedy (default 0)\n"
            "  --top-k N --top-p F --min-p F   sampling chain (defaults 40, 0.95, 0.05)\n"
            "  --seed N             sampling seed (default 0)\n"
@@ -87,6 +91,10 @@ int cli_parse_common(struct cli_common *c, int argc, char **argv, int *i) {
         else if (v && !strcmp(v, "avx2")) c->cpu_level = COTI_MIN(QUANT_CPU_AVX2, quant_cpu_level_detect());
         else if (v && !strcmp(v, "avx512")) c->cpu_level = COTI_MIN(QUANT_CPU_AVX512, quant_cpu_level_detect());
         else { fprintf(stderr, "error: --cpu expects ref, avx2 or avx512\n"); return -1; }
+    } else if (IS("--device")) {
+        if (v && !strcmp(v, "cpu")) c->cuda = false;
+        else if (v && !strcmp(v, "cuda")) c->cuda = true;
+        else { fprintf(stderr, "error: --device expects cpu or cuda\n"); return -1; }
     } else if (IS("--temp")) {
         if (cli_parse_float(a, v, 0, 100, &d)) return -1;
         c->temperature = (float)d;
@@ -135,8 +143,18 @@ int cli_open_model(const struct cli_common *c, int n_seq, int n_keep_states, str
                    struct model **m) {
     char err[512];
     *m = NULL;
-    *be = backend_cpu_init(c->n_threads, c->cpu_level);
-    if (!*be) { fprintf(stderr, "error: cannot start the CPU backend\n"); return 1; }
+    if (c->cuda) {
+#ifdef COTI_CUDA
+        *be = backend_cuda_init(0, err, sizeof err);
+        if (!*be) { fprintf(stderr, "error: cannot start the CUDA backend: %s\n", err); return 1; }
+#else
+        fprintf(stderr, "error: this coti was built without CUDA (make CUDA=1)\n");
+        return 1;
+#endif
+    } else {
+        *be = backend_cpu_init(c->n_threads, c->cpu_level);
+        if (!*be) { fprintf(stderr, "error: cannot start the CPU backend\n"); return 1; }
+    }
     struct model_params p = {n_seq, c->n_ctx, c->n_batch, COTI_MAX(n_keep_states, SPEC_MAX_DRAFT + 1)};
     int rc = model_load(m, c->model_path, *be, &p, err, sizeof err);
     if (rc) {

@@ -15,6 +15,7 @@ struct cli_common {
     int n_ctx;
     int n_batch;
     enum quant_cpu_level cpu_level;
+    bool cuda;                   /* --device cuda */
     /* sampling */
     float temperature;
     int top_k;
