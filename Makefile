@@ -33,7 +33,7 @@ CUDA_SRC  := $(wildcard src/cuda/*.cu)
 CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 CFLAGS    += -DCOTI_CUDA
-LDLIBS    += -L/usr/local/cuda/lib64 -lcudart
+LDLIBS    += -L/usr/local/cuda/lib64 -lcudart -lstdc++
 endif
 
 .PHONY: all test test-server asan clean setup bench
