@@ -286,8 +286,9 @@ static void qwen35_free(struct model *m) {
         for (size_t i = 0; i < COTI_ARRAY_LEN(ws); i++) if (ws[i]->data) be->weight_free(be, ws[i]);
         free_vec(be, q->mtp.enorm); free_vec(be, q->mtp.hnorm); free_vec(be, q->mtp.head_norm);
     }
-    if (q->tok_embd.data) be->weight_free(be, &q->tok_embd);
+    /* a tied head shares the embedding's storage: free it once, before the embedding */
     if (q->lm_head.data && q->lm_head.data != q->tok_embd.data) be->weight_free(be, &q->lm_head);
+    if (q->tok_embd.data) be->weight_free(be, &q->tok_embd);
     free_vec(be, q->out_norm);
     if (q->scratch_block) be->free(be, q->scratch_block);
     free(q->h_cells); free(q->h_cell0); free(q->h_nctx); free(q->h_rows);
