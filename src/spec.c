@@ -266,7 +266,10 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     for (int i = 0; i <= k && next < 0; i++) {
         const float *row = o.logits + (size_t)i * e->V;
         if (probe) {
-            if (probe->on_row) probe->on_row(probe->user, L + i, row, e->V);
+            if (probe->on_row) { /* the gate reads the row on the host */
+                be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
+                probe->on_row(probe->user, L + i, e->row, e->V);
+            }
             int32_t want_tok = probe->forced[probe->n_used + i];
             if (i < k && dr.tokens[i] == want_tok) a++;
             else next = want_tok;

@@ -38,7 +38,7 @@ struct spec_stats {
 
 /* Teacher forcing for the equivalence gate: instead of the target's choice, the cycle
  * accepts exactly forced[] (positions continue the sequence), and reports every verify row's
- * logits (backend memory, row i predicts position pos0+i+1) before accepting. */
+ * logits (a host copy valid during the call; the row at pos predicts pos+1) before accepting. */
 struct spec_probe {
     const int32_t *forced;
     int n_forced;
