@@ -485,7 +485,8 @@ static void gdn_block(struct qwen35 *q, const struct layer *ly, const struct sli
     for (int r = 0; r < sl->n_runs; r++) {
         const struct run *ru = &sl->runs[r];
         const size_t s = (size_t)ru->seq;
-        const int n_snap = keep ? COTI_MIN(ru->len, q->base.n_keep_states) : 0;
+        /* the state after the run's last token is the live state: snapshot the others only */
+        const int n_snap = keep ? COTI_MIN(ru->len - 1, q->base.n_keep_states) : 0;
         float *conv_snap = n_snap ? ly->conv_snap + s * keep_n * q->conv_elems : NULL;
         float *ssm_snap = n_snap ? ly->ssm_snap + s * keep_n * q->ssm_elems : NULL;
         be->ssm_conv(be, q->s.qkv + (size_t)ru->start * hp->ssm_ch, ru->len, hp->ssm_ch, hp->ssm_k, ly->dn.conv,
@@ -697,7 +698,7 @@ static int qwen35_seq_rollback(struct model *m, int s, int n_drop) {
     if (n_drop == 0) return 0;
     const int r = q->last_run_len[s];
     const int keep_idx = r - 1 - n_drop;  /* state after this token of the last run survives */
-    if (!q->last_run_kept[s] || keep_idx < 0 || keep_idx >= COTI_MIN(r, m->n_keep_states)) return COTI_E_RANGE;
+    if (!q->last_run_kept[s] || keep_idx < 0 || keep_idx >= COTI_MIN(r - 1, m->n_keep_states)) return COTI_E_RANGE;
     const size_t keep_n = (size_t)COTI_MAX(m->n_keep_states, 1);
     for (int il = 0; il < q->hp.n_layer; il++) {
         struct layer *ly = &q->layers[il];
