@@ -104,13 +104,15 @@ static int mtp_observe(struct drafter *d, int s, const int32_t *history, int pos
     return 0;
 }
 
-/* Index of the max and its probability, on the backend; only two scalars travel. */
+/* Index of the max and, if p is wanted (p_min > 0), its probability, on the backend; only
+ * scalars travel. The probability costs a softmax pass over the row, so it is skipped when
+ * nothing reads it. */
 static int32_t mtp_pick(struct mtp *t, const float *logits, int n_vocab, float *p) {
     struct backend *be = t->m->be;
     int32_t id;
-    be->argmax(be, logits, 1, n_vocab, t->d_ids, t->d_p);
+    be->argmax(be, logits, 1, n_vocab, t->d_ids, p ? t->d_p : NULL);
     be->download(be, &id, t->d_ids, sizeof id);
-    be->download(be, p, t->d_p, sizeof *p);
+    if (p) be->download(be, p, t->d_p, sizeof *p);
     return id;
 }
 
@@ -143,7 +145,8 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
             out->q_n[i] = nc;
             p = 1.0f;
         } else {
-            id = mtp_pick(t, o.logits, o.n_vocab, &p);
+            p = 1.0f;
+            id = mtp_pick(t, o.logits, o.n_vocab, rq->p_min > 0.0f ? &p : NULL);
             out->q[i] = NULL;
             out->q_n[i] = 0;
             if (p < rq->p_min && i >= rq->n_min) break;
