@@ -228,9 +228,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
     struct http_exchange *x = *con_cls;
     if (!x) return;
+    /* 499: no answer was sent, the client went away first (nginx's "client closed request") */
+    int status = x->status ? x->status : 499;
     if (!x->log_by_stream)
-        http_log_request(x->id, x->method, x->url, x->status, x->t_start_us, x->note, toe != MHD_REQUEST_TERMINATED_COMPLETED_OK);
-    routes_count_http(cls ? ((struct http_server *)cls)->r : NULL, x->status ? x->status : 499);
+        http_log_request(x->id, x->method, x->url, status, x->t_start_us, x->note, toe != MHD_REQUEST_TERMINATED_COMPLETED_OK);
+    routes_count_http(cls ? ((struct http_server *)cls)->r : NULL, status);
     free(x->body);
     free(x);
     *con_cls = NULL;

@@ -9,8 +9,8 @@ import OpenAI from 'openai';
 export const COTI = process.env.COTI_BIN || './coti';
 
 // Start a server; extra command-line arguments in args. Resolves once /health answers.
-export async function startServer(args = [], { startTimeoutMs = 60000 } = {}) {
-  const child = spawn(COTI, ['serve', '--host', '127.0.0.1', '--port', '0', ...args], {
+export async function startServer(args = [], { bin = COTI, startTimeoutMs = 60000, clientTimeoutMs = 120000 } = {}) {
+  const child = spawn(bin, ['serve', '--host', '127.0.0.1', '--port', '0', ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let log = '';
@@ -51,7 +51,7 @@ export async function startServer(args = [], { startTimeoutMs = 60000 } = {}) {
     }
     await new Promise((r) => setTimeout(r, 20));
   }
-  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'sk-unused', maxRetries: 0, timeout: 120000 });
+  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'sk-unused', maxRetries: 0, timeout: clientTimeoutMs });
   return {
     port,
     base,

@@ -26,12 +26,14 @@ async function waitIdle() {
 }
 
 test('requests beyond the slots queue and all complete', async () => {
-  const ref = (await srv.client.completions.create(SHORT)).choices[0].text;
-  const jobs = Array.from({ length: 5 }, () => srv.client.completions.create(SHORT));
+  // long enough (ignore_eos) that the queue is still there when we look
+  const req = { ...SHORT, max_tokens: 256, ignore_eos: true };
+  const ref = (await srv.client.completions.create(req)).choices[0].text;
+  const jobs = Array.from({ length: 5 }, () => srv.client.completions.create(req));
   let deferred = 0;
-  for (let i = 0; i < 40 && deferred === 0; i++) {
+  for (let i = 0; i < 200 && deferred === 0; i++) {
     deferred = await metric(srv.base, 'requests_deferred');
-    if (!deferred) await sleep(10);
+    if (!deferred) await sleep(5);
   }
   const results = await Promise.all(jobs);
   for (const r of results) assert.equal(r.choices[0].text, ref);
@@ -48,7 +50,7 @@ test('a streaming client that aborts frees its slot', async () => {
   for await (const c of stream) {
     if (++n === 3) ac.abort();
   }
-  assert.equal(n, 3);
+  assert.ok(n >= 3);
   const t0 = Date.now();
   const r = await srv.client.completions.create(SHORT);
   assert.equal(r.choices[0].finish_reason, 'length');
