@@ -90,8 +90,8 @@ bool openai_add_text(cJSON *obj, const char *key, const char *text, size_t len);
 char *openai_render_final(const struct openai_ctx *c, const struct openai_request *r, const char *text,
                           size_t n_text, const int32_t *tokens, size_t n_tokens, const struct task_result *res);
 
-/* One stream event for text released at token id (n_predicted tokens so far): the payload
- * after "data: ", malloc'ed; NULL when out of memory. first: chat's role delta goes first. */
+/* One stream event for text released at token id (n_predicted tokens so far, id_slot for
+ * the native shape): the payload after "data: ", malloc'ed; NULL when out of memory. */
 char *openai_render_chunk(const struct openai_ctx *c, const struct openai_request *r, const char *text,
                           size_t len, int32_t id, int id_slot, int n_predicted);
 /* The chat stream's first chunk: the assistant role with null content. */
