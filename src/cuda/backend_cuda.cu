@@ -167,6 +167,9 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     }
     c->device = device;
     c->n_sm = prop.multiProcessorCount;
+    c->smem_per_sm = (int)prop.sharedMemPerMultiprocessor;
+    c->smem_block_max = (int)prop.sharedMemPerBlockOptin;
+    c->smem_reserved = (int)prop.reservedSharedMemPerBlock;
     INIT_CALL(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     INIT_CALL(cudaEventCreateWithFlags(&c->stage_ev[0], cudaEventDisableTiming));
     INIT_CALL(cudaEventCreateWithFlags(&c->stage_ev[1], cudaEventDisableTiming));

@@ -31,6 +31,11 @@ struct cuda_ctx {
     void *xq;          size_t xq_size;      /* converted matmul activations */
     void *attn_part;   size_t attn_part_size;
     void *amax_part;   size_t amax_part_size;
+    /* device limits for sizing persistent grids */
+    int smem_per_sm, smem_block_max, smem_reserved;
+    /* registers of each matvec kernel (type slot, NT - 1, fused), read on first launch */
+    int mv_regs[16][8][2];
+    bool mmq_ready[16];        /* prefill kernel's shared-memory limit raised */
 };
 
 static inline struct cuda_ctx *cuda_ctx_of(struct backend *be) { return (struct cuda_ctx *)be->ctx; }
@@ -84,18 +89,24 @@ __device__ __forceinline__ void cuda_pdl_wait() { asm volatile("griddepcontrol.w
 __device__ __forceinline__ void cuda_pdl_begin() { cuda_pdl_trigger(); cuda_pdl_wait(); }
 
 template <typename... KArgs, typename... Args>
-static inline void cuda_launch(struct cuda_ctx *c, dim3 grid, dim3 block, void (*kernel)(KArgs...), Args... args) {
+static inline void cuda_launch_smem(struct cuda_ctx *c, dim3 grid, dim3 block, size_t smem, void (*kernel)(KArgs...),
+                                    Args... args) {
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg;
     cfg.gridDim = grid;
     cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+template <typename... KArgs, typename... Args>
+static inline void cuda_launch(struct cuda_ctx *c, dim3 grid, dim3 block, void (*kernel)(KArgs...), Args... args) {
+    cuda_launch_smem(c, grid, block, 0, kernel, args...);
 }
 
 /* ---- device helpers ---- */

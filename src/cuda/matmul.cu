@@ -1,30 +1,35 @@
 /* matmul.cu — matmul / matmul_n / get_rows for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
  * Q4_K, Q5_K and Q6_K weights, kept on the device in their GGUF block layout.
  *
- * Numerics: the CPU path's, with only the f32 summation order changed. Activations are
- * converted on the device to the weight type's vec_dot type by the reference rules of
- * quant-formats.md §5.1 (Q8_0 for Q8_0/Q4_0/Q5_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants,
- * f16 / bf16 for F16 / BF16; F32 stays f32), producing the same codes and scales bit for bit.
- * Every block's integer sum is exact (dp4a) and its float scale products are formed in the
- * reference's order with non-contracted multiplies; blocks are then summed in f32 in a
- * different order than the CPU's (per lane, then a warp butterfly), and K-quant blocks are
- * summed per 32-element sub-block. So an output differs from the CPU reference by f32
- * reassociation alone: |Δ| ≲ n_in · 2^-24 · Σ|w_i x_i| in the worst case, ~1e-6 relative in
- * practice (tests/cuda/test_cuda_ops.c bounds it by 1e-5 of Σ|w_i x_i| per output).
+ * Numerics: the CPU path's. Activations are converted on the device to the weight type's
+ * vec_dot type by the reference rules of quant-formats.md §5.1 (Q8_0 for Q8_0/Q4_0/Q5_0, Q8_1
+ * for Q4_1/Q5_1, Q8_K for the K-quants, f16 / bf16 for F16 / BF16; F32 stays f32), producing
+ * the same codes and scales bit for bit. Every block's integer sum is exact (dp4a, or int8
+ * tensor cores) and its float scale products are formed in the reference's order with
+ * non-contracted multiplies.
+ * - Up to 8 tokens (decode, verify): blocks are summed in f32 in a different order than the
+ *   CPU's (per lane, then a warp butterfly; K-quants per 32-element sub-block), so an output
+ *   differs from the CPU reference by f32 reassociation alone: |Δ| <= n_in · 2^-24 · Σ|w_i x_i|
+ *   in the worst case, ~2e-7 · Σ|w_i x_i| seen; the test bounds it by 2e-6 · Σ|w_i x_i|.
+ * - More than 8 tokens (prefill), quantized weights: every output sums its blocks in row order
+ *   as the reference does (K-quants per super-block from exact integer sums): bit-identical to
+ *   the CPU reference. F32/F16/BF16 weights use the matvec in groups of 8 tokens.
  *
  * Kernels (one per weight type and token count):
- * - matvec (any n_tok, in groups of up to 8 tokens per launch): a warp owns R weight rows (R = 1
+ * - matvec (<= 8 tokens per launch group): a persistent grid; a warp owns R weight rows (R = 1
  *   for one token, 2 for 2-3, 4 for 4-8, so an activation load serves R rows) and streams them
  *   in chunks: cp.async copies each chunk's 16-byte-aligned span (any row alignment works)
  *   into the warp's shared memory, two stages deep, so the next chunk is in flight while lanes
  *   decode the current one. A lane takes whole 32-element units (a 32-block, or an eighth of
  *   a K super-block): unit u of every row goes to lane u % 32, in increasing u, so an output's
  *   value depends only on its row and its token's activations, never on n_tok, R or the
- *   group: a verify batch reproduces plain decode bit for bit. The first chunk is requested
- *   before the kernel waits for the previous kernel (programmatic dependent launch): weight
- *   bytes stream while the activations are still being converted.
+ *   group: a verify batch reproduces plain decode bit for bit. The first two chunks are
+ *   requested before the kernel waits for the previous kernel (programmatic dependent
+ *   launch). For 1-2 tokens of quantized weights the kernel quantizes the activations itself
+ *   (each block into its shared memory), so a matmul is a single launch.
+ * - prefill tiles (mmq_kernel below) for > 8 tokens of quantized weights.
  * - Several weights of one type in matmul_n share one launch; activations are converted once
- *   per distinct vec_dot type. */
+ *   per distinct vec_dot type (when the matvec does not quantize them itself). */
 #include "cuda_internal.cuh"
 
 #include <string.h>
@@ -70,43 +75,51 @@ static size_t xfmt_layout(int f, int n_tok, int stride, uint8_t *base, xact *xa)
     return off;
 }
 
-/* Q8_0 / Q8_1 by quant.c's reference rule: one warp per 32 values. */
-__global__ void quant_q8_0_kernel(const float *__restrict__ x, int n, int n_tok, int stride,
-                                  int8_t *__restrict__ q, float *__restrict__ d, float *__restrict__ s) {
-    cuda_pdl_begin();
-    const int nb = stride / 32;
-    const int gw = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (gw >= n_tok * nb) return;
-    const int t = gw / nb, b = gw % nb, e = 32 * b + lane;
-    const float v = e < n ? x[(size_t)t * n + e] : 0.0f;
-    const float amax = cuda_warp_max(fabsf(v));
-    const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
-    const float r = v * id;
-    int qi = !(r == r) ? 0 : r >= 127.0f ? 127 : r <= -127.0f ? -127 : (int)roundf(r);
-    q[(size_t)t * stride + e] = (int8_t)qi;
-    if (s) {
-        const int sum = cuda_warp_sum_i(qi);
-        if (lane == 0) s[(size_t)t * nb + b] = __half2float(__float2half_rn((float)sum * dd));
+/* Q8_0 / Q8_1 by quant.c's reference rule, one 32-block by one thread: codes to q (16-byte
+ * aligned), f16(d) as f32 to *d, and for Q8_1 f16(d·Σq) to *s. xb = NULL: a padding block. */
+__device__ __forceinline__ void q8_block_thread(const float *xb, bool vec, int8_t *q, float *d, float *s) {
+    float v[32];
+    if (!xb) {
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = 0.0f;
+    } else if (vec) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 f = *((const float4 *)xb + i);
+            v[4 * i] = f.x; v[4 * i + 1] = f.y; v[4 * i + 2] = f.z; v[4 * i + 3] = f.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = xb[i];
     }
-    if (lane == 0) d[(size_t)t * nb + b] = __half2float(__float2half_rn(dd));
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+    const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const float r = v[i] * id;
+        const int qi = !(r == r) ? 0 : r >= 127.0f ? 127 : r <= -127.0f ? -127 : (int)roundf(r);
+        sum += qi;
+        w[i / 4] |= (uint32_t)(qi & 0xFF) << (8 * (i % 4));
+    }
+    ((uint4 *)q)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    ((uint4 *)q)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    *d = __half2float(__float2half_rn(dd));
+    if (s) *s = __half2float(__float2half_rn((float)sum * dd));
 }
 
-/* Q8_K by quant_k.c's reference rule: one warp per 256 values, 8 per lane. The scale comes
- * from the signed value of largest magnitude, the first one on ties. */
-__global__ void quant_q8_K_kernel(const float *__restrict__ x, int n, int n_tok, int stride,
-                                  int8_t *__restrict__ q, float *__restrict__ d, int16_t *__restrict__ bs) {
-    cuda_pdl_begin();
-    const int nb = stride / 256;
-    const int gw = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (gw >= n_tok * nb) return;
-    const int t = gw / nb, b = gw % nb;
+/* Q8_K by quant_k.c's reference rule, one 256-block by one warp, 8 values per lane: the scale
+ * comes from the signed value of largest magnitude, the first one on ties. xb = NULL: padding. */
+__device__ __forceinline__ void q8K_block_warp(const float *xb, int lane, int8_t *q, float *d, int16_t *bs) {
     float v[8];
     float amax = 0.0f, mx = 0.0f;
     int idx = 1 << 30;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const int e = 256 * b + 8 * lane + i;
-        v[i] = e < n ? x[(size_t)t * n + e] : 0.0f;
+        v[i] = xb ? xb[8 * lane + i] : 0.0f;
         if (fabsf(v[i]) > amax) { amax = fabsf(v[i]); mx = v[i]; idx = 8 * lane + i; }
     }
     for (int o = 16; o > 0; o >>= 1) {
@@ -130,10 +143,34 @@ __global__ void quant_q8_K_kernel(const float *__restrict__ x, int n, int n_tok,
         }
         dd = 1.0f / iscale;
     }
-    *(uint2 *)(q + (size_t)t * stride + 256 * b + 8 * lane) = make_uint2(w0, w1);
+    *(uint2 *)(q + 8 * lane) = make_uint2(w0, w1);
     sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
-    if ((lane & 1) == 0) bs[(size_t)t * (stride / 16) + 16 * b + lane / 2] = (int16_t)sum;
-    if (lane == 0) d[(size_t)t * nb + b] = dd;
+    if ((lane & 1) == 0) bs[lane / 2] = (int16_t)sum;
+    if (lane == 0) *d = dd;
+}
+
+/* Q8_0 / Q8_1 conversion kernel: one thread per 32-block. */
+__global__ void quant_q8_0_kernel(const float *__restrict__ x, int n, int n_tok, int stride, int vec,
+                                  int8_t *__restrict__ q, float *__restrict__ d, float *__restrict__ s) {
+    cuda_pdl_begin();
+    const int nb = stride / 32;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_tok * nb) return;
+    const int t = i / nb, b = i % nb;
+    q8_block_thread(32 * b < n ? x + (size_t)t * n + 32 * b : NULL, vec, q + (size_t)t * stride + 32 * b,
+                    d + (size_t)t * nb + b, s ? s + (size_t)t * nb + b : NULL);
+}
+
+/* Q8_K conversion kernel: one warp per 256-block. */
+__global__ void quant_q8_K_kernel(const float *__restrict__ x, int n, int n_tok, int stride,
+                                  int8_t *__restrict__ q, float *__restrict__ d, int16_t *__restrict__ bs) {
+    cuda_pdl_begin();
+    const int nb = stride / 256;
+    const int gw = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (gw >= n_tok * nb) return;
+    const int t = gw / nb, b = gw % nb;
+    q8K_block_warp(256 * b < n ? x + (size_t)t * n + 256 * b : NULL, lane, q + (size_t)t * stride + 256 * b,
+                   d + (size_t)t * nb + b, bs + (size_t)t * (stride / 16) + 16 * b);
 }
 
 /* f16 / bf16 / f32 rows with zero padding to the stride. */
@@ -156,8 +193,8 @@ static void convert_activations(struct cuda_ctx *c, int f, const float *x, int n
     switch (f) {
     case XF_Q8_0:
     case XF_Q8_1: {
-        const int blocks = n_tok * (stride / 32);
-        cuda_launch(c, cuda_cdiv(blocks, 8), 256, quant_q8_0_kernel, x, n, n_tok, stride, (int8_t *)xa.q,
+        const int blocks = n_tok * (stride / 32), vec = ((uintptr_t)x & 15) == 0;
+        cuda_launch(c, cuda_cdiv(blocks, 128), 128, quant_q8_0_kernel, x, n, n_tok, stride, vec, (int8_t *)xa.q,
                     (float *)xa.d, f == XF_Q8_1 ? (float *)xa.s : (float *)NULL);
         break;
     }
@@ -222,17 +259,22 @@ struct uxs {
     int b;
 };
 
-template <int XF> __device__ __forceinline__ uxs load_xs(const xact &x, size_t t, int u) {
+template <bool XS, typename V> __device__ __forceinline__ V xld(const V *p) {
+    if constexpr (XS) return *p;
+    else return __ldg(p);
+}
+
+template <int XF, bool XS> __device__ __forceinline__ uxs load_xs(const xact &x, size_t t, int u) {
     uxs r;
     if constexpr (XF == XF_Q8_K) {
-        r.d = __ldg(x.d + t * (x.stride / 256) + u / 8);
+        r.d = xld<XS>(x.d + t * (x.stride / 256) + u / 8);
         const int16_t *bs = x.bs + t * (x.stride / 16) + 2 * u;
-        r.b = (int)__ldg(bs) + (int)__ldg(bs + 1);
+        r.b = (int)xld<XS>(bs) + (int)xld<XS>(bs + 1);
         r.s = 0.0f;
     } else {
         const size_t i = t * (x.stride / 32) + u;
-        r.d = __ldg(x.d + i);
-        r.s = XF == XF_Q8_1 ? __ldg(x.s + i) : 0.0f;
+        r.d = xld<XS>(x.d + i);
+        r.s = XF == XF_Q8_1 ? xld<XS>(x.s + i) : 0.0f;
         r.b = 0;
     }
     return r;
@@ -343,6 +385,12 @@ __device__ __forceinline__ float k4_combine(const usc &s, int lo, int hi, const 
     return __fsub_rn(__fmul_rn(dd, (float)(s.a * (lo + hi))), __fmul_rn(dm, (float)(s.b * x.b)));
 }
 
+/* a whole super-block from its exact sums: d·dx·isum − dmin·dx·msum, the reference's order */
+__device__ __forceinline__ float k4_sb(const usc &s, int is, int ms, float xd) {
+    const float dd = __fmul_rn(s.d, xd), dm = __fmul_rn(s.m, xd);
+    return __fsub_rn(__fmul_rn(dd, (float)is), __fmul_rn(dm, (float)ms));
+}
+
 template <> struct qt<GGML_TYPE_Q4_K> {
     enum { BB = 144, UPB = 8, U = 4, XF = XF_Q8_K };
     static __device__ __forceinline__ void decode(const uint8_t *sm, int off, int sub, uint32_t (&c)[8], usc &s) {
@@ -359,6 +407,9 @@ template <> struct qt<GGML_TYPE_Q4_K> {
     static __device__ __forceinline__ float combine(const usc &s, int lo, int hi, const uxs &x) {
         return k4_combine(s, lo, hi, x);
     }
+    static __device__ __forceinline__ int isum(const usc &s, int lo, int hi) { return s.a * (lo + hi); }
+    static __device__ __forceinline__ int msum(const usc &s, const uxs &x) { return s.b * x.b; }
+    static __device__ __forceinline__ float sb(const usc &s, int is, int ms, float xd) { return k4_sb(s, is, ms, xd); }
 };
 
 template <> struct qt<GGML_TYPE_Q5_K> {
@@ -378,6 +429,9 @@ template <> struct qt<GGML_TYPE_Q5_K> {
     static __device__ __forceinline__ float combine(const usc &s, int lo, int hi, const uxs &x) {
         return k4_combine(s, lo, hi, x);
     }
+    static __device__ __forceinline__ int isum(const usc &s, int lo, int hi) { return s.a * (lo + hi); }
+    static __device__ __forceinline__ int msum(const usc &s, const uxs &x) { return s.b * x.b; }
+    static __device__ __forceinline__ float sb(const usc &s, int is, int ms, float xd) { return k4_sb(s, is, ms, xd); }
 };
 
 template <> struct qt<GGML_TYPE_Q6_K> {
@@ -399,6 +453,11 @@ template <> struct qt<GGML_TYPE_Q6_K> {
     static __device__ __forceinline__ float combine(const usc &s, int lo, int hi, const uxs &x) {
         return __fmul_rn(__fmul_rn(s.d, x.d), (float)(s.a * lo + s.b * hi));
     }
+    static __device__ __forceinline__ int isum(const usc &s, int lo, int hi) { return s.a * lo + s.b * hi; }
+    static __device__ __forceinline__ int msum(const usc &s, const uxs &x) { return 0; }
+    static __device__ __forceinline__ float sb(const usc &s, int is, int ms, float xd) {
+        return __fmul_rn(__fmul_rn(s.d, xd), (float)is);
+    }
 };
 
 /* float types: a unit is 32 elements; products are formed from the converted activations */
@@ -413,8 +472,9 @@ __device__ __forceinline__ int dp4a_half(const uint32_t *c, int4 a) {
     return __dp4a((int)c[3], a.w, s);
 }
 
-/* One unit of R quantized rows (smem offsets off[r]) against NT token rows. */
-template <int T, int NT, int R>
+/* One unit of R quantized rows (smem offsets off[r]) against NT token rows; XS: the
+ * activations are in shared memory (plain loads), else global (read-only loads). */
+template <int T, int NT, int R, bool XS>
 __device__ __forceinline__ void unit_dot(const uint8_t *const (&sm)[R], const int (&off)[R], int sub, const xact &x,
                                          int t0, int u, float (&acc)[R][NT]) {
     typedef qt<T> Q;
@@ -426,8 +486,8 @@ __device__ __forceinline__ void unit_dot(const uint8_t *const (&sm)[R], const in
     for (int j = 0; j < NT; j++) {
         const size_t t = (size_t)(t0 + j);
         const int4 *xp = (const int4 *)((const int8_t *)x.q + t * x.stride) + 2 * u;
-        const int4 xa = __ldg(xp), xb = __ldg(xp + 1);
-        const uxs xs = load_xs<Q::XF>(x, t, u);
+        const int4 xa = xld<XS>(xp), xb = xld<XS>(xp + 1);
+        const uxs xs = load_xs<Q::XF, XS>(x, t, u);
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r][j] += Q::combine(s[r], dp4a_half(c[r], xa), dp4a_half(c[r] + 4, xb), xs);
     }
@@ -499,7 +559,10 @@ __device__ __forceinline__ void unit_dot_f32(const uint8_t *sm, int off, const x
 /* ---- matvec kernel ---------------------------------------------------------------------- */
 
 #define MV_MAX_W 8
-#define MV_WARPS 4
+#define MV_MAX_NT 8            /* tokens per matvec launch group; more go to the tensor-core tiles */
+#define MV_WARPS 16            /* persistent blocks, ~2 per SM: activations staged once per block */
+#define MV_FUSED_MAX_NT 2      /* up to this many tokens the kernel quantizes x itself */
+#define MV_FUSED_MAX_XBYTES (64 << 10)
 
 struct mv_params {
     const uint8_t *w[MV_MAX_W];
@@ -512,19 +575,27 @@ struct mv_params {
     int n_units;              /* 32-element units per row */
 };
 
-/* Shapes of a matvec instance: R rows per warp, CU units of each row per chunk. Sized so a
- * block's shared memory (2 stages) stays under ~25 KB: 8 blocks of 4 warps fit on an SM, so a
- * 4096-row matrix is a single wave with every row's first two chunks in flight at once. */
+/* Shapes of a matvec instance: R rows per warp, CU units of each row per chunk, SLOT bytes of
+ * shared memory per row and stage (the chunk's aligned span plus read slack). */
 template <int T, int NT> struct mv_shape {
     enum {
         FLOAT = T == GGML_TYPE_F16 || T == GGML_TYPE_BF16 || T == GGML_TYPE_F32,
         R = FLOAT ? 1 : NT == 1 ? 1 : NT <= 3 ? 2 : 4,
-        UR = qt<T>::U / R > 1 ? qt<T>::U / R : 1,
-        CU = 32 * UR,                                       /* units per row per chunk */
-        CB = CU / qt<T>::UPB * qt<T>::BB,                   /* bytes per row per chunk */
-        SLOT = ((CB + 30) / 16) * 16 + 16,                  /* aligned span + read slack */
+        UR = R <= 2 ? qt<T>::U : qt<T>::U / 4 > 1 ? qt<T>::U / 4 : 1,
+        CU = 32 * UR,
+        CB = CU / qt<T>::UPB * qt<T>::BB,
+        SLOT = ((CB + 30) / 16) * 16 + 16,
+        WBYTES = MV_WARPS * 2 * R * SLOT,                   /* weight stages of a block */
     };
 };
+
+/* Bytes of shared memory for NT tokens of format f quantized in the block (codes, then d,
+ * then s or bs), each part 16-byte aligned. */
+static __host__ __device__ __forceinline__ int xs_bytes(int f, int nt, int stride) {
+    const int q = nt * stride, d = f == XF_Q8_K ? nt * (stride / 256) * 4 : nt * (stride / 32) * 4;
+    const int e = f == XF_Q8_1 ? nt * (stride / 32) * 4 : f == XF_Q8_K ? nt * (stride / 16) * 2 : 0;
+    return ((q + 15) & ~15) + ((d + 15) & ~15) + ((e + 15) & ~15);
+}
 
 __device__ __forceinline__ void cp_async16(uint8_t *smem, const void *gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -533,64 +604,123 @@ __device__ __forceinline__ void cp_async16(uint8_t *smem, const void *gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-template <int T, int NT>
-__global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P, const xact x, int t_base) {
+/* Persistent matvec: warp w of block b takes row sets b·MV_WARPS + w, + gridDim.x·MV_WARPS, ...
+ * (R rows each) and streams their chunks through two shared-memory stages as one sequence of
+ * (set, chunk) items: an issue cursor runs two items ahead of the compute cursor, across row
+ * sets. The first two items are requested before the kernel waits for the previous one.
+ * FUSED: xf holds f32 rows (tokens t_base..) and the block quantizes them into shared memory
+ * first; else x is the converted activations in global memory. */
+template <int T, int NT, bool FUSED>
+__global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P, const float *xf, xact x, int t_base) {
     typedef qt<T> Q;
     typedef mv_shape<T, NT> S;
     constexpr int R = S::R, CU = S::CU, SLOT = S::SLOT;
-    __shared__ __align__(16) uint8_t smem[MV_WARPS][2][R][SLOT];
+    extern __shared__ __align__(16) uint8_t dsm[];
+    uint8_t(*wsm)[2][R][SLOT] = reinterpret_cast<uint8_t(*)[2][R][SLOT]>(dsm);
     cuda_pdl_trigger();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int total = P.row0[P.n_w];
-    const int row_first = (blockIdx.x * MV_WARPS + warp) * R;
-    if (row_first >= total) return;
-    /* this warp's rows; rows past the end repeat the last one (their results are dropped) */
-    const uint8_t *wrow[R];
-    int wi[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int row = min(row_first + r, total - 1);
-        int k = 0;
-        while (k + 1 < P.n_w && row >= P.row0[k + 1]) k++;
-        wi[r] = k;
-        wrow[r] = P.w[k] + (size_t)(row - P.row0[k]) * P.rb[k];
-    }
-    const int n_chunks = (P.n_units + CU - 1) / CU;
-    /* copy chunk ch of every row into stage st, one commit group */
-    auto issue = [&](int ch, int st) {
-        const int u0 = ch * CU, uend = min(u0 + CU, P.n_units);
+    const int total = P.row0[P.n_w], n_sets = (total + R - 1) / R, n_chunks = (P.n_units + CU - 1) / CU;
+    const int set_stride = gridDim.x * MV_WARPS;
+
+    /* a cursor over (set, chunk); rows past the end repeat the last one (results dropped) */
+    struct cursor {
+        int set, ch;
+        const uint8_t *row[R];
+        int wi[R];
+    };
+    auto rows_of = [&](cursor &cu) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const uint8_t *gs = wrow[r] + (size_t)(u0 / Q::UPB) * Q::BB;
-            const uint8_t *ge = wrow[r] + (size_t)((uend + Q::UPB - 1) / Q::UPB) * Q::BB;
-            const uint8_t *a0 = (const uint8_t *)((uintptr_t)gs & ~(uintptr_t)15);
-            const int n16 = (int)((ge - a0 + 15) / 16);
-            for (int i = lane; i < n16; i += 32) cp_async16(&smem[warp][st][r][16 * i], a0 + 16 * i);
+            const int row = min(cu.set * R + r, total - 1);
+            int k = 0;
+            while (k + 1 < P.n_w && row >= P.row0[k + 1]) k++;
+            cu.wi[r] = k;
+            cu.row[r] = P.w[k] + (size_t)(row - P.row0[k]) * P.rb[k];
+        }
+    };
+    auto advance = [&](cursor &cu) {
+        if (++cu.ch == n_chunks) {
+            cu.ch = 0;
+            cu.set += set_stride;
+            if (cu.set < n_sets) rows_of(cu);
+        }
+    };
+    /* copy the cursor's chunk into stage st (one commit group; empty past the end) */
+    auto issue = [&](const cursor &cu, int st) {
+        if (cu.set < n_sets) {
+            const int u0 = cu.ch * CU, uend = min(u0 + CU, P.n_units);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint8_t *gs = cu.row[r] + (size_t)(u0 / Q::UPB) * Q::BB;
+                const uint8_t *ge = cu.row[r] + (size_t)((uend + Q::UPB - 1) / Q::UPB) * Q::BB;
+                const uint8_t *a0 = (const uint8_t *)((uintptr_t)gs & ~(uintptr_t)15);
+                const int n16 = (int)((ge - a0 + 15) / 16);
+                for (int i = lane; i < n16; i += 32) cp_async16(&wsm[warp][st][r][16 * i], a0 + 16 * i);
+            }
         }
         cp_async_commit();
     };
-    issue(0, 0);
-    cuda_pdl_wait(); /* activations come from the previous kernel */
-    const int t0 = t_base + blockIdx.y * NT;
+
+    cursor cc, ic; /* compute, issue */
+    cc.set = blockIdx.x * MV_WARPS + warp;
+    cc.ch = 0;
+    if (cc.set < n_sets) rows_of(cc);
+    ic = cc;
+    issue(ic, 0); /* weights never change: fetch before the wait */
+    advance(ic);
+    issue(ic, 1);
+    advance(ic);
+    cuda_pdl_wait();
+    int t0 = t_base + blockIdx.y * NT;
+    if constexpr (FUSED && !S::FLOAT) {
+        /* quantize the NT activation rows into shared memory, laid out like the global form */
+        uint8_t *xs = dsm + S::WBYTES;
+        const int stride = x.stride, nq = NT * stride;
+        int8_t *q = (int8_t *)xs;
+        float *d = (float *)(xs + ((nq + 15) & ~15));
+        if constexpr (Q::XF == XF_Q8_K) {
+            const int nb = stride / 256;
+            int16_t *bs = (int16_t *)((uint8_t *)d + ((NT * nb * 4 + 15) & ~15));
+            for (int i = warp; i < NT * nb; i += MV_WARPS) {
+                const int t = i / nb, b = i % nb;
+                q8K_block_warp(256 * b < P.n ? xf + (size_t)(t_base + t) * P.n + 256 * b : NULL, lane,
+                               q + (size_t)t * stride + 256 * b, d + i, bs + (size_t)t * (stride / 16) + 16 * b);
+            }
+            x.bs = bs;
+        } else {
+            const int nb = stride / 32;
+            float *sx = Q::XF == XF_Q8_1 ? (float *)((uint8_t *)d + ((NT * nb * 4 + 15) & ~15)) : NULL;
+            const bool vec = ((uintptr_t)xf & 15) == 0;
+            for (int i = threadIdx.x; i < NT * nb; i += MV_WARPS * 32) {
+                const int t = i / nb, b = i % nb;
+                q8_block_thread(32 * b < P.n ? xf + (size_t)(t_base + t) * P.n + 32 * b : NULL, vec,
+                                q + (size_t)t * stride + 32 * b, d + i, sx ? sx + i : NULL);
+            }
+            x.s = sx;
+        }
+        x.q = q;
+        x.d = d;
+        t0 = 0;
+        __syncthreads();
+    }
+    if (cc.set >= n_sets) return;
+
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int j = 0; j < NT; j++) acc[r][j] = 0.0f;
-
-    for (int ch = 0; ch < n_chunks; ch++) {
-        const int st = ch & 1;
-        if (ch + 1 < n_chunks) issue(ch + 1, st ^ 1);
-        else cp_async_commit(); /* an empty group keeps the wait count uniform */
-        cp_async_wait1();
+    for (int k = 0;; k++) {
+        const int st = k & 1;
+        cp_async_wait1(); /* item k has landed (item k + 1 may still be in flight) */
         __syncwarp();
-        const int u0 = ch * CU, uend = min(u0 + CU, P.n_units);
+        const int u0 = cc.ch * CU, uend = min(u0 + CU, P.n_units);
         const uint8_t *sm[R];
         int off0[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            sm[r] = &smem[warp][st][r][0];
-            off0[r] = (int)((uintptr_t)(wrow[r] + (size_t)(u0 / Q::UPB) * Q::BB) & 15);
+            sm[r] = &wsm[warp][st][r][0];
+            off0[r] = (int)((uintptr_t)(cc.row[r] + (size_t)(u0 / Q::UPB) * Q::BB) & 15);
         }
 #pragma unroll
         for (int j = 0; j < CU / 32; j++) {
@@ -601,26 +731,217 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
                 for (int r = 0; r < R; r++) off[r] = off0[r] + (ul / Q::UPB) * Q::BB;
                 if constexpr (T == GGML_TYPE_F16 || T == GGML_TYPE_BF16) unit_dot_half<T, NT>(sm[0], off[0], x, t0, u, P.n, acc[0]);
                 else if constexpr (T == GGML_TYPE_F32) unit_dot_f32<NT>(sm[0], off[0], x, t0, u, P.n, acc[0]);
-                else unit_dot<T, NT, R>(sm, off, ul % Q::UPB, x, t0, u, acc);
+                else unit_dot<T, NT, R, FUSED>(sm, off, ul % Q::UPB, x, t0, u, acc);
             }
         }
-        __syncwarp(); /* this stage is refilled by the next iteration's issue */
-    }
+        __syncwarp(); /* this stage is refilled now */
+        issue(ic, st);
+        advance(ic);
+        if (cc.ch + 1 == n_chunks) { /* the set is done */
 #pragma unroll
-    for (int r = 0; r < R; r++)
+            for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int j = 0; j < NT; j++) acc[r][j] = cuda_warp_sum(acc[r][j]);
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int row = row_first + r;
-            if (row >= total) break;
-            float *y = P.y[wi[r]] + (row - P.row0[wi[r]]);
-            const size_t ldy = (size_t)P.n_out[wi[r]];
-#pragma unroll
-            for (int j = 0; j < NT; j++) y[(size_t)(t0 + j) * ldy] = acc[r][j];
+                for (int j = 0; j < NT; j++) {
+                    const float v = cuda_warp_sum(acc[r][j]);
+                    acc[r][j] = 0.0f;
+                    const int row = cc.set * R + r;
+                    if (lane == 0 && row < total)
+                        P.y[cc.wi[r]][(size_t)(t_base + blockIdx.y * NT + j) * P.n_out[cc.wi[r]] + (row - P.row0[cc.wi[r]])] = v;
+                }
         }
+        advance(cc);
+        if (cc.set >= n_sets) break;
     }
+}
+
+/* ---- prefill: int8 tensor-core tiles ------------------------------------------------------
+ * For more than MV_MAX_NT tokens. A block computes a 64-row x 64-token tile with 4 warps (each
+ * 32 x 32) over K tiles of 8 units (256 elements): cp.async stages the raw weight bytes of the
+ * next K tile while the threads decode the current one into int8 codes (the same decode() as
+ * the matvec) and its converted activations are loaded; then per unit and 16-element half an
+ * mma.sync m16n8k16 (s8 x s8 -> s32) gives the exact integer sums lo / hi of every output.
+ * Each output accumulates its blocks in row order exactly as the CPU reference does: per unit
+ * with combine() for the 32-element formats, and per super-block from exact integer sums for
+ * the K-quants (sb()), so prefill outputs are bit-identical to the CPU reference. */
+
+#define MMQ_BM 64
+#define MMQ_BN 64
+#define MMQ_KU 8                      /* units per K tile: 8 blocks of 32, or 1 super-block */
+#define MMQ_LD (MMQ_KU * 32 + 16)     /* padded row stride of the code tiles (no bank conflicts) */
+#define MMQ_THREADS 128
+
+template <int T> struct mmq_shape {
+    enum {
+        RAW = MMQ_KU / qt<T>::UPB * qt<T>::BB,            /* raw bytes of a row per K tile */
+        RSLOT = ((RAW + 30) / 16) * 16 + 16,
+        SMEM = 2 * MMQ_BM * RSLOT + (MMQ_BM + MMQ_BN) * MMQ_LD + MMQ_BM * MMQ_KU * (int)sizeof(usc) +
+               MMQ_BN * MMQ_KU * (int)sizeof(uxs) + MMQ_BM * (int)sizeof(void *),
+    };
+};
+
+__device__ __forceinline__ void mma_s8_16816(uint32_t a0, uint32_t a1, uint32_t b0, int (&c)[4]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+template <int T>
+__global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mv_params P, const xact x, int n_tok) {
+    typedef qt<T> Q;
+    typedef mmq_shape<T> S;
+    constexpr bool KQ = Q::UPB == 8;
+    extern __shared__ __align__(16) uint8_t dsm[];
+    uint8_t(*raw)[MMQ_BM][S::RSLOT] = reinterpret_cast<uint8_t(*)[MMQ_BM][S::RSLOT]>(dsm);
+    uint8_t *acode = dsm + 2 * MMQ_BM * S::RSLOT;
+    uint8_t *xcode = acode + MMQ_BM * MMQ_LD;
+    usc *wsc = (usc *)(xcode + MMQ_BN * MMQ_LD);
+    uxs *xsc = (uxs *)(wsc + MMQ_BM * MMQ_KU);
+    const uint8_t **rowp = (const uint8_t **)(xsc + MMQ_BN * MMQ_KU);
+    cuda_pdl_trigger();
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+    const int wm = warp / 2, wn = warp % 2;
+    const int total = P.row0[P.n_w], row_base = blockIdx.x * MMQ_BM, tok_base = blockIdx.y * MMQ_BN;
+    const int n_kt = (P.n_units + MMQ_KU - 1) / MMQ_KU;
+    if (tid < MMQ_BM) { /* rows past the end repeat the last one (results dropped) */
+        const int row = min(row_base + tid, total - 1);
+        int k = 0;
+        while (k + 1 < P.n_w && row >= P.row0[k + 1]) k++;
+        rowp[tid] = P.w[k] + (size_t)(row - P.row0[k]) * P.rb[k];
+    }
+    __syncthreads();
+    /* raw bytes of K tile kt: two threads per row */
+    auto issue = [&](int kt, int st) {
+        const int i = tid / 2, u0 = kt * MMQ_KU, uend = min(u0 + MMQ_KU, P.n_units);
+        const uint8_t *gs = rowp[i] + (size_t)(u0 / Q::UPB) * Q::BB;
+        const uint8_t *ge = rowp[i] + (size_t)((uend + Q::UPB - 1) / Q::UPB) * Q::BB;
+        const uint8_t *a0 = (const uint8_t *)((uintptr_t)gs & ~(uintptr_t)15);
+        const int n16 = (int)((ge - a0 + 15) / 16);
+        for (int p = tid % 2; p < n16; p += 2) cp_async16(&raw[st][i][16 * p], a0 + 16 * p);
+        cp_async_commit();
+    };
+    issue(0, 0);
+    cuda_pdl_wait();
+
+    float acc[2][4][4];
+    int isum[2][4][4], msum[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) { acc[mi][ni][e] = 0.0f; isum[mi][ni][e] = 0; msum[mi][ni][e] = 0; }
+
+    for (int kt = 0; kt < n_kt; kt++) {
+        const int st = kt & 1, u0 = kt * MMQ_KU;
+        if (kt + 1 < n_kt) issue(kt + 1, st ^ 1);
+        else cp_async_commit();
+        /* activation codes (zero-padded to the stride in global memory) and scales */
+        for (int p = tid; p < MMQ_BN * 16; p += MMQ_THREADS) {
+            const int j = p / 16, q = p % 16, t = min(tok_base + j, n_tok - 1);
+            const uint4 v = __ldg((const uint4 *)((const int8_t *)x.q + (size_t)t * x.stride + 32 * u0) + q);
+            *(uint4 *)(xcode + j * MMQ_LD + 16 * q) = v;
+        }
+        for (int p = tid; p < MMQ_BN * MMQ_KU; p += MMQ_THREADS) {
+            const int j = p / MMQ_KU, uu = p % MMQ_KU, t = min(tok_base + j, n_tok - 1);
+            xsc[p] = u0 + uu < P.n_units ? load_xs<Q::XF, false>(x, (size_t)t, u0 + uu) : uxs{0.0f, 0.0f, 0};
+        }
+        cp_async_wait1();
+        __syncthreads();
+        /* decode: 4 (row, unit) pairs per thread */
+        for (int p = tid; p < MMQ_BM * MMQ_KU; p += MMQ_THREADS) {
+            const int i = p / MMQ_KU, uu = p % MMQ_KU;
+            uint32_t c[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            usc s = {0.0f, 0.0f, 0, 0};
+            if (u0 + uu < P.n_units) {
+                const int off0 = (int)((uintptr_t)(rowp[i] + (size_t)(u0 / Q::UPB) * Q::BB) & 15);
+                Q::decode(&raw[st][i][0], off0 + (uu / Q::UPB) * Q::BB, uu % Q::UPB, c, s);
+            }
+            uint4 *dst = (uint4 *)(acode + i * MMQ_LD + 32 * uu);
+            dst[0] = make_uint4(c[0], c[1], c[2], c[3]);
+            dst[1] = make_uint4(c[4], c[5], c[6], c[7]);
+            wsc[p] = s;
+        }
+        __syncthreads();
+        /* tensor cores: per unit, lo and hi halves of every output of the warp's 32 x 32 */
+        const int uend = min(MMQ_KU, P.n_units - u0);
+        for (int uu = 0; uu < uend; uu++) {
+            uint32_t a[2][2][2], b[4][2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    const uint8_t *ap = acode + (wm * 32 + mi * 16 + g) * MMQ_LD + 32 * uu + 16 * h + 4 * tq;
+                    a[mi][h][0] = *(const uint32_t *)ap;
+                    a[mi][h][1] = *(const uint32_t *)(ap + 8 * MMQ_LD);
+                }
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++)
+                    b[ni][h] = *(const uint32_t *)(xcode + (wn * 32 + ni * 8 + g) * MMQ_LD + 32 * uu + 16 * h + 4 * tq);
+            }
+            usc ws[2][2];
+            uxs xs[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) ws[mi][rr] = wsc[(wm * 32 + mi * 16 + g + 8 * rr) * MMQ_KU + uu];
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int cc = 0; cc < 2; cc++) xs[ni][cc] = xsc[(wn * 32 + ni * 8 + 2 * tq + cc) * MMQ_KU + uu];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) {
+                    int lo[4], hi[4];
+                    mma_s8_16816(a[mi][0][0], a[mi][0][1], b[ni][0], lo);
+                    mma_s8_16816(a[mi][1][0], a[mi][1][1], b[ni][1], hi);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const usc &sw = ws[mi][e / 2];
+                        const uxs &sx = xs[ni][e % 2];
+                        if constexpr (KQ) {
+                            isum[mi][ni][e] += Q::isum(sw, lo[e], hi[e]);
+                            msum[mi][ni][e] += Q::msum(sw, sx);
+                        } else {
+                            acc[mi][ni][e] += Q::combine(sw, lo[e], hi[e], sx);
+                        }
+                    }
+                }
+        }
+        if constexpr (KQ) { /* the K tile is one super-block: fold its exact sums */
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const usc &sw = wsc[(wm * 32 + mi * 16 + g + 8 * (e / 2)) * MMQ_KU];
+                        const uxs &sx = xsc[(wn * 32 + ni * 8 + 2 * tq + e % 2) * MMQ_KU];
+                        acc[mi][ni][e] += Q::sb(sw, isum[mi][ni][e], msum[mi][ni][e], sx.d);
+                        isum[mi][ni][e] = 0;
+                        msum[mi][ni][e] = 0;
+                    }
+        }
+        __syncthreads(); /* the tiles are refilled next */
+    }
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int row = row_base + wm * 32 + mi * 16 + g + 8 * rr;
+            if (row >= total) continue;
+            int k = 0;
+            while (k + 1 < P.n_w && row >= P.row0[k + 1]) k++;
+            float *y = P.y[k] + (row - P.row0[k]);
+            const size_t ldy = (size_t)P.n_out[k];
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int cc = 0; cc < 2; cc++) {
+                    const int t = tok_base + wn * 32 + ni * 8 + 2 * tq + cc;
+                    if (t < n_tok) y[(size_t)t * ldy] = acc[mi][ni][2 * rr + cc];
+                }
+        }
 }
 
 /* ---- get_rows: exact dequantization, in the reference's float order -------------------------- */
@@ -695,13 +1016,44 @@ __global__ void get_rows_kernel(const uint8_t *__restrict__ w, size_t rb, const 
 
 /* ---- host side: per-type table, matmul_n, get_rows ------------------------------------------- */
 
-typedef void (*mv_launch_fn)(struct cuda_ctx *c, const mv_params &P, const xact &x, int t_base, int n_groups);
+typedef void (*mv_launch_fn)(struct cuda_ctx *c, int slot, const mv_params &P, const float *xf, const xact &x,
+                             int t_base, int n_groups);
 typedef void (*rows_launch_fn)(struct cuda_ctx *c, const struct bweight *w, const int32_t *ids, int n, float *out);
 
-template <int T, int NT>
-static void mv_launch(struct cuda_ctx *c, const mv_params &P, const xact &x, int t_base, int n_groups) {
-    const dim3 grid(cuda_cdiv(P.row0[P.n_w], MV_WARPS * mv_shape<T, NT>::R), n_groups);
-    cuda_launch(c, grid, MV_WARPS * 32, matvec_kernel<T, NT>, P, x, t_base);
+/* A persistent grid: as many blocks as fit on the device at once (from the kernel's registers
+ * and this launch's shared memory), at most one row set per warp. */
+template <int T, int NT, bool FUSED>
+static void mv_launch(struct cuda_ctx *c, int slot, const mv_params &P, const float *xf, const xact &x, int t_base,
+                      int n_groups) {
+    typedef mv_shape<T, NT> S;
+    void (*kern)(const mv_params, const float *, xact, int) = matvec_kernel<T, NT, FUSED>;
+    const int smem = S::WBYTES + (FUSED ? xs_bytes(qt<T>::XF, NT, x.stride) : 0);
+    int &regs = c->mv_regs[slot][NT - 1][FUSED];
+    if (!regs) {
+        cudaFuncAttributes fa;
+        CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, c->smem_block_max));
+        regs = fa.numRegs > 0 ? fa.numRegs : 1;
+    }
+    const int warp_regs = (regs * 32 + 255) / 256 * 256;
+    const int by_regs = 65536 / (warp_regs * MV_WARPS), by_smem = c->smem_per_sm / (smem + c->smem_reserved);
+    const int per_sm = COTI_MAX(1, COTI_MIN(COTI_MIN(by_regs, by_smem), 2048 / (MV_WARPS * 32)));
+    const int sets = cuda_cdiv(P.row0[P.n_w], S::R);
+    const int grid = COTI_MIN(cuda_cdiv(sets, MV_WARPS), c->n_sm * per_sm);
+    cuda_launch_smem(c, dim3(grid, n_groups), MV_WARPS * 32, smem, kern, P, xf, x, t_base);
+}
+
+typedef void (*mmq_launch_fn)(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok);
+
+template <int T>
+static void mmq_launch(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok) {
+    void (*kern)(const mv_params, const xact, int) = mmq_kernel<T>;
+    if (!c->mmq_ready[slot]) {
+        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, mmq_shape<T>::SMEM));
+        c->mmq_ready[slot] = true;
+    }
+    const dim3 grid(cuda_cdiv(P.row0[P.n_w], MMQ_BM), cuda_cdiv(n_tok, MMQ_BN));
+    cuda_launch_smem(c, grid, MMQ_THREADS, mmq_shape<T>::SMEM, kern, P, x, n_tok);
 }
 
 template <int T>
@@ -713,21 +1065,23 @@ static void rows_launch(struct cuda_ctx *c, const struct bweight *w, const int32
 struct type_entry {
     enum ggml_type type;
     int xf;
-    mv_launch_fn mv[8];        /* [NT - 1] */
+    mv_launch_fn mv[8];        /* [NT - 1], activations converted by a separate kernel */
+    mv_launch_fn mv_fused[MV_FUSED_MAX_NT]; /* [NT - 1], quantized in the kernel; NULL for float types */
+    mmq_launch_fn mmq;         /* more than MV_MAX_NT tokens; NULL for float types */
     rows_launch_fn rows;
 };
 
-#define TYPE_ENTRY(T)                                                                          \
-    {T, qt<T>::XF,                                                                             \
-     {mv_launch<T, 1>, mv_launch<T, 2>, mv_launch<T, 3>, mv_launch<T, 4>, mv_launch<T, 5>,     \
-      mv_launch<T, 6>, mv_launch<T, 7>, mv_launch<T, 8>},                                      \
-     rows_launch<T>}
+#define MV_ROW(T)                                                                              \
+    {mv_launch<T, 1, false>, mv_launch<T, 2, false>, mv_launch<T, 3, false>, mv_launch<T, 4, false>, \
+     mv_launch<T, 5, false>, mv_launch<T, 6, false>, mv_launch<T, 7, false>, mv_launch<T, 8, false>}
+#define TYPE_ENTRY_Q(T) {T, qt<T>::XF, MV_ROW(T), {mv_launch<T, 1, true>, mv_launch<T, 2, true>}, mmq_launch<T>, rows_launch<T>}
+#define TYPE_ENTRY_F(T) {T, qt<T>::XF, MV_ROW(T), {NULL, NULL}, NULL, rows_launch<T>}
 
 static const struct type_entry type_table[] = {
-    TYPE_ENTRY(GGML_TYPE_F32),  TYPE_ENTRY(GGML_TYPE_F16),  TYPE_ENTRY(GGML_TYPE_BF16),
-    TYPE_ENTRY(GGML_TYPE_Q8_0), TYPE_ENTRY(GGML_TYPE_Q4_0), TYPE_ENTRY(GGML_TYPE_Q4_1),
-    TYPE_ENTRY(GGML_TYPE_Q5_0), TYPE_ENTRY(GGML_TYPE_Q5_1), TYPE_ENTRY(GGML_TYPE_Q4_K),
-    TYPE_ENTRY(GGML_TYPE_Q5_K), TYPE_ENTRY(GGML_TYPE_Q6_K),
+    TYPE_ENTRY_F(GGML_TYPE_F32),  TYPE_ENTRY_F(GGML_TYPE_F16),  TYPE_ENTRY_F(GGML_TYPE_BF16),
+    TYPE_ENTRY_Q(GGML_TYPE_Q8_0), TYPE_ENTRY_Q(GGML_TYPE_Q4_0), TYPE_ENTRY_Q(GGML_TYPE_Q4_1),
+    TYPE_ENTRY_Q(GGML_TYPE_Q5_0), TYPE_ENTRY_Q(GGML_TYPE_Q5_1), TYPE_ENTRY_Q(GGML_TYPE_Q4_K),
+    TYPE_ENTRY_Q(GGML_TYPE_Q5_K), TYPE_ENTRY_Q(GGML_TYPE_Q6_K),
 };
 
 static const struct type_entry *type_find(enum ggml_type t) {
@@ -747,11 +1101,27 @@ static const struct type_entry *type_get(const struct bweight *w) {
     return te;
 }
 
+static int type_slot(const struct type_entry *te) { return (int)(te - type_table); }
+
+/* Whether a weight type's matvec quantizes n_tok activation rows itself. */
+static bool mv_fuses(const struct type_entry *te, int n_tok, int stride) {
+    return n_tok <= MV_FUSED_MAX_NT && te->mv_fused[0] && xs_bytes(te->xf, n_tok, stride) <= MV_FUSED_MAX_XBYTES;
+}
+
 /* All token rows: groups of 8 in one launch (grid.y), the rest in a second. */
-static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv_params &P, const xact &x, int n_tok) {
-    const int full = n_tok / 8, rem = n_tok % 8;
-    if (full) te->mv[7](c, P, x, 0, full);
-    if (rem) te->mv[rem - 1](c, P, x, 8 * full, 1);
+static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv_params &P, const float *xf,
+                       const xact &x, int n_tok) {
+    if (mv_fuses(te, n_tok, x.stride)) {
+        te->mv_fused[n_tok - 1](c, type_slot(te), P, xf, x, 0, 1);
+        return;
+    }
+    if (n_tok > MV_MAX_NT && te->mmq) {
+        te->mmq(c, type_slot(te), P, x, n_tok);
+        return;
+    }
+    const int full = n_tok / MV_MAX_NT, rem = n_tok % MV_MAX_NT;
+    if (full) te->mv[MV_MAX_NT - 1](c, type_slot(te), P, xf, x, 0, full);
+    if (rem) te->mv[rem - 1](c, type_slot(te), P, xf, x, MV_MAX_NT * full, 1);
 }
 
 void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
@@ -760,12 +1130,17 @@ void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *c
     if (n_w < 1 || n_tok < 1) return;
     const int n = (int)ws[0]->n_in, stride = (n + 255) & ~255;
     bool need[XF_COUNT] = {};
-    for (int i = 0; i < n_w; i++) need[type_get(ws[i])->xf] = true;
+    for (int i = 0; i < n_w; i++) {
+        const struct type_entry *te = type_get(ws[i]);
+        if (!mv_fuses(te, n_tok, stride)) need[te->xf] = true;
+    }
     size_t total = 0;
     for (int f = 0; f < XF_COUNT; f++)
         if (need[f]) total += xfmt_layout(f, n_tok, stride, NULL, NULL);
-    uint8_t *base = (uint8_t *)cuda_scratch(c, &c->xq, &c->xq_size, total);
-    xact xa[XF_COUNT] = {};
+    uint8_t *base = total ? (uint8_t *)cuda_scratch(c, &c->xq, &c->xq_size, total) : NULL;
+    xact xa[XF_COUNT];
+    memset(xa, 0, sizeof xa);
+    for (int f = 0; f < XF_COUNT; f++) xa[f].stride = stride;
     size_t off = 0;
     for (int f = 0; f < XF_COUNT; f++) {
         if (!need[f]) continue;
@@ -794,12 +1169,12 @@ void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *c
             rows += (int)ws[j]->n_out;
             P.row0[k + 1] = rows;
             if (P.n_w == MV_MAX_W) {
-                run_matvec(c, te, P, xa[te->xf], n_tok);
+                run_matvec(c, te, P, x, xa[te->xf], n_tok);
                 P.n_w = 0;
                 rows = 0;
             }
         }
-        if (P.n_w) run_matvec(c, te, P, xa[te->xf], n_tok);
+        if (P.n_w) run_matvec(c, te, P, x, xa[te->xf], n_tok);
     }
 }
 
