@@ -243,7 +243,10 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
-    coti_log(COTI_LOG_WARN, "http", "%s", msg);
+    /* MHD reports a stream we ended because its client left as an "internal error"; the
+     * request's own log line already says "aborted" */
+    bool expected = strstr(msg, "Application reported internal error") != NULL;
+    coti_log(expected ? COTI_LOG_DEBUG : COTI_LOG_WARN, "http", "%s", msg);
 }
 
 int http_start(struct http_server **out, const char *host, int port, size_t max_body, struct routes *r,

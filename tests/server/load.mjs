@@ -163,6 +163,8 @@ async function main() {
   const wall = (performance.now() - tLoad) / 1000;
   const timedOut = next < REQUESTS;
 
+  // the last clients may have just aborted: the server notices within its 100 ms poll
+  for (let i = 0; i < 100 && (await metric(srv.base, 'requests_processing')) > 0; i++) await new Promise((r) => setTimeout(r, 50));
   const m = {
     requests_total: await metric(srv.base, 'requests_total'),
     cancelled: await metric(srv.base, 'requests_cancelled_total'),
