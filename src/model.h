@@ -28,15 +28,11 @@ struct model_batch {
     const bool *want_logits;     /* host; NULL = only the last row */
     bool keep_states;            /* recurrent layers keep the state after every token of the
                                     last run of each sequence, so model_seq_rollback works */
-    int n_vocab_out;             /* 0: logits over the whole vocabulary; else over ids
-                                    [0, n_vocab_out) only (a draft head's cheaper LM head:
-                                    BPE ids are roughly ordered by merge frequency) */
 };
 
 /* Results of the last forward, in backend memory; valid until the next forward. */
 struct model_output {
     int n_logits;                /* rows of logits, in batch order of the rows that wanted them */
-    int n_vocab;                 /* row length of logits (batch n_vocab_out or the vocabulary) */
     const float *logits;         /* [n_logits][n_vocab] */
     const float *hidden;         /* [n][n_embd] post-output-norm hidden of every row */
     int n;

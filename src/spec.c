@@ -57,7 +57,7 @@ void spec_engine_free(struct spec_engine *e) {
     free(e);
 }
 
-int spec_engine_init(struct spec_engine **out, struct model *m, int mtp_vocab, char *err, size_t err_size) {
+int spec_engine_init(struct spec_engine **out, struct model *m, char *err, size_t err_size) {
     if (m->n_keep_states < SPEC_MAX_DRAFT + 1)
         return coti_fail(err, err_size, COTI_E_ARG, "model must keep %d states for speculation (has %d)",
                          SPEC_MAX_DRAFT + 1, m->n_keep_states);
@@ -77,7 +77,7 @@ int spec_engine_init(struct spec_engine **out, struct model *m, int mtp_vocab, c
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
     if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
     int rc = drafter_ngram_init(&e->ngram, m->n_seq, err, err_size);
-    if (!rc && m->info.has_mtp) rc = drafter_mtp_init(&e->mtp, m, mtp_vocab, err, err_size);
+    if (!rc && m->info.has_mtp) rc = drafter_mtp_init(&e->mtp, m, err, err_size);
     if (rc) { spec_engine_free(e); return rc; }
     *out = e;
     return 0;

@@ -50,8 +50,8 @@ struct spec_probe {
 struct spec_engine;
 
 /* Engine over a loaded model: owns the drafters (the MTP drafter only when the model has a
- * NextN head). mtp_vocab: draft-head vocabulary subset (0 = full). */
-int spec_engine_init(struct spec_engine **out, struct model *m, int mtp_vocab, char *err, size_t err_size);
+ * NextN head). */
+int spec_engine_init(struct spec_engine **out, struct model *m, char *err, size_t err_size);
 void spec_engine_free(struct spec_engine *e);
 bool spec_engine_supports(const struct spec_engine *e, enum spec_type t);
 

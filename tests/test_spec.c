@@ -28,7 +28,7 @@ static struct env env_open(const char *path) {
     v.be = backend_cpu_init(1, quant_cpu_level_detect());
     struct model_params p = {1, 1024, 128, SPEC_MAX_DRAFT + 1};
     cr_assert_eq(model_load(&v.m, path, v.be, &p, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(spec_engine_init(&v.e, v.m, 0, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(spec_engine_init(&v.e, v.m, err, sizeof err), 0, "%s", err);
     return v;
 }
 

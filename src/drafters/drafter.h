@@ -51,9 +51,8 @@ struct drafter {
     int n_vocab;                 /* size of the distributions it samples from (draft sampler) */
 };
 
-/* NextN self-speculation on the target's own MTP head. vocab_subset > 0 limits the draft
- * head's logits to ids [0, vocab_subset). */
-int drafter_mtp_init(struct drafter **out, struct model *m, int vocab_subset, char *err, size_t err_size);
+/* NextN self-speculation on the target's own MTP head. */
+int drafter_mtp_init(struct drafter **out, struct model *m, char *err, size_t err_size);
 /* Prompt lookup: continue the most recent earlier occurrence of the last few tokens. */
 int drafter_ngram_init(struct drafter **out, int n_seq, char *err, size_t err_size);
 

@@ -22,7 +22,6 @@ struct mtp_seq {
 struct mtp {
     struct drafter base;
     struct model *m;
-    int vocab_subset;
     int cap;                     /* staged rows per sequence = n_batch of the model */
     int E;
     struct mtp_seq *seqs;
@@ -71,8 +70,7 @@ static int mtp_run_rows(struct mtp *t, int s, const int32_t *history, int n_rows
     }
     int32_t *seqv = t->tok + t->cap; /* second half of tok holds the sequence ids */
     for (int i = 0; i < n_rows; i++) seqv[i] = s;
-    struct model_batch b = {.n = n_rows, .tokens = t->tok, .pos = t->pos, .seq = seqv, .want_logits = t->want,
-                            .n_vocab_out = t->vocab_subset};
+    struct model_batch b = {.n = n_rows, .tokens = t->tok, .pos = t->pos, .seq = seqv, .want_logits = t->want};
     return m->vt->mtp_forward(m, &b, t->seqs[s].staged, o, err, err_size);
 }
 
@@ -137,7 +135,7 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
         if (rq->sampler) {
             const struct sampler_cand *cands;
             size_t nc;
-            be->download(be, t->host_logits, o.logits, sizeof(float) * (size_t)o.n_vocab);
+            be->download(be, t->host_logits, o.logits, sizeof(float) * (size_t)m->info.n_vocab);
             sampler_probs(rq->sampler, t->host_logits, &cands, &nc);
             memcpy(t->qbuf[i], cands, nc * sizeof *cands);
             id = sampler_draw(rq->sampler, t->qbuf[i], nc);
@@ -146,7 +144,7 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
             p = 1.0f;
         } else {
             p = 1.0f;
-            id = mtp_pick(t, o.logits, o.n_vocab, rq->p_min > 0.0f ? &p : NULL);
+            id = mtp_pick(t, o.logits, m->info.n_vocab, rq->p_min > 0.0f ? &p : NULL);
             out->q[i] = NULL;
             out->q_n[i] = 0;
             if (p < rq->p_min && i >= rq->n_min) break;
@@ -157,8 +155,7 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
         be->copy(be, t->h_chain, o.hidden + (size_t)(o.n - 1) * t->E, sizeof(float) * t->E);
         int32_t pos = L + 1 + i, seqv = s;
         bool want = true;
-        struct model_batch b = {.n = 1, .tokens = &out->tokens[i], .pos = &pos, .seq = &seqv, .want_logits = &want,
-                                .n_vocab_out = t->vocab_subset};
+        struct model_batch b = {.n = 1, .tokens = &out->tokens[i], .pos = &pos, .seq = &seqv, .want_logits = &want};
         rc = m->vt->mtp_forward(m, &b, t->h_chain, &o, err, err_size);
         if (rc) return rc;
     }
@@ -170,7 +167,7 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
 
 static const struct drafter_vtable mtp_vtable = {"mtp", mtp_free, mtp_reset, mtp_observe, mtp_draft};
 
-int drafter_mtp_init(struct drafter **out, struct model *m, int vocab_subset, char *err, size_t err_size) {
+int drafter_mtp_init(struct drafter **out, struct model *m, char *err, size_t err_size) {
     if (!m->info.has_mtp || !m->vt->mtp_forward)
         return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "the model has no NextN (MTP) head: use --spec ngram or off");
     struct mtp *t = calloc(1, sizeof *t);
@@ -179,8 +176,7 @@ int drafter_mtp_init(struct drafter **out, struct model *m, int vocab_subset, ch
     t->m = m;
     t->E = m->info.n_embd;
     t->cap = m->n_batch + 1;
-    t->vocab_subset = vocab_subset > 0 && vocab_subset < m->info.n_vocab ? vocab_subset : 0;
-    t->base.n_vocab = t->vocab_subset ? t->vocab_subset : m->info.n_vocab;
+    t->base.n_vocab = m->info.n_vocab;
     struct backend *be = m->be;
     t->seqs = calloc((size_t)m->n_seq, sizeof *t->seqs);
     t->pos = malloc(sizeof(int32_t) * (size_t)t->cap);

@@ -552,7 +552,7 @@ static void slice_upload(struct qwen35 *q, const struct slice *sl) {
 
 /* Final norm of every row into hidden; lm_head over the rows that want logits. */
 static int head_rows(struct qwen35 *q, const float *x, const float *norm, int n, const bool *want,
-                     bool last_only, int n_vocab_out, float *hidden, float *logits) {
+                     bool last_only, float *hidden, float *logits) {
     struct backend *be = q->base.be;
     const int E = q->hp.n_embd;
     be->rmsnorm(be, x, E, norm, n, E, q->hp.eps, hidden, E);
@@ -563,11 +563,7 @@ static int head_rows(struct qwen35 *q, const float *x, const float *norm, int n,
         be->copy(be, q->s.lm_in + (size_t)n_out * E, hidden + (size_t)i * E, sizeof(float) * E);
         n_out++;
     }
-    if (n_out) {
-        struct bweight head = q->lm_head;
-        if (n_vocab_out > 0 && n_vocab_out < head.n_out) head.n_out = n_vocab_out; /* first rows only */
-        be->matmul(be, &head, q->s.lm_in, n_out, logits);
-    }
+    if (n_out) be->matmul(be, &q->lm_head, q->s.lm_in, n_out, logits);
     return n_out;
 }
 
@@ -598,7 +594,6 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
     free(len);
 
     int n_logits = 0;
-    const int vocab_out = b->n_vocab_out > 0 && b->n_vocab_out < hp->n_vocab ? b->n_vocab_out : hp->n_vocab;
     for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
         sl.n = COTI_MIN(m->n_batch, b->n - i0);
         sl.tokens = b->tokens + i0; sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
@@ -620,13 +615,12 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
             q->last_run_kept[sl.runs[r].seq] = b->keep_states;
         }
         n_logits += head_rows(q, q->s.x, q->out_norm, sl.n, b->want_logits ? b->want_logits + i0 : NULL,
-                              last_slice, b->n_vocab_out, q->s.hn, q->s.logits + (size_t)n_logits * vocab_out);
+                              last_slice, q->s.hn, q->s.logits + (size_t)n_logits * hp->n_vocab);
     }
     /* hidden rows of the last slice only: callers needing every row keep batches <= n_batch */
     out->n = sl.n;
     out->hidden = q->s.hn;
     out->n_logits = n_logits;
-    out->n_vocab = vocab_out;
     out->logits = q->s.logits;
     return 0;
 }
@@ -660,8 +654,7 @@ static int qwen35_mtp_forward(struct model *m, const struct model_batch *b, cons
     out->n = sl.n;
     out->hidden = q->s.hn;
     out->n_logits = head_rows(q, q->s.x, mt->head_norm ? mt->head_norm : q->out_norm, sl.n, b->want_logits,
-                              true, b->n_vocab_out, q->s.hn, q->s.logits);
-    out->n_vocab = b->n_vocab_out > 0 && b->n_vocab_out < hp->n_vocab ? b->n_vocab_out : hp->n_vocab;
+                              true, q->s.hn, q->s.logits);
     out->logits = q->s.logits;
     return 0;
 }

@@ -23,7 +23,6 @@ void cli_common_defaults(struct cli_common *c) {
     c->min_p = 0.05f;
     c->seed = 0;
     c->spec = spec_params_default();
-    c->mtp_vocab = 0;
 }
 
 const char *cli_common_help(void) {
@@ -40,8 +39,7 @@ const char *cli_common_help(void) {
            "  --spec-n-max N       draft tokens per cycle (default 3, at most 8)\n"
            "  --spec-n-min N       minimum drafts (default 0)\n"
            "  --spec-p-min F       stop drafting under this probability (default 0)\n"
-           "  --spec-sample-drafts sample drafts from the drafter (rejection sampling) at temp > 0\n"
-           "  --spec-mtp-vocab N   draft head over the first N token ids only (default 0 = all)\n";
+           "  --spec-sample-drafts sample drafts from the drafter (rejection sampling) at temp > 0\n";
 }
 
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out) {
@@ -124,9 +122,6 @@ int cli_parse_common(struct cli_common *c, int argc, char **argv, int *i) {
     } else if (IS("--spec-p-min")) {
         if (cli_parse_float(a, v, 0, 1, &d)) return -1;
         c->spec.p_min = (float)d;
-    } else if (IS("--spec-mtp-vocab")) {
-        if (cli_parse_int(a, v, 0, 1 << 24, &l)) return -1;
-        c->mtp_vocab = (int)l;
     } else if (IS("--spec-sample-drafts")) {
         c->spec.sample_drafts = true;
         *i += 1;

@@ -24,7 +24,6 @@ struct cli_common {
     uint64_t seed;
     /* speculation */
     struct spec_params spec;
-    int mtp_vocab;               /* draft-head vocabulary subset, 0 = full */
 };
 
 void cli_common_defaults(struct cli_common *c);

@@ -80,7 +80,7 @@ int tool_serve_main(int argc, char **argv) {
     struct spec_engine *eng = NULL;
     int rc = 1;
     if (tokenizer_init(&tok, m->gguf, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
-    if (spec_engine_init(&eng, m, c.mtp_vocab, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
+    if (spec_engine_init(&eng, m, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
     if (!spec_engine_supports(eng, c.spec.type)) {
         fprintf(stderr, "error: --spec %s is not available for this model\n", spec_type_name(c.spec.type));
         goto done;
