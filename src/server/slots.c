@@ -309,7 +309,7 @@ static void slot_finish(struct slots *s, struct slot *sl, struct task_result *r)
     r->predicted_n = sl->n_decoded;
     r->draft_n = sl->begun ? st->n_drafted : 0;
     r->draft_n_accepted = sl->begun ? st->n_accepted : 0;
-    r->prompt_ms = sl->prompt_ms;
+    r->prompt_ms = sl->begun ? sl->prompt_ms : 0.0;
     /* llama.cpp keeps predicted_ms >= 1 us so the per-token rates stay finite */
     r->predicted_ms = sl->begun ? COTI_MAX((sl->t_last_us - sl->t_first_us) / 1e3, 1e-3) : 0.0;
     r->tokens_cached = sl->begun && sl->state_ok ? n_hist - 1 : 0;

@@ -2,7 +2,7 @@
 // load.mjs — bounded load test of `coti serve` on loopback (not part of `make test`).
 //
 //   node tests/server/load.mjs [--bin ./coti] [--slots 8] [--clients 64] [--requests 500]
-//                              [--max-tokens 32] [--spec mtp] [--threads 2] [--time-limit-s 1800] [--md]
+//                              [--max-tokens 32] [--spec mtp] [--threads N] [--time-limit-s 1800] [--md]
 //
 // Starts the server on 127.0.0.1 (a free port), computes greedy reference answers one at a
 // time, then lets `clients` concurrent clients send `requests` requests in total: chat and
@@ -26,7 +26,7 @@ const CLIENTS = Number(args.clients || 64);
 const REQUESTS = Number(args.requests || 500);
 const GEN = Number(args['max-tokens'] || 32);
 const SPEC = args.spec || 'mtp';
-const THREADS = Number(args.threads || 2);
+const THREADS = args.threads ? Number(args.threads) : null; // null: the server's default
 const TIME_LIMIT_S = Number(args['time-limit-s'] || 1800);
 
 const PROMPTS = [
@@ -51,7 +51,7 @@ function pct(xs, p) {
 
 async function main() {
   const t0 = performance.now();
-  const srv = await startServer(['--spec', SPEC, '-np', String(SLOTS), '-t', String(THREADS), '-c', '1024'], {
+  const srv = await startServer(['--spec', SPEC, '-np', String(SLOTS), ...(THREADS ? ['-t', String(THREADS)] : []), '-c', '1024'], {
     bin: BIN,
     clientTimeoutMs: TIME_LIMIT_S * 1000, // a slow (sanitizer) build queues long: only the overall bound applies
   });
@@ -188,9 +188,9 @@ async function main() {
   console.log(JSON.stringify(res, null, 2));
   if (stats.errors.length) console.error('errors:\n  ' + stats.errors.join('\n  '));
   if (args.md) {
-    console.log(`\n| binary | slots | clients | requests | ok | failed | mismatched | aborted (on purpose) | wall s | req/s | gen tok/s | p50 ms | p99 ms | TTFT p50/p99 ms | server exit |`);
-    console.log(`|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|`);
-    console.log(`| ${BIN} | ${SLOTS} | ${CLIENTS} | ${next} | ${stats.ok} | ${stats.failed} | ${stats.mismatched} | ${stats.aborted} | ${res.wall_s} | ${res.req_per_s} | ${res.gen_tok_per_s} | ${res.latency_ms_p50} | ${res.latency_ms_p99} | ${res.ttft_ms_p50}/${res.ttft_ms_p99} | ${exit.code === 0 ? 'clean (0)' : JSON.stringify(exit)} |`);
+    console.log(`\n| binary | -t | slots | clients | requests | ok | failed | mismatched | aborted (on purpose) | wall s | req/s | gen tok/s | p50 ms | p99 ms | TTFT p50/p99 ms | server exit |`);
+    console.log(`|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|`);
+    console.log(`| ${BIN} | ${THREADS ?? 'default'} | ${SLOTS} | ${CLIENTS} | ${next} | ${stats.ok} | ${stats.failed} | ${stats.mismatched} | ${stats.aborted} | ${res.wall_s} | ${res.req_per_s} | ${res.gen_tok_per_s} | ${res.latency_ms_p50} | ${res.latency_ms_p99} | ${res.ttft_ms_p50}/${res.ttft_ms_p99} | ${exit.code === 0 ? 'clean (0)' : JSON.stringify(exit)} |`);
   }
   const pass = !timedOut && stats.failed === 0 && stats.mismatched === 0 && leakFree && m.deferred_now === 0 && m.processing_now === 0;
   if (!pass) {
