@@ -27,10 +27,10 @@ int tool_serve_main(int argc, char **argv) {
     struct cli_common c;
     cli_common_defaults(&c);
     c.temperature = 0.8f; /* llama.cpp's server default; --temp overrides */
-    /* leave a core to the HTTP threads: the backend's thread pool spin-waits between ops, and
-     * when its threads must share cores with busy connection threads the spinning turns into
-     * lost time slices (on 2 cores under 64 streaming clients, -t 2 ranged from 1.4x faster to
-     * 4.7x slower than -t 1 from run to run, docs/bench.md "Server load test"). -t overrides. */
+    /* leave a core to the HTTP threads and the clients' side of the work: on 2 cores under 64
+     * streaming clients, -t 2 was erratic (39 to 288 gen tok/s across runs) while -t 1 held
+     * 191-207 (docs/bench.md "Server load test"); a likely cause is the backend thread pool's
+     * spin-waits losing time slices to busy connection threads. -t overrides. */
     long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
     c.n_threads = n_cpu > 2 ? (int)COTI_MIN(n_cpu - 1, 256) : 1;
     struct server_params p = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .max_body_bytes = SERVER_MAX_BODY_DEFAULT,
