@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "server/server.h"
@@ -17,7 +16,6 @@ static void usage(void) {
                     "  -n, --n-predict N    default max tokens of a request (default -1 = until EOG / context)\n"
                     "  -a, --alias NAME     model name in /v1/models and answers (default: the file name)\n"
                     "  --max-body BYTES     largest request body (default %zu; 413 beyond)\n"
-                    "Threads default to the CPUs online minus one (at least 1), not 2 as below.\n"
                     "Request defaults come from the sampling options below (temperature 0.8 unless --temp);\n"
                     "requests without a seed get a random one unless --seed is given.\n%s",
             SERVER_MAX_BODY_DEFAULT, cli_common_help());
@@ -27,12 +25,6 @@ int tool_serve_main(int argc, char **argv) {
     struct cli_common c;
     cli_common_defaults(&c);
     c.temperature = 0.8f; /* llama.cpp's server default; --temp overrides */
-    /* leave a core to the HTTP threads and the clients' side of the work: on 2 cores under 64
-     * streaming clients, -t 2 was erratic (39 to 288 gen tok/s across runs) while -t 1 held
-     * 191-207 (docs/bench.md "Server load test"); a likely cause is the backend thread pool's
-     * spin-waits losing time slices to busy connection threads. -t overrides. */
-    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
-    c.n_threads = n_cpu > 2 ? (int)COTI_MIN(n_cpu - 1, 256) : 1;
     struct server_params p = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .max_body_bytes = SERVER_MAX_BODY_DEFAULT,
                               .n_predict = -1};
     long l;
