@@ -4,12 +4,12 @@
  * ids[i+1]. With --mtp the rows come from the NextN head instead, in llama.cpp's draft-mtp
  * convention: row i is fed the target's post-norm hidden at i-1 (zero for i = 0) and ids[i]. */
 #include <cjson/cJSON.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "equiv.h"
 #include "tokenizer.h"
 #include "tools.h"
 
@@ -41,26 +41,15 @@ static int parse_tokens(const char *s, int32_t **out, size_t *n) {
     return 0;
 }
 
-/* Top-n of one row as logprobs (log-softmax in double). */
+/* Top-n of one row as (id, logprob) pairs: the gate's own top-k (equiv.h), as JSON. */
 static cJSON *row_top(const float *x, int V, int n_top) {
-    double mx = -INFINITY;
-    for (int i = 0; i < V; i++) if (x[i] > mx) mx = x[i];
-    double sum = 0;
-    for (int i = 0; i < V; i++) sum += exp((double)x[i] - mx);
-    double lse = mx + log(sum);
-    int idx[64];
-    int k = 0;
-    for (int i = 0; i < V; i++) {
-        if (k < n_top) { idx[k++] = i; }
-        else if (x[i] > x[idx[k - 1]]) { idx[k - 1] = i; }
-        else continue;
-        for (int j = k - 1; j > 0 && x[idx[j]] > x[idx[j - 1]]; j--) { int t = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = t; }
-    }
+    struct equiv_row r;
+    equiv_row_from_logits(x, V, n_top, &r);
     cJSON *arr = cJSON_CreateArray();
-    for (int j = 0; j < k; j++) {
+    for (int j = 0; j < r.n; j++) {
         cJSON *e = cJSON_CreateArray();
-        cJSON_AddItemToArray(e, cJSON_CreateNumber(idx[j]));
-        cJSON_AddItemToArray(e, cJSON_CreateNumber(x[idx[j]] - lse));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(r.id[j]));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(r.logprob[j]));
         cJSON_AddItemToArray(arr, e);
     }
     return arr;
@@ -79,7 +68,7 @@ int tool_logits_main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!v) { usage(); return 1; } prompt = v; i += 2; }
         else if (!strcmp(a, "--tokens")) { if (!v) { usage(); return 1; } tokens_arg = v; i += 2; }
-        else if (!strcmp(a, "--top")) { if (cli_parse_int(a, v, 1, 64, &n_top)) return 1; i += 2; }
+        else if (!strcmp(a, "--top")) { if (cli_parse_int(a, v, 1, EQUIV_MAX_TOP, &n_top)) return 1; i += 2; }
         else if (!strcmp(a, "--json")) { json = true; i++; }
         else if (!strcmp(a, "--mtp")) { mtp = true; i++; }
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
