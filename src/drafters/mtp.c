@@ -28,7 +28,7 @@ struct mtp {
     float *h_chain;              /* backend memory, [1][E]: the head's last output hidden */
     int32_t *d_ids;              /* backend memory: argmax results */
     float *d_p;
-    int32_t *pos, *tok;          /* host, [cap] */
+    int32_t *pos, *tok, *seqv;   /* host, [cap] */
     bool *want;
     float *host_logits;          /* [n_vocab] for sampled drafts */
     struct sampler_cand *qbuf[SPEC_MAX_DRAFT];
@@ -44,7 +44,7 @@ static void mtp_free(struct drafter *d) {
     if (t->d_ids) be->free(be, t->d_ids);
     if (t->d_p) be->free(be, t->d_p);
     for (int i = 0; i < SPEC_MAX_DRAFT; i++) free(t->qbuf[i]);
-    free(t->seqs); free(t->pos); free(t->tok); free(t->want); free(t->host_logits);
+    free(t->seqs); free(t->pos); free(t->tok); free(t->seqv); free(t->want); free(t->host_logits);
     free(t);
 }
 
@@ -68,9 +68,8 @@ static int mtp_run_rows(struct mtp *t, int s, const int32_t *history, int n_rows
         t->tok[i] = history[q0 + i];
         t->want[i] = want_last && i == n_rows - 1;
     }
-    int32_t *seqv = t->tok + t->cap; /* second half of tok holds the sequence ids */
-    for (int i = 0; i < n_rows; i++) seqv[i] = s;
-    struct model_batch b = {.n = n_rows, .tokens = t->tok, .pos = t->pos, .seq = seqv, .want_logits = t->want};
+    for (int i = 0; i < n_rows; i++) t->seqv[i] = s;
+    struct model_batch b = {.n = n_rows, .tokens = t->tok, .pos = t->pos, .seq = t->seqv, .want_logits = t->want};
     return m->vt->mtp_forward(m, &b, t->seqs[s].staged, o, err, err_size);
 }
 
@@ -180,13 +179,14 @@ int drafter_mtp_init(struct drafter **out, struct model *m, char *err, size_t er
     struct backend *be = m->be;
     t->seqs = calloc((size_t)m->n_seq, sizeof *t->seqs);
     t->pos = malloc(sizeof(int32_t) * (size_t)t->cap);
-    t->tok = malloc(sizeof(int32_t) * (size_t)t->cap * 2);
+    t->tok = malloc(sizeof(int32_t) * (size_t)t->cap);
+    t->seqv = malloc(sizeof(int32_t) * (size_t)t->cap);
     t->want = malloc(sizeof(bool) * (size_t)t->cap);
     t->host_logits = malloc(sizeof(float) * (size_t)m->info.n_vocab);
     t->h_chain = be->alloc(be, sizeof(float) * (size_t)t->E * 2); /* row 1 stays zero */
     t->d_ids = be->alloc(be, sizeof(int32_t));
     t->d_p = be->alloc(be, sizeof(float));
-    bool ok = t->seqs && t->pos && t->tok && t->want && t->host_logits && t->h_chain && t->d_ids && t->d_p;
+    bool ok = t->seqs && t->pos && t->tok && t->seqv && t->want && t->host_logits && t->h_chain && t->d_ids && t->d_p;
     for (int i = 0; ok && i < SPEC_MAX_DRAFT; i++) ok = (t->qbuf[i] = malloc(sizeof(struct sampler_cand) * (size_t)m->info.n_vocab)) != NULL;
     for (int s = 0; ok && s < m->n_seq; s++) {
         t->seqs[s].staged = be->alloc(be, sizeof(float) * (size_t)t->E * t->cap);
