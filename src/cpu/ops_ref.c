@@ -2,6 +2,8 @@
 #include "cpu/ops.h"
 #include "quant.h"
 
+#include <math.h>
+
 static inline float vdot(const float *a, const float *b, int n) {
     float s = 0.0f;
     for (int i = 0; i < n; i++) s += a[i] * b[i];
@@ -15,8 +17,22 @@ static inline float vdot_f16(const float *a, const uint16_t *b, int n) {
 static inline void vaxpy(float *y, float a, const float *x, int n) { for (int i = 0; i < n; i++) y[i] += a * x[i]; }
 static inline void vaxpy_f16(float *y, float a, const uint16_t *x, int n) { for (int i = 0; i < n; i++) y[i] += a * fp16_to_f32(x[i]); }
 static inline void vscale(float *y, float a, int n) { for (int i = 0; i < n; i++) y[i] *= a; }
+/* x[i] = e^(x[i] - m); returns the sum */
+static inline float vexp_shift(float *x, int n, float m) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += (x[i] = expf(x[i] - m));
+    return s;
+}
+static void silu_ref(const float *x, float *y, int n) { for (int i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i])); }
+static void sigmoid_ref(const float *x, float *y, int n) { for (int i = 0; i < n; i++) y[i] = 1.0f / (1.0f + expf(-x[i])); }
+static int argmax_ref(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
 
 #define OPS_NAME(x) x##_ref
 #include "cpu/ops_body.h"
 
-const struct cpu_ops cpu_ops_ref = {attn_one_ref, gdn_head_ref, gdn_chunked_head_ref};
+const struct cpu_ops cpu_ops_ref = {attn_one_ref, gdn_head_ref, gdn_chunked_head_ref,
+                                    silu_ref, sigmoid_ref, argmax_ref};
