@@ -175,3 +175,28 @@ Test(backend_ops, activations_and_argmax_every_level) {
         cr_assert(isnan(y[0]), "level %d: silu(NaN)", li);
     }
 }
+
+/* The kernel-4 conv step: every level gives the reference's bits (same products, same order),
+ * for the output and the shifted state, with and without a 16-channel tail. */
+Test(backend_ops, conv4_token_every_level_bitwise) {
+    const struct cpu_ops *levels[] = {&cpu_ops_ref, &cpu_ops_avx512};
+    const int n_levels = quant_cpu_level_detect() >= QUANT_CPU_AVX512 ? 2 : 1;
+    enum { C = 1040 };
+    static float x[C], w[4 * C], st0[3 * C], st[3 * C], y[C], st_ref[3 * C], y_ref[C];
+    for (int n_ch = 1; n_ch <= C; n_ch += n_ch < 50 ? 1 : 331) {
+        fill(x, n_ch, 2.0f); fill(w, 4 * (size_t)n_ch, 1.0f); fill(st0, 3 * (size_t)n_ch, 2.0f);
+        memcpy(st_ref, st0, sizeof(float) * 3 * (size_t)n_ch);
+        for (int c = 0; c < n_ch; c++) {   /* the definition, written out */
+            y_ref[c] = 0.0f;
+            for (int i = 0; i < 3; i++) y_ref[c] += w[4 * c + i] * st_ref[3 * c + i];
+            y_ref[c] += w[4 * c + 3] * x[c];
+            st_ref[3 * c] = st_ref[3 * c + 1]; st_ref[3 * c + 1] = st_ref[3 * c + 2]; st_ref[3 * c + 2] = x[c];
+        }
+        for (int li = 0; li < n_levels; li++) {
+            memcpy(st, st0, sizeof(float) * 3 * (size_t)n_ch);
+            levels[li]->conv4_token(x, n_ch, w, st, y);
+            cr_assert(!memcmp(y, y_ref, sizeof(float) * (size_t)n_ch), "level %d n_ch %d: output", li, n_ch);
+            cr_assert(!memcmp(st, st_ref, sizeof(float) * 3 * (size_t)n_ch), "level %d n_ch %d: state", li, n_ch);
+        }
+    }
+}

@@ -310,7 +310,8 @@ static void cpu_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch
     for (int t = 0; t < n_tok; t++) {
         const float *xt = x + (size_t)t * n_ch;
         float *yt = y + (size_t)t * n_ch;
-        for (int c = 0; c < n_ch; c++) {
+        if (k == 4) cpu(be)->ops->conv4_token(xt, n_ch, w, state, yt);
+        else for (int c = 0; c < n_ch; c++) {
             float *st = state + (size_t)c * ks;
             const float *wc = w + (size_t)c * k;
             float s = 0.0f;

@@ -40,6 +40,9 @@ struct cpu_ops {
     /* y[i] = x[i] / (1 + e^-x[i]) and y[i] = 1 / (1 + e^-x[i]); y may be x */
     void (*silu)(const float *x, float *y, int n);
     void (*sigmoid)(const float *x, float *y, int n);
+    /* one token of the kernel-4 causal conv (the delta-net's): y[c] = Σ_i w[c][i] st[c][i] +
+     * w[c][3] x[c], summed in that order; st[c] = {st[c][1], st[c][2], x[c]} */
+    void (*conv4_token)(const float *x, int n_ch, const float *w, float *state, float *y);
     /* index of the first maximum (NaNs never win; 0 if x[0] is NaN) */
     int (*argmax)(const float *x, int n);
 };

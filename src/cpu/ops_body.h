@@ -1,6 +1,7 @@
 /* ops_body.h — kernel bodies shared by the reference and SIMD instances (see ops.h).
- * The including file defines the vector primitives vdot, vdot_f16, vaxpy, vaxpy_f16,
- * vscale and the OPS_NAME(x) suffix macro; the algorithms are written only here. */
+ * The including file defines the vector primitives vdot, vdot_f16, vdot_rows_f16, vaxpy,
+ * vaxpy_f16, vaxpy_rows_f16, vscale, vexp_shift and the OPS_NAME(x) suffix macro; the
+ * algorithms are written only here. */
 #include <math.h>
 #include <string.h>
 
@@ -19,12 +20,9 @@ static void OPS_NAME(attn_one)(const struct attn_job *j, int t, int h) {
     const int32_t c0 = j->cell0[t], n = j->n_ctx[t];
     for (int b0 = 0; b0 < n; b0 += ATTN_BLOCK) {
         const int nb = n - b0 < ATTN_BLOCK ? n - b0 : ATTN_BLOCK;
+        vdot_rows_f16(q, j->k + (size_t)(c0 + b0) * kvd + (size_t)hk * D, (size_t)kvd, nb, D, j->scale, p);
         float mb = m;
-        for (int c = 0; c < nb; c++) {
-            const uint16_t *kr = j->k + (size_t)(c0 + b0 + c) * kvd + (size_t)hk * D;
-            p[c] = vdot_f16(q, kr, D) * j->scale;
-            if (p[c] > mb) mb = p[c];
-        }
+        for (int c = 0; c < nb; c++) if (p[c] > mb) mb = p[c];
         if (mb > m) {
             const float corr = expf(m - mb);
             vscale(acc, corr, D);
@@ -32,8 +30,7 @@ static void OPS_NAME(attn_one)(const struct attn_job *j, int t, int h) {
             m = mb;
         }
         l += vexp_shift(p, nb, m);
-        for (int c = 0; c < nb; c++)
-            vaxpy_f16(acc, p[c], j->v + (size_t)(c0 + b0 + c) * kvd + (size_t)hk * D, D);
+        vaxpy_rows_f16(acc, p, j->v + (size_t)(c0 + b0) * kvd + (size_t)hk * D, (size_t)kvd, nb, D);
     }
     float *o = j->out + (size_t)t * j->n_head * D + (size_t)h * D;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
