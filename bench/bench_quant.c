@@ -16,7 +16,8 @@
  * Reported: median and 10th/90th percentile of the run time in µs, and GB/s of weight bytes
  * at the median and at the 10th percentile (the better guide on a machine shared with other
  * work); a memcpy measured in the same run (from DRAM, L3 and L2) gives the scale.
- * Shapes are n_in x n_out; a shape whose n_in is not a
+ * Where the level has a packed layout (quant_packed.c; what the CPU backend runs), it is timed
+ * too, as level "+pk". Shapes are n_in x n_out; a shape whose n_in is not a
  * multiple of the type's block is skipped (K-quants need n_in % 256 == 0). */
 #include "quant.h"
 
@@ -109,16 +110,23 @@ static bool validate(enum ggml_type t, const struct quant_kernels *k, int64_t n,
     return ok;
 }
 
+/* rb == 0: the pool holds packed copies (k->packed_gemm) */
+static void run_gemm(const struct quant_kernels *k, int64_t n, const uint8_t *w, size_t rb, int64_t n_out,
+                     const uint8_t *x, size_t xrb, int64_t n_tok, float *y) {
+    if (rb) k->gemm(n, w, rb, n_out, x, xrb, n_tok, y, n_out);
+    else k->packed_gemm(n, w, n_out, x, xrb, n_tok, y, n_out);
+}
+
 static struct stats time_gemm(const struct quant_kernels *k, int64_t n, const uint8_t *pool,
                               size_t wbytes, size_t copies, size_t rb, int64_t n_out,
                               const uint8_t *x, size_t xrb, int64_t n_tok, float *y) {
     double t[MAX_RUNS], total = 0;
     int runs = 0;
-    for (int i = 0; i < 2; i++) k->gemm(n, pool, rb, n_out, x, xrb, n_tok, y, n_out);   /* warm-up */
+    for (int i = 0; i < 2; i++) run_gemm(k, n, pool, rb, n_out, x, xrb, n_tok, y);   /* warm-up */
     while (runs < MAX_RUNS && (runs < MIN_RUNS || total < MIN_TIME_US)) {
         const uint8_t *w = pool + (size_t)runs % copies * wbytes;
         double t0 = now_us();
-        k->gemm(n, w, rb, n_out, x, xrb, n_tok, y, n_out);
+        run_gemm(k, n, w, rb, n_out, x, xrb, n_tok, y);
         double dt = now_us() - t0;
         total += dt;
         t[runs++] = dt;
@@ -147,7 +155,7 @@ int main(int argc, char **argv) {
            "L2 %.1f GB/s (1 MiB)\n",
            copy_gbps(pool, POOL_BYTES, 64u << 20, true), copy_gbps(pool, POOL_BYTES, 16u << 20, false),
            copy_gbps(pool, POOL_BYTES, 1u << 20, false));
-    printf("%-6s %-6s %-11s %4s | %9s %19s %6s %6s | %9s %19s %6s %6s\n", "type", "level", "shape",
+    printf("%-6s %-9s %-11s %4s | %9s %19s %6s %6s | %9s %19s %6s %6s\n", "type", "level", "shape",
            "tok", "hot us", "[p10 p90]", "GB/s", "@p10", "cold us", "[p10 p90]", "GB/s", "@p10");
 
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -181,19 +189,32 @@ int main(int argc, char **argv) {
                 }
                 for (int64_t tk = 0; tk < tmax; tk++) k.from_float(xf + tk * n, x + tk * xrb, n);
                 if (!validate(t, &k, n, pool, rb, n_out, x, xrb, 4, y)) continue;
-                for (size_t j = 0; j < sizeof toks / sizeof toks[0]; j++) {
-                    int64_t n_tok = toks[j];
-                    if (level == 0 && (double)n * n_out * n_tok > REF_MAX_MACS) continue;
-                    struct stats hot = time_gemm(&k, n, pool, wbytes, 1, rb, n_out, x, xrb, n_tok, y);
-                    struct stats cold = time_gemm(&k, n, pool, wbytes, copies, rb, n_out, x, xrb, n_tok, y);
-                    char shape[32];
-                    snprintf(shape, sizeof shape, "%ldx%ld", (long)n, (long)n_out);
-                    printf("%-6s %-6s %-11s %4ld | %9.1f [%8.1f %8.1f] %6.1f %6.1f | %9.1f [%8.1f %8.1f] %6.1f %6.1f\n",
-                           tr->name, lvl[level], shape, (long)n_tok, hot.med, hot.p10, hot.p90,
-                           (double)wbytes / hot.med / 1e3, (double)wbytes / hot.p10 / 1e3, cold.med,
-                           cold.p10, cold.p90, (double)wbytes / cold.med / 1e3,
-                           (double)wbytes / cold.p10 / 1e3);
-                    fflush(stdout);
+                /* the row-major kernel, then (where this level has one) the packed layout the
+                 * CPU backend uses, packed copies filling the same pool */
+                size_t psize = k.packed_size && level == (int)top ? k.packed_size(n, n_out) : 0;   /* last: it overwrites the pool */
+                for (int packed = 0; packed <= (psize > 0); packed++) {
+                    if (packed) {
+                        uint8_t *one = malloc(psize);
+                        k.pack(pool, rb, n, n_out, one);
+                        for (size_t c = 0; c < POOL_BYTES / psize; c++) memcpy(pool + c * psize, one, psize);
+                        free(one);
+                    }
+                    size_t bytes = packed ? psize : wbytes, n_copies = POOL_BYTES / bytes, stride = packed ? 0 : rb;
+                    for (size_t j = 0; j < sizeof toks / sizeof toks[0]; j++) {
+                        int64_t n_tok = toks[j];
+                        if (level == 0 && (double)n * n_out * n_tok > REF_MAX_MACS) continue;
+                        struct stats hot = time_gemm(&k, n, pool, bytes, 1, stride, n_out, x, xrb, n_tok, y);
+                        struct stats cold = time_gemm(&k, n, pool, bytes, n_copies, stride, n_out, x, xrb, n_tok, y);
+                        char shape[32], name[16];
+                        snprintf(shape, sizeof shape, "%ldx%ld", (long)n, (long)n_out);
+                        snprintf(name, sizeof name, "%s%s", lvl[level], packed ? "+pk" : "");
+                        printf("%-6s %-9s %-11s %4ld | %9.1f [%8.1f %8.1f] %6.1f %6.1f | %9.1f [%8.1f %8.1f] %6.1f %6.1f\n",
+                               tr->name, name, shape, (long)n_tok, hot.med, hot.p10, hot.p90,
+                               (double)wbytes / hot.med / 1e3, (double)wbytes / hot.p10 / 1e3, cold.med,
+                               cold.p10, cold.p90, (double)wbytes / cold.med / 1e3,
+                               (double)wbytes / cold.p10 / 1e3);
+                        fflush(stdout);
+                    }
                 }
             }
             free(src);
