@@ -288,8 +288,8 @@ struct attn_task { struct attn_job a; const struct cpu_ops *ops; };
 
 static void attn_worker(void *arg, int ith, int nth) {
     const struct attn_task *j = arg;
-    const int total = j->a.n_tok * j->a.n_head;
-    for (int i = ith; i < total; i += nth) j->ops->attn_one(&j->a, i / j->a.n_head, i % j->a.n_head);
+    const int total = j->a.n_tok * j->a.n_head_kv;
+    for (int i = ith; i < total; i += nth) j->ops->attn_group(&j->a, i / j->a.n_head_kv, i % j->a.n_head_kv);
 }
 
 static void cpu_attention(struct backend *be, const float *q, int q_stride, int q_head_stride,

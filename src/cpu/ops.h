@@ -31,8 +31,8 @@ struct gdn_chunk_scratch {
 };
 
 struct cpu_ops {
-    /* one (token, head) pair of attention */
-    void (*attn_one)(const struct attn_job *j, int t, int h);
+    /* attention of one token for all query heads of KV head hk */
+    void (*attn_group)(const struct attn_job *j, int t, int hk);
     /* one v-head over all tokens of the job, per-token recurrence */
     void (*gdn_head)(const struct gdn_job *j, int h);
     /* one v-head over all tokens of the job, chunked form */

@@ -1,9 +1,11 @@
 /* ops_avx512.c — the AVX-512 instance of ops_body.h: 16-lane dot/axpy primitives, f16
- * conversion by vcvtph2ps, a 16-lane e^x. Lengths not a multiple of 16 are finished with
+ * conversion by vcvtph2ps, a 16-lane e^x, a 16-way reduction tree. Lengths not a multiple of 16 are finished with
  * masked loads. */
 #include <immintrin.h>
 
 #include "cpu/ops.h"
+
+#define UNROLL16 _Pragma("GCC unroll 16")   /* keeps per-row accumulators in registers */
 
 static inline __mmask16 tail_mask(int r) { return (__mmask16)((1u << r) - 1u); }
 
@@ -21,16 +23,6 @@ static inline __m512 load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256
 static inline __m512 load_f16_mask(__mmask16 m, const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
-static inline float vdot_f16(const float *a, const uint16_t *b, int n) {
-    __m512 acc = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load_f16(b + i), acc);
-    if (i < n) {
-        __mmask16 m = tail_mask(n - i);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), load_f16_mask(m, b + i), acc);
-    }
-    return _mm512_reduce_add_ps(acc);
-}
 static inline void vaxpy(float *y, float a, const float *x, int n) {
     const __m512 va = _mm512_set1_ps(a);
     int i = 0;
@@ -38,15 +30,6 @@ static inline void vaxpy(float *y, float a, const float *x, int n) {
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
         _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
-    }
-}
-static inline void vaxpy_f16(float *y, float a, const uint16_t *x, int n) {
-    const __m512 va = _mm512_set1_ps(a);
-    int i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load_f16(x + i), _mm512_loadu_ps(y + i)));
-    if (i < n) {
-        __mmask16 m = tail_mask(n - i);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, load_f16_mask(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
     }
 }
 static inline void vscale(float *y, float a, int n) {
@@ -64,13 +47,13 @@ static inline void vscale(float *y, float a, int n) {
  * tree, lane 4q + e holds v[q + 4e]; the final permute puts v[i] in lane i. */
 static inline __m512 reduce16(const __m512 v[16]) {
     __m512 w[8], x[4], y[2];
-    for (int i = 0; i < 8; i++)
+    UNROLL16 for (int i = 0; i < 8; i++)
         w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int i = 0; i < 4; i++)
+    UNROLL16 for (int i = 0; i < 4; i++)
         x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                              _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    for (int i = 0; i < 2; i++)
+    UNROLL16 for (int i = 0; i < 2; i++)
         y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
     const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
@@ -79,39 +62,71 @@ static inline __m512 reduce16(const __m512 v[16]) {
     return _mm512_permutexvar_ps(to_row, r);
 }
 
-/* out[c] = (q · k row c) * scale for nb rows stride apart, 16 rows per reduction tree */
-static inline void vdot_rows_f16(const float *q, const uint16_t *k, size_t stride, int nb, int n,
-                                 float scale, float *out) {
+/* f16 rows (stride apart) to packed f32 rows of n */
+static inline void cvt_rows_f16(float *y, const uint16_t *x, size_t stride, int nb, int n) {
+    for (int c = 0; c < nb; c++) {
+        const uint16_t *xr = x + (size_t)c * stride;
+        float *yr = y + (size_t)c * n;
+        int i = 0;
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(yr + i, load_f16(xr + i));
+        if (i < n) _mm512_mask_storeu_ps(yr + i, tail_mask(n - i), load_f16_mask(tail_mask(n - i), xr + i));
+    }
+}
+
+/* out[c] = (q · row c of k) * scale for nb packed rows of n: 16 rows at a time, each with its
+ * own accumulator (16 independent FMA chains), then one reduction tree. Rows past nb re-read
+ * the first row and are not stored. */
+static inline void vdot_rows(const float *q, const float *k, int nb, int n, float scale, float *out) {
     for (int c0 = 0; c0 < nb; c0 += 16) {
         const int m = nb - c0 < 16 ? nb - c0 : 16;
+        const float *kr[16];
         __m512 v[16];
-        for (int r = 0; r < 16; r++) {
-            __m512 acc = _mm512_setzero_ps();
-            if (r < m) {
-                const uint16_t *kr = k + (size_t)(c0 + r) * stride;
-                int i = 0;
-                for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load_f16(kr + i), acc);
-                if (i < n) {
-                    __mmask16 t = tail_mask(n - i);
-                    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(t, q + i), load_f16_mask(t, kr + i), acc);
-                }
-            }
-            v[r] = acc;
+        UNROLL16 for (int r = 0; r < 16; r++) {
+            kr[r] = k + (size_t)(c0 + (r < m ? r : 0)) * n;
+            v[r] = _mm512_setzero_ps();
+        }
+        int i = 0;
+        for (; i + 16 <= n; i += 16) {
+            const __m512 qv = _mm512_loadu_ps(q + i);
+            UNROLL16 for (int r = 0; r < 16; r++) v[r] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kr[r] + i), v[r]);
+        }
+        if (i < n) {
+            const __mmask16 t = tail_mask(n - i);
+            const __m512 qv = _mm512_maskz_loadu_ps(t, q + i);
+            UNROLL16 for (int r = 0; r < 16; r++) v[r] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(t, kr[r] + i), v[r]);
         }
         _mm512_mask_storeu_ps(out + c0, m == 16 ? (__mmask16)0xFFFF : tail_mask(m),
                               _mm512_mul_ps(reduce16(v), _mm512_set1_ps(scale)));
     }
 }
 
-/* y += Σ_c a[c] x row c, one 16-float slice of y at a time kept in a register over all rows */
-static inline void vaxpy_rows_f16(float *y, const float *a, const uint16_t *x, size_t stride, int nb, int n) {
-    for (int i = 0; i < n; i += 16) {
-        const __mmask16 t = n - i >= 16 ? (__mmask16)0xFFFF : tail_mask(n - i);
-        __m512 acc = _mm512_maskz_loadu_ps(t, y + i);
-        for (int c = 0; c < nb; c++)
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(a[c]), load_f16_mask(t, x + (size_t)c * stride + i), acc);
-        _mm512_mask_storeu_ps(y + i, t, acc);
+/* y += Σ_c a[c] · row c of x (nb packed rows of n): up to 4 16-float slices of y kept in
+ * registers over all rows (four independent FMA chains; each element sums the rows in order) */
+static inline void vaxpy_rows(float *y, const float *a, const float *x, int nb, int n) {
+    for (int i0 = 0; i0 < n; i0 += 64) {
+        __m512 acc[4];
+        __mmask16 t[4];
+        UNROLL16 for (int s = 0; s < 4; s++) {
+            const int i = i0 + 16 * s;
+            t[s] = i >= n ? 0 : n - i >= 16 ? (__mmask16)0xFFFF : tail_mask(n - i);
+            acc[s] = _mm512_maskz_loadu_ps(t[s], y + i);
+        }
+        for (int c = 0; c < nb; c++) {
+            const __m512 ac = _mm512_set1_ps(a[c]);
+            const float *xr = x + (size_t)c * n + i0;
+            UNROLL16 for (int s = 0; s < 4; s++) acc[s] = _mm512_fmadd_ps(ac, _mm512_maskz_loadu_ps(t[s], xr + 16 * s), acc[s]);
+        }
+        UNROLL16 for (int s = 0; s < 4; s++) _mm512_mask_storeu_ps(y + i0 + 16 * s, t[s], acc[s]);
     }
+}
+
+/* max(init, x[0..n)); NaNs never win (vmaxps keeps the accumulator when the loaded lane is NaN) */
+static inline float vmax(const float *x, int n, float init) {
+    __m512 acc = _mm512_set1_ps(init);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) acc = _mm512_max_ps(_mm512_loadu_ps(x + i), acc);
+    if (i < n) acc = _mm512_mask_max_ps(acc, tail_mask(n - i), _mm512_maskz_loadu_ps(tail_mask(n - i), x + i), acc);
+    return _mm512_reduce_max_ps(acc);
 }
 
 /* e^x, 16 lanes: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so n ln2 is exact enough),
@@ -237,6 +252,6 @@ static int argmax_avx512(const float *x, int n) {
 #define OPS_NAME(x) x##_avx512
 #include "cpu/ops_body.h"
 
-const struct cpu_ops cpu_ops_avx512 = {attn_one_avx512, gdn_head_avx512, gdn_chunked_head_avx512,
+const struct cpu_ops cpu_ops_avx512 = {attn_group_avx512, gdn_head_avx512, gdn_chunked_head_avx512,
                                        silu_avx512, sigmoid_avx512, conv4_token_avx512,
                                        argmax_avx512};

@@ -1,40 +1,60 @@
 /* ops_body.h — kernel bodies shared by the reference and SIMD instances (see ops.h).
- * The including file defines the vector primitives vdot, vdot_f16, vdot_rows_f16, vaxpy,
- * vaxpy_f16, vaxpy_rows_f16, vscale, vexp_shift and the OPS_NAME(x) suffix macro; the
+ * The including file defines the vector primitives vdot, vdot_rows, vaxpy, vaxpy_rows,
+ * cvt_rows_f16, vscale, vmax, vexp_shift and the OPS_NAME(x) suffix macro; the
  * algorithms are written only here. */
 #include <math.h>
 #include <string.h>
 
-/* One (token, head) pair: softmax over the cached rows in blocks of ATTN_BLOCK, f32
- * accumulation: the scores of a block first, then one rescale of the running sum if the
- * block raised the maximum, then the block's exponentials in one vector pass. The result of
- * a (token, head) depends only on its own q and cache rows, never on the batch. */
+/* One token and one KV head: every query head of the group (GQA) over the cached rows, in
+ * blocks that are converted from f16 once and shared by the group's heads. Per head: the
+ * block's scores, one rescale of the running sum if the block raised the maximum, the block's
+ * exponentials in one vector pass, then the value sum. A (token, head)'s result depends only
+ * on its own q and cache rows, never on the batch. */
 #define ATTN_BLOCK 64
-static void OPS_NAME(attn_one)(const struct attn_job *j, int t, int h) {
-    const int D = j->head_dim, kvd = j->n_head_kv * D;
-    const int hk = h / (j->n_head / j->n_head_kv);
-    const float *q = j->q + (size_t)t * j->q_stride + (size_t)h * j->q_head_stride;
-    float acc[CPU_ATTN_MAX_HEAD_DIM], p[ATTN_BLOCK];
-    float m = -INFINITY, l = 0.0f;
-    memset(acc, 0, sizeof(float) * (size_t)D);
+#define ATTN_BLOCK_FLOATS 4096          /* f32 per converted block: 64 rows of 64, 8 of 512 */
+#define ATTN_HEADS_PER_PASS 8
+static void OPS_NAME(attn_group)(const struct attn_job *j, int t, int hk) {
+    const int D = j->head_dim, kvd = j->n_head_kv * D, G = j->n_head / j->n_head_kv;
+    const int blk = ATTN_BLOCK_FLOATS / D < ATTN_BLOCK ? ATTN_BLOCK_FLOATS / D : ATTN_BLOCK;
+    /* K and V blocks 64 bytes off a 4 KiB multiple from each other: loads from one then do
+     * not falsely wait on stores to the other (4K aliasing) */
+    float kv[2 * ATTN_BLOCK_FLOATS + 16], p[ATTN_BLOCK];
+    float *kf = kv, *vf = kv + ATTN_BLOCK_FLOATS + 16;
+    float acc[ATTN_HEADS_PER_PASS][CPU_ATTN_MAX_HEAD_DIM], m[ATTN_HEADS_PER_PASS], l[ATTN_HEADS_PER_PASS];
     const int32_t c0 = j->cell0[t], n = j->n_ctx[t];
-    for (int b0 = 0; b0 < n; b0 += ATTN_BLOCK) {
-        const int nb = n - b0 < ATTN_BLOCK ? n - b0 : ATTN_BLOCK;
-        vdot_rows_f16(q, j->k + (size_t)(c0 + b0) * kvd + (size_t)hk * D, (size_t)kvd, nb, D, j->scale, p);
-        float mb = m;
-        for (int c = 0; c < nb; c++) if (p[c] > mb) mb = p[c];
-        if (mb > m) {
-            const float corr = expf(m - mb);
-            vscale(acc, corr, D);
-            l *= corr;
-            m = mb;
+    for (int g0 = 0; g0 < G; g0 += ATTN_HEADS_PER_PASS) {
+        const int ng = G - g0 < ATTN_HEADS_PER_PASS ? G - g0 : ATTN_HEADS_PER_PASS;
+        for (int g = 0; g < ng; g++) {
+            m[g] = -INFINITY;
+            l[g] = 0.0f;
+            memset(acc[g], 0, sizeof(float) * (size_t)D);
         }
-        l += vexp_shift(p, nb, m);
-        vaxpy_rows_f16(acc, p, j->v + (size_t)(c0 + b0) * kvd + (size_t)hk * D, (size_t)kvd, nb, D);
+        for (int b0 = 0; b0 < n; b0 += blk) {
+            const int nb = n - b0 < blk ? n - b0 : blk;
+            const size_t row0 = (size_t)(c0 + b0) * kvd + (size_t)hk * D;
+            cvt_rows_f16(kf, j->k + row0, (size_t)kvd, nb, D);
+            cvt_rows_f16(vf, j->v + row0, (size_t)kvd, nb, D);
+            for (int g = 0; g < ng; g++) {
+                const int h = hk * G + g0 + g;
+                const float *q = j->q + (size_t)t * j->q_stride + (size_t)h * j->q_head_stride;
+                vdot_rows(q, kf, nb, D, j->scale, p);
+                const float mb = vmax(p, nb, m[g]);
+                if (mb > m[g]) {
+                    const float corr = expf(m[g] - mb);
+                    vscale(acc[g], corr, D);
+                    l[g] *= corr;
+                    m[g] = mb;
+                }
+                l[g] += vexp_shift(p, nb, m[g]);
+                vaxpy_rows(acc[g], p, vf, nb, D);
+            }
+        }
+        for (int g = 0; g < ng; g++) {
+            float *o = j->out + (size_t)t * j->n_head * D + (size_t)(hk * G + g0 + g) * D;
+            const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
+            for (int i = 0; i < D; i++) o[i] = acc[g][i] * inv;
+        }
     }
-    float *o = j->out + (size_t)t * j->n_head * D + (size_t)h * D;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (int i = 0; i < D; i++) o[i] = acc[i] * inv;
 }
 
 static void OPS_NAME(l2_normalize)(const float *x, float *y, int n, float eps) {

@@ -9,20 +9,22 @@ static inline float vdot(const float *a, const float *b, int n) {
     for (int i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
-static inline float vdot_f16(const float *a, const uint16_t *b, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * fp16_to_f32(b[i]);
-    return s;
-}
 static inline void vaxpy(float *y, float a, const float *x, int n) { for (int i = 0; i < n; i++) y[i] += a * x[i]; }
-static inline void vaxpy_f16(float *y, float a, const uint16_t *x, int n) { for (int i = 0; i < n; i++) y[i] += a * fp16_to_f32(x[i]); }
 static inline void vscale(float *y, float a, int n) { for (int i = 0; i < n; i++) y[i] *= a; }
-static inline void vdot_rows_f16(const float *q, const uint16_t *k, size_t stride, int nb, int n,
-                                 float scale, float *out) {
-    for (int c = 0; c < nb; c++) out[c] = vdot_f16(q, k + (size_t)c * stride, n) * scale;
+static inline void cvt_rows_f16(float *y, const uint16_t *x, size_t stride, int nb, int n) {
+    for (int c = 0; c < nb; c++)
+        for (int i = 0; i < n; i++) y[(size_t)c * n + i] = fp16_to_f32(x[(size_t)c * stride + i]);
 }
-static inline void vaxpy_rows_f16(float *y, const float *a, const uint16_t *x, size_t stride, int nb, int n) {
-    for (int c = 0; c < nb; c++) vaxpy_f16(y, a[c], x + (size_t)c * stride, n);
+static inline void vdot_rows(const float *q, const float *k, int nb, int n, float scale, float *out) {
+    for (int c = 0; c < nb; c++) out[c] = vdot(q, k + (size_t)c * n, n) * scale;
+}
+static inline void vaxpy_rows(float *y, const float *a, const float *x, int nb, int n) {
+    for (int c = 0; c < nb; c++) vaxpy(y, a[c], x + (size_t)c * n, n);
+}
+static inline float vmax(const float *x, int n, float init) {
+    float m = init;
+    for (int i = 0; i < n; i++) if (x[i] > m) m = x[i];
+    return m;
 }
 /* x[i] = e^(x[i] - m); returns the sum */
 static inline float vexp_shift(float *x, int n, float m) {
@@ -56,5 +58,5 @@ static int argmax_ref(const float *x, int n) {
 #define OPS_NAME(x) x##_ref
 #include "cpu/ops_body.h"
 
-const struct cpu_ops cpu_ops_ref = {attn_one_ref, gdn_head_ref, gdn_chunked_head_ref,
+const struct cpu_ops cpu_ops_ref = {attn_group_ref, gdn_head_ref, gdn_chunked_head_ref,
                                     silu_ref, sigmoid_ref, conv4_token_ref, argmax_ref};
