@@ -86,6 +86,19 @@ static void cuda_sync(struct backend *be) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
+static void cuda_mark(struct backend *be, int i) {
+    struct cuda_ctx *c = cuda_enter(be);
+    CUDA_CHECK(cudaEventRecord(c->marks[i], c->stream));
+}
+
+static double cuda_mark_elapsed_us(struct backend *be, int from, int to) {
+    struct cuda_ctx *c = cuda_enter(be);
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventSynchronize(c->marks[to]));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, c->marks[from], c->marks[to]));
+    return 1000.0 * ms;
+}
+
 /* The weight goes to device memory once, bytes unchanged (GGUF block layout, rows row_bytes
  * apart), plus CUDA_ALLOC_PAD readable bytes after the last row. */
 static int cuda_weight_init(struct backend *be, struct bweight *w, enum ggml_type type,
@@ -119,6 +132,7 @@ static void cuda_destroy(struct backend *be) {
     if (c->attn_part) CUDA_CHECK(cudaFree(c->attn_part));
     if (c->amax_part) CUDA_CHECK(cudaFree(c->amax_part));
     for (int i = 0; i < 2; i++) CUDA_CHECK(cudaEventDestroy(c->stage_ev[i]));
+    for (int i = 0; i < BACKEND_N_MARKS; i++) CUDA_CHECK(cudaEventDestroy(c->marks[i]));
     CUDA_CHECK(cudaFreeHost(c->stage));
     CUDA_CHECK(cudaStreamDestroy(c->stream));
     free(c);
@@ -173,6 +187,7 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     INIT_CALL(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     INIT_CALL(cudaEventCreateWithFlags(&c->stage_ev[0], cudaEventDisableTiming));
     INIT_CALL(cudaEventCreateWithFlags(&c->stage_ev[1], cudaEventDisableTiming));
+    for (int i = 0; i < BACKEND_N_MARKS; i++) INIT_CALL(cudaEventCreate(&c->marks[i]));
     INIT_CALL(cudaHostAlloc((void **)&c->stage, CUDA_STAGE_BYTES, cudaHostAllocDefault));
 
     be->name = "cuda";
@@ -201,6 +216,9 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->gdn = cuda_gdn;
     be->gdn_chunked = cuda_gdn_chunked;
     be->argmax = cuda_argmax;
+    be->accept_greedy = cuda_accept_greedy;
+    be->mark = cuda_mark;
+    be->mark_elapsed_us = cuda_mark_elapsed_us;
     be->destroy = cuda_destroy;
     return be;
 
@@ -208,6 +226,8 @@ fail:
     if (c->stage) cudaFreeHost(c->stage);
     if (c->stage_ev[0]) cudaEventDestroy(c->stage_ev[0]);
     if (c->stage_ev[1]) cudaEventDestroy(c->stage_ev[1]);
+    for (int i = 0; i < BACKEND_N_MARKS; i++)
+        if (c->marks[i]) cudaEventDestroy(c->marks[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
     (void)cudaGetLastError();
     free(c);

@@ -27,6 +27,7 @@ struct cuda_ctx {
     int stage_half;
     cudaEvent_t stage_ev[2];
     bool stage_ev_live[2];
+    cudaEvent_t marks[BACKEND_N_MARKS]; /* timing events of mark() */
     /* scratch, grown on first use (warm-up), never per call once sized */
     void *xq;          size_t xq_size;      /* converted matmul activations */
     void *attn_part;   size_t attn_part_size;
@@ -164,6 +165,7 @@ void cuda_kv_store(struct backend *be, const float *k, int k_stride, const float
                    int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache,
                    uint16_t *v_cache);
 void cuda_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max);
+void cuda_accept_greedy(struct backend *be, const int32_t *draft, const int32_t *target, int n_draft, int32_t *out);
 
 /* attention.cu */
 void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head_stride,

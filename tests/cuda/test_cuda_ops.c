@@ -24,7 +24,8 @@
  * - attention: q·k sums and the softmax merge are reordered; 1e-5 relative to max|v|.
  * - gdn / gdn_chunked: O(1) outputs after up to 70 steps of f32 rank-1 updates reordered
  *   (test_backend_ops.c bounds CPU f32 against f64 by 2e-5): 2e-5 absolute.
- * - argmax: the same index; p_max within 1e-6 relative (double sums on both sides). */
+ * - argmax: the same index; p_max within 1e-6 relative (double sums on both sides).
+ * - accept_greedy: bit-exact. mark: the time of 4 GiB of copies between two marks. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -599,6 +600,43 @@ static void test_argmax(int n_rows, int n) {
     free(x); free(ic); free(ig); free(pc); free(pg);
 }
 
+/* ---- accept_greedy ---------------------------------------------------------------------------- */
+
+/* draft = target with the first mismatch at `miss` (n_draft: none), against the CPU result. */
+static void test_accept_greedy(int n_draft, int miss) {
+    char shape[64];
+    int32_t draft[16], target[17], oc[18], og[18];
+    for (int i = 0; i <= n_draft; i++) target[i] = 1000 + 37 * i;
+    for (int i = 0; i < n_draft; i++) draft[i] = i == miss ? target[i] + 1 : target[i];
+    int32_t *dd = gdup(draft, sizeof draft), *dt = gdup(target, sizeof target);
+    int32_t *dout = galloc(sizeof og);
+    cpu->accept_greedy(cpu, draft, target, n_draft, oc);
+    gpu->accept_greedy(gpu, dd, dt, n_draft, dout);
+    gget(og, dout, sizeof(int32_t) * (size_t)(n_draft + 2));
+    snprintf(shape, sizeof shape, "%d drafts, first miss %d", n_draft, miss);
+    if (oc[0] != (miss < n_draft ? miss : n_draft)) { n_fail++; printf("FAIL accept_greedy %s: cpu a = %d\n", shape, oc[0]); }
+    check_bits("accept_greedy", shape, og, oc, sizeof(int32_t) * (size_t)(n_draft + 2));
+    gpu->free(gpu, dd); gpu->free(gpu, dt); gpu->free(gpu, dout);
+}
+
+/* marks around queued work: the elapsed time is that work's, not the host's call time */
+static void test_marks(void) {
+    const size_t n = (size_t)256 << 20;
+    void *a = galloc(n), *b = galloc(n);
+    gpu->sync(gpu);
+    gpu->mark(gpu, 0);
+    for (int i = 0; i < 8; i++) gpu->copy(gpu, b, a, n);
+    gpu->mark(gpu, 1);
+    gpu->mark(gpu, 2);
+    const double us = gpu->mark_elapsed_us(gpu, 0, 1), empty = gpu->mark_elapsed_us(gpu, 1, 2);
+    /* 4 GiB of traffic takes > 200 us on any device this backend runs on */
+    bool ok = us > 200.0 && us < 1e6 && empty >= 0.0 && empty < 100.0;
+    if (ok) n_pass++;
+    else n_fail++;
+    printf("%-5s %-14s %-44s %.1f us / %.1f us\n", ok ? "ok" : "FAIL", "mark", "8 x 256 MiB copies / nothing queued", us, empty);
+    gpu->free(gpu, a); gpu->free(gpu, b);
+}
+
 /* ---- memory ------------------------------------------------------------------------------------ */
 
 static void test_memory(void) {
@@ -807,6 +845,11 @@ int main(int argc, char **argv) {
     }
     if (want("gdn_chunked")) { test_gdn(true, 150, 2, 4, 128, 0); test_gdn(true, 64, 2, 4, 16, 0); }
     if (want("argmax")) { test_argmax(1, 248320); test_argmax(5, 1000); test_argmax(3, 4097); }
+    if (want("accept_greedy")) {
+        for (int n = 0; n <= 8; n += 4)
+            for (int miss = 0; miss <= n; miss++) test_accept_greedy(n, miss);
+    }
+    if (want("marks")) test_marks();
 
     printf("%d passed, %d failed\n", n_pass, n_fail);
     backend_free(cpu);
