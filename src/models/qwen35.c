@@ -436,6 +436,7 @@ struct run { int start, len, seq; };
 struct slice {
     int n, n_runs;
     const int32_t *tokens, *pos, *seq;
+    const int32_t *tokens_dev;   /* backend memory, instead of tokens */
     struct run runs[QWEN35_MAX_RUNS];
 };
 
@@ -512,7 +513,7 @@ static int slice_check(struct qwen35 *q, struct slice *sl, const int32_t *len, c
     for (int i = 0; i < sl->n; i++) {
         int s = sl->seq ? sl->seq[i] : 0;
         if (s < 0 || s >= m->n_seq) return coti_fail(err, err_size, COTI_E_ARG, "row %d: sequence %d out of range [0, %d)", i, s, m->n_seq);
-        if (sl->tokens[i] < 0 || sl->tokens[i] >= q->hp.n_vocab)
+        if (sl->tokens && (sl->tokens[i] < 0 || sl->tokens[i] >= q->hp.n_vocab))
             return coti_fail(err, err_size, COTI_E_ARG, "row %d: token %d out of range [0, %d)", i, sl->tokens[i], q->hp.n_vocab);
         if (i == 0 || s != sl->runs[sl->n_runs - 1].seq) {
             for (int r = 0; r < sl->n_runs; r++)
@@ -543,7 +544,8 @@ static void slice_upload(struct qwen35 *q, const struct slice *sl) {
         q->h_nctx[i] = sl->pos[i] + 1;
     }
     size_t bytes = sizeof(int32_t) * (size_t)sl->n;
-    be->upload(be, q->s.tokens, sl->tokens, bytes);
+    if (sl->tokens_dev) be->copy(be, q->s.tokens, sl->tokens_dev, bytes);
+    else be->upload(be, q->s.tokens, sl->tokens, bytes);
     be->upload(be, q->s.pos, sl->pos, bytes);
     be->upload(be, q->s.cells, q->h_cells, bytes);
     be->upload(be, q->s.cell0, q->h_cell0, bytes);
@@ -586,7 +588,8 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
     struct slice sl;
     for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
         sl.n = COTI_MIN(m->n_batch, b->n - i0);
-        sl.tokens = b->tokens + i0; sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
+        sl.tokens = b->tokens_dev ? NULL : b->tokens + i0; sl.tokens_dev = b->tokens_dev ? b->tokens_dev + i0 : NULL;
+        sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
         int rc = slice_check(q, &sl, len, err, err_size);
         if (rc) { free(len); return rc; }
         for (int r = 0; r < sl.n_runs; r++) len[sl.runs[r].seq] += sl.runs[r].len;
@@ -596,7 +599,8 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
     int n_logits = 0;
     for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
         sl.n = COTI_MIN(m->n_batch, b->n - i0);
-        sl.tokens = b->tokens + i0; sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
+        sl.tokens = b->tokens_dev ? NULL : b->tokens + i0; sl.tokens_dev = b->tokens_dev ? b->tokens_dev + i0 : NULL;
+        sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
         slice_check(q, &sl, m->seq_len, NULL, 0);
         const bool last_slice = i0 + sl.n == b->n;
         slice_upload(q, &sl);
@@ -636,7 +640,8 @@ static int qwen35_mtp_forward(struct model *m, const struct model_batch *b, cons
     if (!q->has_mtp) return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "model has no NextN head");
     if (b->n < 1 || b->n > m->n_batch)
         return coti_fail(err, err_size, COTI_E_ARG, "NextN batch of %d rows outside [1, %d]", b->n, m->n_batch);
-    struct slice sl = {.n = b->n, .tokens = b->tokens, .pos = b->pos, .seq = b->seq};
+    struct slice sl = {.n = b->n, .tokens = b->tokens_dev ? NULL : b->tokens, .tokens_dev = b->tokens_dev,
+                       .pos = b->pos, .seq = b->seq};
     int rc = slice_check(q, &sl, m->mtp_len, err, err_size);
     if (rc) return rc;
     slice_upload(q, &sl);
