@@ -119,6 +119,19 @@ struct backend {
     void (*mark)(struct backend *be, int i);
     double (*mark_elapsed_us)(struct backend *be, int from, int to);
 
+    /* Graphs — optional (NULL on backends whose ops run synchronously, like the CPU's): a
+     * recorded op sequence replayed with one call, for the launch-bound small batches of
+     * decode, drafting and verify. capture_begin: the ops queued until capture_end are
+     * recorded, not run. capture_end: a graph, or NULL when recording failed (the caller
+     * then runs the ops itself). graph_launch queues the recorded ops with the pointers and
+     * sizes they were recorded with — only device memory contents (metadata uploaded before
+     * the launch) may change between replays; it returns false, queuing nothing, when the
+     * graph is stale (the backend has since replaced scratch memory it uses): free it. */
+    void (*capture_begin)(struct backend *be);
+    void *(*capture_end)(struct backend *be);
+    bool (*graph_launch)(struct backend *be, void *graph);
+    void (*graph_free)(struct backend *be, void *graph);
+
     void (*destroy)(struct backend *be);
 };
 

@@ -99,6 +99,57 @@ static double cuda_mark_elapsed_us(struct backend *be, int from, int to) {
     return 1000.0 * ms;
 }
 
+/* ---- graphs ------------------------------------------------------------------------ */
+
+struct cuda_graph {
+    cudaGraphExec_t exec;
+    unsigned scratch_gen;        /* the scratch buffers it was recorded with */
+};
+
+static void cuda_capture_begin(struct backend *be) {
+    struct cuda_ctx *c = cuda_enter(be);
+    /* relaxed: kernel attribute queries of first launches are not stream work */
+    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed));
+    c->capturing = true;
+    c->capture_broken = false;
+}
+
+static void *cuda_capture_end(struct backend *be) {
+    struct cuda_ctx *c = cuda_enter(be);
+    cudaGraph_t graph = NULL;
+    CUDA_CHECK(cudaStreamEndCapture(c->stream, &graph));
+    c->capturing = false;
+    struct cuda_graph *g = NULL;
+    if (!c->capture_broken && (g = (struct cuda_graph *)calloc(1, sizeof *g))) {
+        if (cudaGraphInstantiate(&g->exec, graph, 0) == cudaSuccess) {
+            g->scratch_gen = c->scratch_gen;
+        } else {
+            (void)cudaGetLastError();
+            free(g);
+            g = NULL;
+        }
+    }
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    return g;
+}
+
+static bool cuda_graph_launch(struct backend *be, void *graph) {
+    struct cuda_ctx *c = cuda_enter(be);
+    struct cuda_graph *g = (struct cuda_graph *)graph;
+    if (g->scratch_gen != c->scratch_gen) return false;
+    CUDA_CHECK(cudaGraphLaunch(g->exec, c->stream));
+    return true;
+}
+
+static void cuda_graph_free(struct backend *be, void *graph) {
+    struct cuda_ctx *c = cuda_enter(be);
+    struct cuda_graph *g = (struct cuda_graph *)graph;
+    if (!g) return;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* a queued replay may still run it */
+    CUDA_CHECK(cudaGraphExecDestroy(g->exec));
+    free(g);
+}
+
 /* The weight goes to device memory once, bytes unchanged (GGUF block layout, rows row_bytes
  * apart), plus CUDA_ALLOC_PAD readable bytes after the last row. */
 static int cuda_weight_init(struct backend *be, struct bweight *w, enum ggml_type type,
@@ -219,6 +270,10 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->accept_greedy = cuda_accept_greedy;
     be->mark = cuda_mark;
     be->mark_elapsed_us = cuda_mark_elapsed_us;
+    be->capture_begin = cuda_capture_begin;
+    be->capture_end = cuda_capture_end;
+    be->graph_launch = cuda_graph_launch;
+    be->graph_free = cuda_graph_free;
     be->destroy = cuda_destroy;
     return be;
 

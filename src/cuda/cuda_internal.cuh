@@ -32,6 +32,10 @@ struct cuda_ctx {
     void *xq;          size_t xq_size;      /* converted matmul activations */
     void *attn_part;   size_t attn_part_size;
     void *amax_part;   size_t amax_part_size;
+    /* graph capture: a scratch buffer replaced while graphs exist makes them stale (they hold
+     * its old address); growth is impossible while capturing (it waits for the stream) */
+    unsigned scratch_gen;
+    bool capturing, capture_broken;
     /* device limits for sizing persistent grids */
     int smem_per_sm, smem_block_max, smem_reserved;
     /* registers of each matvec kernel (type slot, NT - 1, fused), read on first launch */
@@ -66,6 +70,11 @@ static inline struct cuda_ctx *cuda_enter(struct backend *be) {
  * old buffer may still be read by queued kernels), so it happens only while warming up. */
 static inline void *cuda_scratch(struct cuda_ctx *c, void **p, size_t *size, size_t need) {
     if (need <= *size) return *p;
+    if (c->capturing) { /* the recorded ops never run: capture_end discards them */
+        c->capture_broken = true;
+        return *p;
+    }
+    c->scratch_gen++;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     if (*p) CUDA_CHECK(cudaFree(*p));
     *p = NULL;

@@ -25,7 +25,8 @@
  * - gdn / gdn_chunked: O(1) outputs after up to 70 steps of f32 rank-1 updates reordered
  *   (test_backend_ops.c bounds CPU f32 against f64 by 2e-5): 2e-5 absolute.
  * - argmax: the same index; p_max within 1e-6 relative (double sums on both sides).
- * - accept_greedy: bit-exact. mark: the time of 4 GiB of copies between two marks. */
+ * - accept_greedy: bit-exact. mark: the time of 4 GiB of copies between two marks.
+ * - graphs: a replay equals the op run eagerly, bit for bit. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -637,6 +638,57 @@ static void test_marks(void) {
     gpu->free(gpu, a); gpu->free(gpu, b);
 }
 
+/* ---- graphs ------------------------------------------------------------------------------------ */
+
+static void expect(bool ok, const char *what) {
+    ok ? n_pass++ : n_fail++;
+    printf("%-5s %-14s %s\n", ok ? "ok" : "FAIL", "graph", what);
+}
+
+/* Recording runs nothing; a replay reads the inputs' current contents; a graph whose scratch
+ * buffer the backend has since replaced is refused; a recording that would need more scratch
+ * than there is fails cleanly. */
+static void test_graphs(void) {
+    const int n = 1000;
+    float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
+    float *ref = xmalloc(sizeof(float) * n);
+    fill(a, n, 1.0f);
+    fill(b, n, 1.0f);
+    float *da = gdup(a, sizeof(float) * n), *db = gdup(b, sizeof(float) * n), *dy = galloc(sizeof(float) * n);
+    gpu->capture_begin(gpu);
+    gpu->add(gpu, da, db, n, dy);
+    void *g = gpu->capture_end(gpu);
+    gget(y, dy, sizeof(float) * n);
+    expect(g && y[0] == 0.0f && y[n - 1] == 0.0f, "recording runs nothing");
+    for (int round = 0; round < 2; round++) {
+        if (round) { fill(a, n, 2.0f); gpu->upload(gpu, da, a, sizeof(float) * n); }
+        bool launched = g && gpu->graph_launch(gpu, g);
+        gget(y, dy, sizeof(float) * n);
+        cpu->add(cpu, a, b, n, ref);
+        expect(launched && !memcmp(y, ref, sizeof(float) * n), round ? "replay reads new input contents" : "replay computes the op");
+    }
+    if (g) gpu->graph_free(gpu, g);
+
+    /* argmax uses scratch: record a small one, then make the backend grow that scratch */
+    const int rows = 4000, cols = 8192;
+    float *big = galloc(sizeof(float) * (size_t)rows * cols);
+    int32_t *ids = galloc(sizeof(int32_t) * rows);
+    gpu->argmax(gpu, da, 1, n, ids, NULL);
+    gpu->capture_begin(gpu);
+    gpu->argmax(gpu, da, 1, n, ids, NULL);
+    g = gpu->capture_end(gpu);
+    gpu->capture_begin(gpu);
+    gpu->argmax(gpu, big, rows, cols, ids, NULL);
+    void *too_big = gpu->capture_end(gpu);
+    expect(g && !too_big, "a recording that needs more scratch fails");
+    gpu->argmax(gpu, big, rows, cols, ids, NULL);
+    expect(g && !gpu->graph_launch(gpu, g), "a graph over replaced scratch is refused");
+    if (g) gpu->graph_free(gpu, g);
+    gpu->sync(gpu);
+    gpu->free(gpu, da); gpu->free(gpu, db); gpu->free(gpu, dy); gpu->free(gpu, big); gpu->free(gpu, ids);
+    free(a); free(b); free(y); free(ref);
+}
+
 /* ---- memory ------------------------------------------------------------------------------------ */
 
 static void test_memory(void) {
@@ -850,6 +902,7 @@ int main(int argc, char **argv) {
             for (int miss = 0; miss <= n; miss++) test_accept_greedy(n, miss);
     }
     if (want("marks")) test_marks();
+    if (want("graphs")) test_graphs();
 
     printf("%d passed, %d failed\n", n_pass, n_fail);
     backend_free(cpu);
