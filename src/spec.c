@@ -291,6 +291,7 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     int32_t next = -1;
     if (greedy) {
         a = acc[0];
+        if (a < 0 || a > k) return coti_fail(err, err_size, COTI_E_RANGE, "backend accepted %d of %d drafts", a, k);
         for (int i = 0; i < a; i++) dr.tokens[i] = acc[1 + i];
         next = acc[1 + a];
     }
