@@ -21,6 +21,7 @@ struct bweight {
     int64_t n_in, n_out;
     size_t row_bytes;
     const void *data;            /* backend memory */
+    bool repacked;               /* data is the backend's own copy in a layout of its choice */
 };
 
 struct backend {

@@ -31,6 +31,8 @@ struct model_batch {
     const bool *want_logits;     /* host; NULL = only the last row */
     bool keep_states;            /* recurrent layers keep the state after every token of the
                                     last run of each sequence, so model_seq_rollback works */
+    bool draft_head;             /* NextN only: logits from the model's cheaper draft copy of
+                                    the LM head, where it has one (drafting; the target checks) */
 };
 
 /* Results of the last forward, in backend memory; valid until the next forward. */

@@ -68,7 +68,20 @@ struct quant_kernels {
     void (*gemm)(int64_t n, const void *w, size_t row_bytes, int64_t n_out,
                  const void *x, size_t x_row_bytes, int64_t n_tok, float *y, int64_t ldy);
     void (*dequantize_row)(const void *src, float *dst, int64_t n);
+    /* Optional (NULL where this level has none): a repacked weight layout for a faster gemm,
+     * built once at load (quant_packed.c describes it). packed_size is 0 when W cannot be
+     * packed (n_out not a multiple of QUANT_PACK_ROWS, rows too long). packed_gemm has gemm's
+     * contract with wp the packed bytes of output rows [0, n_out), n_out a multiple of
+     * QUANT_PACK_ROWS; packed_row dequantizes row o. */
+    size_t (*packed_size)(int64_t n, int64_t n_out);
+    void (*pack)(const void *w, size_t row_bytes, int64_t n, int64_t n_out, void *wp);
+    void (*packed_gemm)(int64_t n, const void *wp, int64_t n_out, const void *x,
+                        size_t x_row_bytes, int64_t n_tok, float *y, int64_t ldy);
+    void (*packed_row)(const void *wp, int64_t n, int64_t o, float *dst);
 };
+
+/* Output rows per group of a packed weight: callers split packed weights on these bounds. */
+#define QUANT_PACK_ROWS 16
 /* Returns false if the type is not supported; out is filled with the best kernels <= level
  * (and <= quant_cpu_level_detect(), whatever level asks for). */
 bool quant_kernels_get(enum ggml_type t, enum quant_cpu_level level, struct quant_kernels *out);

@@ -603,11 +603,23 @@ void quant_kernels_fill_avx512(enum ggml_type t, struct quant_kernels *k) {
     case GGML_TYPE_F32: k->gemm = f32_gemm; break;
     case GGML_TYPE_F16: k->gemm = f16_gemm; break;
     case GGML_TYPE_BF16: k->gemm = bf16_gemm; break;
-    case GGML_TYPE_Q4_0: k->gemm = q4_0_gemm; break;
+    case GGML_TYPE_Q4_0:
+        k->gemm = q4_0_gemm;
+        k->packed_size = quant_q4_0_packed_size;
+        k->pack = quant_q4_0_pack;
+        k->packed_gemm = quant_q4_0_packed_gemm_avx512;
+        k->packed_row = quant_q4_0_packed_row;
+        break;
     case GGML_TYPE_Q4_1: k->gemm = q4_1_gemm; break;
     case GGML_TYPE_Q5_0: k->gemm = q5_0_gemm; break;
     case GGML_TYPE_Q5_1: k->gemm = q5_1_gemm; break;
-    case GGML_TYPE_Q8_0: k->gemm = q8_0_gemm; break;
+    case GGML_TYPE_Q8_0:
+        k->gemm = q8_0_gemm;
+        k->packed_size = quant_q8_0_packed_size;
+        k->pack = quant_q8_0_pack;
+        k->packed_gemm = quant_q8_0_packed_gemm_avx512;
+        k->packed_row = quant_q8_0_packed_row;
+        break;
     case GGML_TYPE_Q2_K: k->gemm = q2_K_gemm; break;
     case GGML_TYPE_Q3_K: k->gemm = q3_K_gemm; break;
     case GGML_TYPE_Q4_K: k->gemm = q4_K_gemm; break;

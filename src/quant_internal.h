@@ -179,6 +179,22 @@ static inline void quant_gemm_drive(const quant_tile_fn *tiles, int rmax, int tm
         quant_gemm_drive(NAME##_tiles, RMAX, TMAX, n, w, rb, n_out, x, xrb, n_tok, y, ldy);    \
     }
 
+/* Packed Q8_0 / Q4_0 weights (layouts in quant_packed.c): the scalar half there, the gemms
+ * in quant_packed_avx512.c. */
+#define QUANT_PACKED_BLOCK (32 + QUANT_PACK_ROWS * 32)      /* Q8_0 bytes per block of 16 rows */
+#define QUANT_PACKED_BLOCK_Q4 (32 + QUANT_PACK_ROWS * 16)   /* Q4_0 */
+#define QUANT_PACKED_MAX_N 32768   /* longer rows stay unpacked: bounds the kernel's scratch */
+size_t quant_q8_0_packed_size(int64_t n, int64_t n_out);
+void quant_q8_0_pack(const void *w, size_t row_bytes, int64_t n, int64_t n_out, void *wp);
+void quant_q8_0_packed_row(const void *wp, int64_t n, int64_t o, float *dst);
+void quant_q8_0_packed_gemm_avx512(int64_t n, const void *wp, int64_t n_out, const void *x,
+                                   size_t x_row_bytes, int64_t n_tok, float *y, int64_t ldy);
+size_t quant_q4_0_packed_size(int64_t n, int64_t n_out);
+void quant_q4_0_pack(const void *w, size_t row_bytes, int64_t n, int64_t n_out, void *wp);
+void quant_q4_0_packed_row(const void *wp, int64_t n, int64_t o, float *dst);
+void quant_q4_0_packed_gemm_avx512(int64_t n, const void *wp, int64_t n_out, const void *x,
+                                   size_t x_row_bytes, int64_t n_tok, float *y, int64_t ldy);
+
 #define QUANT_ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* Per-level kernel tables. Each overwrites only the members it implements for type t and

@@ -119,6 +119,88 @@ Test(backend_ops, attention_matches_f64_reference) {
     }
 }
 
+/* The exp-based activations and argmax of every kernel table this CPU can run, against
+ * double-precision formulas / the plain scan: random values over the whole useful range,
+ * lengths with and without a 16-lane tail, and the edges (±large, ±0, NaN, ties). */
+#include "cpu/ops.h"
+
+static double max_rel_err(const float *got, const double *want, int n) {
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double d = fabs(got[i] - want[i]), s = fmax(fabs(want[i]), 1e-30);
+        if (d / s > worst) worst = d / s;
+    }
+    return worst;
+}
+
+Test(backend_ops, activations_and_argmax_every_level) {
+    const struct cpu_ops *levels[] = {&cpu_ops_ref, &cpu_ops_avx512};
+    const int n_levels = quant_cpu_level_detect() >= QUANT_CPU_AVX512 ? 2 : 1;
+    enum { N = 1000 };
+    float x[N], y[N];
+    double want[N];
+    for (int li = 0; li < n_levels; li++) {
+        const struct cpu_ops *o = levels[li];
+        for (int len = 1; len <= N; len += len < 40 ? 1 : 97) {
+            fill(x, (size_t)len, 30.0f);
+            x[0] = len % 2 ? 95.0f : -95.0f;                       /* e^-x over/underflows */
+            if (len > 2) x[1] = 0.0f, x[2] = -0.0f;
+            o->silu(x, y, len);
+            for (int i = 0; i < len; i++) want[i] = x[i] / (1.0 + exp(-(double)x[i]));
+            cr_assert_leq(max_rel_err(y, want, len), 4e-7, "level %d silu len %d", li, len);
+            o->sigmoid(x, y, len);
+            for (int i = 0; i < len; i++) want[i] = 1.0 / (1.0 + exp(-(double)x[i]));
+            cr_assert_leq(max_rel_err(y, want, len), 4e-7, "level %d sigmoid len %d", li, len);
+            memcpy(y, x, sizeof(float) * (size_t)len);              /* in place */
+            o->silu(y, y, len);
+            for (int i = 0; i < len; i++) want[i] = x[i] / (1.0 + exp(-(double)x[i]));
+            cr_assert_leq(max_rel_err(y, want, len), 4e-7, "level %d silu in place len %d", li, len);
+
+            /* argmax: the first of tied maxima, NaNs skipped, like the scalar scan */
+            int expect = 0;
+            for (int i = 1; i < len; i++) if (x[i] > x[expect]) expect = i;
+            cr_assert_eq(o->argmax(x, len), expect, "level %d argmax len %d", li, len);
+            if (len > 20) {
+                x[len - 1] = x[expect];
+                x[len / 2] = NAN;
+                int e2 = 0;
+                for (int i = 1; i < len; i++) if (x[i] > x[e2]) e2 = i;
+                cr_assert_eq(o->argmax(x, len), e2, "level %d argmax tie/NaN len %d", li, len);
+            }
+        }
+        x[0] = NAN;
+        x[1] = 1.0f;
+        cr_assert_eq(o->argmax(x, 2), 0, "level %d: leading NaN", li);
+        o->silu(x, y, 2);
+        cr_assert(isnan(y[0]), "level %d: silu(NaN)", li);
+    }
+}
+
+/* The kernel-4 conv step: every level gives the reference's bits (same products, same order),
+ * for the output and the shifted state, with and without a 16-channel tail. */
+Test(backend_ops, conv4_token_every_level_bitwise) {
+    const struct cpu_ops *levels[] = {&cpu_ops_ref, &cpu_ops_avx512};
+    const int n_levels = quant_cpu_level_detect() >= QUANT_CPU_AVX512 ? 2 : 1;
+    enum { C = 1040 };
+    static float x[C], w[4 * C], st0[3 * C], st[3 * C], y[C], st_ref[3 * C], y_ref[C];
+    for (int n_ch = 1; n_ch <= C; n_ch += n_ch < 50 ? 1 : 331) {
+        fill(x, n_ch, 2.0f); fill(w, 4 * (size_t)n_ch, 1.0f); fill(st0, 3 * (size_t)n_ch, 2.0f);
+        memcpy(st_ref, st0, sizeof(float) * 3 * (size_t)n_ch);
+        for (int c = 0; c < n_ch; c++) {   /* the definition, written out */
+            y_ref[c] = 0.0f;
+            for (int i = 0; i < 3; i++) y_ref[c] += w[4 * c + i] * st_ref[3 * c + i];
+            y_ref[c] += w[4 * c + 3] * x[c];
+            st_ref[3 * c] = st_ref[3 * c + 1]; st_ref[3 * c + 1] = st_ref[3 * c + 2]; st_ref[3 * c + 2] = x[c];
+        }
+        for (int li = 0; li < n_levels; li++) {
+            memcpy(st, st0, sizeof(float) * 3 * (size_t)n_ch);
+            levels[li]->conv4_token(x, n_ch, w, st, y);
+            cr_assert(!memcmp(y, y_ref, sizeof(float) * (size_t)n_ch), "level %d n_ch %d: output", li, n_ch);
+            cr_assert(!memcmp(st, st_ref, sizeof(float) * 3 * (size_t)n_ch), "level %d n_ch %d: state", li, n_ch);
+        }
+    }
+}
+
 /* The accepted count is the first mismatch (or every draft); the target's ids follow, the
  * last of them being the token after the accepted prefix. */
 Test(backend_ops, accept_greedy_stops_at_first_mismatch) {

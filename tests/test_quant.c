@@ -11,6 +11,8 @@
  *   from_float     fast activation conversion == reference bytes (finite inputs)
  *   gemm_vs_ref    fast gemm vs the reference dot, error bound from f32 summation
  *   gemm_bits      gemm output bit-identical whatever n_tok and the n_out split
+ *   packed_*       packed Q8_0 weights: gemm bit-identical to the reference dot, rows dequantize
+ *                  exactly, which shapes pack
  *
  * Inputs come from a seeded generator (never zeros or constants, except the blocks that test
  * the zero path on purpose); a failure message names type, level and shape. */
@@ -758,6 +760,89 @@ Test(quant, gemm_bits_independent_of_batch_and_split, .timeout = 120) {
         }
     }
     free(wf); free(xf); free(w); free(x); free(full); free(part);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Packed weights (the levels that have them). */
+
+static bool packed_kernels(enum ggml_type t, struct quant_kernels *k) {
+    return quant_kernels_get(t, quant_cpu_level_detect(), k) && k->packed_gemm;
+}
+
+/* Q8_0 and Q4_0. The packed gemm computes each output exactly as quant_vec_dot_ref does, so the comparison
+ * is bitwise; shapes cover one and several groups, short and long rows (the longest uses a
+ * chunk of 8 activation rows and one group per cache block, so 20 rows span three chunks). */
+Test(quant, packed_gemm_bits_equal_reference, .timeout = 120) {
+    const enum ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
+    uint64_t s = 41;
+    for (size_t ti = 0; ti < 2; ti++) {
+        const enum ggml_type ty = types[ti];
+        struct quant_kernels k;
+        if (!packed_kernels(ty, &k)) cr_skip_test("no packed kernels at this CPU level");
+        const struct { int64_t n, n_out; int n_tok[6]; } shapes[] = {
+            {32, 16, {1, 2, 3, 8, 9, 17}}, {96, 48, {1, 4, 5, 7, 16, 33}},
+            {384, 32, {1, 2, 3, 4, 8, 40}}, {1152, 16, {1, 2, 6, 9, 11, 12}},
+            {32768, 32, {1, 3, 8, 9, 20, 20}},
+        };
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t n = shapes[si].n, n_out = shapes[si].n_out, TOK = 40;
+            const size_t rb = ggml_row_size(ty, n), xrb = ggml_row_size(GGML_TYPE_Q8_0, n);
+            float *wf = malloc(sizeof(float) * (size_t)(n * n_out)), *xf = malloc(sizeof(float) * (size_t)(n * TOK));
+            float *y = malloc(sizeof(float) * (size_t)((n_out + 5) * TOK)), *row = malloc(sizeof(float) * (size_t)n);
+            float *want_row = malloc(sizeof(float) * (size_t)n);
+            uint8_t *w = malloc(rb * (size_t)n_out), *x = malloc(xrb * TOK);
+            size_t psize = k.packed_size(n, n_out);
+            cr_assert_eq(psize, rb * (size_t)n_out, "%s n=%ld: packed size %zu", tname(ty), (long)n, psize);
+            uint8_t *wp = malloc(psize);
+            fill_uniform(&s, wf, n * n_out);
+            fill_act(&s, xf, n * TOK);
+            quantize_rows(ty, wf, w, n, n_out);
+            quantize_rows(GGML_TYPE_Q8_0, xf, x, n, TOK);
+            k.pack(w, rb, n, n_out, wp);
+            for (int64_t o = 0; o < n_out; o++) {
+                k.packed_row(wp, n, o, row);
+                quant_dequantize_row_ref(ty, w + o * rb, want_row, n);
+                cr_assert(!memcmp(row, want_row, sizeof(float) * (size_t)n), "%s n=%ld: packed row %ld", tname(ty), (long)n, (long)o);
+            }
+            for (int i = 0; i < 6; i++) {
+                const int64_t n_tok = shapes[si].n_tok[i], ldy = n_out + 5;
+                for (int64_t j = 0; j < ldy * n_tok; j++) y[j] = -12345.0f;
+                /* the second half of the groups on its own, the way the backend splits them */
+                const int64_t cut = n_out / QUANT_PACK_ROWS / 2 * QUANT_PACK_ROWS;
+                if (cut) k.packed_gemm(n, wp, cut, x, xrb, n_tok, y, ldy);
+                k.packed_gemm(n, wp + k.packed_size(n, QUANT_PACK_ROWS) * (size_t)(cut / QUANT_PACK_ROWS),
+                              n_out - cut, x, xrb, n_tok, y + cut, ldy);
+                for (int64_t t = 0; t < n_tok; t++) {
+                    for (int64_t o = 0; o < n_out; o++) {
+                        float want = quant_vec_dot_ref(ty, w + o * rb, x + t * xrb, n);
+                        cr_assert_eq(f32_bits(y[t * ldy + o]), f32_bits(want),
+                                     "%s n=%ld n_out=%ld n_tok=%ld: y[%ld][%ld] = %.9g, ref %.9g", tname(ty), (long)n,
+                                     (long)n_out, (long)n_tok, (long)t, (long)o, y[t * ldy + o], want);
+                    }
+                    for (int64_t o = n_out; o < ldy; o++) cr_assert_eq(y[t * ldy + o], -12345.0f, "wrote outside y");
+                }
+            }
+            free(wf); free(xf); free(y); free(row); free(want_row); free(w); free(x); free(wp);
+        }
+    }
+}
+
+Test(quant, packed_shapes) {
+    struct quant_kernels k;
+    if (!packed_kernels(GGML_TYPE_Q8_0, &k)) cr_skip_test("no packed kernels at this CPU level");
+    cr_expect_eq(k.packed_size(384, 8), 0);         /* not whole groups: stays row-major */
+    cr_expect_eq(k.packed_size(384, 24), 0);
+    cr_expect_eq(k.packed_size(40, 16), 0);         /* not whole blocks */
+    cr_expect_eq(k.packed_size(32768 + 32, 16), 0); /* longer than the kernel's scratch */
+    cr_expect_eq(k.packed_size(0, 16), 0);
+    cr_expect_gt(k.packed_size(384, 16384), 0);
+    struct quant_kernels k4;
+    cr_assert(packed_kernels(GGML_TYPE_Q4_0, &k4));
+    cr_expect_eq(k4.packed_size(384, 16), ggml_row_size(GGML_TYPE_Q4_0, 384) * 16);
+    cr_expect_eq(k4.packed_size(384, 8), 0);
+    struct quant_kernels r;
+    cr_assert(quant_kernels_get(GGML_TYPE_Q8_0, QUANT_CPU_REF, &r));
+    cr_expect(r.packed_gemm == NULL && r.pack == NULL, "the reference level keeps row-major weights");
 }
 
 /* Level clamping: asking for more than the CPU has gives the best it has, never a crash. */

@@ -45,23 +45,40 @@ static void cpu_memcpy(struct backend *be, void *dst, const void *src, size_t by
 }
 static void cpu_sync(struct backend *be) {}
 
+/* Weights are used in place from the mapping, unless the kernels of this CPU level have a
+ * packed layout for the type (quant_packed.c): then the backend keeps a repacked copy. */
 static int cpu_weight_init(struct backend *be, struct bweight *w, enum ggml_type type,
                            int64_t n_in, int64_t n_out, const void *host_data) {
     if (!cpu(be)->have_kernels[type]) return COTI_E_UNSUPPORTED;
+    const struct quant_kernels *k = &cpu(be)->kernels[type];
     w->type = type;
     w->n_in = n_in;
     w->n_out = n_out;
     w->row_bytes = ggml_row_size(type, n_in);
-    w->data = host_data; /* used in place from the mapping */
-    return w->row_bytes ? 0 : COTI_E_FORMAT;
+    w->data = host_data;
+    w->repacked = false;
+    if (!w->row_bytes) return COTI_E_FORMAT;
+    size_t packed = k->packed_size ? k->packed_size(n_in, n_out) : 0;
+    if (packed) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, packed) != 0) return COTI_E_NOMEM;
+        k->pack(host_data, w->row_bytes, n_in, n_out, p);
+        w->data = p;
+        w->repacked = true;
+    }
+    return 0;
 }
-static void cpu_weight_free(struct backend *be, struct bweight *w) { w->data = NULL; }
+static void cpu_weight_free(struct backend *be, struct bweight *w) {
+    if (w->repacked) free((void *)w->data);
+    w->data = NULL;
+    w->repacked = false;
+}
 
 /* ---- matmul ------------------------------------------------------------------------ */
 
 /* Rows handed to one thread at a time are a multiple of this, so threads do not share
  * cache lines of y and kernels get whole tiles. */
-#define CPU_MATMUL_ROW_QUANTUM 16
+#define CPU_MATMUL_ROW_QUANTUM QUANT_PACK_ROWS   /* also whole groups of a packed weight */
 
 struct matmul_job {
     struct cpu_ctx *c;
@@ -71,25 +88,35 @@ struct matmul_job {
     const size_t *x_row_bytes;
     int n_w;
     int n_tok;
-    int64_t total_rows;
+    int64_t total_quanta;
 };
 
+/* Rows [lo, hi) of weight w; lo and hi are multiples of the row quantum or n_out, which for a
+ * packed weight are whole groups. */
+static void matmul_rows(const struct quant_kernels *k, const struct bweight *w, int64_t lo, int64_t hi,
+                        const void *x, size_t x_row_bytes, int n_tok, float *y) {
+    if (w->repacked)
+        k->packed_gemm(w->n_in, (const uint8_t *)w->data + k->packed_size(w->n_in, lo) /* rows before lo */, hi - lo, x,
+                       x_row_bytes, n_tok, y + lo, w->n_out);
+    else
+        k->gemm(w->n_in, (const uint8_t *)w->data + (size_t)lo * w->row_bytes, w->row_bytes, hi - lo,
+                x, x_row_bytes, n_tok, y + lo, w->n_out);
+}
+
+/* Each weight's rows are cut into quanta counted from its own row 0; thread ith takes a
+ * contiguous run of the quanta of all weights. */
 static void matmul_worker(void *arg, int ith, int nth) {
     struct matmul_job *j = arg;
-    int64_t quanta = (j->total_rows + CPU_MATMUL_ROW_QUANTUM - 1) / CPU_MATMUL_ROW_QUANTUM;
-    int64_t q0 = quanta * ith / nth, q1 = quanta * (ith + 1) / nth;
-    int64_t r0 = q0 * CPU_MATMUL_ROW_QUANTUM, r1 = COTI_MIN(q1 * CPU_MATMUL_ROW_QUANTUM, j->total_rows);
-    int64_t base = 0;
-    for (int i = 0; i < j->n_w && r0 < r1; i++) {
+    int64_t q0 = j->total_quanta * ith / nth, q1 = j->total_quanta * (ith + 1) / nth, base = 0;
+    for (int i = 0; i < j->n_w && q0 < q1; i++) {
         const struct bweight *w = j->ws[i];
-        int64_t lo = COTI_MAX(r0, base), hi = COTI_MIN(r1, base + w->n_out);
-        if (lo < hi) {
-            const struct quant_kernels *k = &j->c->kernels[w->type];
-            k->gemm(w->n_in, (const uint8_t *)w->data + (size_t)(lo - base) * w->row_bytes,
-                    w->row_bytes, hi - lo, j->xs[i], j->x_row_bytes[i], j->n_tok,
-                    j->ys[i] + (lo - base), w->n_out);
-        }
-        base += w->n_out;
+        int64_t nq = (w->n_out + CPU_MATMUL_ROW_QUANTUM - 1) / CPU_MATMUL_ROW_QUANTUM;
+        int64_t lo = COTI_MAX(q0, base) - base, hi = COTI_MIN(q1, base + nq) - base;
+        if (lo < hi)
+            matmul_rows(&j->c->kernels[w->type], w, lo * CPU_MATMUL_ROW_QUANTUM,
+                        COTI_MIN(hi * CPU_MATMUL_ROW_QUANTUM, w->n_out), j->xs[i], j->x_row_bytes[i],
+                        j->n_tok, j->ys[i]);
+        base += nq;
     }
 }
 
@@ -112,7 +139,7 @@ static void cpu_matmul_n(struct backend *be, const struct bweight *const *ws, fl
         size_t rb = ggml_row_size(vt, n_in);
         xrb[i] = rb;
         need += rb * (size_t)n_tok + 64;
-        total += ws[i]->n_out;
+        total += (ws[i]->n_out + CPU_MATMUL_ROW_QUANTUM - 1) / CPU_MATMUL_ROW_QUANTUM;
     }
     if (need > c->xconv_size) {
         free(c->xconv);
@@ -145,8 +172,11 @@ static void cpu_matmul(struct backend *be, const struct bweight *w, const float 
 
 static void cpu_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {
     const struct quant_kernels *k = &cpu(be)->kernels[w->type];
-    for (int t = 0; t < n; t++)
-        k->dequantize_row((const uint8_t *)w->data + (size_t)ids[t] * w->row_bytes, out + (size_t)t * w->n_in, w->n_in);
+    for (int t = 0; t < n; t++) {
+        float *dst = out + (size_t)t * w->n_in;
+        if (w->repacked) k->packed_row(w->data, w->n_in, ids[t], dst);
+        else k->dequantize_row((const uint8_t *)w->data + (size_t)ids[t] * w->row_bytes, dst, w->n_in);
+    }
 }
 
 /* ---- norms and elementwise --------------------------------------------------------- */
@@ -168,16 +198,23 @@ static void cpu_rmsnorm(struct backend *be, const float *x, int x_stride, const 
     }
 }
 
-static inline float silu(float v) { return v / (1.0f + expf(-v)); }
-static inline float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+/* The exp-based activations go through the level's vector kernels in pieces of this many
+ * values (a stack buffer). */
+#define CPU_ACT_PIECE 256
 
 static void cpu_rmsnorm_gated(struct backend *be, const float *x, const float *w, const float *z,
                               int n_rows, int dim, float eps, float *y) {
+    const struct cpu_ops *ops = cpu(be)->ops;
+    float act[CPU_ACT_PIECE];
     for (int r = 0; r < n_rows; r++) {
         const float *xr = x + (size_t)r * dim, *zr = z + (size_t)r * dim;
         float *yr = y + (size_t)r * dim;
         float s = rms_scale(xr, dim, eps);
-        for (int i = 0; i < dim; i++) yr[i] = ((xr[i] * s) * w[i]) * silu(zr[i]);
+        for (int i0 = 0; i0 < dim; i0 += CPU_ACT_PIECE) {
+            const int n = COTI_MIN(CPU_ACT_PIECE, dim - i0);
+            ops->silu(zr + i0, act, n);
+            for (int i = 0; i < n; i++) yr[i0 + i] = ((xr[i0 + i] * s) * w[i0 + i]) * act[i];
+        }
     }
 }
 
@@ -186,16 +223,27 @@ static void cpu_add(struct backend *be, const float *a, const float *b, int64_t 
 }
 
 static void cpu_swiglu(struct backend *be, const float *g, const float *u, int64_t n, float *y) {
-    for (int64_t i = 0; i < n; i++) y[i] = silu(g[i]) * u[i];
+    const struct cpu_ops *ops = cpu(be)->ops;
+    for (int64_t i0 = 0; i0 < n; i0 += CPU_ACT_PIECE) {
+        const int m = (int)COTI_MIN(CPU_ACT_PIECE, n - i0);
+        ops->silu(g + i0, y + i0, m);
+        for (int i = 0; i < m; i++) y[i0 + i] *= u[i0 + i];
+    }
 }
 
 static void cpu_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok, int n_head,
                             int dim, int gate_stride, int gate_head_stride) {
+    const struct cpu_ops *ops = cpu(be)->ops;
+    float act[CPU_ACT_PIECE];
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_head; h++) {
             float *xr = x + ((size_t)t * n_head + h) * dim;
             const float *gr = gate + (size_t)t * gate_stride + (size_t)h * gate_head_stride;
-            for (int i = 0; i < dim; i++) xr[i] *= sigmoid(gr[i]);
+            for (int i0 = 0; i0 < dim; i0 += CPU_ACT_PIECE) {
+                const int n = COTI_MIN(CPU_ACT_PIECE, dim - i0);
+                ops->sigmoid(gr + i0, act, n);
+                for (int i = 0; i < n; i++) xr[i0 + i] *= act[i];
+            }
         }
 }
 
@@ -263,7 +311,8 @@ static void cpu_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch
     for (int t = 0; t < n_tok; t++) {
         const float *xt = x + (size_t)t * n_ch;
         float *yt = y + (size_t)t * n_ch;
-        for (int c = 0; c < n_ch; c++) {
+        if (k == 4) cpu(be)->ops->conv4_token(xt, n_ch, w, state, yt);
+        else for (int c = 0; c < n_ch; c++) {
             float *st = state + (size_t)c * ks;
             const float *wc = w + (size_t)c * k;
             float s = 0.0f;
@@ -271,8 +320,9 @@ static void cpu_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch
             s += wc[ks] * xt[c];
             for (int i = 0; i + 1 < ks; i++) st[i] = st[i + 1];
             if (ks > 0) st[ks - 1] = xt[c];
-            yt[c] = silu(s);
+            yt[c] = s;
         }
+        cpu(be)->ops->silu(yt, yt, n_ch);
         if (snap && t < n_snap) memcpy(snap + (size_t)t * n_ch * ks, state, sizeof(float) * (size_t)n_ch * ks);
     }
 }
@@ -285,7 +335,7 @@ static void cpu_gdn_gates(struct backend *be, const float *a, int a_stride, cons
             float av = a[(size_t)t * a_stride + h] + dt_bias[h];
             float sp = av > 20.0f ? av : log1pf(expf(av));
             g[(size_t)t * n_v + h] = sp * ssm_a[h];
-            beta[(size_t)t * n_v + h] = sigmoid(b[(size_t)t * b_stride + h]);
+            beta[(size_t)t * n_v + h] = 1.0f / (1.0f + expf(-b[(size_t)t * b_stride + h]));
         }
 }
 
@@ -320,8 +370,7 @@ static void cpu_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride
 static void cpu_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max) {
     for (int r = 0; r < n_rows; r++) {
         const float *xr = x + (size_t)r * n;
-        int best = 0;
-        for (int i = 1; i < n; i++) if (xr[i] > xr[best]) best = i;
+        int best = cpu(be)->ops->argmax(xr, n);
         out[r] = best;
         if (p_max) {
             double sum = 0.0;

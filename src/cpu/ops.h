@@ -1,5 +1,5 @@
 /* ops.h — the CPU backend's non-matmul kernels that are worth SIMD (attention over the f16
- * KV cache, the delta rule in both forms). Their bodies live once in ops_body.h and are
+ * KV cache, the delta rule in both forms, the exp-based activations, argmax). Their bodies live once in ops_body.h and are
  * compiled twice: ops_ref.c (plain C, the reference) and ops_avx512.c (AVX-512 vector
  * primitives); backend_cpu.c picks a table at init from the CPU level. */
 #ifndef COTI_CPU_OPS_H
@@ -37,6 +37,14 @@ struct cpu_ops {
     void (*gdn_head)(const struct gdn_job *j, int h);
     /* one v-head over all tokens of the job, chunked form */
     void (*gdn_chunked_head)(const struct gdn_job *j, int h, struct gdn_chunk_scratch *cs);
+    /* y[i] = x[i] / (1 + e^-x[i]) and y[i] = 1 / (1 + e^-x[i]); y may be x */
+    void (*silu)(const float *x, float *y, int n);
+    void (*sigmoid)(const float *x, float *y, int n);
+    /* one token of the kernel-4 causal conv (the delta-net's): y[c] = Σ_i w[c][i] st[c][i] +
+     * w[c][3] x[c], summed in that order; st[c] = {st[c][1], st[c][2], x[c]} */
+    void (*conv4_token)(const float *x, int n_ch, const float *w, float *state, float *y);
+    /* index of the first maximum (NaNs never win; 0 if x[0] is NaN) */
+    int (*argmax)(const float *x, int n);
 };
 
 extern const struct cpu_ops cpu_ops_ref;

@@ -1,5 +1,6 @@
 /* ops_avx512.c — the AVX-512 instance of ops_body.h: 16-lane dot/axpy primitives, f16
- * conversion by vcvtph2ps. Lengths not a multiple of 16 are finished with masked loads. */
+ * conversion by vcvtph2ps, a 16-lane e^x. Lengths not a multiple of 16 are finished with
+ * masked loads. */
 #include <immintrin.h>
 
 #include "cpu/ops.h"
@@ -58,7 +59,184 @@ static inline void vscale(float *y, float a, int n) {
     }
 }
 
+/* Lane i of the result = the sum of the 16 lanes of v[i]: a tree of in-register shuffles and
+ * adds (quarters, then halves of quarters) instead of 16 separate horizontal sums. After the
+ * tree, lane 4q + e holds v[q + 4e]; the final permute puts v[i] in lane i. */
+static inline __m512 reduce16(const __m512 v[16]) {
+    __m512 w[8], x[4], y[2];
+    for (int i = 0; i < 8; i++)
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++)
+        y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i to_row = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    return _mm512_permutexvar_ps(to_row, r);
+}
+
+/* out[c] = (q · k row c) * scale for nb rows stride apart, 16 rows per reduction tree */
+static inline void vdot_rows_f16(const float *q, const uint16_t *k, size_t stride, int nb, int n,
+                                 float scale, float *out) {
+    for (int c0 = 0; c0 < nb; c0 += 16) {
+        const int m = nb - c0 < 16 ? nb - c0 : 16;
+        __m512 v[16];
+        for (int r = 0; r < 16; r++) {
+            __m512 acc = _mm512_setzero_ps();
+            if (r < m) {
+                const uint16_t *kr = k + (size_t)(c0 + r) * stride;
+                int i = 0;
+                for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load_f16(kr + i), acc);
+                if (i < n) {
+                    __mmask16 t = tail_mask(n - i);
+                    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(t, q + i), load_f16_mask(t, kr + i), acc);
+                }
+            }
+            v[r] = acc;
+        }
+        _mm512_mask_storeu_ps(out + c0, m == 16 ? (__mmask16)0xFFFF : tail_mask(m),
+                              _mm512_mul_ps(reduce16(v), _mm512_set1_ps(scale)));
+    }
+}
+
+/* y += Σ_c a[c] x row c, one 16-float slice of y at a time kept in a register over all rows */
+static inline void vaxpy_rows_f16(float *y, const float *a, const uint16_t *x, size_t stride, int nb, int n) {
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 t = n - i >= 16 ? (__mmask16)0xFFFF : tail_mask(n - i);
+        __m512 acc = _mm512_maskz_loadu_ps(t, y + i);
+        for (int c = 0; c < nb; c++)
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(a[c]), load_f16_mask(t, x + (size_t)c * stride + i), acc);
+        _mm512_mask_storeu_ps(y + i, t, acc);
+    }
+}
+
+/* e^x, 16 lanes: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so n ln2 is exact enough),
+ * e^r by a degree-7 Taylor-form polynomial (Cephes expf coefficients), scaled by 2^n with
+ * vscalefps, which also gives inf on overflow and 0 below the subnormals. About 2 ulp from
+ * glibc's expf on [-87, 88]; tests/test_backend_ops.c checks it on random inputs. NaN stays NaN
+ * (vminps/vmaxps return the second operand when one is NaN). */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline float vexp_shift(float *x, int n, float m) {
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
+        _mm512_storeu_ps(x + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (i < n) {
+        __mmask16 k = tail_mask(n - i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vm));
+        _mm512_mask_storeu_ps(x + i, k, e);
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* y = x / (1 + e^-x) (silu) or 1 / (1 + e^-x) (sigmoid), 16 lanes at a time */
+#define DEF_LOGISTIC(NAME, NUM)                                                                \
+    static void NAME(const float *x, float *y, int n) {                                        \
+        const __m512 one = _mm512_set1_ps(1.0f);                                               \
+        int i = 0;                                                                             \
+        for (; i + 16 <= n; i += 16) {                                                         \
+            __m512 v = _mm512_loadu_ps(x + i);                                                 \
+            __m512 d = _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), v)));       \
+            _mm512_storeu_ps(y + i, _mm512_div_ps(NUM, d));                                    \
+        }                                                                                      \
+        if (i < n) {                                                                           \
+            __mmask16 k = tail_mask(n - i);                                                    \
+            __m512 v = _mm512_maskz_loadu_ps(k, x + i);                                        \
+            __m512 d = _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), v)));       \
+            _mm512_mask_storeu_ps(y + i, k, _mm512_div_ps(NUM, d));                            \
+        }                                                                                      \
+    }
+DEF_LOGISTIC(silu_avx512, v)
+DEF_LOGISTIC(sigmoid_avx512, one)
+
+/* 16 channels at a time: taps and state columns gathered (stride 4 and 3), the same products
+ * summed in the same order as the scalar loop (so the same bits); the state shifts by one
+ * float through the whole [c][3] array with the new inputs expanded into every third lane. */
+static void conv4_token_avx512(const float *x, int n_ch, const float *w, float *state, float *y) {
+    const __m512i i3 = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(3));
+    const __m512i i4 = _mm512_slli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 2);
+    const __mmask16 xin[3] = {0x4924, 0x2492, 0x9249};   /* lanes i of 48 with i % 3 == 2 */
+    int c = 0;
+    for (; c + 16 <= n_ch; c += 16) {
+        float *st = state + 3 * c;
+        const float *wc = w + 4 * c;
+        const __m512 xv = _mm512_loadu_ps(x + c);
+        __m512 s = _mm512_setzero_ps();
+        s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_i32gather_ps(i4, wc, 4), _mm512_i32gather_ps(i3, st, 4)));
+        s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_i32gather_ps(i4, wc + 1, 4), _mm512_i32gather_ps(i3, st + 1, 4)));
+        s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_i32gather_ps(i4, wc + 2, 4), _mm512_i32gather_ps(i3, st + 2, 4)));
+        s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_i32gather_ps(i4, wc + 3, 4), xv));
+        _mm512_storeu_ps(y + c, s);
+        const float *xp = x + c;
+        __m512 nv[3];
+        for (int v = 0; v < 3; v++) {
+            nv[v] = _mm512_maskz_loadu_ps((__mmask16)~xin[v], st + 16 * v + 1);
+            nv[v] = _mm512_mask_expandloadu_ps(nv[v], xin[v], xp);
+            xp += __builtin_popcount(xin[v]);
+        }
+        for (int v = 0; v < 3; v++) _mm512_storeu_ps(st + 16 * v, nv[v]);
+    }
+    for (; c < n_ch; c++) {
+        float *st = state + 3 * c;
+        const float *wc = w + 4 * c;
+        float s = 0.0f;
+        s += wc[0] * st[0];
+        s += wc[1] * st[1];
+        s += wc[2] * st[2];
+        s += wc[3] * x[c];
+        st[0] = st[1];
+        st[1] = st[2];
+        st[2] = x[c];
+        y[c] = s;
+    }
+}
+
+/* the maximum first (vmaxps keeps the accumulator when the loaded lane is NaN), then the
+ * first index holding it: the same answer as the scalar scan */
+static int argmax_avx512(const float *x, int n) {
+    if (n <= 0 || x[0] != x[0]) return 0;
+    __m512 mx = _mm512_set1_ps(x[0]);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) mx = _mm512_max_ps(_mm512_loadu_ps(x + i), mx);
+    if (i < n) mx = _mm512_mask_max_ps(mx, tail_mask(n - i), _mm512_maskz_loadu_ps(tail_mask(n - i), x + i), mx);
+    const float m = _mm512_reduce_max_ps(mx);
+    const __m512 vm = _mm512_set1_ps(m);
+    for (i = 0; i + 16 <= n; i += 16) {
+        __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), vm, _CMP_EQ_OQ);
+        if (eq) return i + __builtin_ctz(eq);
+    }
+    for (; i < n; i++) if (x[i] == m) return i;
+    return 0;
+}
+
 #define OPS_NAME(x) x##_avx512
 #include "cpu/ops_body.h"
 
-const struct cpu_ops cpu_ops_avx512 = {attn_one_avx512, gdn_head_avx512, gdn_chunked_head_avx512};
+const struct cpu_ops cpu_ops_avx512 = {attn_one_avx512, gdn_head_avx512, gdn_chunked_head_avx512,
+                                       silu_avx512, sigmoid_avx512, conv4_token_avx512,
+                                       argmax_avx512};

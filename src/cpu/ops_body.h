@@ -1,31 +1,36 @@
 /* ops_body.h — kernel bodies shared by the reference and SIMD instances (see ops.h).
- * The including file defines the vector primitives vdot, vdot_f16, vaxpy, vaxpy_f16,
- * vscale and the OPS_NAME(x) suffix macro; the algorithms are written only here. */
+ * The including file defines the vector primitives vdot, vdot_f16, vdot_rows_f16, vaxpy,
+ * vaxpy_f16, vaxpy_rows_f16, vscale, vexp_shift and the OPS_NAME(x) suffix macro; the
+ * algorithms are written only here. */
 #include <math.h>
 #include <string.h>
 
-/* One (token, head) pair: online softmax over the cached rows, f32 accumulation. */
+/* One (token, head) pair: softmax over the cached rows in blocks of ATTN_BLOCK, f32
+ * accumulation: the scores of a block first, then one rescale of the running sum if the
+ * block raised the maximum, then the block's exponentials in one vector pass. The result of
+ * a (token, head) depends only on its own q and cache rows, never on the batch. */
+#define ATTN_BLOCK 64
 static void OPS_NAME(attn_one)(const struct attn_job *j, int t, int h) {
     const int D = j->head_dim, kvd = j->n_head_kv * D;
     const int hk = h / (j->n_head / j->n_head_kv);
     const float *q = j->q + (size_t)t * j->q_stride + (size_t)h * j->q_head_stride;
-    float acc[CPU_ATTN_MAX_HEAD_DIM];
+    float acc[CPU_ATTN_MAX_HEAD_DIM], p[ATTN_BLOCK];
     float m = -INFINITY, l = 0.0f;
     memset(acc, 0, sizeof(float) * (size_t)D);
     const int32_t c0 = j->cell0[t], n = j->n_ctx[t];
-    for (int c = 0; c < n; c++) {
-        const uint16_t *kr = j->k + (size_t)(c0 + c) * kvd + (size_t)hk * D;
-        const uint16_t *vr = j->v + (size_t)(c0 + c) * kvd + (size_t)hk * D;
-        const float s = vdot_f16(q, kr, D) * j->scale;
-        if (s > m) {
-            const float corr = expf(m - s);
+    for (int b0 = 0; b0 < n; b0 += ATTN_BLOCK) {
+        const int nb = n - b0 < ATTN_BLOCK ? n - b0 : ATTN_BLOCK;
+        vdot_rows_f16(q, j->k + (size_t)(c0 + b0) * kvd + (size_t)hk * D, (size_t)kvd, nb, D, j->scale, p);
+        float mb = m;
+        for (int c = 0; c < nb; c++) if (p[c] > mb) mb = p[c];
+        if (mb > m) {
+            const float corr = expf(m - mb);
             vscale(acc, corr, D);
             l *= corr;
-            m = s;
+            m = mb;
         }
-        const float p = expf(s - m);
-        l += p;
-        vaxpy_f16(acc, p, vr, D);
+        l += vexp_shift(p, nb, m);
+        vaxpy_rows_f16(acc, p, j->v + (size_t)(c0 + b0) * kvd + (size_t)hk * D, (size_t)kvd, nb, D);
     }
     float *o = j->out + (size_t)t * j->n_head * D + (size_t)h * D;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;

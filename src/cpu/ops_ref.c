@@ -2,6 +2,8 @@
 #include "cpu/ops.h"
 #include "quant.h"
 
+#include <math.h>
+
 static inline float vdot(const float *a, const float *b, int n) {
     float s = 0.0f;
     for (int i = 0; i < n; i++) s += a[i] * b[i];
@@ -15,8 +17,44 @@ static inline float vdot_f16(const float *a, const uint16_t *b, int n) {
 static inline void vaxpy(float *y, float a, const float *x, int n) { for (int i = 0; i < n; i++) y[i] += a * x[i]; }
 static inline void vaxpy_f16(float *y, float a, const uint16_t *x, int n) { for (int i = 0; i < n; i++) y[i] += a * fp16_to_f32(x[i]); }
 static inline void vscale(float *y, float a, int n) { for (int i = 0; i < n; i++) y[i] *= a; }
+static inline void vdot_rows_f16(const float *q, const uint16_t *k, size_t stride, int nb, int n,
+                                 float scale, float *out) {
+    for (int c = 0; c < nb; c++) out[c] = vdot_f16(q, k + (size_t)c * stride, n) * scale;
+}
+static inline void vaxpy_rows_f16(float *y, const float *a, const uint16_t *x, size_t stride, int nb, int n) {
+    for (int c = 0; c < nb; c++) vaxpy_f16(y, a[c], x + (size_t)c * stride, n);
+}
+/* x[i] = e^(x[i] - m); returns the sum */
+static inline float vexp_shift(float *x, int n, float m) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += (x[i] = expf(x[i] - m));
+    return s;
+}
+static void silu_ref(const float *x, float *y, int n) { for (int i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i])); }
+static void sigmoid_ref(const float *x, float *y, int n) { for (int i = 0; i < n; i++) y[i] = 1.0f / (1.0f + expf(-x[i])); }
+static void conv4_token_ref(const float *x, int n_ch, const float *w, float *state, float *y) {
+    for (int c = 0; c < n_ch; c++) {
+        float *st = state + 3 * c;
+        const float *wc = w + 4 * c;
+        float s = 0.0f;
+        s += wc[0] * st[0];
+        s += wc[1] * st[1];
+        s += wc[2] * st[2];
+        s += wc[3] * x[c];
+        st[0] = st[1];
+        st[1] = st[2];
+        st[2] = x[c];
+        y[c] = s;
+    }
+}
+static int argmax_ref(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
 
 #define OPS_NAME(x) x##_ref
 #include "cpu/ops_body.h"
 
-const struct cpu_ops cpu_ops_ref = {attn_one_ref, gdn_head_ref, gdn_chunked_head_ref};
+const struct cpu_ops cpu_ops_ref = {attn_one_ref, gdn_head_ref, gdn_chunked_head_ref,
+                                    silu_ref, sigmoid_ref, conv4_token_ref, argmax_ref};

@@ -69,7 +69,8 @@ static int mtp_run_rows(struct mtp *t, int s, const int32_t *history, int n_rows
         t->want[i] = want_last && i == n_rows - 1;
     }
     for (int i = 0; i < n_rows; i++) t->seqv[i] = s;
-    struct model_batch b = {.n = n_rows, .tokens = t->tok, .pos = t->pos, .seq = t->seqv, .want_logits = t->want};
+    struct model_batch b = {.n = n_rows, .tokens = t->tok, .pos = t->pos, .seq = t->seqv, .want_logits = t->want,
+                            .draft_head = true};
     return m->vt->mtp_forward(m, &b, t->seqs[s].staged, o, err, err_size);
 }
 
@@ -147,7 +148,7 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
         be->copy(be, t->h_chain, o.hidden + (size_t)(o.n - 1) * t->E, sizeof(float) * t->E);
         int32_t pos = L + 1 + i, seqv = s;
         bool want = true;
-        struct model_batch b = {.n = 1, .pos = &pos, .seq = &seqv, .want_logits = &want};
+        struct model_batch b = {.n = 1, .pos = &pos, .seq = &seqv, .want_logits = &want, .draft_head = true};
         if (out->on_device) b.tokens_dev = rq->dev_tokens + i;
         else b.tokens = &out->tokens[i];
         rc = m->vt->mtp_forward(m, &b, t->h_chain, &o, err, err_size);

@@ -75,6 +75,7 @@ struct graph_key {
     bool keep;                           /* recurrent snapshots per row */
     const float *h_in;                   /* NextN input hidden rows */
     float *logits;                       /* where the slice's logits go */
+    const struct bweight *head;          /* which LM head */
 };
 
 struct graph_slot {
@@ -91,6 +92,11 @@ struct qwen35 {
     float *out_norm;
     bool has_mtp;
     struct mtp_weights mtp;
+    /* The NextN head's drafts use a Q4_0 copy of the LM head when the LM head has more bits:
+     * the head's logits are read once per draft token and a draft only has to be probable,
+     * not exact (the target verifies it). draft_head_host holds its bytes. */
+    struct bweight draft_head;
+    void *draft_head_host;
     struct scratch s;
     void *scratch_block;
     /* host mirrors of the batch metadata */
@@ -152,6 +158,33 @@ static int bind_matrix(struct loader *L, struct bweight *w, const char *name, in
         return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "tensor %s has unsupported type %d", name, (int)t->type);
     int rc = L->be->weight_init(L->be, w, t->type, n_in, n_out, t->data);
     if (rc) return coti_fail(L->err, L->err_size, rc, "backend cannot hold tensor %s", name);
+    return 0;
+}
+
+/* q->draft_head: the LM head requantized to Q4_0 (via f32, llama.cpp's reference rounding)
+ * when it has more than 4.5 bits per weight and the backend computes Q4_0; else the LM head
+ * itself. Acceptance with it: docs/notes/2026-11-29-packed-q8_0.md. */
+static int make_draft_head(struct loader *L, struct qwen35 *q) {
+    const struct gguf_tensor *t = gguf_find_tensor(L->g, "output.weight");
+    if (!t) t = gguf_find_tensor(L->g, "token_embd.weight");
+    const struct ggml_type_traits *tr = ggml_type_traits_get(q->lm_head.type);
+    const int64_t n = q->hp.n_embd, rows = q->hp.n_vocab;
+    q->draft_head = q->lm_head;
+    if (!t || !tr || (double)tr->block_bytes * 8.0 / tr->block_elems <= 4.5 || n % 32) return 0;
+    const size_t rb = ggml_row_size(GGML_TYPE_Q4_0, n), src_rb = ggml_row_size(t->type, n);
+    float *row = malloc(sizeof(float) * (size_t)n);
+    q->draft_head_host = malloc(rb * (size_t)rows);
+    if (!row || !q->draft_head_host) {
+        free(row);
+        return coti_fail(L->err, L->err_size, COTI_E_NOMEM, "out of memory for the draft LM head");
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        quant_dequantize_row_ref(t->type, (const uint8_t *)t->data + (size_t)r * src_rb, row, n);
+        quant_quantize_row_ref(GGML_TYPE_Q4_0, row, (uint8_t *)q->draft_head_host + (size_t)r * rb, n);
+    }
+    free(row);
+    struct bweight w = {0};
+    if (L->be->weight_init(L->be, &w, GGML_TYPE_Q4_0, n, rows, q->draft_head_host) == 0) q->draft_head = w;
     return 0;
 }
 
@@ -308,6 +341,10 @@ static void qwen35_free(struct model *m) {
         for (size_t i = 0; i < COTI_ARRAY_LEN(ws); i++) if (ws[i]->data) be->weight_free(be, ws[i]);
         free_vec(be, q->mtp.enorm); free_vec(be, q->mtp.hnorm); free_vec(be, q->mtp.head_norm);
     }
+    if (q->draft_head_host) {
+        if (q->draft_head.data) be->weight_free(be, &q->draft_head);
+        free(q->draft_head_host);
+    }
     /* a tied head shares the embedding's storage: free it once, before the embedding */
     if (q->lm_head.data && q->lm_head.data != q->tok_embd.data) be->weight_free(be, &q->lm_head);
     if (q->tok_embd.data) be->weight_free(be, &q->tok_embd);
@@ -437,6 +474,7 @@ int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
     if (hp->n_mtp == 1) {
         if ((rc = bind_mtp(&L, hp, &q->mtp))) goto fail;
         q->has_mtp = true;
+        if ((rc = make_draft_head(&L, q))) goto fail;
     }
     if ((rc = alloc_scratch(q)) || (rc = alloc_memory(q))) {
         rc = coti_fail(err, err_size, COTI_E_NOMEM, "out of memory for activations/KV (n_seq %d, n_ctx %d, n_batch %d)",
@@ -582,8 +620,8 @@ static bool row_wants_logits(const bool *want, bool last_only, int n, int i) {
 }
 
 /* Final norm of every row into hidden; lm_head over the rows that want logits. */
-static void head_rows(struct qwen35 *q, const float *x, const float *norm, int n, const bool *want,
-                      bool last_only, float *hidden, float *logits) {
+static void head_rows(struct qwen35 *q, const struct bweight *head, const float *x, const float *norm,
+                      int n, const bool *want, bool last_only, float *hidden, float *logits) {
     struct backend *be = q->base.be;
     const int E = q->hp.n_embd;
     be->rmsnorm(be, x, E, norm, n, E, q->hp.eps, hidden, E);
@@ -593,7 +631,7 @@ static void head_rows(struct qwen35 *q, const float *x, const float *norm, int n
         be->copy(be, q->s.lm_in + (size_t)n_out * E, hidden + (size_t)i * E, sizeof(float) * E);
         n_out++;
     }
-    if (n_out) be->matmul(be, &q->lm_head, q->s.lm_in, n_out, logits);
+    if (n_out) be->matmul(be, head, q->s.lm_in, n_out, logits);
 }
 
 /* What the ops of one slice's forward read besides device memory. */
@@ -602,6 +640,7 @@ struct slice_ops_args {
     const bool *want;            /* per row of the slice, or NULL: last row if last_only */
     bool last_only, keep;
     float *logits;               /* the slice's first logits row */
+    const struct bweight *head;  /* the LM head (NextN drafting: maybe its cheaper copy) */
     const float *h_in;           /* NextN only */
 };
 
@@ -618,7 +657,7 @@ static void trunk_ops(struct qwen35 *q, const struct slice_ops_args *a) {
         be->add(be, q->s.x, q->s.m, (int64_t)n * E, q->s.x);
         ffn_block(q, ly, n);
     }
-    head_rows(q, q->s.x, q->out_norm, n, a->want, a->last_only, q->s.hn, a->logits);
+    head_rows(q, a->head, q->s.x, q->out_norm, n, a->want, a->last_only, q->s.hn, a->logits);
 }
 
 static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
@@ -635,12 +674,13 @@ static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     attn_block(q, &mt->blk, n);
     be->add(be, q->s.x, q->s.m, (int64_t)n * E, q->s.x);
     ffn_block(q, &mt->blk, n);
-    head_rows(q, q->s.x, mt->head_norm ? mt->head_norm : q->out_norm, n, a->want, a->last_only, q->s.hn, a->logits);
+    head_rows(q, a->head, q->s.x, mt->head_norm ? mt->head_norm : q->out_norm, n, a->want, a->last_only, q->s.hn,
+              a->logits);
 }
 
 static bool graph_key_eq(const struct graph_key *x, const struct graph_key *y) {
     return x->mtp == y->mtp && x->n == y->n && x->seq == y->seq && x->want == y->want && x->keep == y->keep &&
-           x->h_in == y->h_in && x->logits == y->logits;
+           x->h_in == y->h_in && x->logits == y->logits && x->head == y->head;
 }
 
 /* Queue one slice's ops (metadata already uploaded). A small single-sequence slice on a backend
@@ -656,7 +696,7 @@ static void slice_ops(struct qwen35 *q, bool mtp, const struct slice_ops_args *a
         return;
     }
     struct graph_key key = {.mtp = mtp, .n = sl->n, .seq = sl->runs[0].seq, .keep = a->keep, .h_in = a->h_in,
-                           .logits = a->logits};
+                           .logits = a->logits, .head = a->head};
     for (int i = 0; i < sl->n; i++) key.want |= (uint32_t)row_wants_logits(a->want, a->last_only, sl->n, i) << i;
     struct graph_slot *g = NULL;
     for (int i = 0; i < QWEN35_N_GRAPHS && !g; i++)
@@ -714,7 +754,7 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
         slice_upload(q, &sl);
         const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits ? b->want_logits + i0 : NULL,
                                          .last_only = i0 + sl.n == b->n, .keep = b->keep_states,
-                                         .logits = q->s.logits + (size_t)n_logits * hp->n_vocab};
+                                         .logits = q->s.logits + (size_t)n_logits * hp->n_vocab, .head = &q->lm_head};
         slice_ops(q, false, &a);
         for (int r = 0; r < sl.n_runs; r++) {
             m->seq_len[sl.runs[r].seq] += sl.runs[r].len;
@@ -745,7 +785,7 @@ static int qwen35_mtp_forward(struct model *m, const struct model_batch *b, cons
     if (rc) return rc;
     slice_upload(q, &sl);
     const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits, .last_only = true, .logits = q->s.logits,
-                                     .h_in = h_in};
+                                     .head = b->draft_head ? &q->draft_head : &q->lm_head, .h_in = h_in};
     slice_ops(q, true, &a);
     for (int r = 0; r < sl.n_runs; r++) m->mtp_len[sl.runs[r].seq] += sl.runs[r].len;
     out->n = sl.n;
