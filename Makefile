@@ -65,7 +65,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Isrc -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -c -o $@ $<
+	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Isrc -MMD -MP -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -c -o $@ $<
 
 # The suite: unit tests (Criterion) and the CLI-level checks in tests/cli.sh.
 test: $(BUILD)/test_coti coti
@@ -96,4 +96,4 @@ setup:
 clean:
 	rm -rf build build-asan coti
 
--include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CUDA_OBJ:.o=.d)

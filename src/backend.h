@@ -13,6 +13,8 @@
 #include "common.h"
 #include "quant.h"
 
+#define BACKEND_N_MARKS 4
+
 /* A matrix weight as the backend stores it: n_out rows of n_in elements of `type`. */
 struct bweight {
     enum ggml_type type;
@@ -104,6 +106,32 @@ struct backend {
     /* out[r] = index of the max of row r (lowest index on ties); if p_max, also the softmax
      * probability of that max (drafters' p_min check) — only ids and scalars leave the op. */
     void (*argmax)(struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max);
+    /* Greedy speculative acceptance, so a cycle needs one small download: a = the length of
+     * the longest prefix with draft[i] == target[i] (i < n_draft; target[i] is the target's
+     * choice after row i of the verify batch); out[0] = a and out[1 + i] = target[i] for
+     * i <= n_draft — the accepted tokens are out[1 .. a], the target's own token out[1 + a]. */
+    void (*accept_greedy)(struct backend *be, const int32_t *draft, const int32_t *target, int n_draft,
+                          int32_t *out);
+
+    /* Device-side timing: mark(be, i) notes when the device reaches this point of its queue
+     * (0 <= i < BACKEND_N_MARKS); mark_elapsed_us(be, i, j) is the time from mark i to mark j
+     * (waits for mark j). Where ops run synchronously a mark reads the host clock. Lets the
+     * speculative driver split a cycle's time without a sync between its phases. */
+    void (*mark)(struct backend *be, int i);
+    double (*mark_elapsed_us)(struct backend *be, int from, int to);
+
+    /* Graphs — optional (NULL on backends whose ops run synchronously, like the CPU's): a
+     * recorded op sequence replayed with one call, for the launch-bound small batches of
+     * decode, drafting and verify. capture_begin: the ops queued until capture_end are
+     * recorded, not run. capture_end: a graph, or NULL when recording failed (the caller
+     * then runs the ops itself). graph_launch queues the recorded ops with the pointers and
+     * sizes they were recorded with — only device memory contents (metadata uploaded before
+     * the launch) may change between replays; it returns false, queuing nothing, when the
+     * graph is stale (the backend has since replaced scratch memory it uses): free it. */
+    void (*capture_begin)(struct backend *be);
+    void *(*capture_end)(struct backend *be);
+    bool (*graph_launch)(struct backend *be, void *graph);
+    void (*graph_free)(struct backend *be, void *graph);
 
     void (*destroy)(struct backend *be);
 };

@@ -22,7 +22,10 @@ struct model_info {
  * continue the sequence (pos of the first = the sequence's current length). */
 struct model_batch {
     int n;
-    const int32_t *tokens;       /* host */
+    const int32_t *tokens;       /* host (unused when tokens_dev is set) */
+    const int32_t *tokens_dev;   /* backend memory, or NULL: the ids were produced on the device
+                                    (an argmax, so in range) and are read there, which lets a
+                                    chain of forwards run without waiting for the host */
     const int32_t *pos;          /* host */
     const int32_t *seq;          /* host; NULL = all sequence 0 */
     const bool *want_logits;     /* host; NULL = only the last row */

@@ -22,7 +22,9 @@ struct spec_engine {
     float *row;                  /* host [V]: one logits row for host-side sampling */
     float *qdense;               /* host [V]: draft distribution lookup, kept all-zero */
     struct sampler_cand *resid;  /* host [V] */
-    int32_t *d_ids;              /* backend [1 + SPEC_MAX_DRAFT] */
+    int32_t *d_ids;              /* backend [1 + SPEC_MAX_DRAFT]: the target's argmax per row */
+    int32_t *d_toks;             /* backend [1 + SPEC_MAX_DRAFT]: the verify batch's tokens */
+    int32_t *d_acc;              /* backend [2 + SPEC_MAX_DRAFT]: accept_greedy's result */
     int32_t *pos, *seqv;         /* host [n_batch] */
     bool *want;                  /* host [n_batch] */
 };
@@ -53,6 +55,8 @@ void spec_engine_free(struct spec_engine *e) {
     if (e->mtp) e->mtp->vt->free(e->mtp);
     if (e->ngram) e->ngram->vt->free(e->ngram);
     if (e->d_ids) e->m->be->free(e->m->be, e->d_ids);
+    if (e->d_toks) e->m->be->free(e->m->be, e->d_toks);
+    if (e->d_acc) e->m->be->free(e->m->be, e->d_acc);
     free(e->seqs); free(e->row); free(e->qdense); free(e->resid); free(e->pos); free(e->seqv); free(e->want);
     free(e);
 }
@@ -73,7 +77,9 @@ int spec_engine_init(struct spec_engine **out, struct model *m, char *err, size_
     e->seqv = malloc(sizeof(int32_t) * (size_t)m->n_batch);
     e->want = malloc(sizeof(bool) * (size_t)m->n_batch);
     e->d_ids = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT));
-    bool ok = e->seqs && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids;
+    e->d_toks = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT));
+    e->d_acc = m->be->alloc(m->be, sizeof(int32_t) * (2 + SPEC_MAX_DRAFT));
+    bool ok = e->seqs && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_toks && e->d_acc;
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
     if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
     int rc = drafter_ngram_init(&e->ngram, m->n_seq, err, err_size);
@@ -228,41 +234,67 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     if (L + 1 >= m->n_ctx) return coti_fail(err, err_size, COTI_E_RANGE, "context of %d positions is full", m->n_ctx);
     int64_t t0 = coti_time_us();
 
-    /* draft */
+    /* draft; the device marks split its time from the verify's without a sync in between */
     struct draft_result dr = {0};
     int k_cap = COTI_MIN(q->p.n_max, max_new - 1);
     k_cap = COTI_MIN(k_cap, m->n_ctx - 1 - (L + 1));
     if (probe) k_cap = COTI_MIN(k_cap, probe->n_forced - probe->n_used - 1);
-    if (d && k_cap > 0) {
+    const bool drafting = d && k_cap > 0;
+    if (drafting) {
         struct draft_request rq = {q->hist, L, k_cap, COTI_MIN(q->p.n_min, k_cap), q->p.p_min,
-                                   q->dsmp && q->sp.temperature > 0.0f ? q->dsmp : NULL};
+                                   q->dsmp && q->sp.temperature > 0.0f ? q->dsmp : NULL, e->d_toks + 1};
+        be->mark(be, 0);
         int rc = d->vt->draft(d, s, &rq, &dr, err, err_size);
         if (rc) return rc;
+        be->mark(be, 1);
     }
     const int k = dr.n;
-    int64_t t1 = coti_time_us();
 
-    /* verify: [pending, d1..dk] at L..L+k */
+    /* verify: [pending, d1..dk] at L..L+k; drafts left on the device are read there */
     int32_t toks[1 + SPEC_MAX_DRAFT];
     toks[0] = q->hist[L];
-    for (int i = 0; i < k; i++) toks[1 + i] = dr.tokens[i];
     for (int i = 0; i <= k; i++) { e->pos[i] = L + i; e->seqv[i] = s; e->want[i] = true; }
-    struct model_batch b = {.n = k + 1, .tokens = toks, .pos = e->pos, .seq = e->seqv, .want_logits = e->want,
-                            .keep_states = k > 0};
+    struct model_batch b = {.n = k + 1, .pos = e->pos, .seq = e->seqv, .want_logits = e->want, .keep_states = k > 0};
+    const bool greedy = q->sp.temperature <= 0.0f && !probe;
+    if (dr.on_device) {
+        be->upload(be, e->d_toks, toks, sizeof *toks);
+        b.tokens_dev = e->d_toks;
+    } else {
+        for (int i = 0; i < k; i++) toks[1 + i] = dr.tokens[i];
+        b.tokens = toks;
+        if (greedy && k > 0) be->upload(be, e->d_toks + 1, dr.tokens, sizeof(int32_t) * (size_t)k);
+    }
     struct model_output o;
     int rc = model_forward(m, &b, &o, err, err_size);
     if (rc) return rc;
-    int32_t ids[1 + SPEC_MAX_DRAFT];
-    const bool greedy = q->sp.temperature <= 0.0f && !probe;
+    /* greedy: accept on the device; the one wait of the cycle brings back the accepted count
+     * and tokens (acc[0] = a, acc[1 .. a] the drafts, acc[1 + a] the target's token) */
+    int32_t acc[2 + SPEC_MAX_DRAFT];
     if (greedy) {
         be->argmax(be, o.logits, k + 1, e->V, e->d_ids, NULL);
-        be->download(be, ids, e->d_ids, sizeof(int32_t) * (size_t)(k + 1));
+        if (k > 0) {
+            be->accept_greedy(be, e->d_toks + 1, e->d_ids, k, e->d_acc);
+            be->download(be, acc, e->d_acc, sizeof(int32_t) * (size_t)(k + 2));
+        } else {
+            acc[0] = 0;
+            be->download(be, &acc[1], e->d_ids, sizeof(int32_t));
+        }
+    } else if (dr.on_device) {
+        be->download(be, dr.tokens, e->d_toks + 1, sizeof(int32_t) * (size_t)k); /* the host compares */
+    } else {
+        be->sync(be); /* the verify's time is its own, not the accept loop's */
     }
     int64_t t2 = coti_time_us();
 
     /* accept: a drafts, then the target's own token */
     int a = 0;
     int32_t next = -1;
+    if (greedy) {
+        a = acc[0];
+        if (a < 0 || a > k) return coti_fail(err, err_size, COTI_E_RANGE, "backend accepted %d of %d drafts", a, k);
+        for (int i = 0; i < a; i++) dr.tokens[i] = acc[1 + i];
+        next = acc[1 + a];
+    }
     for (int i = 0; i <= k && next < 0; i++) {
         const float *row = o.logits + (size_t)i * e->V;
         if (probe) {
@@ -273,9 +305,6 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
             int32_t want_tok = probe->forced[probe->n_used + i];
             if (i < k && dr.tokens[i] == want_tok) a++;
             else next = want_tok;
-        } else if (greedy) {
-            if (i < k && ids[i] == dr.tokens[i]) a++;
-            else next = ids[i];
         } else if (i < k && dr.q[i]) {
             be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
             const struct sampler_cand *pc;
@@ -311,8 +340,10 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
         for (int i = 0; i < a; i++) q->st.accepted_at[i]++;
     }
     int64_t t3 = coti_time_us();
-    q->st.t_draft_us += t1 - t0;
-    q->st.t_verify_us += t2 - t1;
+    /* the draft's device time; the rest up to the wait is the verify's */
+    const int64_t t_draft = drafting ? COTI_MIN((int64_t)be->mark_elapsed_us(be, 0, 1), t2 - t0) : 0;
+    q->st.t_draft_us += t_draft;
+    q->st.t_verify_us += t2 - t0 - t_draft;
     q->st.t_glue_us += t3 - t2;
     return 0;
 }

@@ -200,3 +200,38 @@ Test(backend_ops, conv4_token_every_level_bitwise) {
         }
     }
 }
+
+/* The accepted count is the first mismatch (or every draft); the target's ids follow, the
+ * last of them being the token after the accepted prefix. */
+Test(backend_ops, accept_greedy_stops_at_first_mismatch) {
+    struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+    const int32_t target[5] = {11, 22, 33, 44, 55};
+    const struct { int32_t draft[4]; int n_draft, a; } cases[] = {
+        {{11, 22, 33, 44}, 4, 4}, /* all accepted: out[5] is the bonus token */
+        {{11, 22, 99, 44}, 4, 2}, /* a later match after a miss does not count */
+        {{99, 22, 33, 44}, 4, 0},
+        {{11, 22, 33, 0}, 3, 3},  /* only n_draft drafts are compared */
+        {{0}, 0, 0},              /* no drafts: the target's token alone */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int32_t out[6] = {-1, -1, -1, -1, -1, -1};
+        be->accept_greedy(be, cases[c].draft, target, cases[c].n_draft, out);
+        cr_assert_eq(out[0], cases[c].a, "case %zu: accepted %d, want %d", c, out[0], cases[c].a);
+        for (int i = 0; i <= cases[c].n_draft; i++) cr_assert_eq(out[1 + i], target[i], "case %zu: out[%d]", c, 1 + i);
+        for (int i = cases[c].n_draft + 2; i < 6; i++) cr_assert_eq(out[i], -1, "case %zu: wrote past the result", c);
+    }
+    backend_free(be);
+}
+
+/* On the CPU a mark is the host clock at the call (ops have finished when they return). */
+Test(backend_ops, marks_measure_the_time_between_them) {
+    struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+    be->mark(be, 0);
+    const int64_t t0 = coti_time_us();
+    while (coti_time_us() - t0 < 3000) {}
+    be->mark(be, 1);
+    const double us = be->mark_elapsed_us(be, 0, 1);
+    cr_assert(us >= 3000.0 && us < 1e6, "3 ms between marks measured as %g us", us);
+    cr_assert_eq(be->mark_elapsed_us(be, 1, 1), 0.0);
+    backend_free(be);
+}

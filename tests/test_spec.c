@@ -38,15 +38,13 @@ static void env_close(struct env *v) {
     backend_free(v->be);
 }
 
-/* Greedy generation of n tokens with the given speculation. */
-static void generate(struct env *v, const int32_t *prompt, int np, enum spec_type t, int n_max, int32_t *out, int n) {
+/* Generation of n tokens with the given sampling and speculation. */
+static void generate_with(struct env *v, const int32_t *prompt, int np, const struct sampler_params *sp,
+                          const struct spec_params *p, int32_t *out, int n) {
     char err[512];
-    struct sampler_params sp = {0.0f, 0, 1.0f, 0.0f, 0, 1};
-    struct spec_params p = spec_params_default();
-    p.type = t;
-    p.n_max = n_max;
+    const int n_max = p->n_max;
     int32_t first;
-    cr_assert_eq(spec_seq_begin(v->e, 0, prompt, np, &sp, &p, &first, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(spec_seq_begin(v->e, 0, prompt, np, sp, p, &first, err, sizeof err), 0, "%s", err);
     out[0] = first;
     int k = 1, nb;
     int32_t buf[SPEC_MAX_DRAFT + 1];
@@ -56,6 +54,15 @@ static void generate(struct env *v, const int32_t *prompt, int np, enum spec_typ
         memcpy(out + k, buf, sizeof(int32_t) * (size_t)nb);
         k += nb;
     }
+}
+
+/* Greedy generation of n tokens with the given speculation. */
+static void generate(struct env *v, const int32_t *prompt, int np, enum spec_type t, int n_max, int32_t *out, int n) {
+    struct sampler_params sp = {0.0f, 0, 1.0f, 0.0f, 0, 1};
+    struct spec_params p = spec_params_default();
+    p.type = t;
+    p.n_max = n_max;
+    generate_with(v, prompt, np, &sp, &p, out, n);
 }
 
 /* Every prompt, every depth 1..4, both drafters: the tokens equal plain decoding. Returns
@@ -107,6 +114,43 @@ Test(spec, greedy_lossless_on_default_model_16_prompts, .timeout = 300) {
     for (int i = 0; i < 16; i++) free(prompts[i]);
     cJSON_Delete(arr);
     tokenizer_free(tok);
+    env_close(&v);
+}
+
+/* The paths that bring drafts back to the host: sample-and-match at temperature > 0 with
+ * greedy drafts draws one target sample per emitted token, exactly as plain sampling does, so
+ * with the same seed the streams are equal; p_min > 0 reads each draft's probability and may
+ * stop early, and must stay lossless. */
+Test(spec, sampled_and_p_min_paths_match_plain_decoding, .timeout = 120) {
+    struct env v = env_open(MODEL_PATH);
+    const int32_t prompt[] = {1, 35, 2000, 17, 5, 90, 400, 12};
+    const int np = (int)(sizeof prompt / sizeof prompt[0]);
+    int32_t ref[48], got[48];
+    struct sampler_params hot = {0.8f, 40, 0.95f, 0.0f, 0, 7};
+    struct spec_params p = spec_params_default();
+    generate_with(&v, prompt, np, &hot, &p, ref, 48);
+    p.type = SPEC_MTP;
+    for (p.n_max = 1; p.n_max <= 3; p.n_max++) {
+        generate_with(&v, prompt, np, &hot, &p, got, 48);
+        for (int k = 0; k < 48; k++) cr_assert_eq(got[k], ref[k], "temperature 0.8, n_max %d: token %d differs", p.n_max, k);
+        cr_assert_gt(spec_seq_stats(v.e, 0)->n_accepted, 0, "no draft was accepted at n_max %d", p.n_max);
+    }
+    struct sampler_params greedy = {0.0f, 0, 1.0f, 0.0f, 0, 1};
+    p.type = SPEC_OFF;
+    generate_with(&v, prompt, np, &greedy, &p, ref, 48);
+    p.type = SPEC_MTP;
+    p.n_max = 4;
+    double per_verify[2];
+    for (int i = 0; i < 2; i++) {
+        p.p_min = i ? 0.6f : 0.0f;
+        generate_with(&v, prompt, np, &greedy, &p, got, 48);
+        for (int k = 0; k < 48; k++) cr_assert_eq(got[k], ref[k], "p_min %g: token %d differs", p.p_min, k);
+        const struct spec_stats *st = spec_seq_stats(v.e, 0);
+        cr_assert_gt(st->n_accepted, 0);
+        per_verify[i] = (double)st->n_drafted / (double)st->n_verify;
+    }
+    /* p_min was consulted: some cycles stopped early */
+    cr_assert_lt(per_verify[1], per_verify[0], "drafts per verify: %g with p_min, %g without", per_verify[1], per_verify[0]);
     env_close(&v);
 }
 

@@ -25,6 +25,7 @@ struct cpu_ctx {
     void *xconv;
     size_t xconv_size;
     struct gdn_chunk_scratch *chunk_scratch; /* one per thread (~300 KB each) */
+    int64_t marks_us[BACKEND_N_MARKS];
 };
 
 static struct cpu_ctx *cpu(struct backend *be) { return be->ctx; }
@@ -379,6 +380,21 @@ static void cpu_argmax(struct backend *be, const float *x, int n_rows, int n, in
     }
 }
 
+static void cpu_accept_greedy(struct backend *be, const int32_t *draft, const int32_t *target, int n_draft,
+                              int32_t *out) {
+    int a = 0;
+    while (a < n_draft && draft[a] == target[a]) a++;
+    out[0] = a;
+    memcpy(out + 1, target, sizeof(int32_t) * (size_t)(n_draft + 1));
+}
+
+/* ops have finished when they return, so the host clock is the device's */
+static void cpu_mark(struct backend *be, int i) { cpu(be)->marks_us[i] = coti_time_us(); }
+
+static double cpu_mark_elapsed_us(struct backend *be, int from, int to) {
+    return (double)(cpu(be)->marks_us[to] - cpu(be)->marks_us[from]);
+}
+
 static void cpu_destroy(struct backend *be) {
     struct cpu_ctx *c = cpu(be);
     threadpool_free(c->tp);
@@ -426,6 +442,9 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->gdn = cpu_gdn;
     be->gdn_chunked = cpu_gdn_chunked;
     be->argmax = cpu_argmax;
+    be->accept_greedy = cpu_accept_greedy;
+    be->mark = cpu_mark;
+    be->mark_elapsed_us = cpu_mark_elapsed_us;
     be->destroy = cpu_destroy;
     return be;
 }

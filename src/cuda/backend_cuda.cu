@@ -86,6 +86,70 @@ static void cuda_sync(struct backend *be) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
+static void cuda_mark(struct backend *be, int i) {
+    struct cuda_ctx *c = cuda_enter(be);
+    CUDA_CHECK(cudaEventRecord(c->marks[i], c->stream));
+}
+
+static double cuda_mark_elapsed_us(struct backend *be, int from, int to) {
+    struct cuda_ctx *c = cuda_enter(be);
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventSynchronize(c->marks[to]));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, c->marks[from], c->marks[to]));
+    return 1000.0 * ms;
+}
+
+/* ---- graphs ------------------------------------------------------------------------ */
+
+struct cuda_graph {
+    cudaGraphExec_t exec;
+    unsigned scratch_gen;        /* the scratch buffers it was recorded with */
+};
+
+static void cuda_capture_begin(struct backend *be) {
+    struct cuda_ctx *c = cuda_enter(be);
+    /* relaxed: kernel attribute queries of first launches are not stream work */
+    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed));
+    c->capturing = true;
+    c->capture_broken = false;
+}
+
+static void *cuda_capture_end(struct backend *be) {
+    struct cuda_ctx *c = cuda_enter(be);
+    cudaGraph_t graph = NULL;
+    CUDA_CHECK(cudaStreamEndCapture(c->stream, &graph));
+    c->capturing = false;
+    struct cuda_graph *g = NULL;
+    if (!c->capture_broken && (g = (struct cuda_graph *)calloc(1, sizeof *g))) {
+        if (cudaGraphInstantiate(&g->exec, graph, 0) == cudaSuccess) {
+            g->scratch_gen = c->scratch_gen;
+        } else {
+            (void)cudaGetLastError();
+            free(g);
+            g = NULL;
+        }
+    }
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    return g;
+}
+
+static bool cuda_graph_launch(struct backend *be, void *graph) {
+    struct cuda_ctx *c = cuda_enter(be);
+    struct cuda_graph *g = (struct cuda_graph *)graph;
+    if (g->scratch_gen != c->scratch_gen) return false;
+    CUDA_CHECK(cudaGraphLaunch(g->exec, c->stream));
+    return true;
+}
+
+static void cuda_graph_free(struct backend *be, void *graph) {
+    struct cuda_ctx *c = cuda_enter(be);
+    struct cuda_graph *g = (struct cuda_graph *)graph;
+    if (!g) return;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* a queued replay may still run it */
+    CUDA_CHECK(cudaGraphExecDestroy(g->exec));
+    free(g);
+}
+
 /* The weight goes to device memory once, bytes unchanged (GGUF block layout, rows row_bytes
  * apart), plus CUDA_ALLOC_PAD readable bytes after the last row. */
 static int cuda_weight_init(struct backend *be, struct bweight *w, enum ggml_type type,
@@ -119,6 +183,7 @@ static void cuda_destroy(struct backend *be) {
     if (c->attn_part) CUDA_CHECK(cudaFree(c->attn_part));
     if (c->amax_part) CUDA_CHECK(cudaFree(c->amax_part));
     for (int i = 0; i < 2; i++) CUDA_CHECK(cudaEventDestroy(c->stage_ev[i]));
+    for (int i = 0; i < BACKEND_N_MARKS; i++) CUDA_CHECK(cudaEventDestroy(c->marks[i]));
     CUDA_CHECK(cudaFreeHost(c->stage));
     CUDA_CHECK(cudaStreamDestroy(c->stream));
     free(c);
@@ -173,6 +238,7 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     INIT_CALL(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     INIT_CALL(cudaEventCreateWithFlags(&c->stage_ev[0], cudaEventDisableTiming));
     INIT_CALL(cudaEventCreateWithFlags(&c->stage_ev[1], cudaEventDisableTiming));
+    for (int i = 0; i < BACKEND_N_MARKS; i++) INIT_CALL(cudaEventCreate(&c->marks[i]));
     INIT_CALL(cudaHostAlloc((void **)&c->stage, CUDA_STAGE_BYTES, cudaHostAllocDefault));
 
     be->name = "cuda";
@@ -201,6 +267,13 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->gdn = cuda_gdn;
     be->gdn_chunked = cuda_gdn_chunked;
     be->argmax = cuda_argmax;
+    be->accept_greedy = cuda_accept_greedy;
+    be->mark = cuda_mark;
+    be->mark_elapsed_us = cuda_mark_elapsed_us;
+    be->capture_begin = cuda_capture_begin;
+    be->capture_end = cuda_capture_end;
+    be->graph_launch = cuda_graph_launch;
+    be->graph_free = cuda_graph_free;
     be->destroy = cuda_destroy;
     return be;
 
@@ -208,6 +281,8 @@ fail:
     if (c->stage) cudaFreeHost(c->stage);
     if (c->stage_ev[0]) cudaEventDestroy(c->stage_ev[0]);
     if (c->stage_ev[1]) cudaEventDestroy(c->stage_ev[1]);
+    for (int i = 0; i < BACKEND_N_MARKS; i++)
+        if (c->marks[i]) cudaEventDestroy(c->marks[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
     (void)cudaGetLastError();
     free(c);

@@ -27,10 +27,15 @@ struct cuda_ctx {
     int stage_half;
     cudaEvent_t stage_ev[2];
     bool stage_ev_live[2];
+    cudaEvent_t marks[BACKEND_N_MARKS]; /* timing events of mark() */
     /* scratch, grown on first use (warm-up), never per call once sized */
     void *xq;          size_t xq_size;      /* converted matmul activations */
     void *attn_part;   size_t attn_part_size;
     void *amax_part;   size_t amax_part_size;
+    /* graph capture: a scratch buffer replaced while graphs exist makes them stale (they hold
+     * its old address); growth is impossible while capturing (it waits for the stream) */
+    unsigned scratch_gen;
+    bool capturing, capture_broken;
     /* device limits for sizing persistent grids */
     int smem_per_sm, smem_block_max, smem_reserved;
     /* registers of each matvec kernel (type slot, NT - 1, fused), read on first launch */
@@ -65,6 +70,11 @@ static inline struct cuda_ctx *cuda_enter(struct backend *be) {
  * old buffer may still be read by queued kernels), so it happens only while warming up. */
 static inline void *cuda_scratch(struct cuda_ctx *c, void **p, size_t *size, size_t need) {
     if (need <= *size) return *p;
+    if (c->capturing) { /* the recorded ops never run: capture_end discards them */
+        c->capture_broken = true;
+        return *p;
+    }
+    c->scratch_gen++;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     if (*p) CUDA_CHECK(cudaFree(*p));
     *p = NULL;
@@ -164,6 +174,7 @@ void cuda_kv_store(struct backend *be, const float *k, int k_stride, const float
                    int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache,
                    uint16_t *v_cache);
 void cuda_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max);
+void cuda_accept_greedy(struct backend *be, const int32_t *draft, const int32_t *target, int n_draft, int32_t *out);
 
 /* attention.cu */
 void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head_stride,

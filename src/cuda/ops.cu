@@ -247,3 +247,20 @@ void cuda_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t 
     cuda_launch(c, dim3(nb, n_rows), ARGMAX_THREADS, argmax_part_kernel, x, n, (int)(p_max != NULL), part);
     cuda_launch(c, cuda_cdiv(n_rows, 4), 128, argmax_final_kernel, (const am_part *)part, nb, n_rows, out, p_max);
 }
+
+/* ---- greedy acceptance ------------------------------------------------------------------------ */
+
+/* At most SPEC_MAX_DRAFT + 1 ids: one thread, so the result is written without a reduction. */
+__global__ void accept_greedy_kernel(const int32_t *draft, const int32_t *target, int n_draft, int32_t *out) {
+    cuda_pdl_begin();
+    int a = 0;
+    while (a < n_draft && draft[a] == target[a]) a++;
+    out[0] = a;
+    for (int i = 0; i <= n_draft; i++) out[1 + i] = target[i];
+}
+
+void cuda_accept_greedy(struct backend *be, const int32_t *draft, const int32_t *target, int n_draft, int32_t *out) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n_draft < 0) return;
+    cuda_launch(c, 1, 1, accept_greedy_kernel, draft, target, n_draft, out);
+}

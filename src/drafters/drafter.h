@@ -19,10 +19,16 @@ struct draft_request {
     float p_min;                 /* stop when the proposed token's probability falls below */
     struct sampler *sampler;     /* non-NULL: sample drafts from the drafter's distribution
                                     (through the request's sampling chain) and report it */
+    int32_t *dev_tokens;         /* backend memory for n_max ids: where a drafter that picks
+                                    its drafts on the device leaves them (the verify batch reads
+                                    them there) */
 };
 
 struct draft_result {
     int n;
+    /* The drafts. When on_device they are in the request's dev_tokens[0, n) and tokens[] is
+     * not filled (reading them would cost a sync per cycle); else in tokens[]. */
+    bool on_device;
     int32_t tokens[SPEC_MAX_DRAFT];
     /* with a sampler: the distribution each draft was drawn from (candidates, p normalized);
      * rejection sampling needs q(x) for every x. Points into drafter-owned memory valid until

@@ -8,7 +8,9 @@
  * call runs every pending catch-up row AND the first draft row in one batch of the head —
  * after a verify that accepted a drafts that is a+1 rows for the price of about one — then
  * chains single rows for further drafts, and finally truncates the head's cache to the
- * pending token's row, which was computed from the true hidden and stays valid. */
+ * pending token's row, which was computed from the true hidden and stays valid. Greedy drafts
+ * never leave the device: each argmax feeds the next row's embedding lookup and the verify
+ * batch, so drafting queues work without waiting for the host. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,8 +28,7 @@ struct mtp {
     int E;
     struct mtp_seq *seqs;
     float *h_chain;              /* backend memory, [1][E]: the head's last output hidden */
-    int32_t *d_ids;              /* backend memory: argmax results */
-    float *d_p;
+    float *d_p;                  /* backend memory: the draft's probability (p_min) */
     int32_t *pos, *tok, *seqv;   /* host, [cap] */
     bool *want;
     float *host_logits;          /* [n_vocab] for sampled drafts */
@@ -41,7 +42,6 @@ static void mtp_free(struct drafter *d) {
     struct backend *be = t->m->be;
     for (int s = 0; s < t->m->n_seq && t->seqs; s++) if (t->seqs[s].staged) be->free(be, t->seqs[s].staged);
     if (t->h_chain) be->free(be, t->h_chain);
-    if (t->d_ids) be->free(be, t->d_ids);
     if (t->d_p) be->free(be, t->d_p);
     for (int i = 0; i < SPEC_MAX_DRAFT; i++) free(t->qbuf[i]);
     free(t->seqs); free(t->pos); free(t->tok); free(t->seqv); free(t->want); free(t->host_logits);
@@ -102,18 +102,6 @@ static int mtp_observe(struct drafter *d, int s, const int32_t *history, int pos
     return 0;
 }
 
-/* Index of the max and, if p is wanted (p_min > 0), its probability, on the backend; only
- * scalars travel. The probability costs a softmax pass over the row, so it is skipped when
- * nothing reads it. */
-static int32_t mtp_pick(struct mtp *t, const float *logits, int n_vocab, float *p) {
-    struct backend *be = t->m->be;
-    int32_t id;
-    be->argmax(be, logits, 1, n_vocab, t->d_ids, p ? t->d_p : NULL);
-    be->download(be, &id, t->d_ids, sizeof id);
-    if (p) be->download(be, p, t->d_p, sizeof *p);
-    return id;
-}
-
 static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, struct draft_result *out,
                      char *err, size_t err_size) {
     struct mtp *t = mtp_of(d);
@@ -129,34 +117,40 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
     int rc = mtp_run_rows(t, s, rq->history, sq->n_staged, true, &o, err, err_size);
     if (rc) return rc;
     const int L = rq->L;
+    /* greedy drafts stay on the device: draft i is the argmax written into dev_tokens[i],
+     * which the next chained row and the verify batch read there */
+    out->on_device = !rq->sampler;
     for (int i = 0; i < rq->n_max; i++) {
-        int32_t id;
-        float p;
         if (rq->sampler) {
             const struct sampler_cand *cands;
             size_t nc;
             be->download(be, t->host_logits, o.logits, sizeof(float) * (size_t)m->info.n_vocab);
             sampler_probs(rq->sampler, t->host_logits, &cands, &nc);
             memcpy(t->qbuf[i], cands, nc * sizeof *cands);
-            id = sampler_draw(rq->sampler, t->qbuf[i], nc);
+            out->tokens[i] = sampler_draw(rq->sampler, t->qbuf[i], nc);
             out->q[i] = t->qbuf[i];
             out->q_n[i] = nc;
-            p = 1.0f;
         } else {
-            p = 1.0f;
-            id = mtp_pick(t, o.logits, m->info.n_vocab, rq->p_min > 0.0f ? &p : NULL);
             out->q[i] = NULL;
             out->q_n[i] = 0;
-            if (p < rq->p_min && i >= rq->n_min) break;
+            /* the probability costs a softmax pass and a sync, so only p_min asks for it */
+            const bool want_p = rq->p_min > 0.0f;
+            be->argmax(be, o.logits, 1, m->info.n_vocab, rq->dev_tokens + i, want_p ? t->d_p : NULL);
+            if (want_p) {
+                float p;
+                be->download(be, &p, t->d_p, sizeof p);
+                if (p < rq->p_min && i >= rq->n_min) break;
+            }
         }
-        out->tokens[out->n++] = id;
+        out->n++;
         if (i + 1 == rq->n_max || L + i + 1 >= m->n_ctx) break;
         /* chain: row (d_i, L+1+i, the head's own hidden) */
         be->copy(be, t->h_chain, o.hidden + (size_t)(o.n - 1) * t->E, sizeof(float) * t->E);
         int32_t pos = L + 1 + i, seqv = s;
         bool want = true;
-        struct model_batch b = {.n = 1, .tokens = &out->tokens[i], .pos = &pos, .seq = &seqv, .want_logits = &want,
-                                .draft_head = true};
+        struct model_batch b = {.n = 1, .pos = &pos, .seq = &seqv, .want_logits = &want, .draft_head = true};
+        if (out->on_device) b.tokens_dev = rq->dev_tokens + i;
+        else b.tokens = &out->tokens[i];
         rc = m->vt->mtp_forward(m, &b, t->h_chain, &o, err, err_size);
         if (rc) return rc;
     }
@@ -186,9 +180,8 @@ int drafter_mtp_init(struct drafter **out, struct model *m, char *err, size_t er
     t->want = malloc(sizeof(bool) * (size_t)t->cap);
     t->host_logits = malloc(sizeof(float) * (size_t)m->info.n_vocab);
     t->h_chain = be->alloc(be, sizeof(float) * (size_t)t->E * 2); /* row 1 stays zero */
-    t->d_ids = be->alloc(be, sizeof(int32_t));
     t->d_p = be->alloc(be, sizeof(float));
-    bool ok = t->seqs && t->pos && t->tok && t->seqv && t->want && t->host_logits && t->h_chain && t->d_ids && t->d_p;
+    bool ok = t->seqs && t->pos && t->tok && t->seqv && t->want && t->host_logits && t->h_chain && t->d_p;
     for (int i = 0; ok && i < SPEC_MAX_DRAFT; i++) ok = (t->qbuf[i] = malloc(sizeof(struct sampler_cand) * (size_t)m->info.n_vocab)) != NULL;
     for (int s = 0; ok && s < m->n_seq; s++) {
         t->seqs[s].staged = be->alloc(be, sizeof(float) * (size_t)t->E * t->cap);

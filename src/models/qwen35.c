@@ -63,6 +63,27 @@ struct scratch {
     int32_t *tokens, *pos, *cells, *cell0, *nctx, *rows;   /* device metadata */
 };
 
+/* Graphs of the small batches (decode, draft rows, verify) on backends that have them: what
+ * the recorded ops depend on besides device memory contents. */
+#define QWEN35_GRAPH_MAX_ROWS 16
+#define QWEN35_N_GRAPHS 32
+
+struct graph_key {
+    bool mtp;                            /* the NextN head, not the trunk */
+    int n, seq;                          /* rows, all of one sequence */
+    uint32_t want;                       /* rows that want logits, bit i = row i */
+    bool keep;                           /* recurrent snapshots per row */
+    const float *h_in;                   /* NextN input hidden rows */
+    float *logits;                       /* where the slice's logits go */
+    const struct bweight *head;          /* which LM head */
+};
+
+struct graph_slot {
+    bool used;
+    struct graph_key key;
+    void *graph;                         /* NULL: seen once, not recorded yet */
+};
+
 struct qwen35 {
     struct model base;
     struct qwen35_hparams hp;
@@ -83,6 +104,8 @@ struct qwen35 {
     int32_t *last_run_len;               /* per seq: tokens of its run in the last forward */
     bool *last_run_kept;
     size_t conv_elems, ssm_elems;        /* per sequence, per layer */
+    struct graph_slot *graphs;           /* [QWEN35_N_GRAPHS] recorded small-batch forwards */
+    int graph_next;                      /* the slot a new shape takes (round robin) */
 };
 
 static struct qwen35 *q35(struct model *m) { return (struct qwen35 *)m; }
@@ -327,6 +350,8 @@ static void qwen35_free(struct model *m) {
     if (q->tok_embd.data) be->weight_free(be, &q->tok_embd);
     free_vec(be, q->out_norm);
     if (q->scratch_block) be->free(be, q->scratch_block);
+    for (int i = 0; q->graphs && i < QWEN35_N_GRAPHS; i++) if (q->graphs[i].graph) be->graph_free(be, q->graphs[i].graph);
+    free(q->graphs);
     free(q->h_cells); free(q->h_cell0); free(q->h_nctx); free(q->h_rows);
     free(q->last_run_len); free(q->last_run_kept);
     free(m->seq_len); free(m->mtp_len);
@@ -370,7 +395,8 @@ static int alloc_scratch(struct qwen35 *q) {
     q->h_cell0 = calloc(nb, sizeof(int32_t));
     q->h_nctx = calloc(nb, sizeof(int32_t));
     q->h_rows = calloc(nb, sizeof(int32_t));
-    return (q->h_cells && q->h_cell0 && q->h_nctx && q->h_rows) ? 0 : COTI_E_NOMEM;
+    q->graphs = calloc(QWEN35_N_GRAPHS, sizeof *q->graphs);
+    return (q->h_cells && q->h_cell0 && q->h_nctx && q->h_rows && q->graphs) ? 0 : COTI_E_NOMEM;
 }
 
 static int alloc_memory(struct qwen35 *q) {
@@ -473,6 +499,7 @@ struct run { int start, len, seq; };
 struct slice {
     int n, n_runs;
     const int32_t *tokens, *pos, *seq;
+    const int32_t *tokens_dev;   /* backend memory, instead of tokens */
     struct run runs[QWEN35_MAX_RUNS];
 };
 
@@ -549,7 +576,7 @@ static int slice_check(struct qwen35 *q, struct slice *sl, const int32_t *len, c
     for (int i = 0; i < sl->n; i++) {
         int s = sl->seq ? sl->seq[i] : 0;
         if (s < 0 || s >= m->n_seq) return coti_fail(err, err_size, COTI_E_ARG, "row %d: sequence %d out of range [0, %d)", i, s, m->n_seq);
-        if (sl->tokens[i] < 0 || sl->tokens[i] >= q->hp.n_vocab)
+        if (sl->tokens && (sl->tokens[i] < 0 || sl->tokens[i] >= q->hp.n_vocab))
             return coti_fail(err, err_size, COTI_E_ARG, "row %d: token %d out of range [0, %d)", i, sl->tokens[i], q->hp.n_vocab);
         if (i == 0 || s != sl->runs[sl->n_runs - 1].seq) {
             for (int r = 0; r < sl->n_runs; r++)
@@ -580,36 +607,123 @@ static void slice_upload(struct qwen35 *q, const struct slice *sl) {
         q->h_nctx[i] = sl->pos[i] + 1;
     }
     size_t bytes = sizeof(int32_t) * (size_t)sl->n;
-    be->upload(be, q->s.tokens, sl->tokens, bytes);
+    if (sl->tokens_dev) be->copy(be, q->s.tokens, sl->tokens_dev, bytes);
+    else be->upload(be, q->s.tokens, sl->tokens, bytes);
     be->upload(be, q->s.pos, sl->pos, bytes);
     be->upload(be, q->s.cells, q->h_cells, bytes);
     be->upload(be, q->s.cell0, q->h_cell0, bytes);
     be->upload(be, q->s.nctx, q->h_nctx, bytes);
 }
 
+static bool row_wants_logits(const bool *want, bool last_only, int n, int i) {
+    return want ? want[i] : (last_only && i == n - 1);
+}
+
 /* Final norm of every row into hidden; lm_head over the rows that want logits. */
-static int head_rows(struct qwen35 *q, const struct bweight *head, const float *x, const float *norm,
-                     int n, const bool *want, bool last_only, float *hidden, float *logits) {
+static void head_rows(struct qwen35 *q, const struct bweight *head, const float *x, const float *norm,
+                      int n, const bool *want, bool last_only, float *hidden, float *logits) {
     struct backend *be = q->base.be;
     const int E = q->hp.n_embd;
     be->rmsnorm(be, x, E, norm, n, E, q->hp.eps, hidden, E);
     int n_out = 0;
     for (int i = 0; i < n; i++) {
-        bool w = want ? want[i] : (last_only && i == n - 1);
-        if (!w) continue;
+        if (!row_wants_logits(want, last_only, n, i)) continue;
         be->copy(be, q->s.lm_in + (size_t)n_out * E, hidden + (size_t)i * E, sizeof(float) * E);
         n_out++;
     }
     if (n_out) be->matmul(be, head, q->s.lm_in, n_out, logits);
-    return n_out;
+}
+
+/* What the ops of one slice's forward read besides device memory. */
+struct slice_ops_args {
+    const struct slice *sl;
+    const bool *want;            /* per row of the slice, or NULL: last row if last_only */
+    bool last_only, keep;
+    float *logits;               /* the slice's first logits row */
+    const struct bweight *head;  /* the LM head (NextN drafting: maybe its cheaper copy) */
+    const float *h_in;           /* NextN only */
+};
+
+static void trunk_ops(struct qwen35 *q, const struct slice_ops_args *a) {
+    struct backend *be = q->base.be;
+    const struct qwen35_hparams *hp = &q->hp;
+    const int E = hp->n_embd, n = a->sl->n;
+    be->get_rows(be, &q->tok_embd, q->s.tokens, n, q->s.x);
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer *ly = &q->layers[il];
+        be->rmsnorm(be, q->s.x, E, ly->attn_norm, n, E, hp->eps, q->s.a, E);
+        if (ly->is_gdn) gdn_block(q, ly, a->sl, a->keep);
+        else attn_block(q, ly, n);
+        be->add(be, q->s.x, q->s.m, (int64_t)n * E, q->s.x);
+        ffn_block(q, ly, n);
+    }
+    head_rows(q, a->head, q->s.x, q->out_norm, n, a->want, a->last_only, q->s.hn, a->logits);
+}
+
+static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
+    struct backend *be = q->base.be;
+    const struct qwen35_hparams *hp = &q->hp;
+    const struct mtp_weights *mt = &q->mtp;
+    const int E = hp->n_embd, n = a->sl->n;
+    /* u = eh_proj · [enorm(embed(x)) ; hnorm(h_in)] */
+    be->get_rows(be, &q->tok_embd, q->s.tokens, n, q->s.x);
+    be->rmsnorm(be, q->s.x, E, mt->enorm, n, E, hp->eps, q->s.cat, 2 * E);
+    be->rmsnorm(be, a->h_in, E, mt->hnorm, n, E, hp->eps, q->s.cat + E, 2 * E);
+    be->matmul(be, &mt->eh_proj, q->s.cat, n, q->s.x);
+    be->rmsnorm(be, q->s.x, E, mt->blk.attn_norm, n, E, hp->eps, q->s.a, E);
+    attn_block(q, &mt->blk, n);
+    be->add(be, q->s.x, q->s.m, (int64_t)n * E, q->s.x);
+    ffn_block(q, &mt->blk, n);
+    head_rows(q, a->head, q->s.x, mt->head_norm ? mt->head_norm : q->out_norm, n, a->want, a->last_only, q->s.hn,
+              a->logits);
+}
+
+static bool graph_key_eq(const struct graph_key *x, const struct graph_key *y) {
+    return x->mtp == y->mtp && x->n == y->n && x->seq == y->seq && x->want == y->want && x->keep == y->keep &&
+           x->h_in == y->h_in && x->logits == y->logits && x->head == y->head;
+}
+
+/* Queue one slice's ops (metadata already uploaded). A small single-sequence slice on a backend
+ * with graphs is a graph replay: its shape is recorded the second time it is seen (the first
+ * run, eager, also grows the backend's scratch to it) and replayed from then on, which turns a
+ * launch-bound step of a few hundred kernel launches into one. */
+static void slice_ops(struct qwen35 *q, bool mtp, const struct slice_ops_args *a) {
+    struct backend *be = q->base.be;
+    void (*ops)(struct qwen35 *, const struct slice_ops_args *) = mtp ? mtp_ops : trunk_ops;
+    const struct slice *sl = a->sl;
+    if (!be->capture_begin || sl->n_runs != 1 || sl->n > QWEN35_GRAPH_MAX_ROWS) {
+        ops(q, a);
+        return;
+    }
+    struct graph_key key = {.mtp = mtp, .n = sl->n, .seq = sl->runs[0].seq, .keep = a->keep, .h_in = a->h_in,
+                           .logits = a->logits, .head = a->head};
+    for (int i = 0; i < sl->n; i++) key.want |= (uint32_t)row_wants_logits(a->want, a->last_only, sl->n, i) << i;
+    struct graph_slot *g = NULL;
+    for (int i = 0; i < QWEN35_N_GRAPHS && !g; i++)
+        if (q->graphs[i].used && graph_key_eq(&q->graphs[i].key, &key)) g = &q->graphs[i];
+    if (!g) { /* first sighting */
+        g = &q->graphs[q->graph_next];
+        q->graph_next = (q->graph_next + 1) % QWEN35_N_GRAPHS;
+        if (g->graph) be->graph_free(be, g->graph);
+        *g = (struct graph_slot){.used = true, .key = key};
+        ops(q, a);
+        return;
+    }
+    if (g->graph) {
+        if (be->graph_launch(be, g->graph)) return;
+        be->graph_free(be, g->graph); /* stale: record it again */
+        g->graph = NULL;
+    }
+    be->capture_begin(be);
+    ops(q, a);
+    g->graph = be->capture_end(be);
+    if (!g->graph || !be->graph_launch(be, g->graph)) ops(q, a);
 }
 
 static int qwen35_forward(struct model *m, const struct model_batch *b, struct model_output *out,
                           char *err, size_t err_size) {
     struct qwen35 *q = q35(m);
-    struct backend *be = m->be;
     const struct qwen35_hparams *hp = &q->hp;
-    const int E = hp->n_embd;
     if (b->n < 1) return coti_fail(err, err_size, COTI_E_ARG, "empty batch");
     /* the logits buffer holds n_batch rows */
     int want_total = 0;
@@ -623,7 +737,8 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
     struct slice sl;
     for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
         sl.n = COTI_MIN(m->n_batch, b->n - i0);
-        sl.tokens = b->tokens + i0; sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
+        sl.tokens = b->tokens_dev ? NULL : b->tokens + i0; sl.tokens_dev = b->tokens_dev ? b->tokens_dev + i0 : NULL;
+        sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
         int rc = slice_check(q, &sl, len, err, err_size);
         if (rc) { free(len); return rc; }
         for (int r = 0; r < sl.n_runs; r++) len[sl.runs[r].seq] += sl.runs[r].len;
@@ -633,26 +748,20 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
     int n_logits = 0;
     for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
         sl.n = COTI_MIN(m->n_batch, b->n - i0);
-        sl.tokens = b->tokens + i0; sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
+        sl.tokens = b->tokens_dev ? NULL : b->tokens + i0; sl.tokens_dev = b->tokens_dev ? b->tokens_dev + i0 : NULL;
+        sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
         slice_check(q, &sl, m->seq_len, NULL, 0);
-        const bool last_slice = i0 + sl.n == b->n;
         slice_upload(q, &sl);
-        be->get_rows(be, &q->tok_embd, q->s.tokens, sl.n, q->s.x);
-        for (int il = 0; il < hp->n_layer; il++) {
-            const struct layer *ly = &q->layers[il];
-            be->rmsnorm(be, q->s.x, E, ly->attn_norm, sl.n, E, hp->eps, q->s.a, E);
-            if (ly->is_gdn) gdn_block(q, ly, &sl, b->keep_states);
-            else attn_block(q, ly, sl.n);
-            be->add(be, q->s.x, q->s.m, (int64_t)sl.n * E, q->s.x);
-            ffn_block(q, ly, sl.n);
-        }
+        const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits ? b->want_logits + i0 : NULL,
+                                         .last_only = i0 + sl.n == b->n, .keep = b->keep_states,
+                                         .logits = q->s.logits + (size_t)n_logits * hp->n_vocab, .head = &q->lm_head};
+        slice_ops(q, false, &a);
         for (int r = 0; r < sl.n_runs; r++) {
             m->seq_len[sl.runs[r].seq] += sl.runs[r].len;
             q->last_run_len[sl.runs[r].seq] = sl.runs[r].len;
             q->last_run_kept[sl.runs[r].seq] = b->keep_states;
         }
-        n_logits += head_rows(q, &q->lm_head, q->s.x, q->out_norm, sl.n, b->want_logits ? b->want_logits + i0 : NULL,
-                              last_slice, q->s.hn, q->s.logits + (size_t)n_logits * hp->n_vocab);
+        for (int i = 0; i < sl.n; i++) n_logits += row_wants_logits(a.want, a.last_only, sl.n, i);
     }
     /* hidden rows of the last slice only: callers needing every row keep batches <= n_batch */
     out->n = sl.n;
@@ -667,32 +776,22 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
 static int qwen35_mtp_forward(struct model *m, const struct model_batch *b, const float *h_in,
                               struct model_output *out, char *err, size_t err_size) {
     struct qwen35 *q = q35(m);
-    struct backend *be = m->be;
-    const struct qwen35_hparams *hp = &q->hp;
-    const int E = hp->n_embd;
     if (!q->has_mtp) return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "model has no NextN head");
     if (b->n < 1 || b->n > m->n_batch)
         return coti_fail(err, err_size, COTI_E_ARG, "NextN batch of %d rows outside [1, %d]", b->n, m->n_batch);
-    struct slice sl = {.n = b->n, .tokens = b->tokens, .pos = b->pos, .seq = b->seq};
+    struct slice sl = {.n = b->n, .tokens = b->tokens_dev ? NULL : b->tokens, .tokens_dev = b->tokens_dev,
+                       .pos = b->pos, .seq = b->seq};
     int rc = slice_check(q, &sl, m->mtp_len, err, err_size);
     if (rc) return rc;
     slice_upload(q, &sl);
-    const struct mtp_weights *mt = &q->mtp;
-    /* u = eh_proj · [enorm(embed(x)) ; hnorm(h_in)] */
-    be->get_rows(be, &q->tok_embd, q->s.tokens, sl.n, q->s.x);
-    be->rmsnorm(be, q->s.x, E, mt->enorm, sl.n, E, hp->eps, q->s.cat, 2 * E);
-    be->rmsnorm(be, h_in, E, mt->hnorm, sl.n, E, hp->eps, q->s.cat + E, 2 * E);
-    be->matmul(be, &mt->eh_proj, q->s.cat, sl.n, q->s.x);
-    be->rmsnorm(be, q->s.x, E, mt->blk.attn_norm, sl.n, E, hp->eps, q->s.a, E);
-    attn_block(q, &mt->blk, sl.n);
-    be->add(be, q->s.x, q->s.m, (int64_t)sl.n * E, q->s.x);
-    ffn_block(q, &mt->blk, sl.n);
+    const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits, .last_only = true, .logits = q->s.logits,
+                                     .head = b->draft_head ? &q->draft_head : &q->lm_head, .h_in = h_in};
+    slice_ops(q, true, &a);
     for (int r = 0; r < sl.n_runs; r++) m->mtp_len[sl.runs[r].seq] += sl.runs[r].len;
     out->n = sl.n;
     out->hidden = q->s.hn;
-    out->n_logits = head_rows(q, b->draft_head ? &q->draft_head : &q->lm_head, q->s.x,
-                              mt->head_norm ? mt->head_norm : q->out_norm, sl.n, b->want_logits, true,
-                              q->s.hn, q->s.logits);
+    out->n_logits = 0;
+    for (int i = 0; i < sl.n; i++) out->n_logits += row_wants_logits(a.want, a.last_only, sl.n, i);
     out->logits = q->s.logits;
     return 0;
 }

@@ -24,7 +24,9 @@
  * - attention: q·k sums and the softmax merge are reordered; 1e-5 relative to max|v|.
  * - gdn / gdn_chunked: O(1) outputs after up to 70 steps of f32 rank-1 updates reordered
  *   (test_backend_ops.c bounds CPU f32 against f64 by 2e-5): 2e-5 absolute.
- * - argmax: the same index; p_max within 1e-6 relative (double sums on both sides). */
+ * - argmax: the same index; p_max within 1e-6 relative (double sums on both sides).
+ * - accept_greedy: bit-exact. mark: the time of 4 GiB of copies between two marks.
+ * - graphs: a replay equals the op run eagerly, bit for bit. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -599,6 +601,94 @@ static void test_argmax(int n_rows, int n) {
     free(x); free(ic); free(ig); free(pc); free(pg);
 }
 
+/* ---- accept_greedy ---------------------------------------------------------------------------- */
+
+/* draft = target with the first mismatch at `miss` (n_draft: none), against the CPU result. */
+static void test_accept_greedy(int n_draft, int miss) {
+    char shape[64];
+    int32_t draft[16], target[17], oc[18], og[18];
+    for (int i = 0; i <= n_draft; i++) target[i] = 1000 + 37 * i;
+    for (int i = 0; i < n_draft; i++) draft[i] = i == miss ? target[i] + 1 : target[i];
+    int32_t *dd = gdup(draft, sizeof draft), *dt = gdup(target, sizeof target);
+    int32_t *dout = galloc(sizeof og);
+    cpu->accept_greedy(cpu, draft, target, n_draft, oc);
+    gpu->accept_greedy(gpu, dd, dt, n_draft, dout);
+    gget(og, dout, sizeof(int32_t) * (size_t)(n_draft + 2));
+    snprintf(shape, sizeof shape, "%d drafts, first miss %d", n_draft, miss);
+    if (oc[0] != (miss < n_draft ? miss : n_draft)) { n_fail++; printf("FAIL accept_greedy %s: cpu a = %d\n", shape, oc[0]); }
+    check_bits("accept_greedy", shape, og, oc, sizeof(int32_t) * (size_t)(n_draft + 2));
+    gpu->free(gpu, dd); gpu->free(gpu, dt); gpu->free(gpu, dout);
+}
+
+/* marks around queued work: the elapsed time is that work's, not the host's call time */
+static void test_marks(void) {
+    const size_t n = (size_t)256 << 20;
+    void *a = galloc(n), *b = galloc(n);
+    gpu->sync(gpu);
+    gpu->mark(gpu, 0);
+    for (int i = 0; i < 8; i++) gpu->copy(gpu, b, a, n);
+    gpu->mark(gpu, 1);
+    gpu->mark(gpu, 2);
+    const double us = gpu->mark_elapsed_us(gpu, 0, 1), empty = gpu->mark_elapsed_us(gpu, 1, 2);
+    /* 4 GiB of traffic takes > 200 us on any device this backend runs on */
+    bool ok = us > 200.0 && us < 1e6 && empty >= 0.0 && empty < 100.0;
+    if (ok) n_pass++;
+    else n_fail++;
+    printf("%-5s %-14s %-44s %.1f us / %.1f us\n", ok ? "ok" : "FAIL", "mark", "8 x 256 MiB copies / nothing queued", us, empty);
+    gpu->free(gpu, a); gpu->free(gpu, b);
+}
+
+/* ---- graphs ------------------------------------------------------------------------------------ */
+
+static void expect(bool ok, const char *what) {
+    ok ? n_pass++ : n_fail++;
+    printf("%-5s %-14s %s\n", ok ? "ok" : "FAIL", "graph", what);
+}
+
+/* Recording runs nothing; a replay reads the inputs' current contents; a graph whose scratch
+ * buffer the backend has since replaced is refused; a recording that would need more scratch
+ * than there is fails cleanly. */
+static void test_graphs(void) {
+    const int n = 1000;
+    float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
+    float *ref = xmalloc(sizeof(float) * n);
+    fill(a, n, 1.0f);
+    fill(b, n, 1.0f);
+    float *da = gdup(a, sizeof(float) * n), *db = gdup(b, sizeof(float) * n), *dy = galloc(sizeof(float) * n);
+    gpu->capture_begin(gpu);
+    gpu->add(gpu, da, db, n, dy);
+    void *g = gpu->capture_end(gpu);
+    gget(y, dy, sizeof(float) * n);
+    expect(g && y[0] == 0.0f && y[n - 1] == 0.0f, "recording runs nothing");
+    for (int round = 0; round < 2; round++) {
+        if (round) { fill(a, n, 2.0f); gpu->upload(gpu, da, a, sizeof(float) * n); }
+        bool launched = g && gpu->graph_launch(gpu, g);
+        gget(y, dy, sizeof(float) * n);
+        cpu->add(cpu, a, b, n, ref);
+        expect(launched && !memcmp(y, ref, sizeof(float) * n), round ? "replay reads new input contents" : "replay computes the op");
+    }
+    if (g) gpu->graph_free(gpu, g);
+
+    /* argmax uses scratch: record a small one, then make the backend grow that scratch */
+    const int rows = 4000, cols = 8192;
+    float *big = galloc(sizeof(float) * (size_t)rows * cols);
+    int32_t *ids = galloc(sizeof(int32_t) * rows);
+    gpu->argmax(gpu, da, 1, n, ids, NULL);
+    gpu->capture_begin(gpu);
+    gpu->argmax(gpu, da, 1, n, ids, NULL);
+    g = gpu->capture_end(gpu);
+    gpu->capture_begin(gpu);
+    gpu->argmax(gpu, big, rows, cols, ids, NULL);
+    void *too_big = gpu->capture_end(gpu);
+    expect(g && !too_big, "a recording that needs more scratch fails");
+    gpu->argmax(gpu, big, rows, cols, ids, NULL);
+    expect(g && !gpu->graph_launch(gpu, g), "a graph over replaced scratch is refused");
+    if (g) gpu->graph_free(gpu, g);
+    gpu->sync(gpu);
+    gpu->free(gpu, da); gpu->free(gpu, db); gpu->free(gpu, dy); gpu->free(gpu, big); gpu->free(gpu, ids);
+    free(a); free(b); free(y); free(ref);
+}
+
 /* ---- memory ------------------------------------------------------------------------------------ */
 
 static void test_memory(void) {
@@ -807,6 +897,12 @@ int main(int argc, char **argv) {
     }
     if (want("gdn_chunked")) { test_gdn(true, 150, 2, 4, 128, 0); test_gdn(true, 64, 2, 4, 16, 0); }
     if (want("argmax")) { test_argmax(1, 248320); test_argmax(5, 1000); test_argmax(3, 4097); }
+    if (want("accept_greedy")) {
+        for (int n = 0; n <= 8; n += 4)
+            for (int miss = 0; miss <= n; miss++) test_accept_greedy(n, miss);
+    }
+    if (want("marks")) test_marks();
+    if (want("graphs")) test_graphs();
 
     printf("%d passed, %d failed\n", n_pass, n_fail);
     backend_free(cpu);
