@@ -36,7 +36,7 @@ CFLAGS    += -DCOTI_CUDA
 LDLIBS    += -L/usr/local/cuda/lib64 -lcudart -lstdc++
 endif
 
-.PHONY: all test test-server asan clean setup bench
+.PHONY: all test test-server asan cuda clean setup bench
 all: coti
 
 coti: $(BUILD)/coti
@@ -86,6 +86,16 @@ asan:
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 build-asan/test_coti -j2
 	ASAN_OPTIONS=detect_leaks=1 bash tests/cli.sh build-asan/coti
 
+# The CUDA build in its own folder, leaving ./coti alone: build-cuda/coti and the GPU op test
+# program build-cuda/test_cuda_ops (run on a GPU machine; docs/bench-gpu.md). CI builds it to
+# prove the GPU code compiles where nvcc exists.
+NVCC_FOUND := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+cuda:
+	$(MAKE) CUDA=1 BUILD=build-cuda NVCC=$(NVCC_FOUND) build-cuda/coti build-cuda/test_cuda_ops
+
+$(BUILD)/test_cuda_ops: tests/cuda/test_cuda_ops.c $(BUILD)/libcoti.a
+	$(CC) $(CFLAGS) -I/usr/local/cuda/include -o $@ $^ $(LDLIBS)
+
 # Debian packages the build and the tests need (run as root on a fresh machine).
 setup:
 	apt-get update -qq
@@ -94,6 +104,6 @@ setup:
 	command -v node >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm
 
 clean:
-	rm -rf build build-asan coti
+	rm -rf build build-asan build-cuda coti
 
 -include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CUDA_OBJ:.o=.d)

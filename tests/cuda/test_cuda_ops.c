@@ -2,12 +2,10 @@
  * (backend_cpu_init(1, QUANT_CPU_REF)) on seeded random inputs, plus a matvec bandwidth bench.
  * Standalone (not under tests/: CI has no GPU). Exit status 0 only if every case passes.
  *
- * Build (from the repository root, after `make CUDA=1`, or with BUILD=<dir> and that dir):
- *   cc -std=c11 -O2 -g -D_GNU_SOURCE -Isrc -I/usr/local/cuda/include -o build/test_cuda_ops \
- *      tests/cuda/test_cuda_ops.c build/libcoti.a -L/usr/local/cuda/lib64 -lcudart -lstdc++ -lm -pthread
+ * Build: `make cuda` (build-cuda/test_cuda_ops, next to build-cuda/coti).
  * Run:
- *   build/test_cuda_ops [--seed N] [--only OP]     correctness; one line per case
- *   build/test_cuda_ops --bench                    Q8_0 matvec GB/s against a D2D copy
+ *   build-cuda/test_cuda_ops [--seed N] [--only OP]     correctness; one line per case
+ *   build-cuda/test_cuda_ops --bench                    Q8_0 matvec GB/s against a D2D copy
  *
  * Tolerances (each case prints its max abs / rel error and the bound):
  * - matmul: the GPU quantizes activations exactly as the CPU reference does and forms every
