@@ -168,6 +168,15 @@ Test(backend_ops, activations_and_argmax_every_level) {
                 cr_assert_eq(o->argmax(x, len), e2, "level %d argmax tie/NaN len %d", li, len);
             }
         }
+        /* the softmax denominator: terms <= 1, f32 lanes; relative error ~1e-6 at n = 1000 */
+        for (int len = 1; len <= N; len += 333) {
+            fill(x, (size_t)len, 8.0f);
+            float mx = x[o->argmax(x, len)];
+            double want_sum = 0;
+            for (int i = 0; i < len; i++) want_sum += exp((double)x[i] - mx);
+            double got = o->exp_sum(x, len, mx);
+            cr_assert_leq(fabs(got - want_sum) / want_sum, 2e-6, "level %d exp_sum len %d: %g vs %g", li, len, got, want_sum);
+        }
         x[0] = NAN;
         x[1] = 1.0f;
         cr_assert_eq(o->argmax(x, 2), 0, "level %d: leading NaN", li);

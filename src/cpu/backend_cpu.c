@@ -372,11 +372,7 @@ static void cpu_argmax(struct backend *be, const float *x, int n_rows, int n, in
         const float *xr = x + (size_t)r * n;
         int best = cpu(be)->ops->argmax(xr, n);
         out[r] = best;
-        if (p_max) {
-            double sum = 0.0;
-            for (int i = 0; i < n; i++) sum += exp((double)xr[i] - xr[best]);
-            p_max[r] = (float)(1.0 / sum);
-        }
+        if (p_max) p_max[r] = (float)(1.0 / cpu(be)->ops->exp_sum(xr, n, xr[best]));
     }
 }
 

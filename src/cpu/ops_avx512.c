@@ -231,6 +231,23 @@ static void conv4_token_avx512(const float *x, int n_ch, const float *w, float *
     }
 }
 
+/* 16 f32 lanes of e^(x - m) (each term <= 1), summed per lane, the lanes in double */
+static double exp_sum_avx512(const float *x, int n, float m) {
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) acc = _mm512_add_ps(acc, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm)));
+    if (i < n) {
+        const __mmask16 t = tail_mask(n - i);
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(t, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, x + i), vm))));
+    }
+    float lanes[16];
+    _mm512_storeu_ps(lanes, acc);
+    double sum = 0.0;
+    for (int k = 0; k < 16; k++) sum += lanes[k];
+    return sum;
+}
+
 /* the maximum first (vmaxps keeps the accumulator when the loaded lane is NaN), then the
  * first index holding it: the same answer as the scalar scan */
 static int argmax_avx512(const float *x, int n) {
@@ -254,4 +271,4 @@ static int argmax_avx512(const float *x, int n) {
 
 const struct cpu_ops cpu_ops_avx512 = {attn_group_avx512, gdn_head_avx512, gdn_chunked_head_avx512,
                                        silu_avx512, sigmoid_avx512, conv4_token_avx512,
-                                       argmax_avx512};
+                                       exp_sum_avx512, argmax_avx512};

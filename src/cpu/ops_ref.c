@@ -49,6 +49,11 @@ static void conv4_token_ref(const float *x, int n_ch, const float *w, float *sta
         y[c] = s;
     }
 }
+static double exp_sum_ref(const float *x, int n, float m) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += exp((double)x[i] - m);
+    return sum;
+}
 static int argmax_ref(const float *x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
@@ -59,4 +64,4 @@ static int argmax_ref(const float *x, int n) {
 #include "cpu/ops_body.h"
 
 const struct cpu_ops cpu_ops_ref = {attn_group_ref, gdn_head_ref, gdn_chunked_head_ref,
-                                    silu_ref, sigmoid_ref, conv4_token_ref, argmax_ref};
+                                    silu_ref, sigmoid_ref, conv4_token_ref, exp_sum_ref, argmax_ref};

@@ -22,7 +22,7 @@
 
 static void usage(void) {
     fprintf(stderr, "usage: coti bench [-m MODEL] --spec off,mtp,ngram[,mtp:N ...] --prompts FILE [-n N] [--repeat R] [--json PATH]\n"
-                    "  a configuration is TYPE or TYPE:N_MAX (default n_max from --spec-n-max)\n%s",
+                    "  a configuration is TYPE, TYPE:N_MAX or TYPE:N_MAX:P_MIN (defaults: --spec-n-max, --spec-p-min)\n%s",
             cli_common_help());
 }
 
@@ -68,12 +68,16 @@ int tool_bench_main(int argc, char **argv) {
         struct config *k = &cfg[n_cfg];
         memset(k, 0, sizeof *k);
         k->sp = c.spec;
-        char *colon = strchr(t, ':');
+        char *colon = strchr(t, ':'), *colon2 = colon ? strchr(colon + 1, ':') : NULL;
         long nm = c.spec.n_max;
+        double pm = c.spec.p_min;
+        if (colon2) { *colon2 = 0; if (cli_parse_float("--spec p_min", colon2 + 1, 0.0, 1.0, &pm)) return 1; }
         if (colon) { *colon = 0; if (cli_parse_int("--spec n_max", colon + 1, 1, SPEC_MAX_DRAFT, &nm)) return 1; }
         if (spec_type_parse(t, &k->sp.type)) { fprintf(stderr, "error: unknown speculation '%s'\n", t); return 1; }
         k->sp.n_max = (int)nm;
+        k->sp.p_min = (float)pm;
         if (k->sp.type == SPEC_OFF) snprintf(k->name, sizeof k->name, "off");
+        else if (colon2) snprintf(k->name, sizeof k->name, "%s:%ld:%g", t, nm, pm);
         else snprintf(k->name, sizeof k->name, "%s:%ld", t, nm);
         n_cfg++;
     }
