@@ -83,7 +83,7 @@ test-server: coti
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its own build folder.
 asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 SAN=address,undefined build-asan/test_coti build-asan/coti
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 build-asan/test_coti -j2
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 build-asan/test_coti -j2
 	ASAN_OPTIONS=detect_leaks=1 bash tests/cli.sh build-asan/coti
 
 # The CUDA build in its own folder, leaving ./coti alone: build-cuda/coti and the GPU op test
