@@ -49,6 +49,23 @@ struct cpu_ops {
     int (*argmax)(const float *x, int n);
 };
 
+/* conv4_token's definition for channels [c0, c1): the reference, and the SIMD tail */
+static inline void conv4_channels(const float *x, int c0, int c1, const float *w, float *state, float *y) {
+    for (int c = c0; c < c1; c++) {
+        float *st = state + 3 * c;
+        const float *wc = w + 4 * c;
+        float s = 0.0f;
+        s += wc[0] * st[0];
+        s += wc[1] * st[1];
+        s += wc[2] * st[2];
+        s += wc[3] * x[c];
+        st[0] = st[1];
+        st[1] = st[2];
+        st[2] = x[c];
+        y[c] = s;
+    }
+}
+
 extern const struct cpu_ops cpu_ops_ref;
 extern const struct cpu_ops cpu_ops_avx512;
 

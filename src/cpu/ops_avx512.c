@@ -216,19 +216,7 @@ static void conv4_token_avx512(const float *x, int n_ch, const float *w, float *
         }
         for (int v = 0; v < 3; v++) _mm512_storeu_ps(st + 16 * v, nv[v]);
     }
-    for (; c < n_ch; c++) {
-        float *st = state + 3 * c;
-        const float *wc = w + 4 * c;
-        float s = 0.0f;
-        s += wc[0] * st[0];
-        s += wc[1] * st[1];
-        s += wc[2] * st[2];
-        s += wc[3] * x[c];
-        st[0] = st[1];
-        st[1] = st[2];
-        st[2] = x[c];
-        y[c] = s;
-    }
+    conv4_channels(x, c, n_ch, w, state, y);
 }
 
 /* 16 f32 lanes of e^(x - m) (each term <= 1), summed per lane, the lanes in double */

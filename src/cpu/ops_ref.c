@@ -35,19 +35,7 @@ static inline float vexp_shift(float *x, int n, float m) {
 static void silu_ref(const float *x, float *y, int n) { for (int i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i])); }
 static void sigmoid_ref(const float *x, float *y, int n) { for (int i = 0; i < n; i++) y[i] = 1.0f / (1.0f + expf(-x[i])); }
 static void conv4_token_ref(const float *x, int n_ch, const float *w, float *state, float *y) {
-    for (int c = 0; c < n_ch; c++) {
-        float *st = state + 3 * c;
-        const float *wc = w + 4 * c;
-        float s = 0.0f;
-        s += wc[0] * st[0];
-        s += wc[1] * st[1];
-        s += wc[2] * st[2];
-        s += wc[3] * x[c];
-        st[0] = st[1];
-        st[1] = st[2];
-        st[2] = x[c];
-        y[c] = s;
-    }
+    conv4_channels(x, 0, n_ch, w, state, y);
 }
 static double exp_sum_ref(const float *x, int n, float m) {
     double sum = 0.0;
