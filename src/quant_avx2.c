@@ -469,25 +469,7 @@ static inline float q8_block(const float *x, int8_t *qs, int *sum) {
     return d;
 }
 
-static void q8_0_from_float(const float *x, void *y, int64_t n) {
-    uint8_t *out = y;
-    for (int64_t ib = 0; ib < n / 32; ib++, x += 32, out += 34) {
-        int sum;
-        float d = q8_block(x, (int8_t *)(out + 2), &sum);
-        uint16_t h = f32_to_fp16(d);
-        memcpy(out, &h, 2);
-    }
-}
-
-static void q8_1_from_float(const float *x, void *y, int64_t n) {
-    uint8_t *out = y;
-    for (int64_t ib = 0; ib < n / 32; ib++, x += 32, out += 36) {
-        int sum;
-        float d = q8_block(x, (int8_t *)(out + 4), &sum);
-        uint16_t h[2] = {f32_to_fp16(d), f32_to_fp16((float)sum * d)};
-        memcpy(out, h, 4);
-    }
-}
+QUANT_Q8_FROM_FLOAT(q8_block)
 
 static void q8_K_from_float(const float *x, void *y, int64_t n) {
     uint8_t *out = y;

@@ -197,6 +197,28 @@ void quant_q4_0_packed_gemm_avx512(int64_t n, const void *wp, int64_t n_out, con
 
 #define QUANT_ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* q8_0_from_float and q8_1_from_float around a level's block quantizer
+ * float BLOCK(const float *x, int8_t *qs, int *sum) (codes into qs, returns d, sum of codes):
+ * the block layouts live here once, the arithmetic per ISA in quant_avx2.c / quant_avx512.c. */
+#define QUANT_Q8_FROM_FLOAT(BLOCK)                                                             \
+    static void q8_0_from_float(const float *x, void *y, int64_t n) {                          \
+        uint8_t *out = y;                                                                      \
+        for (int64_t ib = 0; ib < n / 32; ib++, x += 32, out += 34) {                          \
+            int sum;                                                                           \
+            uint16_t h = f32_to_fp16(BLOCK(x, (int8_t *)(out + 2), &sum));                     \
+            memcpy(out, &h, 2);                                                                \
+        }                                                                                      \
+    }                                                                                          \
+    static void q8_1_from_float(const float *x, void *y, int64_t n) {                          \
+        uint8_t *out = y;                                                                      \
+        for (int64_t ib = 0; ib < n / 32; ib++, x += 32, out += 36) {                          \
+            int sum;                                                                           \
+            float d = BLOCK(x, (int8_t *)(out + 4), &sum);                                     \
+            uint16_t h[2] = {f32_to_fp16(d), f32_to_fp16((float)sum * d)};                     \
+            memcpy(out, h, 4);                                                                 \
+        }                                                                                      \
+    }
+
 /* Per-level kernel tables. Each overwrites only the members it implements for type t and
  * leaves the others (filled by the lower level) alone. Defined in quant_avx2.c and
  * quant_avx512.c; must only be called when the CPU supports that level. */
