@@ -244,3 +244,25 @@ Test(backend_ops, marks_measure_the_time_between_them) {
     cr_assert_eq(be->mark_elapsed_us(be, 1, 1), 0.0);
     backend_free(be);
 }
+
+/* RMSNorm's Σx² (double; only the summation order may differ between levels) and the KV
+ * cache's f16 conversion (bit-identical to f32_to_fp16 for finite values, including values
+ * that round to f16 subnormals, to zero and to ±inf). */
+Test(backend_ops, sum_sq_and_to_f16_every_level) {
+    const struct cpu_ops *levels[] = {&cpu_ops_ref, &cpu_ops_avx512};
+    const int n_levels = quant_cpu_level_detect() >= QUANT_CPU_AVX512 ? 2 : 1;
+    enum { N = 600 };
+    float x[N];
+    uint16_t got[N];
+    for (int li = 0; li < n_levels; li++)
+        for (int len = 1; len <= N; len += len < 40 ? 1 : 113) {
+            fill(x, (size_t)len, 3.0f);
+            for (int i = 0; i < len; i += 7) x[i] *= (i % 3 == 0) ? 1e-6f : (i % 3 == 1 ? 3e4f : 1e-9f);
+            double want = 0;
+            for (int i = 0; i < len; i++) want += (double)x[i] * x[i];
+            cr_assert_leq(fabs(levels[li]->sum_sq(x, len) - want), 1e-12 * want, "level %d sum_sq len %d", li, len);
+            levels[li]->to_f16(x, got, len);
+            for (int i = 0; i < len; i++)
+                cr_assert_eq(got[i], f32_to_fp16(x[i]), "level %d to_f16 len %d: x[%d] = %g", li, len, i, x[i]);
+        }
+}

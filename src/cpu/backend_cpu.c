@@ -182,10 +182,8 @@ static void cpu_get_rows(struct backend *be, const struct bweight *w, const int3
 /* ---- norms and elementwise --------------------------------------------------------- */
 
 /* Σx² in double, then 1/sqrt in f32 — llama.cpp's order of operations. */
-static float rms_scale(const float *x, int dim, float eps) {
-    double sum = 0.0;
-    for (int i = 0; i < dim; i++) sum += (double)x[i] * x[i];
-    return 1.0f / sqrtf((float)(sum / dim) + eps);
+static float rms_scale(const struct cpu_ops *ops, const float *x, int dim, float eps) {
+    return 1.0f / sqrtf((float)(ops->sum_sq(x, dim) / dim) + eps);
 }
 
 static void cpu_rmsnorm(struct backend *be, const float *x, int x_stride, const float *w, int n_rows,
@@ -193,7 +191,7 @@ static void cpu_rmsnorm(struct backend *be, const float *x, int x_stride, const 
     for (int r = 0; r < n_rows; r++) {
         const float *xr = x + (size_t)r * x_stride;
         float *yr = y + (size_t)r * y_stride;
-        float s = rms_scale(xr, dim, eps);
+        float s = rms_scale(cpu(be)->ops, xr, dim, eps);
         for (int i = 0; i < dim; i++) yr[i] = (xr[i] * s) * w[i];
     }
 }
@@ -209,7 +207,7 @@ static void cpu_rmsnorm_gated(struct backend *be, const float *x, const float *w
     for (int r = 0; r < n_rows; r++) {
         const float *xr = x + (size_t)r * dim, *zr = z + (size_t)r * dim;
         float *yr = y + (size_t)r * dim;
-        float s = rms_scale(xr, dim, eps);
+        float s = rms_scale(ops, xr, dim, eps);
         for (int i0 = 0; i0 < dim; i0 += CPU_ACT_PIECE) {
             const int n = COTI_MIN(CPU_ACT_PIECE, dim - i0);
             ops->silu(zr + i0, act, n);
@@ -277,11 +275,8 @@ static void cpu_kv_store(struct backend *be, const float *k, int k_stride, const
                          int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache,
                          uint16_t *v_cache) {
     for (int t = 0; t < n_tok; t++) {
-        uint16_t *kc = k_cache + (size_t)cells[t] * n_kv_dim, *vc = v_cache + (size_t)cells[t] * n_kv_dim;
-        for (int i = 0; i < n_kv_dim; i++) {
-            kc[i] = f32_to_fp16(k[(size_t)t * k_stride + i]);
-            vc[i] = f32_to_fp16(v[(size_t)t * v_stride + i]);
-        }
+        cpu(be)->ops->to_f16(k + (size_t)t * k_stride, k_cache + (size_t)cells[t] * n_kv_dim, n_kv_dim);
+        cpu(be)->ops->to_f16(v + (size_t)t * v_stride, v_cache + (size_t)cells[t] * n_kv_dim, n_kv_dim);
     }
 }
 

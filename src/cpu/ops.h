@@ -43,6 +43,10 @@ struct cpu_ops {
     /* one token of the kernel-4 causal conv (the delta-net's): y[c] = Σ_i w[c][i] st[c][i] +
      * w[c][3] x[c], summed in that order; st[c] = {st[c][1], st[c][2], x[c]} */
     void (*conv4_token)(const float *x, int n_ch, const float *w, float *state, float *y);
+    /* Σ x[i]² in double (RMSNorm's sum, as llama.cpp keeps it) */
+    double (*sum_sq)(const float *x, int n);
+    /* y[i] = x[i] as IEEE f16, round to nearest even (the KV cache) */
+    void (*to_f16)(const float *x, uint16_t *y, int n);
     /* Σ e^(x[i] - m) (the softmax denominator for the maximum m; 1/it is p of the argmax) */
     double (*exp_sum)(const float *x, int n, float m);
     /* index of the first maximum (NaNs never win; 0 if x[0] is NaN) */

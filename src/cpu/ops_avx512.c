@@ -219,6 +219,31 @@ static void conv4_token_avx512(const float *x, int n_ch, const float *w, float *
     conv4_channels(x, c, n_ch, w, state, y);
 }
 
+/* 8 double lanes, two accumulators (16 floats a step) */
+static double sum_sq_avx512(const float *x, int n) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+        a0 = _mm512_fmadd_pd(lo, lo, a0);
+        a1 = _mm512_fmadd_pd(hi, hi, a1);
+    }
+    double sum = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+    for (; i < n; i++) sum += (double)x[i] * x[i];
+    return sum;
+}
+
+/* vcvtps2ph rounds to nearest even like the scalar f32_to_fp16 */
+static void to_f16_avx512(const float *x, uint16_t *y, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i), _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (i < n) {
+        const __mmask16 t = tail_mask(n - i);
+        _mm256_mask_storeu_epi16(y + i, t, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(t, x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+}
+
 /* 16 f32 lanes of e^(x - m) (each term <= 1), summed per lane, the lanes in double */
 static double exp_sum_avx512(const float *x, int n, float m) {
     const __m512 vm = _mm512_set1_ps(m);
@@ -259,4 +284,4 @@ static int argmax_avx512(const float *x, int n) {
 
 const struct cpu_ops cpu_ops_avx512 = {attn_group_avx512, gdn_head_avx512, gdn_chunked_head_avx512,
                                        silu_avx512, sigmoid_avx512, conv4_token_avx512,
-                                       exp_sum_avx512, argmax_avx512};
+                                       sum_sq_avx512, to_f16_avx512, exp_sum_avx512, argmax_avx512};

@@ -37,6 +37,12 @@ static void sigmoid_ref(const float *x, float *y, int n) { for (int i = 0; i < n
 static void conv4_token_ref(const float *x, int n_ch, const float *w, float *state, float *y) {
     conv4_channels(x, 0, n_ch, w, state, y);
 }
+static double sum_sq_ref(const float *x, int n) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)x[i] * x[i];
+    return sum;
+}
+static void to_f16_ref(const float *x, uint16_t *y, int n) { for (int i = 0; i < n; i++) y[i] = f32_to_fp16(x[i]); }
 static double exp_sum_ref(const float *x, int n, float m) {
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += exp((double)x[i] - m);
@@ -52,4 +58,5 @@ static int argmax_ref(const float *x, int n) {
 #include "cpu/ops_body.h"
 
 const struct cpu_ops cpu_ops_ref = {attn_group_ref, gdn_head_ref, gdn_chunked_head_ref,
-                                    silu_ref, sigmoid_ref, conv4_token_ref, exp_sum_ref, argmax_ref};
+                                    silu_ref, sigmoid_ref, conv4_token_ref, sum_sq_ref, to_f16_ref,
+                                    exp_sum_ref, argmax_ref};
