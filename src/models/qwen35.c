@@ -2,14 +2,18 @@
  * metadata, tensor binding, the forward pass over a batch of tokens of one or more
  * sequences, per-sequence memory (f16 KV cache for the full-attention layers, conv + delta
  * state for the gated-delta-net layers, per-token state snapshots for rollback), and the
- * NextN (MTP) draft head. Written against backend.h only: nothing here runs arithmetic.
+ * NextN (MTP) draft head. Written against backend.h only: nothing here runs arithmetic, except
+ * the load-time requantization of the LM head the NextN drafts read (make_draft_head).
  * Reference: ../shared/docs/arch-qwen35.md; llama.cpp src/models/qwen35.cpp (behaviour). */
 #include "model.h"
+#include "threadpool.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Sizes beyond these are rejected at load: they bound on-stack scratch in the backends and
  * are far above any published Qwen3.5 shape (head dim 256, state 128). */
@@ -161,6 +165,31 @@ static int bind_matrix(struct loader *L, struct bweight *w, const char *name, in
     return 0;
 }
 
+/* Rows [row0, row1) of a requantization split over a temporary thread pool. */
+struct requant_job {
+    const uint8_t *src;
+    enum ggml_type src_type;
+    size_t src_rb, dst_rb;
+    uint8_t *dst;
+    int64_t n, rows;
+    atomic_bool oom;                     /* a worker could not get its row buffer */
+};
+
+static void requant_rows(void *arg, int ith, int nth) {
+    struct requant_job *j = arg;
+    float *row = malloc(sizeof(float) * (size_t)j->n);
+    if (!row) { atomic_store(&j->oom, true); return; }
+    for (int64_t r = j->rows * ith / nth; r < j->rows * (ith + 1) / nth; r++) {
+        quant_dequantize_row_ref(j->src_type, j->src + (size_t)r * j->src_rb, row, j->n);
+        quant_quantize_row_ref(GGML_TYPE_Q4_0, row, j->dst + (size_t)r * j->dst_rb, j->n);
+    }
+    free(row);
+}
+
+/* Above this many weights the requantization runs on every core: a 9B head (248320 x 4096)
+ * takes ~5 s on one, and every load of an MTP model pays it. */
+#define DRAFT_HEAD_PARALLEL_MIN (1 << 24)
+
 /* q->draft_head: the LM head requantized to Q4_0 (via f32, llama.cpp's reference rounding)
  * when it has more than 4.5 bits per weight and the backend computes Q4_0; else the LM head
  * itself. Acceptance with it: docs/notes/2026-11-29-packed-q8_0.md. */
@@ -171,18 +200,14 @@ static int make_draft_head(struct loader *L, struct qwen35 *q) {
     const int64_t n = q->hp.n_embd, rows = q->hp.n_vocab;
     q->draft_head = q->lm_head;
     if (!t || !tr || (double)tr->block_bytes * 8.0 / tr->block_elems <= 4.5 || n % 32) return 0;
-    const size_t rb = ggml_row_size(GGML_TYPE_Q4_0, n), src_rb = ggml_row_size(t->type, n);
-    float *row = malloc(sizeof(float) * (size_t)n);
-    q->draft_head_host = malloc(rb * (size_t)rows);
-    if (!row || !q->draft_head_host) {
-        free(row);
-        return coti_fail(L->err, L->err_size, COTI_E_NOMEM, "out of memory for the draft LM head");
-    }
-    for (int64_t r = 0; r < rows; r++) {
-        quant_dequantize_row_ref(t->type, (const uint8_t *)t->data + (size_t)r * src_rb, row, n);
-        quant_quantize_row_ref(GGML_TYPE_Q4_0, row, (uint8_t *)q->draft_head_host + (size_t)r * rb, n);
-    }
-    free(row);
+    struct requant_job j = {(const uint8_t *)t->data, t->type, ggml_row_size(t->type, n),
+                            ggml_row_size(GGML_TYPE_Q4_0, n), NULL, n, rows, false};
+    q->draft_head_host = j.dst = malloc(j.dst_rb * (size_t)rows);
+    long ncpu = n * rows >= DRAFT_HEAD_PARALLEL_MIN ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
+    struct threadpool *tp = j.dst ? threadpool_init((int)COTI_MAX(1, COTI_MIN(ncpu, 64))) : NULL;
+    if (tp) threadpool_run(tp, requant_rows, &j);
+    threadpool_free(tp);
+    if (!tp || atomic_load(&j.oom)) return coti_fail(L->err, L->err_size, COTI_E_NOMEM, "out of memory for the draft LM head");
     struct bweight w = {0};
     if (L->be->weight_init(L->be, &w, GGML_TYPE_Q4_0, n, rows, q->draft_head_host) == 0) q->draft_head = w;
     return 0;
