@@ -640,6 +640,15 @@ static void slice_upload(struct qwen35 *q, const struct slice *sl) {
     be->upload(be, q->s.nctx, q->h_nctx, bytes);
 }
 
+/* Rows [i0, i0 + n) of batch b as a slice (runs are filled in by slice_check). */
+static void slice_take(struct slice *sl, const struct model_batch *b, int i0, int n) {
+    sl->n = n;
+    sl->tokens = b->tokens_dev ? NULL : b->tokens + i0;
+    sl->tokens_dev = b->tokens_dev ? b->tokens_dev + i0 : NULL;
+    sl->pos = b->pos + i0;
+    sl->seq = b->seq ? b->seq + i0 : NULL;
+}
+
 static bool row_wants_logits(const bool *want, bool last_only, int n, int i) {
     return want ? want[i] : (last_only && i == n - 1);
 }
@@ -761,9 +770,7 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
     memcpy(len, m->seq_len, sizeof(int32_t) * (size_t)m->n_seq);
     struct slice sl;
     for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
-        sl.n = COTI_MIN(m->n_batch, b->n - i0);
-        sl.tokens = b->tokens_dev ? NULL : b->tokens + i0; sl.tokens_dev = b->tokens_dev ? b->tokens_dev + i0 : NULL;
-        sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
+        slice_take(&sl, b, i0, COTI_MIN(m->n_batch, b->n - i0));
         int rc = slice_check(q, &sl, len, err, err_size);
         if (rc) { free(len); return rc; }
         for (int r = 0; r < sl.n_runs; r++) len[sl.runs[r].seq] += sl.runs[r].len;
@@ -772,9 +779,7 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
 
     int n_logits = 0;
     for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
-        sl.n = COTI_MIN(m->n_batch, b->n - i0);
-        sl.tokens = b->tokens_dev ? NULL : b->tokens + i0; sl.tokens_dev = b->tokens_dev ? b->tokens_dev + i0 : NULL;
-        sl.pos = b->pos + i0; sl.seq = b->seq ? b->seq + i0 : NULL;
+        slice_take(&sl, b, i0, COTI_MIN(m->n_batch, b->n - i0));
         slice_check(q, &sl, m->seq_len, NULL, 0);
         slice_upload(q, &sl);
         const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits ? b->want_logits + i0 : NULL,
@@ -804,8 +809,8 @@ static int qwen35_mtp_forward(struct model *m, const struct model_batch *b, cons
     if (!q->has_mtp) return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "model has no NextN head");
     if (b->n < 1 || b->n > m->n_batch)
         return coti_fail(err, err_size, COTI_E_ARG, "NextN batch of %d rows outside [1, %d]", b->n, m->n_batch);
-    struct slice sl = {.n = b->n, .tokens = b->tokens_dev ? NULL : b->tokens, .tokens_dev = b->tokens_dev,
-                       .pos = b->pos, .seq = b->seq};
+    struct slice sl;
+    slice_take(&sl, b, 0, b->n);
     int rc = slice_check(q, &sl, m->mtp_len, err, err_size);
     if (rc) return rc;
     slice_upload(q, &sl);
