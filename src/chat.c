@@ -24,19 +24,9 @@ static void sb_put(struct sbuf *b, const char *s, size_t n) {
         b->oom = true;
         return;
     }
-    if (need > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < need) {
-            if (cap > SIZE_MAX / 2) { cap = need; break; }
-            cap *= 2;
-        }
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
+    if (!coti_grow(&b->p, &b->cap, need, 1, 256)) {
+        b->oom = true;
+        return;
     }
     memcpy(b->p + b->n, s, n);
     b->n += n;

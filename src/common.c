@@ -2,7 +2,10 @@
 #include "common.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 enum coti_log_level coti_log_min_level = COTI_LOG_INFO;
@@ -32,4 +35,19 @@ int64_t coti_time_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+bool coti_grow(void *ptr_addr, size_t *cap, size_t need, size_t elem, size_t first) {
+    if (need <= *cap) return true;
+    size_t c = *cap ? *cap : first, bytes;
+    while (c < need) {
+        if (c > SIZE_MAX / 2) { c = need; break; }
+        c *= 2;
+    }
+    void *p;
+    memcpy(&p, ptr_addr, sizeof p);   /* ptr_addr may point at any object pointer type */
+    if (!coti_mul_size(c, elem, &bytes) || !(p = realloc(p, bytes))) return false;
+    memcpy(ptr_addr, &p, sizeof p);
+    *cap = c;
+    return true;
 }

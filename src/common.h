@@ -39,6 +39,13 @@ static inline bool coti_add_size(size_t a, size_t b, size_t *out) {
     return !__builtin_add_overflow(a, b, out);
 }
 
+/* Make the array whose pointer is at ptr_addr (any T **) hold at least need elements of elem
+ * bytes: the capacity *cap doubles, starting from first when it is 0, and is need itself when
+ * doubling would overflow. Returns false (array and *cap untouched) on overflow or when
+ * realloc fails. The one growth rule for the byte and element buffers of the tokenizer, the
+ * chat renderer and the server. */
+bool coti_grow(void *ptr_addr, size_t *cap, size_t need, size_t elem, size_t first);
+
 #define COTI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define COTI_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define COTI_MAX(a, b) ((a) > (b) ? (a) : (b))

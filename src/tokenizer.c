@@ -171,17 +171,7 @@ struct buf {
 
 static bool buf_put(struct buf *b, const void *src, size_t n) {
     if (n > SIZE_MAX - b->n) return false;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n) {
-            if (cap > SIZE_MAX / 2) return false;
-            cap *= 2;
-        }
-        char *p = realloc(b->p, cap);
-        if (!p) return false;
-        b->p = p;
-        b->cap = cap;
-    }
+    if (!coti_grow(&b->p, &b->cap, b->n + n, 1, 4096)) return false;
     if (n) memcpy(b->p + b->n, src, n);
     b->n += n;
     return true;
@@ -698,13 +688,7 @@ struct ids {
 };
 
 static bool ids_push(struct ids *v, int32_t id) {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 64;
-        int32_t *p = realloc(v->p, cap * sizeof(*p));
-        if (!p) return false;
-        v->p = p;
-        v->cap = cap;
-    }
+    if (!coti_grow(&v->p, &v->cap, v->n + 1, sizeof(*v->p), 64)) return false;
     v->p[v->n++] = id;
     return true;
 }
@@ -721,13 +705,7 @@ struct frags {
 };
 
 static bool frags_push(struct frags *v, int32_t id, size_t off, size_t len) {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 16;
-        struct frag *p = realloc(v->p, cap * sizeof(*p));
-        if (!p) return false;
-        v->p = p;
-        v->cap = cap;
-    }
+    if (!coti_grow(&v->p, &v->cap, v->n + 1, sizeof(*v->p), 16)) return false;
     v->p[v->n++] = (struct frag){id, off, len};
     return true;
 }
@@ -756,23 +734,13 @@ struct work {
     pcre2_match_data *md;
 };
 
-static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return true;
-    size_t c = *cap ? *cap : 64;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (!q) return false;
-    *p = q;
-    *cap = c;
-    return true;
-}
 
 static inline bool pair_before(const struct bpe_pair *a, const struct bpe_pair *b) {
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
 static bool heap_push(struct work *w, struct bpe_pair p) {
-    if (!grow((void **)&w->heap, &w->heap_cap, w->heap_n + 1, sizeof(*w->heap))) return false;
+    if (!coti_grow(&w->heap, &w->heap_cap, w->heap_n + 1, sizeof(*w->heap), 64)) return false;
     size_t i = w->heap_n++;
     while (i > 0) {
         size_t up = (i - 1) / 2;
@@ -812,7 +780,7 @@ static bool bpe_try_pair(const struct tokenizer *t, struct work *w, int32_t left
 /* BPE over the byte-encoded piece w->enc[0..len) (tokenizer.md §6), ids appended to out. */
 static int bpe_piece(const struct tokenizer *t, struct work *w, size_t len, struct ids *out) {
     /* initial symbols: the UTF-8 characters of the encoded piece (one per input byte) */
-    if (!grow((void **)&w->sym, &w->sym_cap, len, sizeof(*w->sym))) return COTI_E_NOMEM;
+    if (!coti_grow(&w->sym, &w->sym_cap, len, sizeof(*w->sym), 64)) return COTI_E_NOMEM;
     int32_t n_sym = 0;
     for (size_t off = 0; off < len;) {
         const uint8_t b = (uint8_t)w->enc[off];
@@ -893,7 +861,7 @@ static int encode_fragment(const struct tokenizer *t, struct work *w, const uint
         }
         /* byte-level encode the piece's code points (shortest UTF-8, llama.cpp's re-encoding) */
         size_t need = (end - pos) * 8;
-        if (!grow((void **)&w->enc, &w->enc_cap, need, 1)) return COTI_E_NOMEM;
+        if (!coti_grow(&w->enc, &w->enc_cap, need, 1, 64)) return COTI_E_NOMEM;
         size_t el = 0;
         for (size_t k = pos; k < end; k++) {
             uint8_t u[4];

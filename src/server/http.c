@@ -198,14 +198,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             x->n_dropped += n;
             if (x->n_dropped <= HTTP_MAX_DISCARD_BYTES) return MHD_YES;
         } else {
-            if (x->n_body + n + 1 > x->cap_body) {
-                size_t cap = x->cap_body ? x->cap_body : 4096;
-                while (cap < x->n_body + n + 1) cap *= 2;
-                char *p = realloc(x->body, cap);
-                if (!p) return MHD_NO;
-                x->body = p;
-                x->cap_body = cap;
-            }
+            if (!coti_grow(&x->body, &x->cap_body, x->n_body + n + 1, 1, 4096)) return MHD_NO;
             memcpy(x->body + x->n_body, upload_data, n);
             x->n_body += n;
             x->body[x->n_body] = 0;

@@ -307,14 +307,7 @@ struct tokv {
 };
 
 static bool tokv_push(struct tokv *v, const int32_t *ids, size_t n) {
-    if (v->n + n > v->cap) {
-        size_t cap = v->cap ? v->cap : 64;
-        while (cap < v->n + n) cap *= 2;
-        int32_t *p = realloc(v->p, cap * sizeof *p);
-        if (!p) return false;
-        v->p = p;
-        v->cap = cap;
-    }
+    if (!coti_grow(&v->p, &v->cap, v->n + n, sizeof *v->p, 64)) return false;
     if (n) memcpy(v->p + v->n, ids, n * sizeof *ids);
     v->n += n;
     return true;

@@ -401,14 +401,7 @@ struct stream {
 };
 
 static bool stream_put(struct stream *s, const char *a, size_t n) {
-    if (s->n_out + n > s->cap) {
-        size_t cap = s->cap ? s->cap : 4096;
-        while (cap < s->n_out + n) cap *= 2;
-        char *p = realloc(s->out, cap);
-        if (!p) return false;
-        s->out = p;
-        s->cap = cap;
-    }
+    if (!coti_grow(&s->out, &s->cap, s->n_out + n, 1, 4096)) return false;
     memcpy(s->out + s->n_out, a, n);
     s->n_out += n;
     return true;

@@ -57,21 +57,9 @@ void task_chunk_free(struct task_chunk *c) {
 
 /* Append len bytes as one piece of token id. Returns false when out of memory. */
 static bool chunk_append(struct task_chunk *c, int32_t id, const char *text, size_t len) {
-    if (c->n_text + len + 1 > c->cap_text) {
-        size_t cap = c->cap_text ? c->cap_text : 256;
-        while (cap < c->n_text + len + 1) cap *= 2;
-        char *p = realloc(c->text, cap);
-        if (!p) return false;
-        c->text = p;
-        c->cap_text = cap;
-    }
-    if (c->n_pieces == c->cap_pieces) {
-        size_t cap = c->cap_pieces ? c->cap_pieces * 2 : 16;
-        struct task_piece *p = realloc(c->pieces, cap * sizeof *p);
-        if (!p) return false;
-        c->pieces = p;
-        c->cap_pieces = cap;
-    }
+    if (!coti_grow(&c->text, &c->cap_text, c->n_text + len + 1, 1, 256) ||
+        !coti_grow(&c->pieces, &c->cap_pieces, c->n_pieces + 1, sizeof *c->pieces, 16))
+        return false;
     memcpy(c->text + c->n_text, text, len);
     c->pieces[c->n_pieces++] = (struct task_piece){id, c->n_text, len};
     c->n_text += len;
@@ -377,14 +365,7 @@ static size_t utf8_complete_end(const char *text, size_t n) {
 }
 
 static bool text_reserve(struct slot *sl, size_t add) {
-    if (sl->n_text + add + 1 <= sl->cap_text) return true;
-    size_t cap = sl->cap_text ? sl->cap_text : 1024;
-    while (cap < sl->n_text + add + 1) cap *= 2;
-    char *p = realloc(sl->text, cap);
-    if (!p) return false;
-    sl->text = p;
-    sl->cap_text = cap;
-    return true;
+    return coti_grow(&sl->text, &sl->cap_text, sl->n_text + add + 1, 1, 1024);
 }
 
 /* Take one generated token: render it, look for stop strings and release what is safe.
