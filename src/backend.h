@@ -54,6 +54,10 @@ struct backend {
     /* y = rmsnorm(x) ⊙ w ⊙ silu(z) per row of dim (delta-net gated output norm). */
     void (*rmsnorm_gated)(struct backend *be, const float *x, const float *w, const float *z,
                           int n_rows, int dim, float eps, float *y);
+    /* x += m, then y = rmsnorm(x) ⊙ w (rows of dim, contiguous): a residual add and the norm
+     * that reads its result, in one op (one pass on devices where each op is a launch). */
+    void (*add_rmsnorm)(struct backend *be, float *x, const float *m, const float *w, int n_rows, int dim,
+                        float eps, float *y);
     void (*add)(struct backend *be, const float *a, const float *b, int64_t n, float *y);
     /* y = silu(g) ⊙ u */
     void (*swiglu)(struct backend *be, const float *g, const float *u, int64_t n, float *y);

@@ -266,3 +266,25 @@ Test(backend_ops, sum_sq_and_to_f16_every_level) {
                 cr_assert_eq(got[i], f32_to_fp16(x[i]), "level %d to_f16 len %d: x[%d] = %g", li, len, i, x[i]);
         }
 }
+
+/* add_rmsnorm is the residual add then the norm, exactly: the fused op the models use must not
+ * change a single bit of the CPU path. */
+Test(backend_ops, add_rmsnorm_equals_add_then_rmsnorm) {
+    struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
+    enum { ROWS = 3, DIM = 4100 };
+    static float x[ROWS * DIM], m[ROWS * DIM], w[DIM], x2[ROWS * DIM], y[ROWS * DIM], y2[ROWS * DIM];
+    fill(x, ROWS * DIM, 2.0f);
+    fill(m, ROWS * DIM, 0.5f);
+    fill(w, DIM, 1.0f);
+    memcpy(x2, x, sizeof x);
+    be->add_rmsnorm(be, x, m, w, ROWS, DIM, 1e-6f, y);
+    be->add(be, x2, m, ROWS * DIM, x2);
+    be->rmsnorm(be, x2, DIM, w, ROWS, DIM, 1e-6f, y2, DIM);
+    cr_assert(memcmp(x, x2, sizeof x) == 0, "residual sum differs");
+    cr_assert(memcmp(y, y2, sizeof y) == 0, "normed rows differ");
+    double ss = 0;
+    for (int i = 0; i < DIM; i++) ss += (double)x2[i] * x2[i];
+    const float s = 1.0f / sqrtf((float)(ss / DIM) + 1e-6f);
+    cr_assert_float_eq(y[7], x2[7] * s * w[7], 1e-6f * fabsf(x2[7] * s * w[7]) + 1e-30f);
+    backend_free(be);
+}

@@ -196,6 +196,12 @@ static void cpu_rmsnorm(struct backend *be, const float *x, int x_stride, const 
     }
 }
 
+static void cpu_add_rmsnorm(struct backend *be, float *x, const float *m, const float *w, int n_rows, int dim,
+                            float eps, float *y) {
+    for (int64_t i = 0; i < (int64_t)n_rows * dim; i++) x[i] = x[i] + m[i];
+    cpu_rmsnorm(be, x, dim, w, n_rows, dim, eps, y, dim);
+}
+
 /* The exp-based activations go through the level's vector kernels in pieces of this many
  * values (a stack buffer). */
 #define CPU_ACT_PIECE 256
@@ -422,6 +428,7 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->get_rows = cpu_get_rows;
     be->rmsnorm = cpu_rmsnorm;
     be->rmsnorm_gated = cpu_rmsnorm_gated;
+    be->add_rmsnorm = cpu_add_rmsnorm;
     be->add = cpu_add;
     be->swiglu = cpu_swiglu;
     be->mul_sigmoid = cpu_mul_sigmoid;

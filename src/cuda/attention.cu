@@ -12,7 +12,7 @@
 #include "cuda_internal.cuh"
 
 #define ATTN_WARPS 4
-#define ATTN_SPLIT 32
+#define ATTN_SPLIT 32           /* <= 32: the merge forms the slice weights in one warp */
 #define ATTN_SMALL_BATCH 8
 #define ATTN_MAX_D 512
 
@@ -125,26 +125,33 @@ attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const 
     }
 }
 
+/* Merge a token-head's slices: the slice weights exp(m_s - M) are formed once, by one warp,
+ * then every element sums its slices in slice order (the loads are independent, so they are
+ * in flight together). */
 __global__ void attn_merge_kernel(const float *__restrict__ part, int n_split, int n_head, int D, float *__restrict__ out) {
+    __shared__ float f[ATTN_SPLIT];
+    __shared__ float inv_l;
     cuda_pdl_begin();
     const int h = blockIdx.x, t = blockIdx.y;
     const float *pp = part + ((size_t)t * n_head + h) * n_split * (D + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < n_split; s++) M = fmaxf(M, pp[(size_t)s * (D + 2)]);
-    float L = 0.0f;
-    for (int s = 0; s < n_split; s++) {
-        const float ms = pp[(size_t)s * (D + 2)];
-        if (ms != -INFINITY) L += pp[(size_t)s * (D + 2) + 1] * expf(ms - M);
+    if (threadIdx.x < 32) {
+        const int s = threadIdx.x;
+        const float ms = s < n_split ? pp[(size_t)s * (D + 2)] : -INFINITY;
+        const float M = cuda_warp_max(ms);
+        f[s] = ms == -INFINITY ? 0.0f : expf(ms - M);
+        const float ls = ms == -INFINITY ? 0.0f : pp[(size_t)s * (D + 2) + 1] * f[s];
+        float L = 0.0f; /* in slice order, as before */
+        for (int k = 0; k < n_split; k++) L += __shfl_sync(0xFFFFFFFFu, ls, k);
+        if (s == 0) inv_l = L > 0.0f ? 1.0f / L : 0.0f;
     }
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    __syncthreads();
     float *o = out + (size_t)t * n_head * D + (size_t)h * D;
     for (int e = threadIdx.x; e < D; e += blockDim.x) {
         float a = 0.0f;
-        for (int s = 0; s < n_split; s++) {
-            const float ms = pp[(size_t)s * (D + 2)];
-            if (ms != -INFINITY) a += pp[(size_t)s * (D + 2) + 2 + e] * expf(ms - M);
-        }
-        o[e] = a * inv;
+#pragma unroll 8
+        for (int s = 0; s < n_split; s++)
+            if (f[s] != 0.0f) a += pp[(size_t)s * (D + 2) + 2 + e] * f[s];
+        o[e] = a * inv_l;
     }
 }
 

@@ -256,6 +256,7 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->get_rows = cuda_get_rows;
     be->rmsnorm = cuda_rmsnorm;
     be->rmsnorm_gated = cuda_rmsnorm_gated;
+    be->add_rmsnorm = cuda_add_rmsnorm;
     be->add = cuda_add;
     be->swiglu = cuda_swiglu;
     be->mul_sigmoid = cuda_mul_sigmoid;

@@ -164,6 +164,8 @@ void cuda_rmsnorm(struct backend *be, const float *x, int x_stride, const float 
                   int dim, float eps, float *y, int y_stride);
 void cuda_rmsnorm_gated(struct backend *be, const float *x, const float *w, const float *z,
                         int n_rows, int dim, float eps, float *y);
+void cuda_add_rmsnorm(struct backend *be, float *x, const float *m, const float *w, int n_rows, int dim,
+                      float eps, float *y);
 void cuda_add(struct backend *be, const float *a, const float *b, int64_t n, float *y);
 void cuda_swiglu(struct backend *be, const float *g, const float *u, int64_t n, float *y);
 void cuda_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok, int n_head,

@@ -10,18 +10,41 @@
 
 /* ---- rmsnorm / rmsnorm_gated ---------------------------------------------------------------- */
 
-/* TPR threads per row (32: a warp per row, 8 rows per block; 256: a block per row). z, if
- * given, gates the output with silu(z) (z rows have y's stride). */
-template <int TPR>
-__global__ void __launch_bounds__(256) rmsnorm_kernel(const float *x, int xs, const float *__restrict__ w,
+/* TPR threads per row (32: a warp per row, 8 rows per block; 1024: a block per row). The first
+ * CACHE elements of each thread are loaded together into registers and reused by the second
+ * pass. A decode step's norm is one block on an idle GPU, so its time is latency: 1024 threads
+ * with 4 loads each ran the 9B step 8% faster than 256 threads with 16 (H200, 281 vs 260 tok/s).
+ * ADD: x += m first (m rows contiguous, dim wide), written back: the residual add and the norm
+ * that follows it in one pass. z, if given, gates the output with silu(z) (z rows have y's
+ * stride). In place (y == x) is safe: a row is read whole before it is written. */
+template <int TPR, int CACHE, bool ADD>
+__global__ void __launch_bounds__(1024) rmsnorm_kernel(float *x, int xs, const float *m, const float *__restrict__ w,
                                                       int n_rows, int dim, float eps, float *y, int ys,
                                                       const float *z) {
     cuda_pdl_begin();
-    const int row = blockIdx.x * (256 / TPR) + threadIdx.x / TPR, tid = threadIdx.x % TPR;
+    const int row = blockIdx.x * (blockDim.x / TPR) + threadIdx.x / TPR, tid = threadIdx.x % TPR;
     if (row >= n_rows) return;
-    const float *xr = x + (size_t)row * xs;
+    float *xr = x + (size_t)row * xs;
+    const float *mr = ADD ? m + (size_t)row * dim : NULL;
+    float c[CACHE];
+#pragma unroll
+    for (int k = 0; k < CACHE; k++) {
+        const int i = tid + TPR * k;
+        c[k] = i < dim ? xr[i] : 0.0f;
+        if (ADD && i < dim) c[k] = c[k] + mr[i];
+    }
     double sum = 0.0;
-    for (int i = tid; i < dim; i += TPR) sum += (double)xr[i] * xr[i];
+#pragma unroll
+    for (int k = 0; k < CACHE; k++) {
+        const int i = tid + TPR * k;
+        if (ADD && i < dim) xr[i] = c[k];
+        sum += (double)c[k] * c[k];
+    }
+    for (int i = tid + TPR * CACHE; i < dim; i += TPR) {
+        float v = xr[i];
+        if (ADD) { v = v + mr[i]; xr[i] = v; }
+        sum += (double)v * v;
+    }
     sum = cuda_warp_sum_d(sum);
     if constexpr (TPR > 32) {
         __shared__ double part[TPR / 32];
@@ -33,28 +56,47 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(const float *x, int xs, co
     const float s = 1.0f / sqrtf((float)(sum / dim) + eps);
     float *yr = y + (size_t)row * ys;
     const float *zr = z ? z + (size_t)row * ys : NULL;
-    for (int i = tid; i < dim; i += TPR) {
+#pragma unroll
+    for (int k = 0; k < CACHE; k++) {
+        const int i = tid + TPR * k;
+        if (i < dim) {
+            float v = __fmul_rn(__fmul_rn(c[k], s), w[i]);
+            if (zr) v = __fmul_rn(v, cuda_silu(zr[i]));
+            yr[i] = v;
+        }
+    }
+    for (int i = tid + TPR * CACHE; i < dim; i += TPR) {
         float v = __fmul_rn(__fmul_rn(xr[i], s), w[i]);
         if (zr) v = __fmul_rn(v, cuda_silu(zr[i]));
         yr[i] = v;
     }
 }
 
-static void rmsnorm_launch(struct cuda_ctx *c, const float *x, int xs, const float *w, int n_rows, int dim,
-                           float eps, float *y, int ys, const float *z) {
+static void rmsnorm_launch(struct cuda_ctx *c, float *x, int xs, const float *m, const float *w, int n_rows,
+                           int dim, float eps, float *y, int ys, const float *z) {
     if (n_rows < 1) return;
-    if (dim <= 1024) cuda_launch(c, cuda_cdiv(n_rows, 8), 256, rmsnorm_kernel<32>, x, xs, w, n_rows, dim, eps, y, ys, z);
-    else cuda_launch(c, n_rows, 256, rmsnorm_kernel<256>, x, xs, w, n_rows, dim, eps, y, ys, z);
+    if (dim <= 1024) {
+        if (m) cuda_launch(c, cuda_cdiv(n_rows, 8), 256, rmsnorm_kernel<32, 8, true>, x, xs, m, w, n_rows, dim, eps, y, ys, z);
+        else cuda_launch(c, cuda_cdiv(n_rows, 8), 256, rmsnorm_kernel<32, 8, false>, x, xs, m, w, n_rows, dim, eps, y, ys, z);
+    } else {
+        if (m) cuda_launch(c, n_rows, 1024, rmsnorm_kernel<1024, 4, true>, x, xs, m, w, n_rows, dim, eps, y, ys, z);
+        else cuda_launch(c, n_rows, 1024, rmsnorm_kernel<1024, 4, false>, x, xs, m, w, n_rows, dim, eps, y, ys, z);
+    }
 }
 
 void cuda_rmsnorm(struct backend *be, const float *x, int x_stride, const float *w, int n_rows,
                   int dim, float eps, float *y, int y_stride) {
-    rmsnorm_launch(cuda_enter(be), x, x_stride, w, n_rows, dim, eps, y, y_stride, NULL);
+    rmsnorm_launch(cuda_enter(be), (float *)x, x_stride, NULL, w, n_rows, dim, eps, y, y_stride, NULL);
+}
+
+void cuda_add_rmsnorm(struct backend *be, float *x, const float *m, const float *w, int n_rows, int dim,
+                      float eps, float *y) {
+    rmsnorm_launch(cuda_enter(be), x, dim, m, w, n_rows, dim, eps, y, dim, NULL);
 }
 
 void cuda_rmsnorm_gated(struct backend *be, const float *x, const float *w, const float *z,
                         int n_rows, int dim, float eps, float *y) {
-    rmsnorm_launch(cuda_enter(be), x, dim, w, n_rows, dim, eps, y, dim, z);
+    rmsnorm_launch(cuda_enter(be), (float *)x, dim, NULL, w, n_rows, dim, eps, y, dim, z);
 }
 
 /* ---- elementwise ------------------------------------------------------------------------------ */

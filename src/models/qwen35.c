@@ -528,16 +528,15 @@ struct slice {
     struct run runs[QWEN35_MAX_RUNS];
 };
 
+/* SwiGLU FFN on s.a (normed input) → s.m. */
 static void ffn_block(struct qwen35 *q, const struct layer *ly, int n) {
     struct backend *be = q->base.be;
     const struct qwen35_hparams *hp = &q->hp;
     const struct bweight *ws[2] = {&ly->ffn_gate, &ly->ffn_up};
     float *ys[2] = {q->s.fg, q->s.fu};
-    be->rmsnorm(be, q->s.x, hp->n_embd, ly->post_norm, n, hp->n_embd, hp->eps, q->s.a, hp->n_embd);
     be->matmul_n(be, ws, ys, 2, q->s.a, n);
     be->swiglu(be, q->s.fg, q->s.fu, (int64_t)n * hp->n_ff, q->s.fg);
     be->matmul(be, &ly->ffn_down, q->s.fg, n, q->s.m);
-    be->add(be, q->s.x, q->s.m, (int64_t)n * hp->n_embd, q->s.x);
 }
 
 /* Gated full attention on s.a (normed input) → s.m, using cache rows s.cells / s.cell0 / s.nctx. */
@@ -653,12 +652,11 @@ static bool row_wants_logits(const bool *want, bool last_only, int n, int i) {
     return want ? want[i] : (last_only && i == n - 1);
 }
 
-/* Final norm of every row into hidden; lm_head over the rows that want logits. */
-static void head_rows(struct qwen35 *q, const struct bweight *head, const float *x, const float *norm,
-                      int n, const bool *want, bool last_only, float *hidden, float *logits) {
+/* lm_head over the rows of hidden (final-normed) that want logits. */
+static void head_rows(struct qwen35 *q, const struct bweight *head, const float *hidden, int n, const bool *want,
+                      bool last_only, float *logits) {
     struct backend *be = q->base.be;
     const int E = q->hp.n_embd;
-    be->rmsnorm(be, x, E, norm, n, E, q->hp.eps, hidden, E);
     int n_out = 0;
     for (int i = 0; i < n; i++) {
         if (!row_wants_logits(want, last_only, n, i)) continue;
@@ -683,15 +681,18 @@ static void trunk_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     const struct qwen35_hparams *hp = &q->hp;
     const int E = hp->n_embd, n = a->sl->n;
     be->get_rows(be, &q->tok_embd, q->s.tokens, n, q->s.x);
+    /* each residual add is fused with the norm that reads its sum */
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer *ly = &q->layers[il];
-        be->rmsnorm(be, q->s.x, E, ly->attn_norm, n, E, hp->eps, q->s.a, E);
+        if (il == 0) be->rmsnorm(be, q->s.x, E, ly->attn_norm, n, E, hp->eps, q->s.a, E);
+        else be->add_rmsnorm(be, q->s.x, q->s.m, ly->attn_norm, n, E, hp->eps, q->s.a);
         if (ly->is_gdn) gdn_block(q, ly, a->sl, a->keep);
         else attn_block(q, ly, n);
-        be->add(be, q->s.x, q->s.m, (int64_t)n * E, q->s.x);
+        be->add_rmsnorm(be, q->s.x, q->s.m, ly->post_norm, n, E, hp->eps, q->s.a);
         ffn_block(q, ly, n);
     }
-    head_rows(q, a->head, q->s.x, q->out_norm, n, a->want, a->last_only, q->s.hn, a->logits);
+    be->add_rmsnorm(be, q->s.x, q->s.m, q->out_norm, n, E, hp->eps, q->s.hn);
+    head_rows(q, a->head, q->s.hn, n, a->want, a->last_only, a->logits);
 }
 
 static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
@@ -706,10 +707,10 @@ static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     be->matmul(be, &mt->eh_proj, q->s.cat, n, q->s.x);
     be->rmsnorm(be, q->s.x, E, mt->blk.attn_norm, n, E, hp->eps, q->s.a, E);
     attn_block(q, &mt->blk, n);
-    be->add(be, q->s.x, q->s.m, (int64_t)n * E, q->s.x);
+    be->add_rmsnorm(be, q->s.x, q->s.m, mt->blk.post_norm, n, E, hp->eps, q->s.a);
     ffn_block(q, &mt->blk, n);
-    head_rows(q, a->head, q->s.x, mt->head_norm ? mt->head_norm : q->out_norm, n, a->want, a->last_only, q->s.hn,
-              a->logits);
+    be->add_rmsnorm(be, q->s.x, q->s.m, mt->head_norm ? mt->head_norm : q->out_norm, n, E, hp->eps, q->s.hn);
+    head_rows(q, a->head, q->s.hn, n, a->want, a->last_only, a->logits);
 }
 
 static bool graph_key_eq(const struct graph_key *x, const struct graph_key *y) {

@@ -324,6 +324,28 @@ static void test_rmsnorm(int n_rows, int dim, int xs, int ys, bool in_place) {
     free(x); free(w); free(yc); free(yg);
 }
 
+/* x += m (bit-identical: one f32 add), then the norm of the sum */
+static void test_add_rmsnorm(int n_rows, int dim) {
+    char shape[96];
+    const size_t n = (size_t)n_rows * dim;
+    float *x = xmalloc(sizeof(float) * n), *m = xmalloc(sizeof(float) * n), *w = xmalloc(sizeof(float) * dim);
+    float *yc = xmalloc(sizeof(float) * n), *yg = xmalloc(sizeof(float) * n), *xg = xmalloc(sizeof(float) * n);
+    fill(x, n, 2.0f);
+    fill(m, n, 1.0f);
+    for (int i = 0; i < dim; i++) w[i] = 1.0f + 0.5f * frand();
+    float *dx = gdup(x, sizeof(float) * n), *dm = gdup(m, sizeof(float) * n), *dw = gdup(w, sizeof(float) * dim);
+    float *dy = gdup(yc, sizeof(float) * n);
+    cpu->add_rmsnorm(cpu, x, m, w, n_rows, dim, 1e-6f, yc);
+    gpu->add_rmsnorm(gpu, dx, dm, dw, n_rows, dim, 1e-6f, dy);
+    gget(xg, dx, sizeof(float) * n);
+    gget(yg, dy, sizeof(float) * n);
+    snprintf(shape, sizeof shape, "%d rows x %d", n_rows, dim);
+    check_bits("add_rmsnorm sum", shape, xg, x, sizeof(float) * n);
+    check("add_rmsnorm", shape, yg, yc, n, 0, 4.8e-7);
+    gpu->free(gpu, dx); gpu->free(gpu, dm); gpu->free(gpu, dw); gpu->free(gpu, dy);
+    free(x); free(m); free(w); free(yc); free(yg); free(xg);
+}
+
 static void test_rmsnorm_gated(int n_rows, int dim) {
     char shape[96];
     size_t n = (size_t)n_rows * dim;
@@ -818,6 +840,24 @@ static void bench(void) {
             printf("matmul q8_0 %5d -> %6d rows %3d: %9.2f us %7.1f GB/s %5.1f%% of copy %6.1f TOP/s (spread %.2f..%.2f us, %d copies; host %.2f us/call)\n",
                    n_in, n_out, nt, us, gbps, 100.0 * gbps / copy_gbps, tops, ts[0] * 1e3 / iters,
                    ts[reps - 1] * 1e3 / iters, n_copies, host_us);
+            if (nt <= 2) { /* the same calls recorded once as a graph and replayed: no host in the loop */
+                gpu->capture_begin(gpu);
+                for (int i = 0; i < iters; i++) gpu->matmul(gpu, &w[i % n_copies], dx, nt, dy);
+                void *g = gpu->capture_end(gpu);
+                if (!g) { fprintf(stderr, "capture failed\n"); exit(2); }
+                for (int r = 0; r < reps; r++) {
+                    BENCH_CHECK(cudaEventRecord(e0, s));
+                    if (!gpu->graph_launch(gpu, g)) { fprintf(stderr, "graph stale\n"); exit(2); }
+                    BENCH_CHECK(cudaEventRecord(e1, s));
+                    BENCH_CHECK(cudaEventSynchronize(e1));
+                    BENCH_CHECK(cudaEventElapsedTime(&ts[r], e0, e1));
+                }
+                gpu->graph_free(gpu, g);
+                qsort(ts, reps, sizeof ts[0], cmp_float);
+                const double gus = ts[reps / 2] * 1e3 / iters, ggbps = bytes / (gus * 1e-6) / 1e9;
+                printf("matmul q8_0 %5d -> %6d rows %3d graph: %9.2f us %7.1f GB/s %5.1f%% of copy\n", n_in, n_out,
+                       nt, gus, ggbps, 100.0 * ggbps / copy_gbps);
+            }
         }
         for (int c = 0; c < n_copies; c++) gpu->weight_free(gpu, &w[c]);
         gpu->free(gpu, dx);
@@ -857,7 +897,10 @@ int main(int argc, char **argv) {
         test_rmsnorm(4 * 16, 256, 512, 512, true);   /* per-head q norm over [q ; gate] rows */
         test_rmsnorm(3, 384, 384, 768, false);       /* into half of a concatenated row */
         test_rmsnorm(1, 5000, 5000, 5000, false);
+        test_rmsnorm(2, 9000, 9000, 9000, false);       /* past the registers of a block row */
+        test_rmsnorm(5, 300, 300, 300, false);          /* past the registers of a warp row */
     }
+    if (want("add_rmsnorm")) { test_add_rmsnorm(1, 4096); test_add_rmsnorm(3, 9000); test_add_rmsnorm(5, 384); test_add_rmsnorm(9, 300); }
     if (want("rmsnorm_gated")) { test_rmsnorm_gated(4 * 32, 128); test_rmsnorm_gated(3, 1500); }
     if (want("add") || want("swiglu")) { test_elementwise(1); test_elementwise(12289); test_elementwise(3 * 12288); }
     if (want("mul_sigmoid")) { test_mul_sigmoid(1, 16, 256); test_mul_sigmoid(5, 3, 100); }
