@@ -45,6 +45,15 @@ struct backend {
     /* Several weights over the same input (converted once): ys[i] = ws[i] · x. */
     void (*matmul_n)(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
                      const float *x, int n_tok);
+    /* A block's opening step: x_out = x + m (m NULL: no add, x_out unused), a = rmsnorm of that
+     * (or of x) ⊙ w over rows of the weights' n_in, then ys[i] = ws[i] · a. a is written too;
+     * x_out, a and x must not overlap. Backends fuse the add and the norm into the matmul. */
+    void (*norm_matmul_n)(struct backend *be, const float *x, const float *m, float *x_out, const float *w,
+                          float eps, float *a, const struct bweight *const *ws, float *const *ys, int n_w,
+                          int n_tok);
+    /* y = W · (silu(g) ⊙ u), fused where a backend can; g's contents afterwards are unspecified. */
+    void (*swiglu_matmul)(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok,
+                          float *y);
     /* out[t] = row ids[t] of w, dequantized (embedding lookup). */
     void (*get_rows)(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out);
 

@@ -288,3 +288,43 @@ Test(backend_ops, add_rmsnorm_equals_add_then_rmsnorm) {
     cr_assert_float_eq(y[7], x2[7] * s * w[7], 1e-6f * fabsf(x2[7] * s * w[7]) + 1e-30f);
     backend_free(be);
 }
+
+/* norm_matmul_n and swiglu_matmul on the CPU are the separate ops in sequence, bit for bit:
+ * x_out = x + m, a = rmsnorm(x_out) ⊙ w, y = W·a; and y = W·(silu(g) ⊙ u). */
+Test(backend_ops, fused_matmuls_equal_their_separate_ops) {
+    struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
+    enum { NT = 3, N_IN = 256, N_OUT = 48 };
+    static float x[NT * N_IN], m[NT * N_IN], w[N_IN], xo[NT * N_IN], a[NT * N_IN], y[NT * N_OUT];
+    static float x2[NT * N_IN], a2[NT * N_IN], y2[NT * N_OUT], wf[N_OUT * N_IN];
+    static unsigned char wq[N_OUT * (N_IN / 32) * 34];
+    fill(x, NT * N_IN, 2.0f);
+    fill(m, NT * N_IN, 1.0f);
+    fill(w, N_IN, 1.0f);
+    fill(wf, N_OUT * N_IN, 0.5f);
+    const size_t rb = ggml_row_size(GGML_TYPE_Q8_0, N_IN);
+    for (int o = 0; o < N_OUT; o++) quant_quantize_row_ref(GGML_TYPE_Q8_0, wf + o * N_IN, wq + o * rb, N_IN);
+    struct bweight W = {0};
+    cr_assert_eq(be->weight_init(be, &W, GGML_TYPE_Q8_0, N_IN, N_OUT, wq), 0);
+    const struct bweight *ws[1] = {&W};
+    float *ys[1] = {y}, *ys2[1] = {y2};
+
+    be->norm_matmul_n(be, x, m, xo, w, 1e-6f, a, ws, ys, 1, NT);
+    be->add(be, x, m, NT * N_IN, x2);
+    be->rmsnorm(be, x2, N_IN, w, NT, N_IN, 1e-6f, a2, N_IN);
+    be->matmul_n(be, ws, ys2, 1, a2, NT);
+    cr_assert(memcmp(xo, x2, sizeof xo) == 0 && memcmp(a, a2, sizeof a) == 0 && memcmp(y, y2, sizeof y) == 0,
+              "norm_matmul_n with m");
+    be->norm_matmul_n(be, x, NULL, NULL, w, 1e-6f, a, ws, ys, 1, NT);
+    be->rmsnorm(be, x, N_IN, w, NT, N_IN, 1e-6f, a2, N_IN);
+    be->matmul_n(be, ws, ys2, 1, a2, NT);
+    cr_assert(memcmp(a, a2, sizeof a) == 0 && memcmp(y, y2, sizeof y) == 0, "norm_matmul_n without m");
+
+    memcpy(x2, x, sizeof x);
+    be->swiglu_matmul(be, &W, x2, m, NT, y);
+    be->swiglu(be, x, m, NT * N_IN, a2);
+    be->matmul(be, &W, a2, NT, y2);
+    cr_assert(memcmp(y, y2, sizeof y) == 0, "swiglu_matmul");
+    cr_assert(fabsf(y[5]) > 0.0f, "a real output");
+    be->weight_free(be, &W);
+    backend_free(be);
+}

@@ -181,6 +181,10 @@ static void cpu_get_rows(struct backend *be, const struct bweight *w, const int3
 
 /* ---- norms and elementwise --------------------------------------------------------- */
 
+static void cpu_add(struct backend *be, const float *a, const float *b, int64_t n, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
 /* Σx² in double, then 1/sqrt in f32 — llama.cpp's order of operations. */
 static float rms_scale(const struct cpu_ops *ops, const float *x, int dim, float eps) {
     return 1.0f / sqrtf((float)(ops->sum_sq(x, dim) / dim) + eps);
@@ -198,8 +202,29 @@ static void cpu_rmsnorm(struct backend *be, const float *x, int x_stride, const 
 
 static void cpu_add_rmsnorm(struct backend *be, float *x, const float *m, const float *w, int n_rows, int dim,
                             float eps, float *y) {
-    for (int64_t i = 0; i < (int64_t)n_rows * dim; i++) x[i] = x[i] + m[i];
+    cpu_add(be, x, m, (int64_t)n_rows * dim, x);
     cpu_rmsnorm(be, x, dim, w, n_rows, dim, eps, y, dim);
+}
+
+/* The unfused forms: the same values as the separate ops, so the CPU path is the yardstick. */
+static void cpu_norm_matmul_n(struct backend *be, const float *x, const float *m, float *x_out, const float *w,
+                              float eps, float *a, const struct bweight *const *ws, float *const *ys, int n_w,
+                              int n_tok) {
+    const int dim = (int)ws[0]->n_in;
+    if (m) {
+        cpu_add(be, x, m, (int64_t)n_tok * dim, x_out);
+        x = x_out;
+    }
+    cpu_rmsnorm(be, x, dim, w, n_tok, dim, eps, a, dim);
+    cpu_matmul_n(be, ws, ys, n_w, a, n_tok);
+}
+
+static void cpu_swiglu(struct backend *be, const float *g, const float *u, int64_t n, float *y);
+
+static void cpu_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok,
+                              float *y) {
+    cpu_swiglu(be, g, u, (int64_t)n_tok * w->n_in, g);
+    cpu_matmul_n(be, &w, &y, 1, g, n_tok);
 }
 
 /* The exp-based activations go through the level's vector kernels in pieces of this many
@@ -222,9 +247,6 @@ static void cpu_rmsnorm_gated(struct backend *be, const float *x, const float *w
     }
 }
 
-static void cpu_add(struct backend *be, const float *a, const float *b, int64_t n, float *y) {
-    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
-}
 
 static void cpu_swiglu(struct backend *be, const float *g, const float *u, int64_t n, float *y) {
     const struct cpu_ops *ops = cpu(be)->ops;
@@ -425,6 +447,8 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->weight_free = cpu_weight_free;
     be->matmul = cpu_matmul;
     be->matmul_n = cpu_matmul_n;
+    be->norm_matmul_n = cpu_norm_matmul_n;
+    be->swiglu_matmul = cpu_swiglu_matmul;
     be->get_rows = cpu_get_rows;
     be->rmsnorm = cpu_rmsnorm;
     be->rmsnorm_gated = cpu_rmsnorm_gated;

@@ -253,6 +253,8 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->weight_free = cuda_weight_free;
     be->matmul = cuda_matmul;
     be->matmul_n = cuda_matmul_n;
+    be->norm_matmul_n = cuda_norm_matmul_n;
+    be->swiglu_matmul = cuda_swiglu_matmul;
     be->get_rows = cuda_get_rows;
     be->rmsnorm = cuda_rmsnorm;
     be->rmsnorm_gated = cuda_rmsnorm_gated;

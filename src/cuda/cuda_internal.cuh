@@ -40,6 +40,7 @@ struct cuda_ctx {
     int smem_per_sm, smem_block_max, smem_reserved;
     /* registers of each matvec kernel (type slot, NT - 1, fused), read on first launch */
     int mv_regs[16][8][2];
+    int mv_smem_static[16][8][2];
     bool mmq_ready[16];        /* prefill kernel's shared-memory limit raised */
 };
 
@@ -150,12 +151,59 @@ __device__ __forceinline__ int cuda_warp_sum_i(int v) {
     return v;
 }
 
+/* Σ v² over a row of dim values in the one order every residual-stream norm uses, so a norm
+ * fused into a matvec and the standalone norm kernel give the same bits (a verify batch must
+ * reproduce decode): thread j of CUDA_NORM_THREADS sums the 8-element groups j,
+ * j + CUDA_NORM_THREADS, ... (each group in order, in double), then a fixed shuffle tree adds
+ * the partials; every warp forms the total the same way. grp(g, v) fills group g's values (0
+ * past dim). All threads of the block (exactly CUDA_NORM_THREADS) call it; red:
+ * CUDA_NORM_THREADS / 32 doubles of shared memory. */
+#define CUDA_NORM_THREADS 512
+template <typename G> __device__ __forceinline__ double cuda_row_sumsq(G grp, int dim, double *red) {
+    double p = 0.0;
+    for (int g = threadIdx.x; 8 * g < dim; g += CUDA_NORM_THREADS) {
+        float v[8];
+        grp(g, v);
+        double s = 0.0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += (double)v[i] * v[i];
+        p += s;
+    }
+    p = cuda_warp_sum_d(p);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = p;
+    __syncthreads();
+    double t = threadIdx.x % 32 < CUDA_NORM_THREADS / 32 ? red[threadIdx.x % 32] : 0.0;
+    t = cuda_warp_sum_d(t);
+    __syncthreads(); /* red may be reused */
+    return t;
+}
+
+/* Group g (8 values, 0 past dim) of x (+ m) for cuda_row_sumsq; vec: x and m 16-byte aligned. */
+__device__ __forceinline__ void cuda_group8(const float *x, const float *m, int dim, bool vec, int g, float (&v)[8]) {
+    const int e0 = 8 * g;
+    if (vec && e0 + 8 <= dim) {
+        const float4 a = ((const float4 *)(x + e0))[0], b = ((const float4 *)(x + e0))[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        if (m) {
+            const float4 c = ((const float4 *)(m + e0))[0], d = ((const float4 *)(m + e0))[1];
+            v[0] = v[0] + c.x; v[1] = v[1] + c.y; v[2] = v[2] + c.z; v[3] = v[3] + c.w;
+            v[4] = v[4] + d.x; v[5] = v[5] + d.y; v[6] = v[6] + d.z; v[7] = v[7] + d.w;
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = e0 + i < dim ? (m ? x[e0 + i] + m[e0 + i] : x[e0 + i]) : 0.0f;
+}
+
 /* ---- host entry points of the op families (the struct backend members) ---- */
 
 /* matmul.cu */
 void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, int n_tok, float *y);
 void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
                    const float *x, int n_tok);
+void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, float *x_out, const float *w, float eps,
+                        float *a, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok);
+void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y);
 void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out);
 bool cuda_weight_type_supported(enum ggml_type t);
 
@@ -164,6 +212,10 @@ void cuda_rmsnorm(struct backend *be, const float *x, int x_stride, const float 
                   int dim, float eps, float *y, int y_stride);
 void cuda_rmsnorm_gated(struct backend *be, const float *x, const float *w, const float *z,
                         int n_rows, int dim, float eps, float *y);
+/* y = rmsnorm(x (+ m)) ⊙ w over n_rows rows of dim (contiguous), by cuda_row_sumsq; with m,
+ * x_out = x + m (x_out may be x). The unfused form of a NORM matvec input. */
+void cuda_norm_rows(struct cuda_ctx *c, const float *x, const float *m, float *x_out, const float *w, int n_rows,
+                    int dim, float eps, float *y);
 void cuda_add_rmsnorm(struct backend *be, float *x, const float *m, const float *w, int n_rows, int dim,
                       float eps, float *y);
 void cuda_add(struct backend *be, const float *a, const float *b, int64_t n, float *y);

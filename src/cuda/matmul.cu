@@ -77,6 +77,7 @@ static size_t xfmt_layout(int f, int n_tok, int stride, uint8_t *base, xact *xa)
 
 /* Q8_0 / Q8_1 by quant.c's reference rule, one 32-block by one thread: codes to q (16-byte
  * aligned), f16(d) as f32 to *d, and for Q8_1 f16(d·Σq) to *s. xb = NULL: a padding block. */
+__device__ __forceinline__ void q8_block_vals(const float (&v)[32], int8_t *q, float *d, float *s);
 __device__ __forceinline__ void q8_block_thread(const float *xb, bool vec, int8_t *q, float *d, float *s) {
     float v[32];
     if (!xb) {
@@ -92,6 +93,11 @@ __device__ __forceinline__ void q8_block_thread(const float *xb, bool vec, int8_
 #pragma unroll
         for (int i = 0; i < 32; i++) v[i] = xb[i];
     }
+    q8_block_vals(v, q, d, s);
+}
+
+/* The Q8_0 / Q8_1 rule on 32 values in registers. */
+__device__ __forceinline__ void q8_block_vals(const float (&v)[32], int8_t *q, float *d, float *s) {
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
@@ -111,17 +117,37 @@ __device__ __forceinline__ void q8_block_thread(const float *xb, bool vec, int8_
     if (s) *s = __half2float(__float2half_rn((float)sum * dd));
 }
 
+/* The same rule with the block spread over a warp, value `v` in lane `lane` (every lane calls). */
+__device__ __forceinline__ void q8_block_lane(float v, int lane, int8_t *q, float *d, float *s) {
+    const float amax = cuda_warp_max(fmaxf(0.0f, fabsf(v))); /* NaN ignored, as fmaxf from 0 does */
+    const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    const float r = v * id;
+    const int qi = !(r == r) ? 0 : r >= 127.0f ? 127 : r <= -127.0f ? -127 : (int)roundf(r);
+    q[lane] = (int8_t)qi;
+    if (s) {
+        const int sum = cuda_warp_sum_i(qi);
+        if (lane == 0) *s = __half2float(__float2half_rn((float)sum * dd));
+    }
+    if (lane == 0) *d = __half2float(__float2half_rn(dd));
+}
+
 /* Q8_K by quant_k.c's reference rule, one 256-block by one warp, 8 values per lane: the scale
  * comes from the signed value of largest magnitude, the first one on ties. xb = NULL: padding. */
+__device__ __forceinline__ void q8K_block_vals(const float (&v)[8], int lane, int8_t *q, float *d, int16_t *bs);
 __device__ __forceinline__ void q8K_block_warp(const float *xb, int lane, int8_t *q, float *d, int16_t *bs) {
     float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = xb ? xb[8 * lane + i] : 0.0f;
+    q8K_block_vals(v, lane, q, d, bs);
+}
+
+/* The Q8_K rule on a warp's 256 values in registers (8 per lane). */
+__device__ __forceinline__ void q8K_block_vals(const float (&v)[8], int lane, int8_t *q, float *d, int16_t *bs) {
     float amax = 0.0f, mx = 0.0f;
     int idx = 1 << 30;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        v[i] = xb ? xb[8 * lane + i] : 0.0f;
+    for (int i = 0; i < 8; i++)
         if (fabsf(v[i]) > amax) { amax = fabsf(v[i]); mx = v[i]; idx = 8 * lane + i; }
-    }
     for (int o = 16; o > 0; o >>= 1) {
         const float oa = __shfl_xor_sync(0xFFFFFFFFu, amax, o);
         const float om = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
@@ -563,6 +589,7 @@ __device__ __forceinline__ void unit_dot_f32(const uint8_t *sm, int off, const x
 #define MV_WARPS 16            /* persistent blocks, ~2 per SM: activations staged once per block */
 #define MV_FUSED_MAX_NT 2      /* up to this many tokens the kernel quantizes x itself */
 #define MV_FUSED_MAX_XBYTES (64 << 10)
+#define MV_IN_BATCH 8          /* input blocks a warp loads at once in a fused NORM / SWIGLU prologue */
 
 struct mv_params {
     const uint8_t *w[MV_MAX_W];
@@ -573,6 +600,23 @@ struct mv_params {
     int n_w;
     int n;                    /* elements per row */
     int n_units;              /* 32-element units per row */
+    /* what a fused launch computes its input rows from (struct mv_input) */
+    int in_mode;
+    const float *in_m, *in_w;
+    float *in_xout, *in_a;
+    float in_eps;
+};
+
+/* A fused matvec's input: the f32 rows x as they are (X); rmsnorm(x + m) ⊙ w with x + m and
+ * the normed rows also written out, by the grid's first block (NORM, m may be NULL); or
+ * silu(x) ⊙ m (SWIGLU). The values are formed by the same operations as the standalone norm
+ * and swiglu kernels, so fused and unfused launches quantize the same bits. */
+enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU };
+struct mv_input {
+    int mode;
+    const float *m, *w;
+    float *xout, *a;
+    float eps;
 };
 
 /* Shapes of a matvec instance: R rows per warp, CU units of each row per chunk, SLOT bytes of
@@ -673,6 +717,64 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
     cuda_pdl_wait();
     int t0 = t_base + blockIdx.y * NT;
     if constexpr (FUSED && !S::FLOAT) {
+        /* NORM: each token row's 1/rms, by the standalone norm's reduction (cuda_row_sumsq) */
+        __shared__ double red[MV_WARPS];
+        float sc0 = 1.0f, sc1 = 1.0f;
+        if (P.in_mode == MV_IN_NORM)
+            for (int t = 0; t < NT; t++) {
+                const float *xr = xf + (size_t)(t_base + t) * P.n;
+                const float *mr = P.in_m ? P.in_m + (size_t)(t_base + t) * P.n : NULL;
+                const bool vec = P.n % 4 == 0 && ((uintptr_t)xf & 15) == 0 && ((uintptr_t)P.in_m & 15) == 0;
+                const double ss =
+                    cuda_row_sumsq([&](int g, float (&v)[8]) { cuda_group8(xr, mr, P.n, vec, g, v); }, P.n, red);
+                const float sc = 1.0f / sqrtf((float)(ss / P.n) + P.in_eps);
+                if (t == 0) sc0 = sc;
+                else sc1 = sc;
+            }
+        /* element e (< P.n) of input row t; loads only, so a thread's loads are all in flight
+         * together (a store between them, to memory that might alias, would serialize them) */
+        auto in_val = [&](int t, int e) -> float {
+            const size_t o = (size_t)(t_base + t) * P.n + e;
+            if (P.in_mode == MV_IN_SWIGLU) return __fmul_rn(cuda_silu(xf[o]), P.in_m[o]);
+            float v = xf[o];
+            if (P.in_mode == MV_IN_NORM) {
+                if (P.in_m) v = v + P.in_m[o];
+                v = __fmul_rn(__fmul_rn(v, t == 0 ? sc0 : sc1), P.in_w[e]);
+            }
+            return v;
+        };
+        /* NORM: x + m and the normed rows are written out too, an 8-element group per thread
+         * spread over the grid (loads before stores: one latency, and no block runs long) */
+        if (P.in_mode == MV_IN_NORM) {
+            const int ng = (P.n + 7) / 8;
+            const bool vec = P.n % 8 == 0 && ((uintptr_t)xf & 15) == 0 && ((uintptr_t)P.in_m & 15) == 0 &&
+                             ((uintptr_t)P.in_w & 15) == 0 && ((uintptr_t)P.in_xout & 15) == 0 &&
+                             ((uintptr_t)P.in_a & 15) == 0;
+            for (int i = blockIdx.x * MV_WARPS * 32 + threadIdx.x; i < NT * ng; i += gridDim.x * MV_WARPS * 32) {
+                const int t = i / ng, e0 = 8 * (i % ng);
+                const size_t o = (size_t)(t_base + t) * P.n + e0;
+                float r[8], w8[8];
+                cuda_group8(xf + (size_t)(t_base + t) * P.n, P.in_m ? P.in_m + (size_t)(t_base + t) * P.n : NULL, P.n,
+                            vec, i % ng, r);
+                cuda_group8(P.in_w, NULL, P.n, vec, i % ng, w8);
+                float a8[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) a8[k] = __fmul_rn(__fmul_rn(r[k], t == 0 ? sc0 : sc1), w8[k]);
+                if (vec) {
+                    if (P.in_m) {
+                        ((float4 *)(P.in_xout + o))[0] = make_float4(r[0], r[1], r[2], r[3]);
+                        ((float4 *)(P.in_xout + o))[1] = make_float4(r[4], r[5], r[6], r[7]);
+                    }
+                    ((float4 *)(P.in_a + o))[0] = make_float4(a8[0], a8[1], a8[2], a8[3]);
+                    ((float4 *)(P.in_a + o))[1] = make_float4(a8[4], a8[5], a8[6], a8[7]);
+                } else {
+                    for (int k = 0; k < 8 && e0 + k < P.n; k++) {
+                        if (P.in_m) P.in_xout[o + k] = r[k];
+                        P.in_a[o + k] = a8[k];
+                    }
+                }
+            }
+        }
         /* quantize the NT activation rows into shared memory, laid out like the global form */
         uint8_t *xs = dsm + S::WBYTES;
         const int stride = x.stride, nq = NT * stride;
@@ -683,18 +785,48 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
             int16_t *bs = (int16_t *)((uint8_t *)d + ((NT * nb * 4 + 15) & ~15));
             for (int i = warp; i < NT * nb; i += MV_WARPS) {
                 const int t = i / nb, b = i % nb;
-                q8K_block_warp(256 * b < P.n ? xf + (size_t)(t_base + t) * P.n + 256 * b : NULL, lane,
-                               q + (size_t)t * stride + 256 * b, d + i, bs + (size_t)t * (stride / 16) + 16 * b);
+                int8_t *qb = q + (size_t)t * stride + 256 * b;
+                int16_t *bsb = bs + (size_t)t * (stride / 16) + 16 * b;
+                if (P.in_mode == MV_IN_X) {
+                    q8K_block_warp(256 * b < P.n ? xf + (size_t)(t_base + t) * P.n + 256 * b : NULL, lane, qb, d + i, bsb);
+                } else {
+                    float v[8];
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        const int e = 256 * b + 8 * lane + k;
+                        v[k] = e < P.n ? in_val(t, e) : 0.0f;
+                    }
+                    q8K_block_vals(v, lane, qb, d + i, bsb);
+                }
             }
             x.bs = bs;
         } else {
             const int nb = stride / 32;
             float *sx = Q::XF == XF_Q8_1 ? (float *)((uint8_t *)d + ((NT * nb * 4 + 15) & ~15)) : NULL;
-            const bool vec = ((uintptr_t)xf & 15) == 0;
-            for (int i = threadIdx.x; i < NT * nb; i += MV_WARPS * 32) {
-                const int t = i / nb, b = i % nb;
-                q8_block_thread(32 * b < P.n ? xf + (size_t)(t_base + t) * P.n + 32 * b : NULL, vec,
-                                q + (size_t)t * stride + 32 * b, d + i, sx ? sx + i : NULL);
+            if (P.in_mode == MV_IN_X) {
+                const bool vec = ((uintptr_t)xf & 15) == 0;
+                for (int i = threadIdx.x; i < NT * nb; i += MV_WARPS * 32) {
+                    const int t = i / nb, b = i % nb;
+                    q8_block_thread(32 * b < P.n ? xf + (size_t)(t_base + t) * P.n + 32 * b : NULL, vec,
+                                    q + (size_t)t * stride + 32 * b, d + i, sx ? sx + i : NULL);
+                }
+            } else {
+                /* a warp per block, a lane per element: the input's loads are coalesced; a warp
+                 * loads MV_IN_BATCH blocks before it reduces any, so their latencies overlap */
+                for (int i0 = warp; i0 < NT * nb; i0 += MV_WARPS * MV_IN_BATCH) {
+                    float v[MV_IN_BATCH];
+#pragma unroll
+                    for (int j = 0; j < MV_IN_BATCH; j++) {
+                        const int i = i0 + j * MV_WARPS, e = 32 * (i % nb) + lane;
+                        v[j] = i < NT * nb && e < P.n ? in_val(i / nb, e) : 0.0f;
+                    }
+#pragma unroll
+                    for (int j = 0; j < MV_IN_BATCH; j++) {
+                        const int i = i0 + j * MV_WARPS, t = i / nb, b = i % nb;
+                        if (i < NT * nb)
+                            q8_block_lane(v[j], lane, q + (size_t)t * stride + 32 * b, d + i, sx ? sx + i : NULL);
+                    }
+                }
             }
             x.s = sx;
         }
@@ -1028,15 +1160,17 @@ static void mv_launch(struct cuda_ctx *c, int slot, const mv_params &P, const fl
     typedef mv_shape<T, NT> S;
     void (*kern)(const mv_params, const float *, xact, int) = matvec_kernel<T, NT, FUSED>;
     const int smem = S::WBYTES + (FUSED ? xs_bytes(qt<T>::XF, NT, x.stride) : 0);
-    int &regs = c->mv_regs[slot][NT - 1][FUSED];
+    int &regs = c->mv_regs[slot][NT - 1][FUSED], &smem_static = c->mv_smem_static[slot][NT - 1][FUSED];
     if (!regs) {
         cudaFuncAttributes fa;
         CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
-        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, c->smem_block_max));
+        smem_static = (int)fa.sharedSizeBytes;
+        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, c->smem_block_max - smem_static));
         regs = fa.numRegs > 0 ? fa.numRegs : 1;
     }
     const int warp_regs = (regs * 32 + 255) / 256 * 256;
-    const int by_regs = 65536 / (warp_regs * MV_WARPS), by_smem = c->smem_per_sm / (smem + c->smem_reserved);
+    const int by_regs = 65536 / (warp_regs * MV_WARPS);
+    const int by_smem = c->smem_per_sm / (smem + smem_static + c->smem_reserved);
     const int per_sm = COTI_MAX(1, COTI_MIN(COTI_MIN(by_regs, by_smem), 2048 / (MV_WARPS * 32)));
     const int sets = cuda_cdiv(P.row0[P.n_w], S::R);
     const int grid = COTI_MIN(cuda_cdiv(sets, MV_WARPS), c->n_sm * per_sm);
@@ -1124,10 +1258,9 @@ static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv
     if (rem) te->mv[rem - 1](c, type_slot(te), P, xf, x, MV_MAX_NT * full, 1);
 }
 
-void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
-                   const float *x, int n_tok) {
-    struct cuda_ctx *c = cuda_enter(be);
-    if (n_w < 1 || n_tok < 1) return;
+/* ys[i] = ws[i] · input rows; in.mode other than X only where every weight's launch fuses. */
+static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, float *const *ys, int n_w,
+                          const float *x, int n_tok, const mv_input &in) {
     const int n = (int)ws[0]->n_in, stride = (n + 255) & ~255;
     bool need[XF_COUNT] = {};
     for (int i = 0; i < n_w; i++) {
@@ -1157,6 +1290,12 @@ void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *c
         memset(&P, 0, sizeof P);
         P.n = n;
         P.n_units = cuda_cdiv(n, 32);
+        P.in_mode = in.mode;
+        P.in_m = in.m;
+        P.in_w = in.w;
+        P.in_xout = in.xout;
+        P.in_a = in.a;
+        P.in_eps = in.eps;
         int rows = 0;
         for (int j = i; j < n_w; j++) {
             if (ws[j]->type != ws[i]->type) continue;
@@ -1178,8 +1317,52 @@ void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *c
     }
 }
 
+void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
+                   const float *x, int n_tok) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n_w < 1 || n_tok < 1) return;
+    matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_X, NULL, NULL, NULL, NULL, 0.0f});
+}
+
 void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, int n_tok, float *y) {
     cuda_matmul_n(be, &w, &y, 1, x, n_tok);
+}
+
+/* Whether every weight's launch for n_tok rows quantizes its activations itself and so can form
+ * them from a fused input. Only for narrow rows: every block of the grid forms the whole input,
+ * which is cheaper than a kernel boundary at the tiny model's widths (384 / 1024: decode 3126 ->
+ * 3512 tok/s, mtp:2 4216 -> 4786, H200) but not at 4096 / 12288 (9B: 281 -> 237 tok/s against
+ * a standalone norm kernel). */
+#define MV_IN_FUSE_MAX_N 1024
+static bool all_fuse(const struct bweight *const *ws, int n_w, int n_tok) {
+    if (ws[0]->n_in > MV_IN_FUSE_MAX_N) return false;
+    const int stride = ((int)ws[0]->n_in + 255) & ~255;
+    for (int i = 0; i < n_w; i++)
+        if (!mv_fuses(type_get(ws[i]), n_tok, stride)) return false;
+    return true;
+}
+
+void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, float *x_out, const float *w, float eps,
+                        float *a, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n_w < 1 || n_tok < 1) return;
+    if (all_fuse(ws, n_w, n_tok)) {
+        matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps});
+        return;
+    }
+    cuda_norm_rows(c, x, m, x_out, w, n_tok, (int)ws[0]->n_in, eps, a);
+    matmul_n_with(c, ws, ys, n_w, a, n_tok, mv_input{MV_IN_X, NULL, NULL, NULL, NULL, 0.0f});
+}
+
+void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n_tok < 1) return;
+    if (all_fuse(&w, 1, n_tok)) {
+        matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f});
+        return;
+    }
+    cuda_swiglu(be, g, u, (int64_t)n_tok * w->n_in, g);
+    matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_X, NULL, NULL, NULL, NULL, 0.0f});
 }
 
 void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {

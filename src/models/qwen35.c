@@ -62,7 +62,7 @@ struct mtp_weights {
 
 /* Activation scratch for n_batch rows, sliced from one allocation. */
 struct scratch {
-    float *x, *a, *m, *qg, *k, *v, *att, *qkv, *z, *bet, *alp, *y, *g, *beta, *o, *og;
+    float *x, *x2, *a, *m, *qg, *k, *v, *att, *qkv, *z, *bet, *alp, *y, *g, *beta, *o, *og;
     float *fg, *fu, *hn, *lm_in, *logits, *cat;
     int32_t *tokens, *pos, *cells, *cell0, *nctx, *rows;   /* device metadata */
 };
@@ -392,7 +392,7 @@ static int alloc_scratch(struct qwen35 *q) {
     const int HD = hp->n_head * hp->head_dim, KV = hp->n_head_kv * hp->head_dim;
     const int NVD = hp->ssm_nv * hp->ssm_dv;
     struct { float **p; size_t n; } f[] = {
-        {&q->s.x, nb * hp->n_embd}, {&q->s.a, nb * hp->n_embd}, {&q->s.m, nb * hp->n_embd},
+        {&q->s.x, nb * hp->n_embd}, {&q->s.x2, nb * hp->n_embd}, {&q->s.a, nb * hp->n_embd}, {&q->s.m, nb * hp->n_embd},
         {&q->s.qg, nb * 2 * HD}, {&q->s.k, nb * KV}, {&q->s.v, nb * KV}, {&q->s.att, nb * HD},
         {&q->s.qkv, nb * hp->ssm_ch}, {&q->s.z, nb * NVD}, {&q->s.bet, nb * hp->ssm_nv},
         {&q->s.alp, nb * hp->ssm_nv}, {&q->s.y, nb * hp->ssm_ch}, {&q->s.g, nb * hp->ssm_nv},
@@ -528,25 +528,36 @@ struct slice {
     struct run runs[QWEN35_MAX_RUNS];
 };
 
-/* SwiGLU FFN on s.a (normed input) → s.m. */
-static void ffn_block(struct qwen35 *q, const struct layer *ly, int n) {
+/* The residual step that opens a block: its input is rmsnorm(x + m) ⊙ norm (m NULL: of x),
+ * and x + m goes to x_out, the next residual (fused into the block's first matmul). */
+struct block_in {
+    const float *x, *m, *norm;
+    float *x_out;
+};
+
+static void block_matmul_n(struct qwen35 *q, const struct block_in *in, const struct bweight *const *ws,
+                           float *const *ys, int n_w, int n) {
     struct backend *be = q->base.be;
-    const struct qwen35_hparams *hp = &q->hp;
-    const struct bweight *ws[2] = {&ly->ffn_gate, &ly->ffn_up};
-    float *ys[2] = {q->s.fg, q->s.fu};
-    be->matmul_n(be, ws, ys, 2, q->s.a, n);
-    be->swiglu(be, q->s.fg, q->s.fu, (int64_t)n * hp->n_ff, q->s.fg);
-    be->matmul(be, &ly->ffn_down, q->s.fg, n, q->s.m);
+    be->norm_matmul_n(be, in->x, in->m, in->x_out, in->norm, q->hp.eps, q->s.a, ws, ys, n_w, n);
 }
 
-/* Gated full attention on s.a (normed input) → s.m, using cache rows s.cells / s.cell0 / s.nctx. */
-static void attn_block(struct qwen35 *q, const struct layer *ly, int n) {
+/* SwiGLU FFN → s.m. */
+static void ffn_block(struct qwen35 *q, const struct layer *ly, const struct block_in *in, int n) {
+    struct backend *be = q->base.be;
+    const struct bweight *ws[2] = {&ly->ffn_gate, &ly->ffn_up};
+    float *ys[2] = {q->s.fg, q->s.fu};
+    block_matmul_n(q, in, ws, ys, 2, n);
+    be->swiglu_matmul(be, &ly->ffn_down, q->s.fg, q->s.fu, n, q->s.m);
+}
+
+/* Gated full attention → s.m, using cache rows s.cells / s.cell0 / s.nctx. */
+static void attn_block(struct qwen35 *q, const struct layer *ly, const struct block_in *in, int n) {
     struct backend *be = q->base.be;
     const struct qwen35_hparams *hp = &q->hp;
     const int D = hp->head_dim, H = hp->n_head, KV = hp->n_head_kv * D;
     const struct bweight *ws[3] = {&ly->at.q, &ly->at.k, &ly->at.v};
     float *ys[3] = {q->s.qg, q->s.k, q->s.v};
-    be->matmul_n(be, ws, ys, 3, q->s.a, n);
+    block_matmul_n(q, in, ws, ys, 3, n);
     /* q rows hold [q_h ; gate_h] per head: per-head norm over the first D of every 2D */
     be->rmsnorm(be, q->s.qg, 2 * D, ly->at.q_norm, n * H, D, hp->eps, q->s.qg, 2 * D);
     be->rmsnorm(be, q->s.k, D, ly->at.k_norm, n * hp->n_head_kv, D, hp->eps, q->s.k, D);
@@ -559,14 +570,15 @@ static void attn_block(struct qwen35 *q, const struct layer *ly, int n) {
     be->matmul(be, &ly->at.o, q->s.att, n, q->s.m);
 }
 
-/* Gated delta net on s.a → s.m; recurrent state per sequence run. */
-static void gdn_block(struct qwen35 *q, const struct layer *ly, const struct slice *sl, bool keep) {
+/* Gated delta net → s.m; recurrent state per sequence run. */
+static void gdn_block(struct qwen35 *q, const struct layer *ly, const struct block_in *in, const struct slice *sl,
+                      bool keep) {
     struct backend *be = q->base.be;
     const struct qwen35_hparams *hp = &q->hp;
     const int n = sl->n, NVD = hp->ssm_nv * hp->ssm_dv;
     const struct bweight *ws[4] = {&ly->dn.qkv, &ly->dn.gate, &ly->dn.beta, &ly->dn.alpha};
     float *ys[4] = {q->s.qkv, q->s.z, q->s.bet, q->s.alp};
-    be->matmul_n(be, ws, ys, 4, q->s.a, n);
+    block_matmul_n(q, in, ws, ys, 4, n);
     be->gdn_gates(be, q->s.alp, hp->ssm_nv, q->s.bet, hp->ssm_nv, ly->dn.dt_bias, ly->dn.a, n, hp->ssm_nv,
                   q->s.g, q->s.beta);
     const size_t keep_n = (size_t)COTI_MAX(q->base.n_keep_states, 1);
@@ -681,17 +693,19 @@ static void trunk_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     const struct qwen35_hparams *hp = &q->hp;
     const int E = hp->n_embd, n = a->sl->n;
     be->get_rows(be, &q->tok_embd, q->s.tokens, n, q->s.x);
-    /* each residual add is fused with the norm that reads its sum */
+    /* the residual stream alternates between s.x and s.x2: a fused add writes the other one */
+    float *x = q->s.x, *x_next = q->s.x2;
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer *ly = &q->layers[il];
-        if (il == 0) be->rmsnorm(be, q->s.x, E, ly->attn_norm, n, E, hp->eps, q->s.a, E);
-        else be->add_rmsnorm(be, q->s.x, q->s.m, ly->attn_norm, n, E, hp->eps, q->s.a);
-        if (ly->is_gdn) gdn_block(q, ly, a->sl, a->keep);
-        else attn_block(q, ly, n);
-        be->add_rmsnorm(be, q->s.x, q->s.m, ly->post_norm, n, E, hp->eps, q->s.a);
-        ffn_block(q, ly, n);
+        const struct block_in in = {x, il ? q->s.m : NULL, ly->attn_norm, x_next};
+        if (ly->is_gdn) gdn_block(q, ly, &in, a->sl, a->keep);
+        else attn_block(q, ly, &in, n);
+        if (il) { float *t = x; x = x_next; x_next = t; }
+        const struct block_in ffn_in = {x, q->s.m, ly->post_norm, x_next};
+        ffn_block(q, ly, &ffn_in, n);
+        float *t = x; x = x_next; x_next = t;
     }
-    be->add_rmsnorm(be, q->s.x, q->s.m, q->out_norm, n, E, hp->eps, q->s.hn);
+    be->add_rmsnorm(be, x, q->s.m, q->out_norm, n, E, hp->eps, q->s.hn);
     head_rows(q, a->head, q->s.hn, n, a->want, a->last_only, a->logits);
 }
 
@@ -705,11 +719,11 @@ static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     be->rmsnorm(be, q->s.x, E, mt->enorm, n, E, hp->eps, q->s.cat, 2 * E);
     be->rmsnorm(be, a->h_in, E, mt->hnorm, n, E, hp->eps, q->s.cat + E, 2 * E);
     be->matmul(be, &mt->eh_proj, q->s.cat, n, q->s.x);
-    be->rmsnorm(be, q->s.x, E, mt->blk.attn_norm, n, E, hp->eps, q->s.a, E);
-    attn_block(q, &mt->blk, n);
-    be->add_rmsnorm(be, q->s.x, q->s.m, mt->blk.post_norm, n, E, hp->eps, q->s.a);
-    ffn_block(q, &mt->blk, n);
-    be->add_rmsnorm(be, q->s.x, q->s.m, mt->head_norm ? mt->head_norm : q->out_norm, n, E, hp->eps, q->s.hn);
+    const struct block_in in = {q->s.x, NULL, mt->blk.attn_norm, NULL};
+    attn_block(q, &mt->blk, &in, n);
+    const struct block_in ffn_in = {q->s.x, q->s.m, mt->blk.post_norm, q->s.x2};
+    ffn_block(q, &mt->blk, &ffn_in, n);
+    be->add_rmsnorm(be, q->s.x2, q->s.m, mt->head_norm ? mt->head_norm : q->out_norm, n, E, hp->eps, q->s.hn);
     head_rows(q, a->head, q->s.hn, n, a->want, a->last_only, a->logits);
 }
 

@@ -294,6 +294,86 @@ static void test_matmul_n(void) {
     rc == COTI_E_UNSUPPORTED ? n_pass++ : n_fail++;
 }
 
+/* norm_matmul_n and swiglu_matmul. 1-2 rows run fused (the matvec forms its input itself), 3+
+ * rows run a norm / swiglu kernel and then the matmul: the two must quantize the same input, so
+ * every row's outputs (and x_out, a) are bit-identical between the paths, as decode and verify
+ * need; and both match the CPU's unfused ops. */
+static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
+    enum { NT = 5 };
+    const char *tn = ggml_type_traits_get(t)->name;
+    const float eps = 1e-6f;
+    struct hweight hw = make_weight(t, n_in, n_out);
+    struct bweight wc = {0}, wg = {0};
+    cpu->weight_init(cpu, &wc, t, n_in, n_out, hw.data);
+    gpu->weight_init(gpu, &wg, t, n_in, n_out, hw.data);
+    const struct bweight *pc = &wc, *pg = &wg;
+    const size_t nx = (size_t)NT * n_in, ny = (size_t)NT * n_out;
+    float *x = xmalloc(sizeof(float) * nx), *m = xmalloc(sizeof(float) * nx), *w = xmalloc(sizeof(float) * n_in);
+    float *xo = xmalloc(sizeof(float) * nx), *a = xmalloc(sizeof(float) * nx), *yc = xmalloc(sizeof(float) * ny);
+    float *scale = xmalloc(sizeof(float) * ny), *poison = xmalloc(sizeof(float) * nx);
+    float *g5 = xmalloc(sizeof(float) * ny), *gx = xmalloc(sizeof(float) * nx), *ga = xmalloc(sizeof(float) * nx);
+    float *gy = xmalloc(sizeof(float) * ny), *gxo = xmalloc(sizeof(float) * nx), *ga5 = xmalloc(sizeof(float) * nx);
+    fill(x, nx, 3.0f);
+    fill(m, nx, 1.0f);
+    fill(poison, nx, 100.0f);
+    for (int i = 0; i < n_in; i++) w[i] = 1.0f + 0.5f * frand();
+    float *dx = gdup(x, sizeof(float) * nx), *dm = gdup(m, sizeof(float) * nx), *dw = gdup(w, sizeof(float) * n_in);
+    float *dxo = galloc(sizeof(float) * nx), *da = galloc(sizeof(float) * nx), *dy = galloc(sizeof(float) * ny);
+    char shape[96];
+    for (int with_m = 1; with_m >= 0; with_m--) {
+        const float *hm = with_m ? m : NULL, *gm = with_m ? dm : NULL;
+        cpu->norm_matmul_n(cpu, x, hm, xo, w, eps, a, &pc, &yc, 1, NT);
+        dot_scale(&hw, a, NT, scale);
+        gpu->norm_matmul_n(gpu, dx, gm, dxo, dw, eps, da, &pg, &dy, 1, NT);
+        gget(g5, dy, sizeof(float) * ny);
+        gget(ga5, da, sizeof(float) * nx);
+        snprintf(shape, sizeof shape, "%s %dx%d tok %d%s", tn, n_in, n_out, NT, with_m ? " +m" : "");
+        check_scaled("norm_matmul", shape, g5, yc, scale, ny, MM_TOL);
+        check("norm_matmul a", shape, ga5, a, nx, 0, 4.8e-7);
+        if (with_m) {
+            gget(gxo, dxo, sizeof(float) * nx);
+            check_bits("norm_matmul x+m", shape, gxo, xo, sizeof(float) * nx);
+        }
+        for (int nt = 1; nt <= 2; nt++) {
+            gpu->upload(gpu, dxo, poison, sizeof(float) * nx);
+            gpu->upload(gpu, da, poison, sizeof(float) * nx);
+            gpu->norm_matmul_n(gpu, dx, gm, dxo, dw, eps, da, &pg, &dy, 1, nt);
+            gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
+            gget(ga, da, sizeof(float) * (size_t)nt * n_in);
+            snprintf(shape, sizeof shape, "%s %dx%d tok %d%s", tn, n_in, n_out, nt, with_m ? " +m" : "");
+            check_bits("norm_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
+            check_bits("norm_matmul-a", shape, ga, ga5, sizeof(float) * (size_t)nt * n_in);
+            if (with_m) {
+                gget(gx, dxo, sizeof(float) * (size_t)nt * n_in);
+                check_bits("norm_matmul-x+m", shape, gx, xo, sizeof(float) * (size_t)nt * n_in);
+            }
+        }
+    }
+    /* swiglu_matmul: g (x here) is clobbered, so it is uploaded before every call */
+    memcpy(gx, x, sizeof(float) * nx);
+    cpu->swiglu_matmul(cpu, &wc, gx, m, NT, yc); /* gx now holds silu(x) ⊙ m */
+    dot_scale(&hw, gx, NT, scale);
+    gpu->upload(gpu, dx, x, sizeof(float) * nx);
+    gpu->swiglu_matmul(gpu, &wg, dx, dm, NT, dy);
+    gget(g5, dy, sizeof(float) * ny);
+    snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
+    check_scaled("swiglu_matmul", shape, g5, yc, scale, ny, MM_TOL);
+    for (int nt = 1; nt <= 2; nt++) {
+        gpu->upload(gpu, dx, x, sizeof(float) * nx);
+        gpu->swiglu_matmul(gpu, &wg, dx, dm, nt, dy);
+        gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
+        snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
+        check_bits("swiglu_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
+    }
+    gpu->free(gpu, dx); gpu->free(gpu, dm); gpu->free(gpu, dw); gpu->free(gpu, dxo); gpu->free(gpu, da);
+    gpu->free(gpu, dy);
+    cpu->weight_free(cpu, &wc);
+    gpu->weight_free(gpu, &wg);
+    free(x); free(m); free(w); free(xo); free(a); free(yc); free(scale); free(poison); free(g5); free(gx);
+    free(ga); free(gy); free(gxo); free(ga5);
+    free_hweight(&hw);
+}
+
 /* ---- norms and elementwise ---------------------------------------------------------------- */
 
 static void test_rmsnorm(int n_rows, int dim, int xs, int ys, bool in_place) {
@@ -899,6 +979,14 @@ int main(int argc, char **argv) {
         test_rmsnorm(1, 5000, 5000, 5000, false);
         test_rmsnorm(2, 9000, 9000, 9000, false);       /* past the registers of a block row */
         test_rmsnorm(5, 300, 300, 300, false);          /* past the registers of a warp row */
+    }
+    if (want("fused_matmul")) {
+        test_fused_matmul(GGML_TYPE_Q8_0, 4096, 64);
+        test_fused_matmul(GGML_TYPE_Q8_0, 384, 130);    /* the tiny model's width (stride padding) */
+        test_fused_matmul(GGML_TYPE_Q4_0, 96, 5);
+        test_fused_matmul(GGML_TYPE_Q4_K, 2304, 37);    /* Q8_K activations */
+        test_fused_matmul(GGML_TYPE_Q6_K, 256, 9);
+        test_fused_matmul(GGML_TYPE_F16, 1024, 20);     /* never fused: both paths unfused */
     }
     if (want("add_rmsnorm")) { test_add_rmsnorm(1, 4096); test_add_rmsnorm(3, 9000); test_add_rmsnorm(5, 384); test_add_rmsnorm(9, 300); }
     if (want("rmsnorm_gated")) { test_rmsnorm_gated(4 * 32, 128); test_rmsnorm_gated(3, 1500); }
