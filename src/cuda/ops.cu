@@ -12,8 +12,9 @@
 
 /* TPR threads per row (32: a warp per row, 8 rows per block; 1024: a block per row). The first
  * CACHE elements of each thread are loaded together into registers and reused by the second
- * pass. A decode step's norm is one block on an idle GPU, so its time is latency: 1024 threads
- * with 4 loads each ran the 9B step 8% faster than 256 threads with 16 (H200, 281 vs 260 tok/s).
+ * pass. A decode step's norm is one block on an idle GPU, so its time is latency: as the 9B
+ * model's residual norm, 1024 threads with 4 loads each ran the step 8% faster than 256 threads
+ * with 16 (H200, 281 vs 260 tok/s; the residual norms are norm_rows_kernel's now).
  * z, if given, gates the output with silu(z) (z rows have y's stride). In place (y == x) is
  * safe: a row is read whole before it is written. */
 template <int TPR, int CACHE>
