@@ -66,6 +66,18 @@ assert c[1]['drafted']>0 and 0<=c[1]['accepted']<=c[1]['drafted']
 }
 check "coti bench: configurations side by side, same outputs, JSON" bench_runs
 
+bench_op_cost() {
+    printf '["int main(void)\\n{\\n"]' > "$TMP/p1.json"
+    "$COTI" bench --op-cost --prompts "$TMP/p1.json" -n 8 --repeat 1 -t 1 > "$TMP/oc.txt" || return 1
+    for f in 'nothing' 'matmul, <= n_in outputs' 'matmul, wider' 'matmul, LM head' 'norms' 'attention' \
+             'rope, kv store, gate' 'delta-net' 'add, swiglu' 'embedding rows' 'argmax, accept'; do
+        grep -q "^$f  " "$TMP/oc.txt" || { echo "no row '$f'" >&2; return 1; }
+    done
+    # one configuration only; a plain bench afterwards is unaffected
+    ! "$COTI" bench --op-cost --spec off,mtp --prompts "$TMP/p1.json" -n 8 --repeat 1 -t 1 2>/dev/null
+}
+check "coti bench --op-cost: a row per op family; one configuration only" bench_op_cost
+
 logits_json() {
     "$COTI" logits --tokens 1,200,300,400 --top 5 --json > "$TMP/l.json" &&
     "$COTI" logits --tokens 1,200,300,400 --top 5 --json --mtp > "$TMP/lm.json" &&

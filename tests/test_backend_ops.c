@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "opcost.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -325,6 +326,44 @@ Test(backend_ops, fused_matmuls_equal_their_separate_ops) {
     be->matmul(be, &W, a2, NT, y2);
     cr_assert(memcmp(y, y2, sizeof y) == 0, "swiglu_matmul");
     cr_assert(fabsf(y[5]) > 0.0f, "a real output");
+    be->weight_free(be, &W);
+    backend_free(be);
+}
+
+/* The op-cost decorator (coti bench --op-cost) forwards ops, except the skipped family's. */
+Test(backend_ops, opcost_skips_only_the_chosen_family) {
+    struct backend *be = opcost_wrap(backend_cpu_init(1, QUANT_CPU_REF));
+    cr_assert(be && !be->capture_begin, "no graphs where the inner backend has none");
+    enum { N_IN = 64, N_OUT = 64 };
+    static float x[N_IN], w[N_IN], y[N_IN], wf[N_OUT * N_IN], ym[N_OUT];
+    static unsigned char wq[N_OUT * (N_IN / 32) * 34];
+    fill(x, N_IN, 1.0f);
+    fill(w, N_IN, 1.0f);
+    fill(wf, N_OUT * N_IN, 1.0f);
+    for (int o = 0; o < N_OUT; o++) quant_quantize_row_ref(GGML_TYPE_Q8_0, wf + o * N_IN, wq + o * 68, N_IN);
+    struct bweight W = {0};
+    cr_assert_eq(be->weight_init(be, &W, GGML_TYPE_Q8_0, N_IN, N_OUT, wq), 0);
+
+    opcost_skip(be, OPCOST_NORMS);
+    y[0] = 12345.0f;
+    be->rmsnorm(be, x, N_IN, w, 1, N_IN, 1e-6f, y, N_IN);
+    cr_assert_eq(y[0], 12345.0f, "a skipped norm writes nothing");
+    ym[0] = 12345.0f;
+    be->matmul(be, &W, x, 1, ym);
+    cr_assert_neq(ym[0], 12345.0f, "other families still run");
+
+    opcost_skip(be, OPCOST_MATMUL_NARROW); /* N_OUT <= N_IN: the narrow family */
+    ym[0] = 12345.0f;
+    be->matmul(be, &W, x, 1, ym);
+    cr_assert_eq(ym[0], 12345.0f);
+    opcost_skip(be, OPCOST_MATMUL_WIDE);
+    be->matmul(be, &W, x, 1, ym);
+    cr_assert_neq(ym[0], 12345.0f);
+
+    opcost_skip(be, -1);
+    be->rmsnorm(be, x, N_IN, w, 1, N_IN, 1e-6f, y, N_IN);
+    cr_assert_neq(y[0], 12345.0f);
+    cr_assert_str_eq(opcost_family_name(OPCOST_NORMS), "norms");
     be->weight_free(be, &W);
     backend_free(be);
 }

@@ -6,13 +6,16 @@
  * Prints per configuration the median over repeats of decode tok/s (tokens after the first
  * / time after the first), the ratio to the first configuration (normally `off`),
  * acceptance = accepted/drafted over the same requests, tokens per verify, the split of time
- * into draft / verify / glue, and whether the output equals the first configuration's. */
+ * into draft / verify / glue, and whether the output equals the first configuration's.
+ * --op-cost: one configuration, timed with each family of backend ops left out in turn
+ * (opcost.h); the time a family's absence saves is its cost per token. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "opcost.h"
 #include "prompts.h"
 #include "spec.h"
 #include "tokenizer.h"
@@ -22,7 +25,9 @@
 
 static void usage(void) {
     fprintf(stderr, "usage: coti bench [-m MODEL] --spec off,mtp,ngram[,mtp:N ...] --prompts FILE [-n N] [--repeat R] [--json PATH]\n"
-                    "  a configuration is TYPE, TYPE:N_MAX or TYPE:N_MAX:P_MIN (defaults: --spec-n-max, --spec-p-min)\n%s",
+                    "       coti bench [-m MODEL] --op-cost [--spec CONFIG] --prompts FILE [-n N] [--repeat R]\n"
+                    "  a configuration is TYPE, TYPE:N_MAX or TYPE:N_MAX:P_MIN (defaults: --spec-n-max, --spec-p-min)\n"
+                    "  --op-cost: decode time with each family of ops left out in turn (outputs are garbage then)\n%s",
             cli_common_help());
 }
 
@@ -40,14 +45,104 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* The prompts and buffers every pass over them shares. */
+struct bench_io {
+    struct spec_engine *eng;
+    struct sampler_params sampling;
+    size_t n_prompts;
+    int32_t **ptoks;
+    size_t *np;
+    long n_gen;
+    int32_t *gen;
+    int32_t **ref;               /* the first pass's outputs */
+    bool have_ref;
+};
+
+/* Every prompt once with configuration k, fresh: decode tok/s into *tps, statistics added to k. */
+static int run_prompts(struct bench_io *io, struct config *k, double *tps, char *err, size_t err_size) {
+    long toks = 0;
+    int64_t t_dec = 0;
+    for (size_t p = 0; p < io->n_prompts; p++) {
+        int32_t first;
+        if (spec_seq_begin(io->eng, 0, io->ptoks[p], (int)io->np[p], &io->sampling, &k->sp, &first, err, err_size))
+            return 1;
+        int64_t t0 = coti_time_us();
+        int n = 1, nb;
+        io->gen[0] = first;
+        while (n < io->n_gen) {
+            if (spec_seq_step(io->eng, 0, (int)(io->n_gen - n), io->gen + n, &nb, NULL, err, err_size)) return 1;
+            n += nb;
+        }
+        int64_t t1 = coti_time_us();
+        t_dec += t1 - t0;
+        toks += n - 1;
+        if (!io->have_ref) memcpy(io->ref[p], io->gen, sizeof(int32_t) * (size_t)io->n_gen);
+        else if (memcmp(io->ref[p], io->gen, sizeof(int32_t) * (size_t)io->n_gen)) k->same_as_first = false;
+        const struct spec_stats *st = spec_seq_stats(io->eng, 0);
+        k->drafted += st->n_drafted;
+        k->accepted += st->n_accepted;
+        k->verifies += st->n_verify;
+        k->tokens += n - 1;
+        k->t_draft += st->t_draft_us;
+        k->t_verify += st->t_verify_us;
+        k->t_glue += st->t_glue_us;
+        k->t_total += t1 - t0;
+    }
+    io->have_ref = true;
+    *tps = toks / (t_dec / 1e6);
+    return 0;
+}
+
+static double median(double *v, long n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return v[n / 2];
+}
+
+/* --op-cost: the configuration with nothing skipped (before and after, to see drift), then
+ * with each family skipped; each pass `repeat` times, medians. */
+static int op_cost(struct bench_io *io, struct backend *be, struct config *k, long repeat, const char *model_path,
+                   int n_threads) {
+    char err[512];
+    double med[OPCOST_COUNT + 2];
+    double *tps = malloc(sizeof(double) * (size_t)repeat);
+    if (!tps) return 1;
+    for (int pass = 0; pass < OPCOST_COUNT + 2; pass++) {
+        const int family = pass == 0 || pass == OPCOST_COUNT + 1 ? -1 : pass - 1;
+        opcost_skip(be, family);
+        for (long r = 0; r < repeat; r++)
+            if (run_prompts(io, k, &tps[r], err, sizeof err)) {
+                fprintf(stderr, "error: %s\n", err);
+                free(tps);
+                return 1;
+            }
+        med[pass] = median(tps, repeat);
+    }
+    opcost_skip(be, -1);
+    free(tps);
+    const double base = 0.5 * (med[0] + med[OPCOST_COUNT + 1]), step_us = 1e6 / base;
+    printf("# op cost %s | config %s, %zu prompts x %ld tokens, %ld repeats, threads %d | decode with one family of\n"
+           "# ops left out (what the model computes then is garbage): the time saved is the family's cost per token\n",
+           model_path, k->name, io->n_prompts, io->n_gen, repeat, n_threads);
+    printf("%-26s %10s %14s %8s\n", "left out", "tok/s", "us per token", "share");
+    printf("%-26s %10.1f %14.1f %8s   (before %.1f, after %.1f)\n", "nothing", base, step_us, "100%", med[0],
+           med[OPCOST_COUNT + 1]);
+    for (int f = 0; f < OPCOST_COUNT; f++) {
+        const double saved = step_us - 1e6 / med[f + 1];
+        printf("%-26s %10.1f %14.1f %7.1f%%\n", opcost_family_name(f), med[f + 1], saved, 100.0 * saved / step_us);
+    }
+    return 0;
+}
+
 int tool_bench_main(int argc, char **argv) {
     struct cli_common c;
     cli_common_defaults(&c);
     const char *prompts_path = NULL, *json_path = NULL, *spec_list = "off,mtp";
     long n_gen = 128, repeat = 3;
+    bool want_op_cost = false, spec_given = false;
     for (int i = 1; i < argc;) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--spec")) { if (!v) { usage(); return 1; } spec_list = v; i += 2; continue; }
+        if (!strcmp(a, "--spec")) { if (!v) { usage(); return 1; } spec_list = v; spec_given = true; i += 2; continue; }
+        if (!strcmp(a, "--op-cost")) { want_op_cost = true; i += 1; continue; }
         int r = cli_parse_common(&c, argc, argv, &i);
         if (r < 0) return 1;
         if (r > 0) continue;
@@ -59,6 +154,7 @@ int tool_bench_main(int argc, char **argv) {
         else { fprintf(stderr, "error: unknown option '%s'\n", a); usage(); return 1; }
     }
     if (!prompts_path) { fprintf(stderr, "error: --prompts FILE is required\n"); usage(); return 1; }
+    if (want_op_cost && !spec_given) spec_list = "off";
     struct config cfg[BENCH_MAX_CONFIGS];
     int n_cfg = 0;
     char list[256];
@@ -81,11 +177,12 @@ int tool_bench_main(int argc, char **argv) {
         else snprintf(k->name, sizeof k->name, "%s:%ld", t, nm);
         n_cfg++;
     }
+    if (want_op_cost && n_cfg != 1) { fprintf(stderr, "error: --op-cost times one configuration\n"); return 1; }
     struct prompt_list pl;
     if (prompts_load(prompts_path, &pl)) return 1;
     struct backend *be;
     struct model *m;
-    if (cli_open_model(&c, 1, 0, &be, &m)) { prompts_free(&pl); return 1; }
+    if (cli_open_model_wrapped(&c, 1, 0, want_op_cost ? opcost_wrap : NULL, &be, &m)) { prompts_free(&pl); return 1; }
     int rc = 1;
     char err[512];
     struct tokenizer *tok = NULL;
@@ -114,47 +211,21 @@ int tool_bench_main(int argc, char **argv) {
     }
     /* greedy unless --temp: at temperature > 0 outputs differ by design (the RNG is used
      * differently), so the `same` column is only meaningful for greedy runs */
-    struct sampler_params greedy = {c.temperature, c.top_k, c.top_p, c.min_p, 0, c.seed};
-    for (long r = 0; r < repeat; r++) {
-        for (int k = 0; k < n_cfg; k++) {
-            long toks = 0;
-            int64_t t_dec = 0;
-            for (size_t p = 0; p < pl.n; p++) {
-                int32_t first;
-                if (spec_seq_begin(eng, 0, ptoks[p], (int)np[p], &greedy, &cfg[k].sp, &first, err, sizeof err)) {
-                    fprintf(stderr, "error: %s\n", err);
-                    goto done;
-                }
-                int64_t t0 = coti_time_us();
-                int n = 1, nb;
-                gen[0] = first;
-                while (n < n_gen) {
-                    if (spec_seq_step(eng, 0, (int)(n_gen - n), gen + n, &nb, NULL, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
-                    n += nb;
-                }
-                int64_t t1 = coti_time_us();
-                t_dec += t1 - t0;
-                toks += n - 1;
-                if (k == 0 && r == 0) memcpy(ref[p], gen, sizeof(int32_t) * (size_t)n_gen);
-                else if (memcmp(ref[p], gen, sizeof(int32_t) * (size_t)n_gen)) cfg[k].same_as_first = false;
-                const struct spec_stats *st = spec_seq_stats(eng, 0);
-                cfg[k].drafted += st->n_drafted;
-                cfg[k].accepted += st->n_accepted;
-                cfg[k].verifies += st->n_verify;
-                cfg[k].tokens += n - 1;
-                cfg[k].t_draft += st->t_draft_us;
-                cfg[k].t_verify += st->t_verify_us;
-                cfg[k].t_glue += st->t_glue_us;
-                cfg[k].t_total += t1 - t0;
-            }
-            cfg[k].tps[r] = toks / (t_dec / 1e6);
-        }
+    struct bench_io io = {eng, {c.temperature, c.top_k, c.top_p, c.min_p, 0, c.seed}, pl.n, ptoks, np, n_gen, gen, ref, false};
+    if (want_op_cost) {
+        rc = op_cost(&io, be, &cfg[0], repeat, c.model_path, c.n_threads);
+        goto done;
     }
+    for (long r = 0; r < repeat; r++)
+        for (int k = 0; k < n_cfg; k++)
+            if (run_prompts(&io, &cfg[k], &cfg[k].tps[r], err, sizeof err)) {
+                fprintf(stderr, "error: %s\n", err);
+                goto done;
+            }
     double med[BENCH_MAX_CONFIGS];
     for (int k = 0; k < n_cfg; k++) {
         memcpy(tmp, cfg[k].tps, sizeof(double) * (size_t)repeat);
-        qsort(tmp, (size_t)repeat, sizeof(double), cmp_double);
-        med[k] = tmp[repeat / 2];
+        med[k] = median(tmp, repeat);
     }
     printf("# bench %s | %zu prompts x %ld tokens, %ld repeats, threads %d | first fresh request each time, greedy\n",
            c.model_path, pl.n, n_gen, repeat, c.n_threads);

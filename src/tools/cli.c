@@ -136,6 +136,11 @@ int cli_parse_common(struct cli_common *c, int argc, char **argv, int *i) {
 
 int cli_open_model(const struct cli_common *c, int n_seq, int n_keep_states, struct backend **be,
                    struct model **m) {
+    return cli_open_model_wrapped(c, n_seq, n_keep_states, NULL, be, m);
+}
+
+int cli_open_model_wrapped(const struct cli_common *c, int n_seq, int n_keep_states,
+                           struct backend *(*wrap)(struct backend *inner), struct backend **be, struct model **m) {
     char err[512];
     *m = NULL;
     if (c->cuda) {
@@ -149,6 +154,11 @@ int cli_open_model(const struct cli_common *c, int n_seq, int n_keep_states, str
     } else {
         *be = backend_cpu_init(c->n_threads, c->cpu_level);
         if (!*be) { fprintf(stderr, "error: cannot start the CPU backend\n"); return 1; }
+    }
+    if (wrap) {
+        struct backend *w = wrap(*be);
+        if (!w) { fprintf(stderr, "error: out of memory\n"); backend_free(*be); *be = NULL; return 1; }
+        *be = w;
     }
     struct model_params p = {n_seq, c->n_ctx, c->n_batch, COTI_MAX(n_keep_states, SPEC_MAX_DRAFT + 1)};
     int rc = model_load(m, c->model_path, *be, &p, err, sizeof err);

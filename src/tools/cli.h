@@ -39,5 +39,8 @@ int cli_parse_float(const char *opt, const char *s, double lo, double hi, double
 /* Backend + model from the common options; prints the error and returns non-zero on failure. */
 int cli_open_model(const struct cli_common *c, int n_seq, int n_keep_states, struct backend **be,
                    struct model **m);
+/* The same, with the backend passed through wrap (which takes it over) before the model loads. */
+int cli_open_model_wrapped(const struct cli_common *c, int n_seq, int n_keep_states,
+                           struct backend *(*wrap)(struct backend *inner), struct backend **be, struct model **m);
 
 #endif
