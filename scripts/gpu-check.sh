@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# gpu-check.sh — every GPU check and timing of a CUDA build in one run, for a device machine
+# with little time: the op tests, logits CPU vs CUDA, the losslessness gate, greedy identity,
+# the tiny model's bench, and the 9B-shaped Q8_0 decode with its op-cost profile.
+# Build here with `make cuda`, carry the build folder (and the shared libraries the device
+# lacks, through LD_LIBRARY_PATH), then on the device:
+#   scripts/gpu-check.sh [BUILD_DIR (build-cuda)] [OUT_DIR ($OUT or /tmp/gpu-check)]
+# A summary goes to stdout; full outputs to OUT_DIR. Exit status 1 if a check failed.
+set -u
+B=${1:-build-cuda}
+O=${2:-${OUT:-/tmp/gpu-check}}
+C=$B/coti
+M=models/coti-tiny-qwen35-mtp-q8_0.gguf
+P=bench/prompts-code.json
+mkdir -p "$O"
+bad=0
+say() { echo "$*" | tee -a "$O/summary.txt"; }
+t0=$(date +%s)
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$O/gpu.txt" 2>&1
+say "== $(cat "$O/gpu.txt")"
+"$C" mkmodel --arch qwen35 --shape 9b --type q8_0 --seed 1 -o /tmp/gpu-check-9b.gguf > "$O/mkmodel.txt" 2>&1 &
+mk=$!
+
+timeout 300 "$B/test_cuda_ops" > "$O/ops.txt" 2>&1
+say "test_cuda_ops: $(tail -1 "$O/ops.txt")"
+grep -q ' 0 failed' "$O/ops.txt" || bad=1
+
+tok=$(python3 -c "import random; random.seed(1); print(','.join(str(random.randrange(16384)) for _ in range(300)))")
+"$C" logits -m "$M" --tokens "$tok" --top 20 --json > "$O/logits-cpu.json" 2>/dev/null
+"$C" logits -m "$M" --tokens "$tok" --top 20 --json --device cuda > "$O/logits-cuda.json" 2>/dev/null
+cmp=$(python3 scripts/compare_logits.py "$O/logits-cpu.json" "$O/logits-cuda.json")
+rc=$?
+say "logits cpu vs cuda: $(echo "$cmp" | tail -1)"
+[ $rc = 0 ] || bad=1
+
+for spec in "mtp --spec-n-max 1" "mtp --spec-n-max 3" "ngram"; do
+    # shellcheck disable=SC2086
+    r=$("$C" equiv --device cuda --spec $spec --prompts tests/data-prompts.json -n 48 2>&1 | tail -1)
+    say "equiv $spec: $r"
+    echo "$r" | grep -q 'real disagreements 0' || bad=1
+done
+
+prompt=$'static int foo(struct device *dev)\n{\n'
+ref=$("$C" run -p "$prompt" -n 300 --spec off 2>/dev/null | md5sum)
+for s in off mtp ngram; do
+    h=$("$C" run --device cuda -p "$prompt" -n 300 --spec "$s" 2>/dev/null | md5sum)
+    say "greedy cuda --spec $s: $([ "$h" = "$ref" ] && echo 'same as the CPU' || echo DIFFERENT)"
+    [ "$h" = "$ref" ] || bad=1
+done
+
+"$C" bench --device cuda --spec off,mtp:1,mtp:2,mtp:3,ngram:3 --prompts "$P" -n 128 --repeat 3 \
+    --json "$O/bench-tiny.json" > "$O/bench-tiny.txt" 2>&1
+say "tiny model:"; grep -E '^(off|mtp|ngram)' "$O/bench-tiny.txt" | cut -c1-80 | tee -a "$O/summary.txt"
+
+wait $mk
+if [ -s /tmp/gpu-check-9b.gguf ]; then
+    "$C" bench -m /tmp/gpu-check-9b.gguf --device cuda --spec off --prompts "$P" -n 128 --repeat 2 > "$O/bench-9b.txt" 2>&1
+    say "9B q8_0: $(grep -E '^off' "$O/bench-9b.txt" | cut -c1-40)"
+    "$C" bench -m /tmp/gpu-check-9b.gguf --device cuda --op-cost --prompts "$P" -n 64 --repeat 1 > "$O/op-cost-9b.txt" 2>&1
+    say "9B op cost:"; grep -vE '^#' "$O/op-cost-9b.txt" | tee -a "$O/summary.txt"
+    rm -f /tmp/gpu-check-9b.gguf
+else
+    say "9B model: not written ($(tail -1 "$O/mkmodel.txt"))"; bad=1
+fi
+say "== $(( $(date +%s) - t0 )) s, $([ $bad = 0 ] && echo 'all checks passed' || echo 'A CHECK FAILED')"
+exit $bad
