@@ -75,6 +75,11 @@ static size_t xfmt_layout(int f, int n_tok, int stride, uint8_t *base, xact *xa)
     return off;
 }
 
+/* A Q8_0 / Q8_1 code: r = value / scale rounded half away from zero, clamped, NaN to 0. */
+__device__ __forceinline__ int q8_code(float r) {
+    return !(r == r) ? 0 : r >= 127.0f ? 127 : r <= -127.0f ? -127 : (int)roundf(r);
+}
+
 /* Q8_0 / Q8_1 by quant.c's reference rule, one 32-block by one thread: codes to q (16-byte
  * aligned), f16(d) as f32 to *d, and for Q8_1 f16(d·Σq) to *s. xb = NULL: a padding block. */
 __device__ __forceinline__ void q8_block_vals(const float (&v)[32], int8_t *q, float *d, float *s);
@@ -106,8 +111,7 @@ __device__ __forceinline__ void q8_block_vals(const float (&v)[32], int8_t *q, f
     int sum = 0;
 #pragma unroll
     for (int i = 0; i < 32; i++) {
-        const float r = v[i] * id;
-        const int qi = !(r == r) ? 0 : r >= 127.0f ? 127 : r <= -127.0f ? -127 : (int)roundf(r);
+        const int qi = q8_code(v[i] * id);
         sum += qi;
         w[i / 4] |= (uint32_t)(qi & 0xFF) << (8 * (i % 4));
     }
@@ -121,8 +125,7 @@ __device__ __forceinline__ void q8_block_vals(const float (&v)[32], int8_t *q, f
 __device__ __forceinline__ void q8_block_lane(float v, int lane, int8_t *q, float *d, float *s) {
     const float amax = cuda_warp_max(fmaxf(0.0f, fabsf(v))); /* NaN ignored, as fmaxf from 0 does */
     const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
-    const float r = v * id;
-    const int qi = !(r == r) ? 0 : r >= 127.0f ? 127 : r <= -127.0f ? -127 : (int)roundf(r);
+    const int qi = q8_code(v * id);
     q[lane] = (int8_t)qi;
     if (s) {
         const int sum = cuda_warp_sum_i(qi);
@@ -589,7 +592,6 @@ __device__ __forceinline__ void unit_dot_f32(const uint8_t *sm, int off, const x
 #define MV_WARPS 16            /* persistent blocks, ~2 per SM: activations staged once per block */
 #define MV_FUSED_MAX_NT 2      /* up to this many tokens the kernel quantizes x itself */
 #define MV_FUSED_MAX_XBYTES (64 << 10)
-#define MV_IN_BATCH 8          /* input blocks a warp loads at once in a fused NORM / SWIGLU prologue */
 
 struct mv_params {
     const uint8_t *w[MV_MAX_W];
@@ -608,7 +610,7 @@ struct mv_params {
 };
 
 /* A fused matvec's input: the f32 rows x as they are (X); rmsnorm(x + m) ⊙ w with x + m and
- * the normed rows also written out, by the grid's first block (NORM, m may be NULL); or
+ * the normed rows also written out, spread over the grid (NORM, m may be NULL); or
  * silu(x) ⊙ m (SWIGLU). The values are formed by the same operations as the standalone norm
  * and swiglu kernels, so fused and unfused launches quantize the same bits. */
 enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU };
@@ -618,6 +620,7 @@ struct mv_input {
     float *xout, *a;
     float eps;
 };
+static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f};
 
 /* Shapes of a matvec instance: R rows per warp, CU units of each row per chunk, SLOT bytes of
  * shared memory per row and stage (the chunk's aligned span plus read slack). */
@@ -811,21 +814,11 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
                                     q + (size_t)t * stride + 32 * b, d + i, sx ? sx + i : NULL);
                 }
             } else {
-                /* a warp per block, a lane per element: the input's loads are coalesced; a warp
-                 * loads MV_IN_BATCH blocks before it reduces any, so their latencies overlap */
-                for (int i0 = warp; i0 < NT * nb; i0 += MV_WARPS * MV_IN_BATCH) {
-                    float v[MV_IN_BATCH];
-#pragma unroll
-                    for (int j = 0; j < MV_IN_BATCH; j++) {
-                        const int i = i0 + j * MV_WARPS, e = 32 * (i % nb) + lane;
-                        v[j] = i < NT * nb && e < P.n ? in_val(i / nb, e) : 0.0f;
-                    }
-#pragma unroll
-                    for (int j = 0; j < MV_IN_BATCH; j++) {
-                        const int i = i0 + j * MV_WARPS, t = i / nb, b = i % nb;
-                        if (i < NT * nb)
-                            q8_block_lane(v[j], lane, q + (size_t)t * stride + 32 * b, d + i, sx ? sx + i : NULL);
-                    }
+                /* a warp per block, a lane per element: the input's loads are coalesced */
+                for (int i = warp; i < NT * nb; i += MV_WARPS) {
+                    const int t = i / nb, b = i % nb, e = 32 * b + lane;
+                    q8_block_lane(e < P.n ? in_val(t, e) : 0.0f, lane, q + (size_t)t * stride + 32 * b, d + i,
+                                  sx ? sx + i : NULL);
                 }
             }
             x.s = sx;
@@ -1321,7 +1314,7 @@ void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *c
                    const float *x, int n_tok) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_w < 1 || n_tok < 1) return;
-    matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_X, NULL, NULL, NULL, NULL, 0.0f});
+    matmul_n_with(c, ws, ys, n_w, x, n_tok, MV_PLAIN);
 }
 
 void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, int n_tok, float *y) {
@@ -1351,7 +1344,7 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
         return;
     }
     cuda_norm_rows(c, x, m, x_out, w, n_tok, (int)ws[0]->n_in, eps, a);
-    matmul_n_with(c, ws, ys, n_w, a, n_tok, mv_input{MV_IN_X, NULL, NULL, NULL, NULL, 0.0f});
+    matmul_n_with(c, ws, ys, n_w, a, n_tok, MV_PLAIN);
 }
 
 void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y) {
@@ -1362,7 +1355,7 @@ void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, c
         return;
     }
     cuda_swiglu(be, g, u, (int64_t)n_tok * w->n_in, g);
-    matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_X, NULL, NULL, NULL, NULL, 0.0f});
+    matmul_n_with(c, &w, &y, 1, g, n_tok, MV_PLAIN);
 }
 
 void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {
