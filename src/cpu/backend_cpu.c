@@ -206,27 +206,6 @@ static void cpu_add_rmsnorm(struct backend *be, float *x, const float *m, const 
     cpu_rmsnorm(be, x, dim, w, n_rows, dim, eps, y, dim);
 }
 
-/* The unfused forms: the same values as the separate ops, so the CPU path is the yardstick. */
-static void cpu_norm_matmul_n(struct backend *be, const float *x, const float *m, float *x_out, const float *w,
-                              float eps, float *a, const struct bweight *const *ws, float *const *ys, int n_w,
-                              int n_tok) {
-    const int dim = (int)ws[0]->n_in;
-    if (m) {
-        cpu_add(be, x, m, (int64_t)n_tok * dim, x_out);
-        x = x_out;
-    }
-    cpu_rmsnorm(be, x, dim, w, n_tok, dim, eps, a, dim);
-    cpu_matmul_n(be, ws, ys, n_w, a, n_tok);
-}
-
-static void cpu_swiglu(struct backend *be, const float *g, const float *u, int64_t n, float *y);
-
-static void cpu_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok,
-                              float *y) {
-    cpu_swiglu(be, g, u, (int64_t)n_tok * w->n_in, g);
-    cpu_matmul_n(be, &w, &y, 1, g, n_tok);
-}
-
 /* The exp-based activations go through the level's vector kernels in pieces of this many
  * values (a stack buffer). */
 #define CPU_ACT_PIECE 256
@@ -247,7 +226,6 @@ static void cpu_rmsnorm_gated(struct backend *be, const float *x, const float *w
     }
 }
 
-
 static void cpu_swiglu(struct backend *be, const float *g, const float *u, int64_t n, float *y) {
     const struct cpu_ops *ops = cpu(be)->ops;
     for (int64_t i0 = 0; i0 < n; i0 += CPU_ACT_PIECE) {
@@ -255,6 +233,25 @@ static void cpu_swiglu(struct backend *be, const float *g, const float *u, int64
         ops->silu(g + i0, y + i0, m);
         for (int i = 0; i < m; i++) y[i0 + i] *= u[i0 + i];
     }
+}
+
+/* The unfused forms: the same values as the separate ops, so the CPU path is the yardstick. */
+static void cpu_norm_matmul_n(struct backend *be, const float *x, const float *m, float *x_out, const float *w,
+                              float eps, float *a, const struct bweight *const *ws, float *const *ys, int n_w,
+                              int n_tok) {
+    const int dim = (int)ws[0]->n_in;
+    if (m) {
+        cpu_add(be, x, m, (int64_t)n_tok * dim, x_out);
+        x = x_out;
+    }
+    cpu_rmsnorm(be, x, dim, w, n_tok, dim, eps, a, dim);
+    cpu_matmul_n(be, ws, ys, n_w, a, n_tok);
+}
+
+static void cpu_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok,
+                              float *y) {
+    cpu_swiglu(be, g, u, (int64_t)n_tok * w->n_in, g);
+    cpu_matmul_n(be, &w, &y, 1, g, n_tok);
 }
 
 static void cpu_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok, int n_head,
