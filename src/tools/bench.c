@@ -104,21 +104,17 @@ static int op_cost(struct bench_io *io, struct backend *be, struct config *k, lo
                    int n_threads) {
     char err[512];
     double med[OPCOST_COUNT + 2];
-    double *tps = malloc(sizeof(double) * (size_t)repeat);
-    if (!tps) return 1;
     for (int pass = 0; pass < OPCOST_COUNT + 2; pass++) {
         const int family = pass == 0 || pass == OPCOST_COUNT + 1 ? -1 : pass - 1;
         opcost_skip(be, family);
         for (long r = 0; r < repeat; r++)
-            if (run_prompts(io, k, &tps[r], err, sizeof err)) {
+            if (run_prompts(io, k, &k->tps[r], err, sizeof err)) {
                 fprintf(stderr, "error: %s\n", err);
-                free(tps);
                 return 1;
             }
-        med[pass] = median(tps, repeat);
+        med[pass] = median(k->tps, repeat);
     }
     opcost_skip(be, -1);
-    free(tps);
     const double base = 0.5 * (med[0] + med[OPCOST_COUNT + 1]), step_us = 1e6 / base;
     printf("# op cost %s | config %s, %zu prompts x %ld tokens, %ld repeats, threads %d | decode with one family of\n"
            "# ops left out (what the model computes then is garbage): the time saved is the family's cost per token\n",
