@@ -80,58 +80,63 @@ __device__ __forceinline__ int q8_code(float r) {
     return !(r == r) ? 0 : r >= 127.0f ? 127 : r <= -127.0f ? -127 : (int)roundf(r);
 }
 
-/* Q8_0 / Q8_1 by quant.c's reference rule, one 32-block by one thread: codes to q (16-byte
- * aligned), f16(d) as f32 to *d, and for Q8_1 f16(d·Σq) to *s. xb = NULL: a padding block. */
-__device__ __forceinline__ void q8_block_vals(const float (&v)[32], int8_t *q, float *d, float *s);
-__device__ __forceinline__ void q8_block_thread(const float *xb, bool vec, int8_t *q, float *d, float *s) {
-    float v[32];
-    if (!xb) {
+/* Q8_0 / Q8_1 by quant.c's reference rule, one 32-block over 8 consecutive lanes, 4 values
+ * each: v = elements 4·part .. 4·part + 3 of the block, part = lane % 8 (every lane of the
+ * warp calls). Codes to q (the block's, 4-byte aligned), f16(d) as f32 to *d, and for Q8_1
+ * f16(d·Σq) to *s. The scale is the block's max |value| / 127 and a code depends only on its
+ * value and the scale, so spreading the block does not change a bit. */
+__device__ __forceinline__ void q8_block_oct(const float (&v)[4], int part, int8_t *q, float *d, float *s) {
+    float amax = 0.0f; /* NaN ignored, as fmaxf from 0 does */
 #pragma unroll
-        for (int i = 0; i < 32; i++) v[i] = 0.0f;
-    } else if (vec) {
+    for (int i = 0; i < 4; i++) amax = fmaxf(amax, fabsf(v[i]));
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const float4 f = *((const float4 *)xb + i);
-            v[4 * i] = f.x; v[4 * i + 1] = f.y; v[4 * i + 2] = f.z; v[4 * i + 3] = f.w;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 32; i++) v[i] = xb[i];
-    }
-    q8_block_vals(v, q, d, s);
-}
-
-/* The Q8_0 / Q8_1 rule on 32 values in registers. */
-__device__ __forceinline__ void q8_block_vals(const float (&v)[32], int8_t *q, float *d, float *s) {
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
     const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
-    uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t w = 0;
     int sum = 0;
 #pragma unroll
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < 4; i++) {
         const int qi = q8_code(v[i] * id);
         sum += qi;
-        w[i / 4] |= (uint32_t)(qi & 0xFF) << (8 * (i % 4));
+        w |= (uint32_t)(qi & 0xFF) << (8 * i);
     }
-    ((uint4 *)q)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-    ((uint4 *)q)[1] = make_uint4(w[4], w[5], w[6], w[7]);
-    *d = __half2float(__float2half_rn(dd));
-    if (s) *s = __half2float(__float2half_rn((float)sum * dd));
+    *(uint32_t *)(q + 4 * part) = w;
+    if (s) {
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    }
+    if (part == 0) {
+        *d = __half2float(__float2half_rn(dd));
+        if (s) *s = __half2float(__float2half_rn((float)sum * dd));
+    }
 }
 
-/* The same rule with the block spread over a warp, value `v` in lane `lane` (every lane calls). */
-__device__ __forceinline__ void q8_block_lane(float v, int lane, int8_t *q, float *d, float *s) {
-    const float amax = cuda_warp_max(fmaxf(0.0f, fabsf(v))); /* NaN ignored, as fmaxf from 0 does */
-    const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
-    const int qi = q8_code(v * id);
-    q[lane] = (int8_t)qi;
-    if (s) {
-        const int sum = cuda_warp_sum_i(qi);
-        if (lane == 0) *s = __half2float(__float2half_rn((float)sum * dd));
+/* Q8_0 / Q8_1 blocks of n_tok rows (n elements, stride per row, blocks past n zero), 8 lanes
+ * per block: `val(t, e0, v)` gives the 4 values from element e0 of row t (e0 < n). Threads
+ * tid, tid + n_threads, ... take the (row, block, part) items; n_threads is a multiple of 32,
+ * and so is the item count (stride is a multiple of 256), so every lane of a warp calls. */
+template <typename V>
+__device__ __forceinline__ void q8_rows(V val, int n, int n_tok, int stride, int tid, int n_threads, int8_t *q,
+                                        float *d, float *s) {
+    const int nb = stride / 32;
+    for (int i = tid; i < n_tok * nb * 8; i += n_threads) {
+        const int blk = i / 8, part = i % 8, t = blk / nb, b = blk % nb, e0 = 32 * b + 4 * part;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (e0 < n) val(t, e0, v);
+        q8_block_oct(v, part, q + (size_t)t * stride + 32 * b, d + blk, s ? s + blk : NULL);
     }
-    if (lane == 0) *d = __half2float(__float2half_rn(dd));
+}
+
+/* The 4 values of f32 row t of x (n wide) from e0: one 16-byte load where aligned. */
+__device__ __forceinline__ void x_vals4(const float *x, int n, int t, int e0, float (&v)[4]) {
+    const float *p = x + (size_t)t * n + e0;
+    if (e0 + 4 <= n && ((uintptr_t)p & 15) == 0) {
+        const float4 f = *(const float4 *)p;
+        v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = e0 + k < n ? p[k] : 0.0f;
+    }
 }
 
 /* Q8_K by quant_k.c's reference rule, one 256-block by one warp, 8 values per lane: the scale
@@ -178,16 +183,12 @@ __device__ __forceinline__ void q8K_block_vals(const float (&v)[8], int lane, in
     if (lane == 0) *d = dd;
 }
 
-/* Q8_0 / Q8_1 conversion kernel: one thread per 32-block. */
-__global__ void quant_q8_0_kernel(const float *__restrict__ x, int n, int n_tok, int stride, int vec,
-                                  int8_t *__restrict__ q, float *__restrict__ d, float *__restrict__ s) {
+/* Q8_0 / Q8_1 conversion kernel: 8 threads per 32-block. */
+__global__ void quant_q8_0_kernel(const float *__restrict__ x, int n, int n_tok, int stride, int8_t *__restrict__ q,
+                                  float *__restrict__ d, float *__restrict__ s) {
     cuda_pdl_begin();
-    const int nb = stride / 32;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_tok * nb) return;
-    const int t = i / nb, b = i % nb;
-    q8_block_thread(32 * b < n ? x + (size_t)t * n + 32 * b : NULL, vec, q + (size_t)t * stride + 32 * b,
-                    d + (size_t)t * nb + b, s ? s + (size_t)t * nb + b : NULL);
+    q8_rows([&](int t, int e0, float (&v)[4]) { x_vals4(x, n, t, e0, v); }, n, n_tok, stride,
+            blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x, q, d, s);
 }
 
 /* Q8_K conversion kernel: one warp per 256-block. */
@@ -222,8 +223,8 @@ static void convert_activations(struct cuda_ctx *c, int f, const float *x, int n
     switch (f) {
     case XF_Q8_0:
     case XF_Q8_1: {
-        const int blocks = n_tok * (stride / 32), vec = ((uintptr_t)x & 15) == 0;
-        cuda_launch(c, cuda_cdiv(blocks, 128), 128, quant_q8_0_kernel, x, n, n_tok, stride, vec, (int8_t *)xa.q,
+        const int items = n_tok * (stride / 32) * 8;
+        cuda_launch(c, cuda_cdiv(items, 256), 256, quant_q8_0_kernel, x, n, n_tok, stride, (int8_t *)xa.q,
                     (float *)xa.d, f == XF_Q8_1 ? (float *)xa.s : (float *)NULL);
         break;
     }
@@ -806,21 +807,14 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
         } else {
             const int nb = stride / 32;
             float *sx = Q::XF == XF_Q8_1 ? (float *)((uint8_t *)d + ((NT * nb * 4 + 15) & ~15)) : NULL;
-            if (P.in_mode == MV_IN_X) {
-                const bool vec = ((uintptr_t)xf & 15) == 0;
-                for (int i = threadIdx.x; i < NT * nb; i += MV_WARPS * 32) {
-                    const int t = i / nb, b = i % nb;
-                    q8_block_thread(32 * b < P.n ? xf + (size_t)(t_base + t) * P.n + 32 * b : NULL, vec,
-                                    q + (size_t)t * stride + 32 * b, d + i, sx ? sx + i : NULL);
-                }
-            } else {
-                /* a warp per block, a lane per element: the input's loads are coalesced */
-                for (int i = warp; i < NT * nb; i += MV_WARPS) {
-                    const int t = i / nb, b = i % nb, e = 32 * b + lane;
-                    q8_block_lane(e < P.n ? in_val(t, e) : 0.0f, lane, q + (size_t)t * stride + 32 * b, d + i,
-                                  sx ? sx + i : NULL);
-                }
-            }
+            q8_rows(
+                [&](int t, int e0, float (&v)[4]) {
+                    if (P.in_mode == MV_IN_X) x_vals4(xf + (size_t)t_base * P.n, P.n, t, e0, v);
+                    else
+#pragma unroll
+                        for (int k = 0; k < 4; k++) v[k] = e0 + k < P.n ? in_val(t, e0 + k) : 0.0f;
+                },
+                P.n, NT, stride, threadIdx.x, MV_WARPS * 32, q, d, sx);
             x.s = sx;
         }
         x.q = q;
