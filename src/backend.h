@@ -54,6 +54,12 @@ struct backend {
     /* y = W · (silu(g) ⊙ u), fused where a backend can; g's contents afterwards are unspecified. */
     void (*swiglu_matmul)(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok,
                           float *y);
+    /* y = W · (rmsnorm(x) ⊙ w ⊙ silu(z)), the norm over each group of dim elements of the
+     * n_tok input rows (W's n_in wide; w has dim elements): the delta-net's gated output norm
+     * and its output projection. a is scratch for the normed rows (contents afterwards
+     * unspecified). */
+    void (*rmsnorm_gated_matmul)(struct backend *be, const float *x, const float *w, const float *z, int dim,
+                                 float eps, float *a, const struct bweight *wt, int n_tok, float *y);
     /* out[t] = row ids[t] of w, dequantized (embedding lookup). */
     void (*get_rows)(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out);
 

@@ -96,6 +96,10 @@ static void o_norm_matmul_n(struct backend *be, const float *x, const float *m, 
 static void o_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y) {
     if (!skipped(be, matmul_family(&w, 1))) in(be)->swiglu_matmul(in(be), w, g, u, n_tok, y);
 }
+static void o_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *w, const float *z, int dim,
+                                   float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
+    if (!skipped(be, matmul_family(&wt, 1))) in(be)->rmsnorm_gated_matmul(in(be), x, w, z, dim, eps, a, wt, n_tok, y);
+}
 static void o_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {
     if (!skipped(be, OPCOST_EMBED)) in(be)->get_rows(in(be), w, ids, n, out);
 }
@@ -181,6 +185,7 @@ struct backend *opcost_wrap(struct backend *inner) {
     be->matmul_n = o_matmul_n;
     be->norm_matmul_n = o_norm_matmul_n;
     be->swiglu_matmul = o_swiglu_matmul;
+    be->rmsnorm_gated_matmul = o_rmsnorm_gated_matmul;
     be->get_rows = o_get_rows;
     be->rmsnorm = o_rmsnorm;
     be->rmsnorm_gated = o_rmsnorm_gated;

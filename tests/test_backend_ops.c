@@ -290,8 +290,9 @@ Test(backend_ops, add_rmsnorm_equals_add_then_rmsnorm) {
     backend_free(be);
 }
 
-/* norm_matmul_n and swiglu_matmul on the CPU are the separate ops in sequence, bit for bit:
- * x_out = x + m, a = rmsnorm(x_out) ⊙ w, y = W·a; and y = W·(silu(g) ⊙ u). */
+/* norm_matmul_n, swiglu_matmul and rmsnorm_gated_matmul on the CPU are the separate ops in
+ * sequence, bit for bit: x_out = x + m, a = rmsnorm(x_out) ⊙ w, y = W·a; y = W·(silu(g) ⊙ u);
+ * y = W·(rmsnorm per group ⊙ w ⊙ silu(z)). */
 Test(backend_ops, fused_matmuls_equal_their_separate_ops) {
     struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
     enum { NT = 3, N_IN = 256, N_OUT = 48 };
@@ -325,6 +326,12 @@ Test(backend_ops, fused_matmuls_equal_their_separate_ops) {
     be->swiglu(be, x, m, NT * N_IN, a2);
     be->matmul(be, &W, a2, NT, y2);
     cr_assert(memcmp(y, y2, sizeof y) == 0, "swiglu_matmul");
+
+    /* the gated norm over groups of 64 (m as the gate), then W */
+    be->rmsnorm_gated_matmul(be, x, w, m, 64, 1e-6f, a, &W, NT, y);
+    be->rmsnorm_gated(be, x, w, m, NT * N_IN / 64, 64, 1e-6f, a2);
+    be->matmul(be, &W, a2, NT, y2);
+    cr_assert(memcmp(y, y2, sizeof y) == 0, "rmsnorm_gated_matmul");
     cr_assert(fabsf(y[5]) > 0.0f, "a real output");
     be->weight_free(be, &W);
     backend_free(be);

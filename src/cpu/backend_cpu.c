@@ -254,6 +254,12 @@ static void cpu_swiglu_matmul(struct backend *be, const struct bweight *w, float
     cpu_matmul_n(be, &w, &y, 1, g, n_tok);
 }
 
+static void cpu_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *w, const float *z, int dim,
+                                     float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
+    cpu_rmsnorm_gated(be, x, w, z, (int)(n_tok * wt->n_in / dim), dim, eps, a);
+    cpu_matmul_n(be, &wt, &y, 1, a, n_tok);
+}
+
 static void cpu_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok, int n_head,
                             int dim, int gate_stride, int gate_head_stride) {
     const struct cpu_ops *ops = cpu(be)->ops;
@@ -446,6 +452,7 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->matmul_n = cpu_matmul_n;
     be->norm_matmul_n = cpu_norm_matmul_n;
     be->swiglu_matmul = cpu_swiglu_matmul;
+    be->rmsnorm_gated_matmul = cpu_rmsnorm_gated_matmul;
     be->get_rows = cpu_get_rows;
     be->rmsnorm = cpu_rmsnorm;
     be->rmsnorm_gated = cpu_rmsnorm_gated;

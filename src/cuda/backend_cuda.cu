@@ -255,6 +255,7 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->matmul_n = cuda_matmul_n;
     be->norm_matmul_n = cuda_norm_matmul_n;
     be->swiglu_matmul = cuda_swiglu_matmul;
+    be->rmsnorm_gated_matmul = cuda_rmsnorm_gated_matmul;
     be->get_rows = cuda_get_rows;
     be->rmsnorm = cuda_rmsnorm;
     be->rmsnorm_gated = cuda_rmsnorm_gated;

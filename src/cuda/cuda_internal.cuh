@@ -178,6 +178,16 @@ template <typename G> __device__ __forceinline__ double cuda_row_sumsq(G grp, in
     return t;
 }
 
+/* 1/rms of a row of dim elements by one warp, as rmsnorm_kernel<32, ...> forms it: lane l sums
+ * x[i]² for i = l, l + 32, ... in double, a warp butterfly, then 1 / sqrt(mean + eps) in f32
+ * (so a matvec that forms the gated norm itself quantizes the standalone kernel's bits). */
+__device__ __forceinline__ float cuda_warp_rms_inv(const float *xr, int dim, float eps, int lane) {
+    double sum = 0.0;
+    for (int i = lane; i < dim; i += 32) sum += (double)xr[i] * xr[i];
+    sum = cuda_warp_sum_d(sum);
+    return 1.0f / sqrtf((float)(sum / dim) + eps);
+}
+
 /* Group g (8 values, 0 past dim) of x (+ m) for cuda_row_sumsq; vec: x and m 16-byte aligned. */
 __device__ __forceinline__ void cuda_group8(const float *x, const float *m, int dim, bool vec, int g, float (&v)[8]) {
     const int e0 = 8 * g;
@@ -204,6 +214,8 @@ void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *c
 void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, float *x_out, const float *w, float eps,
                         float *a, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok);
 void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y);
+void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *w, const float *z, int dim, float eps,
+                               float *a, const struct bweight *wt, int n_tok, float *y);
 void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out);
 bool cuda_weight_type_supported(enum ggml_type t);
 

@@ -608,20 +608,24 @@ struct mv_params {
     const float *in_m, *in_w;
     float *in_xout, *in_a;
     float in_eps;
+    int in_dim;               /* GNORM: elements per norm group */
 };
 
 /* A fused matvec's input: the f32 rows x as they are (X); rmsnorm(x + m) ⊙ w with x + m and
- * the normed rows also written out, spread over the grid (NORM, m may be NULL); or
- * silu(x) ⊙ m (SWIGLU). The values are formed by the same operations as the standalone norm
- * and swiglu kernels, so fused and unfused launches quantize the same bits. */
-enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU };
+ * the normed rows also written out, spread over the grid (NORM, m may be NULL); silu(x) ⊙ m
+ * (SWIGLU); or rmsnorm(x) ⊙ w ⊙ silu(m) with the norm over groups of dim elements (GNORM, the
+ * delta-net's gated norm). The values are formed by the same operations as the standalone
+ * norm and swiglu kernels, so fused and unfused launches quantize the same bits. */
+enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU, MV_IN_GNORM };
 struct mv_input {
     int mode;
     const float *m, *w;
     float *xout, *a;
     float eps;
+    int dim;
 };
-static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f};
+static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f, 0};
+#define MV_GNORM_MAX_GROUPS 128  /* token rows x groups whose scales a fused launch keeps */
 
 /* Shapes of a matvec instance: R rows per warp, CU units of each row per chunk, SLOT bytes of
  * shared memory per row and stage (the chunk's aligned span plus read slack). */
@@ -735,11 +739,23 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
                 if (t == 0) sc0 = sc;
                 else sc1 = sc;
             }
+        /* GNORM: each (token, group)'s 1/rms, a warp per group as the standalone norm does */
+        __shared__ float gsc[MV_GNORM_MAX_GROUPS];
+        const int n_grp = P.in_mode == MV_IN_GNORM ? P.n / P.in_dim : 0;
+        if (P.in_mode == MV_IN_GNORM) {
+            for (int i = warp; i < NT * n_grp; i += MV_WARPS)
+                gsc[i] = cuda_warp_rms_inv(xf + (size_t)(t_base + i / n_grp) * P.n + (size_t)(i % n_grp) * P.in_dim,
+                                           P.in_dim, P.in_eps, lane);
+            __syncthreads();
+        }
         /* element e (< P.n) of input row t; loads only, so a thread's loads are all in flight
          * together (a store between them, to memory that might alias, would serialize them) */
         auto in_val = [&](int t, int e) -> float {
             const size_t o = (size_t)(t_base + t) * P.n + e;
             if (P.in_mode == MV_IN_SWIGLU) return __fmul_rn(cuda_silu(xf[o]), P.in_m[o]);
+            if (P.in_mode == MV_IN_GNORM)
+                return __fmul_rn(__fmul_rn(__fmul_rn(xf[o], gsc[t * n_grp + e / P.in_dim]), P.in_w[e % P.in_dim]),
+                                 cuda_silu(P.in_m[o]));
             float v = xf[o];
             if (P.in_mode == MV_IN_NORM) {
                 if (P.in_m) v = v + P.in_m[o];
@@ -1283,6 +1299,7 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
         P.in_xout = in.xout;
         P.in_a = in.a;
         P.in_eps = in.eps;
+        P.in_dim = in.dim;
         int rows = 0;
         for (int j = i; j < n_w; j++) {
             if (ws[j]->type != ws[i]->type) continue;
@@ -1316,13 +1333,15 @@ void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, in
 }
 
 /* Whether every weight's launch for n_tok rows quantizes its activations itself and so can form
- * them from a fused input. Only for narrow rows: every block of the grid forms the whole input,
- * which is cheaper than a kernel boundary at the tiny model's widths (384 / 1024: decode 3126 ->
- * 3512 tok/s, mtp:2 4216 -> 4786, H200) but not at 4096 / 12288 (9B: 281 -> 237 tok/s against
- * a standalone norm kernel). */
-#define MV_IN_FUSE_MAX_N 1024
-static bool all_fuse(const struct bweight *const *ws, int n_w, int n_tok) {
-    if (ws[0]->n_in > MV_IN_FUSE_MAX_N) return false;
+ * them from a fused input, rows up to max_n wide. Every block of the grid forms the whole
+ * input, which costs less than a kernel boundary for norms up to 4096 wide (9B, H200: 296 ->
+ * 302 tok/s; with one thread per 32-block quantizing, 4096 had lost, 281 -> 237) and for
+ * swiglu only at the tiny model's 1024 (tiny decode 3126 -> 3512 tok/s; the 9B's 12288-wide
+ * swiglu, an expf per element in each of 264 blocks, lost: 296 -> 288). */
+#define MV_NORM_FUSE_MAX_N 4096
+#define MV_SWIGLU_FUSE_MAX_N 1024
+static bool all_fuse(const struct bweight *const *ws, int n_w, int n_tok, int max_n) {
+    if (ws[0]->n_in > max_n) return false;
     const int stride = ((int)ws[0]->n_in + 255) & ~255;
     for (int i = 0; i < n_w; i++)
         if (!mv_fuses(type_get(ws[i]), n_tok, stride)) return false;
@@ -1333,8 +1352,8 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
                         float *a, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_w < 1 || n_tok < 1) return;
-    if (all_fuse(ws, n_w, n_tok)) {
-        matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps});
+    if (all_fuse(ws, n_w, n_tok, MV_NORM_FUSE_MAX_N)) {
+        matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps, 0});
         return;
     }
     cuda_norm_rows(c, x, m, x_out, w, n_tok, (int)ws[0]->n_in, eps, a);
@@ -1344,12 +1363,25 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
 void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
-    if (all_fuse(&w, 1, n_tok)) {
-        matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f});
+    if (all_fuse(&w, 1, n_tok, MV_SWIGLU_FUSE_MAX_N)) {
+        matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0});
         return;
     }
     cuda_swiglu(be, g, u, (int64_t)n_tok * w->n_in, g);
     matmul_n_with(c, &w, &y, 1, g, n_tok, MV_PLAIN);
+}
+
+void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *w, const float *z, int dim, float eps,
+                               float *a, const struct bweight *wt, int n_tok, float *y) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n_tok < 1) return;
+    const int n_grp = (int)(wt->n_in / dim);
+    if (all_fuse(&wt, 1, n_tok, MV_NORM_FUSE_MAX_N) && wt->n_in % dim == 0 && n_tok * n_grp <= MV_GNORM_MAX_GROUPS) {
+        matmul_n_with(c, &wt, &y, 1, x, n_tok, mv_input{MV_IN_GNORM, z, w, NULL, NULL, eps, dim});
+        return;
+    }
+    cuda_rmsnorm_gated(be, x, w, z, n_tok * n_grp, dim, eps, a);
+    matmul_n_with(c, &wt, &y, 1, a, n_tok, MV_PLAIN);
 }
 
 void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {

@@ -601,8 +601,7 @@ static void gdn_block(struct qwen35 *q, const struct layer *ly, const struct blo
             be->gdn(be, y, hp->ssm_ch, g, beta, ly->ssm_state + s * q->ssm_elems, ru->len, hp->ssm_nk,
                     hp->ssm_nv, hp->ssm_dk, hp->ssm_dv, hp->eps, o, ssm_snap, n_snap);
     }
-    be->rmsnorm_gated(be, q->s.o, ly->dn.norm, q->s.z, n * hp->ssm_nv, hp->ssm_dv, hp->eps, q->s.og);
-    be->matmul(be, &ly->dn.out, q->s.og, n, q->s.m);
+    be->rmsnorm_gated_matmul(be, q->s.o, ly->dn.norm, q->s.z, hp->ssm_dv, hp->eps, q->s.og, &ly->dn.out, n, q->s.m);
 }
 
 /* Check a batch slice against the sequences' state and split it into runs. */

@@ -294,8 +294,8 @@ static void test_matmul_n(void) {
     rc == COTI_E_UNSUPPORTED ? n_pass++ : n_fail++;
 }
 
-/* norm_matmul_n and swiglu_matmul. 1-2 rows run fused (the matvec forms its input itself), 3+
- * rows run a norm / swiglu kernel and then the matmul: the two must quantize the same input, so
+/* norm_matmul_n, swiglu_matmul and rmsnorm_gated_matmul. 1-2 rows run fused (the matvec forms
+ * its input itself), 3+ rows run a norm / swiglu kernel and then the matmul: the two must quantize the same input, so
  * every row's outputs (and x_out, a) are bit-identical between the paths, as decode and verify
  * need; and both match the CPU's unfused ops. */
 static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
@@ -364,6 +364,22 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
         gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
         check_bits("swiglu_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
+    }
+    /* rmsnorm_gated_matmul, groups of 128 with m as the gate (w's first 128 as the norm weight) */
+    if (n_in % 128 == 0) {
+        gpu->upload(gpu, dx, x, sizeof(float) * nx); /* swiglu_matmul clobbered it */
+        cpu->rmsnorm_gated_matmul(cpu, x, w, m, 128, eps, a, &wc, NT, yc);
+        dot_scale(&hw, a, NT, scale);
+        gpu->rmsnorm_gated_matmul(gpu, dx, dw, dm, 128, eps, da, &wg, NT, dy);
+        gget(g5, dy, sizeof(float) * ny);
+        snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
+        check_scaled("rmsnorm_gated_matmul", shape, g5, yc, scale, ny, MM_TOL);
+        for (int nt = 1; nt <= 2; nt++) {
+            gpu->rmsnorm_gated_matmul(gpu, dx, dw, dm, 128, eps, da, &wg, nt, dy);
+            gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
+            snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
+            check_bits("rmsnorm_gated_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
+        }
     }
     gpu->free(gpu, dx); gpu->free(gpu, dm); gpu->free(gpu, dw); gpu->free(gpu, dxo); gpu->free(gpu, da);
     gpu->free(gpu, dy);
