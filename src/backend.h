@@ -60,6 +60,10 @@ struct backend {
      * unspecified). */
     void (*rmsnorm_gated_matmul)(struct backend *be, const float *x, const float *w, const float *z, int dim,
                                  float eps, float *a, const struct bweight *wt, int n_tok, float *y);
+    /* y = W · (x ⊙ sigmoid(gate)) per head (mul_sigmoid's layout), fused where a backend can;
+     * x's contents afterwards are unspecified. The attention output gate and projection. */
+    void (*mul_sigmoid_matmul)(struct backend *be, float *x, const float *gate, int n_head, int dim, int gate_stride,
+                               int gate_head_stride, const struct bweight *wt, int n_tok, float *y);
     /* out[t] = row ids[t] of w, dequantized (embedding lookup). */
     void (*get_rows)(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out);
 
@@ -84,6 +88,14 @@ struct backend {
      * x + t*tok_stride + h*head_stride; angle of pair d = pos[t] · base^(-2d/n_rot). */
     void (*rope_neox)(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
                       int head_stride, int n_rot, const int32_t *pos, float base);
+    /* An attention block's inputs in one op, equal to rmsnorm of every q head (n_head of
+     * head_dim, q_head_stride apart, q rows q_stride apart) with q_norm and of every k head
+     * (n_head_kv, contiguous, k rows k_stride apart) with k_norm, in place; rope_neox of both
+     * (n_rot, pos, base); then kv_store of k and v (v rows v_stride apart) into cells[t]. */
+    void (*attn_prep)(struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
+                      int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok,
+                      int n_head, int n_head_kv, int head_dim, int n_rot, const int32_t *pos, float base,
+                      const int32_t *cells, uint16_t *k_cache, uint16_t *v_cache);
     /* Store K and V rows (n_kv_dim wide; k rows k_stride apart) as f16 into cache rows cells[t]. */
     void (*kv_store)(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
                      int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache,

@@ -100,6 +100,10 @@ static void o_rmsnorm_gated_matmul(struct backend *be, const float *x, const flo
                                    float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
     if (!skipped(be, matmul_family(&wt, 1))) in(be)->rmsnorm_gated_matmul(in(be), x, w, z, dim, eps, a, wt, n_tok, y);
 }
+static void o_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, int n_head, int dim, int gs, int ghs,
+                                 const struct bweight *wt, int n_tok, float *y) {
+    if (!skipped(be, matmul_family(&wt, 1))) in(be)->mul_sigmoid_matmul(in(be), x, gate, n_head, dim, gs, ghs, wt, n_tok, y);
+}
 static void o_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {
     if (!skipped(be, OPCOST_EMBED)) in(be)->get_rows(in(be), w, ids, n, out);
 }
@@ -128,6 +132,14 @@ static void o_mul_sigmoid(struct backend *be, float *x, const float *gate, int n
 static void o_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int n_head, int head_stride, int n_rot,
                         const int32_t *pos, float base) {
     if (!skipped(be, OPCOST_ROPE_KV)) in(be)->rope_neox(in(be), x, n_tok, tok_stride, n_head, head_stride, n_rot, pos, base);
+}
+static void o_attn_prep(struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
+                        int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok,
+                        int n_head, int n_head_kv, int head_dim, int n_rot, const int32_t *pos, float base,
+                        const int32_t *cells, uint16_t *k_cache, uint16_t *v_cache) {
+    if (!skipped(be, OPCOST_ROPE_KV))
+        in(be)->attn_prep(in(be), q, q_stride, q_head_stride, q_norm, k, k_stride, k_norm, v, v_stride, eps, n_tok, n_head,
+                          n_head_kv, head_dim, n_rot, pos, base, cells, k_cache, v_cache);
 }
 static void o_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride, int n_tok,
                        int n_kv_dim, const int32_t *cells, uint16_t *k_cache, uint16_t *v_cache) {
@@ -195,6 +207,8 @@ struct backend *opcost_wrap(struct backend *inner) {
     be->mul_sigmoid = o_mul_sigmoid;
     be->rope_neox = o_rope_neox;
     be->kv_store = o_kv_store;
+    be->attn_prep = o_attn_prep;
+    be->mul_sigmoid_matmul = o_mul_sigmoid_matmul;
     be->attention = o_attention;
     be->ssm_conv = o_ssm_conv;
     be->gdn_gates = o_gdn_gates;

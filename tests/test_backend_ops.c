@@ -290,9 +290,9 @@ Test(backend_ops, add_rmsnorm_equals_add_then_rmsnorm) {
     backend_free(be);
 }
 
-/* norm_matmul_n, swiglu_matmul and rmsnorm_gated_matmul on the CPU are the separate ops in
- * sequence, bit for bit: x_out = x + m, a = rmsnorm(x_out) ⊙ w, y = W·a; y = W·(silu(g) ⊙ u);
- * y = W·(rmsnorm per group ⊙ w ⊙ silu(z)). */
+/* norm_matmul_n, swiglu_matmul, rmsnorm_gated_matmul and mul_sigmoid_matmul on the CPU are the
+ * separate ops in sequence, bit for bit: x_out = x + m, a = rmsnorm(x_out) ⊙ w, y = W·a;
+ * y = W·(silu(g) ⊙ u); y = W·(rmsnorm per group ⊙ w ⊙ silu(z)); y = W·(x ⊙ sigmoid(gate)). */
 Test(backend_ops, fused_matmuls_equal_their_separate_ops) {
     struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
     enum { NT = 3, N_IN = 256, N_OUT = 48 };
@@ -332,12 +332,47 @@ Test(backend_ops, fused_matmuls_equal_their_separate_ops) {
     be->rmsnorm_gated(be, x, w, m, NT * N_IN / 64, 64, 1e-6f, a2);
     be->matmul(be, &W, a2, NT, y2);
     cr_assert(memcmp(y, y2, sizeof y) == 0, "rmsnorm_gated_matmul");
+
+    /* x ⊙ sigmoid(gate) per head (4 heads of 64, the gate m with strides of its own), then W */
+    memcpy(x2, x, sizeof x);
+    be->mul_sigmoid_matmul(be, x2, m, 4, 64, N_IN, 64, &W, NT, y);
+    memcpy(a2, x, sizeof x);
+    be->mul_sigmoid(be, a2, m, NT, 4, 64, N_IN, 64);
+    be->matmul(be, &W, a2, NT, y2);
+    cr_assert(memcmp(y, y2, sizeof y) == 0, "mul_sigmoid_matmul");
     cr_assert(fabsf(y[5]) > 0.0f, "a real output");
     be->weight_free(be, &W);
     backend_free(be);
 }
 
 /* The op-cost decorator (coti bench --op-cost) forwards ops, except the skipped family's. */
+/* attn_prep is the q/k norms, the two ropes and the KV store in sequence, bit for bit: q heads
+ * with gate halves between them (as qwen35 lays them out), a partial rotation, cells out of order. */
+Test(backend_ops, attn_prep_equals_its_separate_ops) {
+    struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
+    enum { NT = 3, H = 4, HKV = 2, D = 64, NROT = 32, CELLS = 8, QS = 2 * H * D, KV = HKV * D };
+    static float q[NT * QS], k[NT * KV], v[NT * KV], q2[NT * QS], k2[NT * KV], q0[NT * QS], qn[D], kn[D];
+    static uint16_t kc[CELLS * KV], vc[CELLS * KV], kc2[CELLS * KV], vc2[CELLS * KV];
+    const int32_t pos[NT] = {5, 6, 7}, cells[NT] = {6, 1, 3};
+    fill(q, NT * QS, 3.0f);
+    fill(k, NT * KV, 3.0f);
+    fill(v, NT * KV, 1.0f);
+    for (int i = 0; i < D; i++) { qn[i] = 1.0f + 0.5f * frand(); kn[i] = 1.0f + 0.5f * frand(); }
+    memcpy(q2, q, sizeof q);
+    memcpy(q0, q, sizeof q);
+    memcpy(k2, k, sizeof k);
+    be->attn_prep(be, q, QS, 2 * D, qn, k, KV, kn, v, KV, 1e-6f, NT, H, HKV, D, NROT, pos, 1e6f, cells, kc, vc);
+    be->rmsnorm(be, q2, 2 * D, qn, NT * H, D, 1e-6f, q2, 2 * D);
+    be->rmsnorm(be, k2, D, kn, NT * HKV, D, 1e-6f, k2, D);
+    be->rope_neox(be, q2, NT, QS, H, 2 * D, NROT, pos, 1e6f);
+    be->rope_neox(be, k2, NT, KV, HKV, D, NROT, pos, 1e6f);
+    be->kv_store(be, k2, KV, v, KV, NT, KV, cells, kc2, vc2);
+    cr_assert(memcmp(q, q2, sizeof q) == 0 && memcmp(k, k2, sizeof k) == 0, "q and k in place");
+    cr_assert(memcmp(kc, kc2, sizeof kc) == 0 && memcmp(vc, vc2, sizeof vc) == 0, "the cache rows");
+    cr_assert(kc[6 * KV + 1] != 0 && q[1] != q0[1] && q[D + 1] == q0[D + 1], "real values, gate halves kept");
+    backend_free(be);
+}
+
 Test(backend_ops, opcost_skips_only_the_chosen_family) {
     struct backend *be = opcost_wrap(backend_cpu_init(1, QUANT_CPU_REF));
     cr_assert(be && !be->capture_begin, "no graphs where the inner backend has none");

@@ -278,6 +278,13 @@ static void cpu_mul_sigmoid(struct backend *be, float *x, const float *gate, int
 
 /* ---- rope and attention ------------------------------------------------------------ */
 
+static void cpu_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, int n_head, int dim,
+                                   int gate_stride, int gate_head_stride, const struct bweight *wt, int n_tok,
+                                   float *y) {
+    cpu_mul_sigmoid(be, x, gate, n_tok, n_head, dim, gate_stride, gate_head_stride);
+    cpu_matmul_n(be, &wt, &y, 1, x, n_tok);
+}
+
 static void cpu_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
                           int head_stride, int n_rot, const int32_t *pos, float base) {
     /* angles by repeated multiplication, as llama.cpp computes them */
@@ -300,6 +307,26 @@ static void cpu_rope_neox(struct backend *be, float *x, int n_tok, int tok_strid
             }
         }
     }
+}
+
+static void cpu_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
+                         int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache, uint16_t *v_cache);
+
+static void cpu_attn_prep(struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
+                          int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok,
+                          int n_head, int n_head_kv, int head_dim, int n_rot, const int32_t *pos, float base,
+                          const int32_t *cells, uint16_t *k_cache, uint16_t *v_cache) {
+    /* q heads are q_head_stride apart inside a row: as rows of their own when that is the row
+     * layout (every model here), so one rmsnorm call covers them */
+    for (int t = 0; t < n_tok; t++)
+        cpu_rmsnorm(be, q + (size_t)t * q_stride, q_head_stride, q_norm, n_head, head_dim, eps,
+                    q + (size_t)t * q_stride, q_head_stride);
+    for (int t = 0; t < n_tok; t++)
+        cpu_rmsnorm(be, k + (size_t)t * k_stride, head_dim, k_norm, n_head_kv, head_dim, eps, k + (size_t)t * k_stride,
+                    head_dim);
+    cpu_rope_neox(be, q, n_tok, q_stride, n_head, q_head_stride, n_rot, pos, base);
+    cpu_rope_neox(be, k, n_tok, k_stride, n_head_kv, head_dim, n_rot, pos, base);
+    cpu_kv_store(be, k, k_stride, v, v_stride, n_tok, n_head_kv * head_dim, cells, k_cache, v_cache);
 }
 
 static void cpu_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
@@ -462,6 +489,8 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->mul_sigmoid = cpu_mul_sigmoid;
     be->rope_neox = cpu_rope_neox;
     be->kv_store = cpu_kv_store;
+    be->attn_prep = cpu_attn_prep;
+    be->mul_sigmoid_matmul = cpu_mul_sigmoid_matmul;
     be->attention = cpu_attention;
     be->ssm_conv = cpu_ssm_conv;
     be->gdn_gates = cpu_gdn_gates;

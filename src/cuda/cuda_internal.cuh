@@ -216,6 +216,12 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
 void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y);
 void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *w, const float *z, int dim, float eps,
                                float *a, const struct bweight *wt, int n_tok, float *y);
+void cuda_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, int n_head, int dim, int gate_stride,
+                             int gate_head_stride, const struct bweight *wt, int n_tok, float *y);
+void cuda_attn_prep(struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
+                    int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok, int n_head,
+                    int n_head_kv, int head_dim, int n_rot, const int32_t *pos, float base, const int32_t *cells,
+                    uint16_t *k_cache, uint16_t *v_cache);
 void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out);
 bool cuda_weight_type_supported(enum ggml_type t);
 

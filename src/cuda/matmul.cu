@@ -608,23 +608,25 @@ struct mv_params {
     const float *in_m, *in_w;
     float *in_xout, *in_a;
     float in_eps;
-    int in_dim;               /* GNORM: elements per norm group */
+    int in_dim;               /* GNORM: elements per norm group; SIGMOID: per head */
+    int in_gs, in_ghs;        /* SIGMOID: the gate's row and head strides */
 };
 
 /* A fused matvec's input: the f32 rows x as they are (X); rmsnorm(x + m) ⊙ w with x + m and
  * the normed rows also written out, spread over the grid (NORM, m may be NULL); silu(x) ⊙ m
- * (SWIGLU); or rmsnorm(x) ⊙ w ⊙ silu(m) with the norm over groups of dim elements (GNORM, the
- * delta-net's gated norm). The values are formed by the same operations as the standalone
+ * (SWIGLU); rmsnorm(x) ⊙ w ⊙ silu(m) with the norm over groups of dim elements (GNORM, the
+ * delta-net's gated norm); or x ⊙ sigmoid(m) per head of dim (SIGMOID, m's rows gs and heads
+ * ghs apart: the attention output gate). The values are formed by the same operations as the standalone
  * norm and swiglu kernels, so fused and unfused launches quantize the same bits. */
-enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU, MV_IN_GNORM };
+enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU, MV_IN_GNORM, MV_IN_SIGMOID };
 struct mv_input {
     int mode;
     const float *m, *w;
     float *xout, *a;
     float eps;
-    int dim;
+    int dim, gs, ghs;
 };
-static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f, 0};
+static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f, 0, 0, 0};
 #define MV_GNORM_MAX_GROUPS 128  /* token rows x groups whose scales a fused launch keeps */
 
 /* Shapes of a matvec instance: R rows per warp, CU units of each row per chunk, SLOT bytes of
@@ -753,6 +755,9 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
         auto in_val = [&](int t, int e) -> float {
             const size_t o = (size_t)(t_base + t) * P.n + e;
             if (P.in_mode == MV_IN_SWIGLU) return __fmul_rn(cuda_silu(xf[o]), P.in_m[o]);
+            if (P.in_mode == MV_IN_SIGMOID)
+                return __fmul_rn(xf[o], cuda_sigmoid(P.in_m[(size_t)(t_base + t) * P.in_gs +
+                                                         (size_t)(e / P.in_dim) * P.in_ghs + e % P.in_dim]));
             if (P.in_mode == MV_IN_GNORM)
                 return __fmul_rn(__fmul_rn(__fmul_rn(xf[o], gsc[t * n_grp + e / P.in_dim]), P.in_w[e % P.in_dim]),
                                  cuda_silu(P.in_m[o]));
@@ -1300,6 +1305,8 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
         P.in_a = in.a;
         P.in_eps = in.eps;
         P.in_dim = in.dim;
+        P.in_gs = in.gs;
+        P.in_ghs = in.ghs;
         int rows = 0;
         for (int j = i; j < n_w; j++) {
             if (ws[j]->type != ws[i]->type) continue;
@@ -1334,11 +1341,12 @@ void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, in
 
 /* Whether every weight's launch for n_tok rows quantizes its activations itself and so can form
  * them from a fused input, rows up to max_n wide. Every block of the grid forms the whole
- * input, which costs less than a kernel boundary for norms up to 4096 wide (9B, H200: 296 ->
- * 302 tok/s; with one thread per 32-block quantizing, 4096 had lost, 281 -> 237) and for
- * swiglu only at the tiny model's 1024 (tiny decode 3126 -> 3512 tok/s; the 9B's 12288-wide
- * swiglu, an expf per element in each of 264 blocks, lost: 296 -> 288). */
-#define MV_NORM_FUSE_MAX_N 4096
+ * input, which costs less than a kernel boundary for the norms, the gated norm and the output
+ * gate up to 4096 wide (9B, H200: 296 -> 302 tok/s for the norms; with one thread per 32-block
+ * quantizing, 4096 had lost, 281 -> 237) and for swiglu only at the tiny model's 1024 (tiny
+ * decode 3126 -> 3512 tok/s; the 9B's 12288-wide swiglu, an expf per element in each of 264
+ * blocks, lost: 296 -> 288). */
+#define MV_FUSE_MAX_N 4096
 #define MV_SWIGLU_FUSE_MAX_N 1024
 static bool all_fuse(const struct bweight *const *ws, int n_w, int n_tok, int max_n) {
     if (ws[0]->n_in > max_n) return false;
@@ -1352,8 +1360,8 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
                         float *a, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_w < 1 || n_tok < 1) return;
-    if (all_fuse(ws, n_w, n_tok, MV_NORM_FUSE_MAX_N)) {
-        matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps, 0});
+    if (all_fuse(ws, n_w, n_tok, MV_FUSE_MAX_N)) {
+        matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps, 0, 0, 0});
         return;
     }
     cuda_norm_rows(c, x, m, x_out, w, n_tok, (int)ws[0]->n_in, eps, a);
@@ -1364,7 +1372,7 @@ void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, c
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
     if (all_fuse(&w, 1, n_tok, MV_SWIGLU_FUSE_MAX_N)) {
-        matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0});
+        matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0});
         return;
     }
     cuda_swiglu(be, g, u, (int64_t)n_tok * w->n_in, g);
@@ -1376,12 +1384,25 @@ void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
     const int n_grp = (int)(wt->n_in / dim);
-    if (all_fuse(&wt, 1, n_tok, MV_NORM_FUSE_MAX_N) && wt->n_in % dim == 0 && n_tok * n_grp <= MV_GNORM_MAX_GROUPS) {
-        matmul_n_with(c, &wt, &y, 1, x, n_tok, mv_input{MV_IN_GNORM, z, w, NULL, NULL, eps, dim});
+    if (all_fuse(&wt, 1, n_tok, MV_FUSE_MAX_N) && wt->n_in % dim == 0 && n_tok * n_grp <= MV_GNORM_MAX_GROUPS) {
+        matmul_n_with(c, &wt, &y, 1, x, n_tok, mv_input{MV_IN_GNORM, z, w, NULL, NULL, eps, dim, 0, 0});
         return;
     }
     cuda_rmsnorm_gated(be, x, w, z, n_tok * n_grp, dim, eps, a);
     matmul_n_with(c, &wt, &y, 1, a, n_tok, MV_PLAIN);
+}
+
+void cuda_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, int n_head, int dim, int gate_stride,
+                             int gate_head_stride, const struct bweight *wt, int n_tok, float *y) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n_tok < 1) return;
+    if (all_fuse(&wt, 1, n_tok, MV_FUSE_MAX_N) && wt->n_in == (int64_t)n_head * dim) {
+        matmul_n_with(c, &wt, &y, 1, x, n_tok,
+                      mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride});
+        return;
+    }
+    cuda_mul_sigmoid(be, x, gate, n_tok, n_head, dim, gate_stride, gate_head_stride);
+    matmul_n_with(c, &wt, &y, 1, x, n_tok, MV_PLAIN);
 }
 
 void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {

@@ -195,6 +195,62 @@ void cuda_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int
     cuda_launch(c, n_tok, 256, rope_kernel, x, tok_stride, n_head, head_stride, half, pos, theta_scale);
 }
 
+/* ---- attention inputs: q/k norms, rope, KV store in one launch ------------------------------------ */
+
+/* A warp per (head, token), q heads first: the head's norm in place (cuda_warp_rms_inv, the
+ * order of rmsnorm_kernel<32, ...>), the rotation of its first 2·half dims with the angles
+ * formed as rope_kernel forms them, and for a k head the f16 stores of its k and v rows into
+ * cache row cells[t]. Bit for bit the separate kernels, one launch instead of five. */
+__global__ void __launch_bounds__(32)
+attn_prep_kernel(float *q, int q_stride, int q_head_stride, const float *__restrict__ q_norm, float *k, int k_stride,
+                 const float *__restrict__ k_norm, const float *__restrict__ v, int v_stride, float eps, int n_head,
+                 int n_head_kv, int D, int half, const int32_t *__restrict__ pos, float theta_scale,
+                 const int32_t *__restrict__ cells, uint16_t *kc, uint16_t *vc) {
+    __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    cuda_pdl_begin();
+    const int t = blockIdx.y, lane = threadIdx.x;
+    const bool is_k = (int)blockIdx.x >= n_head;
+    const int h = is_k ? blockIdx.x - n_head : blockIdx.x;
+    float *row = is_k ? k + (size_t)t * k_stride + (size_t)h * D : q + (size_t)t * q_stride + (size_t)h * q_head_stride;
+    const float *w = is_k ? k_norm : q_norm;
+    for (int d = lane; d < half; d += 32) {
+        float theta = (float)pos[t];
+        for (int i = 0; i < d; i++) theta *= theta_scale;
+        cs[d] = cosf(theta);
+        sn[d] = sinf(theta);
+    }
+    const float s = cuda_warp_rms_inv(row, D, eps, lane);
+    for (int i = lane; i < D; i += 32) row[i] = __fmul_rn(__fmul_rn(row[i], s), w[i]);
+    __syncwarp();
+    for (int d = lane; d < half; d += 32) {
+        const float a = row[d], b = row[d + half];
+        row[d] = __fsub_rn(__fmul_rn(a, cs[d]), __fmul_rn(b, sn[d]));
+        row[d + half] = __fadd_rn(__fmul_rn(a, sn[d]), __fmul_rn(b, cs[d]));
+    }
+    if (!is_k) return;
+    __syncwarp();
+    const size_t dst = (size_t)cells[t] * n_head_kv * D + (size_t)h * D;
+    const float *vr = v + (size_t)t * v_stride + (size_t)h * D;
+    for (int i = lane; i < D; i += 32) {
+        kc[dst + i] = cuda_f2h(row[i]);
+        vc[dst + i] = cuda_f2h(vr[i]);
+    }
+}
+
+void cuda_attn_prep(struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
+                    int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok, int n_head,
+                    int n_head_kv, int head_dim, int n_rot, const int32_t *pos, float base, const int32_t *cells,
+                    uint16_t *k_cache, uint16_t *v_cache) {
+    struct cuda_ctx *c = cuda_enter(be);
+    const int half = n_rot / 2;
+    if (n_tok < 1) return;
+    if (half > ROPE_MAX_HALF) abort(); /* model loading rejects such files (head_dim <= 512) */
+    const float theta_scale = powf(base, -2.0f / (float)n_rot); /* as cuda_rope_neox forms it */
+    cuda_launch(c, dim3(n_head + n_head_kv, n_tok), 32, attn_prep_kernel, q, q_stride, q_head_stride, q_norm, k,
+                k_stride, k_norm, v, v_stride, eps, n_head, n_head_kv, head_dim, half, pos, theta_scale, cells,
+                k_cache, v_cache);
+}
+
 /* ---- KV store ------------------------------------------------------------------------------------ */
 
 __global__ void kv_store_kernel(const float *k, int ks, const float *v, int vs, int n_tok, int d,

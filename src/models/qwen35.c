@@ -559,15 +559,11 @@ static void attn_block(struct qwen35 *q, const struct layer *ly, const struct bl
     float *ys[3] = {q->s.qg, q->s.k, q->s.v};
     block_matmul_n(q, in, ws, ys, 3, n);
     /* q rows hold [q_h ; gate_h] per head: per-head norm over the first D of every 2D */
-    be->rmsnorm(be, q->s.qg, 2 * D, ly->at.q_norm, n * H, D, hp->eps, q->s.qg, 2 * D);
-    be->rmsnorm(be, q->s.k, D, ly->at.k_norm, n * hp->n_head_kv, D, hp->eps, q->s.k, D);
-    be->rope_neox(be, q->s.qg, n, 2 * H * D, H, 2 * D, hp->n_rot, q->s.pos, hp->rope_base);
-    be->rope_neox(be, q->s.k, n, KV, hp->n_head_kv, D, hp->n_rot, q->s.pos, hp->rope_base);
-    be->kv_store(be, q->s.k, KV, q->s.v, KV, n, KV, q->s.cells, ly->k_cache, ly->v_cache);
+    be->attn_prep(be, q->s.qg, 2 * H * D, 2 * D, ly->at.q_norm, q->s.k, KV, ly->at.k_norm, q->s.v, KV, hp->eps, n, H,
+                  hp->n_head_kv, D, hp->n_rot, q->s.pos, hp->rope_base, q->s.cells, ly->k_cache, ly->v_cache);
     be->attention(be, q->s.qg, 2 * H * D, 2 * D, ly->k_cache, ly->v_cache, q->s.cell0, q->s.nctx, n, H,
                   hp->n_head_kv, D, 1.0f / sqrtf((float)D), q->s.att);
-    be->mul_sigmoid(be, q->s.att, q->s.qg + D, n, H, D, 2 * H * D, 2 * D);
-    be->matmul(be, &ly->at.o, q->s.att, n, q->s.m);
+    be->mul_sigmoid_matmul(be, q->s.att, q->s.qg + D, H, D, 2 * H * D, 2 * D, &ly->at.o, n, q->s.m);
 }
 
 /* Gated delta net → s.m; recurrent state per sequence run. */

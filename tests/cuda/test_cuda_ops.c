@@ -294,8 +294,8 @@ static void test_matmul_n(void) {
     rc == COTI_E_UNSUPPORTED ? n_pass++ : n_fail++;
 }
 
-/* norm_matmul_n, swiglu_matmul and rmsnorm_gated_matmul. 1-2 rows run fused (the matvec forms
- * its input itself), 3+ rows run a norm / swiglu kernel and then the matmul: the two must quantize the same input, so
+/* norm_matmul_n, swiglu_matmul, rmsnorm_gated_matmul and mul_sigmoid_matmul. 1-2 rows run fused
+ * (the matvec forms its input itself), 3+ rows run a norm / swiglu kernel and then the matmul: the two must quantize the same input, so
  * every row's outputs (and x_out, a) are bit-identical between the paths, as decode and verify
  * need; and both match the CPU's unfused ops. */
 static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
@@ -379,6 +379,25 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
             gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
             snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
             check_bits("rmsnorm_gated_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
+        }
+    }
+    /* mul_sigmoid_matmul, heads of 64 with m as the gate at strides of its own; x is clobbered */
+    if (n_in % 64 == 0) {
+        const int nh = n_in / 64;
+        memcpy(gx, x, sizeof(float) * nx);
+        cpu->mul_sigmoid_matmul(cpu, gx, m, nh, 64, n_in, 64, &wc, NT, yc); /* gx now holds x ⊙ sigmoid(m) */
+        dot_scale(&hw, gx, NT, scale);
+        gpu->upload(gpu, dx, x, sizeof(float) * nx);
+        gpu->mul_sigmoid_matmul(gpu, dx, dm, nh, 64, n_in, 64, &wg, NT, dy);
+        gget(g5, dy, sizeof(float) * ny);
+        snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
+        check_scaled("mul_sigmoid_matmul", shape, g5, yc, scale, ny, MM_TOL);
+        for (int nt = 1; nt <= 2; nt++) {
+            gpu->upload(gpu, dx, x, sizeof(float) * nx);
+            gpu->mul_sigmoid_matmul(gpu, dx, dm, nh, 64, n_in, 64, &wg, nt, dy);
+            gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
+            snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
+            check_bits("mul_sigmoid_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
         }
     }
     gpu->free(gpu, dx); gpu->free(gpu, dm); gpu->free(gpu, dw); gpu->free(gpu, dxo); gpu->free(gpu, da);
@@ -548,6 +567,66 @@ static void test_kv_store(int n_tok, int kvd, int n_cells) {
     check_bits("kv_store", shape, vg, vc, 2 * (size_t)n_cells * kvd);
     gpu->free(gpu, dkc); gpu->free(gpu, dvc); gpu->free(gpu, dk); gpu->free(gpu, dv); gpu->free(gpu, dcells);
     free(k); free(v); free(cells); free(kc); free(vc); free(kg); free(vg);
+}
+
+/* attn_prep against the CPU's separate ops (within the norm's and rope's tolerances; the cache
+ * as f16 of those values) and against the GPU's own separate kernels, bit for bit. q rows hold
+ * [q_h ; gate_h] per head as qwen35 lays them out. */
+static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_cells) {
+    char shape[96];
+    const int QS = 2 * H * D, KV = HKV * D, pos0 = 40;
+    const size_t nq = (size_t)n_tok * QS, nk = (size_t)n_tok * KV, nc = (size_t)n_cells * KV;
+    float *q = xmalloc(sizeof(float) * nq), *k = xmalloc(sizeof(float) * nk), *v = xmalloc(sizeof(float) * nk);
+    float *qn = xmalloc(sizeof(float) * D), *kn = xmalloc(sizeof(float) * D);
+    float *qg = xmalloc(sizeof(float) * nq), *kg = xmalloc(sizeof(float) * nk);
+    float *qg2 = xmalloc(sizeof(float) * nq), *kg2 = xmalloc(sizeof(float) * nk);
+    uint16_t *kc = xmalloc(2 * nc), *vc = xmalloc(2 * nc), *kcg = xmalloc(2 * nc), *vcg = xmalloc(2 * nc);
+    uint16_t *kcg2 = xmalloc(2 * nc), *vcg2 = xmalloc(2 * nc);
+    int32_t *pos = xmalloc(sizeof(int32_t) * n_tok), *cells = xmalloc(sizeof(int32_t) * n_tok);
+    fill(q, nq, 3.0f);
+    fill(k, nk, 3.0f);
+    fill(v, nk, 2.0f);
+    for (int i = 0; i < D; i++) { qn[i] = 1.0f + 0.5f * frand(); kn[i] = 1.0f + 0.5f * frand(); }
+    for (int t = 0; t < n_tok; t++) { pos[t] = pos0 + t; cells[t] = (t * 5 + 2) % n_cells; }
+    memset(kc, 0, 2 * nc);
+    memset(vc, 0, 2 * nc);
+    float *dq = gdup(q, sizeof(float) * nq), *dk = gdup(k, sizeof(float) * nk), *dv = gdup(v, sizeof(float) * nk);
+    float *dqn = gdup(qn, sizeof(float) * D), *dkn = gdup(kn, sizeof(float) * D);
+    uint16_t *dkc = gdup(kc, 2 * nc), *dvc = gdup(vc, 2 * nc);
+    int32_t *dpos = gdup(pos, sizeof(int32_t) * n_tok), *dcells = gdup(cells, sizeof(int32_t) * n_tok);
+    gpu->attn_prep(gpu, dq, QS, 2 * D, dqn, dk, KV, dkn, dv, KV, 1e-6f, n_tok, H, HKV, D, n_rot, dpos, 1e7f, dcells,
+                   dkc, dvc);
+    gget(qg, dq, sizeof(float) * nq);
+    gget(kg, dk, sizeof(float) * nk);
+    gget(kcg, dkc, 2 * nc);
+    gget(vcg, dvc, 2 * nc);
+    /* the GPU's separate kernels on the same input */
+    gpu->upload(gpu, dq, q, sizeof(float) * nq);
+    gpu->upload(gpu, dk, k, sizeof(float) * nk);
+    gpu->upload(gpu, dkc, kc, 2 * nc);
+    gpu->upload(gpu, dvc, vc, 2 * nc);
+    gpu->rmsnorm(gpu, dq, 2 * D, dqn, n_tok * H, D, 1e-6f, dq, 2 * D);
+    gpu->rmsnorm(gpu, dk, D, dkn, n_tok * HKV, D, 1e-6f, dk, D);
+    gpu->rope_neox(gpu, dq, n_tok, QS, H, 2 * D, n_rot, dpos, 1e7f);
+    gpu->rope_neox(gpu, dk, n_tok, KV, HKV, D, n_rot, dpos, 1e7f);
+    gpu->kv_store(gpu, dk, KV, dv, KV, n_tok, KV, dcells, dkc, dvc);
+    gget(qg2, dq, sizeof(float) * nq);
+    gget(kg2, dk, sizeof(float) * nk);
+    gget(kcg2, dkc, 2 * nc);
+    gget(vcg2, dvc, 2 * nc);
+    cpu->attn_prep(cpu, q, QS, 2 * D, qn, k, KV, kn, v, KV, 1e-6f, n_tok, H, HKV, D, n_rot, pos, 1e7f, cells, kc, vc);
+    snprintf(shape, sizeof shape, "%d tok %d/%d heads of %d rot %d", n_tok, H, HKV, D, n_rot);
+    check("attn_prep q", shape, qg, q, nq, 2e-6 * 3.0, 4e-6);
+    check("attn_prep k", shape, kg, k, nk, 2e-6 * 3.0, 4e-6);
+    check_bits("attn_prep q-sep", shape, qg, qg2, sizeof(float) * nq);
+    check_bits("attn_prep k-sep", shape, kg, kg2, sizeof(float) * nk);
+    check_bits("attn_prep kc-sep", shape, kcg, kcg2, 2 * nc);
+    check_bits("attn_prep vc-sep", shape, vcg, vcg2, 2 * nc);
+    check_bits("attn_prep vc", shape, vcg, vc, 2 * nc); /* v is stored as is: the CPU's f16 bits */
+    gpu->free(gpu, dq); gpu->free(gpu, dk); gpu->free(gpu, dv); gpu->free(gpu, dqn); gpu->free(gpu, dkn);
+    gpu->free(gpu, dkc); gpu->free(gpu, dvc); gpu->free(gpu, dpos); gpu->free(gpu, dcells);
+    free(q); free(k); free(v); free(qn); free(kn); free(qg); free(kg); free(qg2); free(kg2); free(kc); free(vc);
+    free(kcg); free(vcg); free(kcg2); free(vcg2); free(pos); free(cells);
 }
 
 /* n_tok tokens of sequence seq continuing a cache of len0 rows (causal), n_seq sequences of
@@ -1015,6 +1094,11 @@ int main(int argc, char **argv) {
         test_rope(70, 8, 64, 32, 8 * 64, 64, 0);
     }
     if (want("kv_store")) { test_kv_store(1, 1024, 10); test_kv_store(9, 512, 20); test_kv_store(3, 100, 5); }
+    if (want("attn_prep")) {
+        test_attn_prep(1, 16, 4, 256, 64, 8);   /* the 9B's shape, decode */
+        test_attn_prep(5, 6, 2, 64, 64, 12);    /* the tiny model's, a verify batch */
+        test_attn_prep(3, 4, 2, 128, 96, 4);    /* rotation not a multiple of the warp */
+    }
     if (want("attention")) {
         test_attention(1, 0, 16, 4, 256, 0);     /* first token */
         test_attention(1, 700, 16, 4, 256, 1);   /* decode, second sequence */
