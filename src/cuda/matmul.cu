@@ -1209,6 +1209,7 @@ struct type_entry {
     int xf;
     mv_launch_fn mv[8];        /* [NT - 1], activations converted by a separate kernel */
     mv_launch_fn mv_fused[MV_FUSED_MAX_NT]; /* [NT - 1], quantized in the kernel; NULL for float types */
+    int fused_wbytes[MV_FUSED_MAX_NT];      /* [NT - 1]: their weight stages' shared memory */
     mmq_launch_fn mmq;         /* more than MV_MAX_NT tokens; NULL for float types */
     rows_launch_fn rows;
 };
@@ -1216,8 +1217,10 @@ struct type_entry {
 #define MV_ROW(T)                                                                              \
     {mv_launch<T, 1, false>, mv_launch<T, 2, false>, mv_launch<T, 3, false>, mv_launch<T, 4, false>, \
      mv_launch<T, 5, false>, mv_launch<T, 6, false>, mv_launch<T, 7, false>, mv_launch<T, 8, false>}
-#define TYPE_ENTRY_Q(T) {T, qt<T>::XF, MV_ROW(T), {mv_launch<T, 1, true>, mv_launch<T, 2, true>}, mmq_launch<T>, rows_launch<T>}
-#define TYPE_ENTRY_F(T) {T, qt<T>::XF, MV_ROW(T), {NULL, NULL}, NULL, rows_launch<T>}
+#define TYPE_ENTRY_Q(T)                                                                                      \
+    {T, qt<T>::XF, MV_ROW(T), {mv_launch<T, 1, true>, mv_launch<T, 2, true>},                                \
+     {mv_shape<T, 1>::WBYTES, mv_shape<T, 2>::WBYTES}, mmq_launch<T>, rows_launch<T>}
+#define TYPE_ENTRY_F(T) {T, qt<T>::XF, MV_ROW(T), {NULL, NULL}, {0, 0}, NULL, rows_launch<T>}
 
 static const struct type_entry type_table[] = {
     TYPE_ENTRY_F(GGML_TYPE_F32),  TYPE_ENTRY_F(GGML_TYPE_F16),  TYPE_ENTRY_F(GGML_TYPE_BF16),
@@ -1245,15 +1248,19 @@ static const struct type_entry *type_get(const struct bweight *w) {
 
 static int type_slot(const struct type_entry *te) { return (int)(te - type_table); }
 
-/* Whether a weight type's matvec quantizes n_tok activation rows itself. */
-static bool mv_fuses(const struct type_entry *te, int n_tok, int stride) {
-    return n_tok <= MV_FUSED_MAX_NT && te->mv_fused[0] && xs_bytes(te->xf, n_tok, stride) <= MV_FUSED_MAX_XBYTES;
+/* Whether a weight type's matvec quantizes n_tok activation rows itself: the rows must fit the
+ * block's shared memory beside its weight stages (Q4_1 / Q5_0 / Q5_1 stages take 167-195 KB for
+ * two tokens; the fused kernels' static shared memory is below 1 KB). */
+static bool mv_fuses(const struct cuda_ctx *c, const struct type_entry *te, int n_tok, int stride) {
+    if (n_tok > MV_FUSED_MAX_NT || !te->mv_fused[0]) return false;
+    const int xb = xs_bytes(te->xf, n_tok, stride);
+    return xb <= MV_FUSED_MAX_XBYTES && te->fused_wbytes[n_tok - 1] + xb + 1024 <= c->smem_block_max;
 }
 
 /* All token rows: groups of 8 in one launch (grid.y), the rest in a second. */
 static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv_params &P, const float *xf,
                        const xact &x, int n_tok) {
-    if (mv_fuses(te, n_tok, x.stride)) {
+    if (mv_fuses(c, te, n_tok, x.stride)) {
         te->mv_fused[n_tok - 1](c, type_slot(te), P, xf, x, 0, 1);
         return;
     }
@@ -1273,7 +1280,7 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
     bool need[XF_COUNT] = {};
     for (int i = 0; i < n_w; i++) {
         const struct type_entry *te = type_get(ws[i]);
-        if (!mv_fuses(te, n_tok, stride)) need[te->xf] = true;
+        if (!mv_fuses(c, te, n_tok, stride)) need[te->xf] = true;
     }
     size_t total = 0;
     for (int f = 0; f < XF_COUNT; f++)
@@ -1348,11 +1355,11 @@ void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, in
  * blocks, lost: 296 -> 288). */
 #define MV_FUSE_MAX_N 4096
 #define MV_SWIGLU_FUSE_MAX_N 1024
-static bool all_fuse(const struct bweight *const *ws, int n_w, int n_tok, int max_n) {
+static bool all_fuse(const struct cuda_ctx *c, const struct bweight *const *ws, int n_w, int n_tok, int max_n) {
     if (ws[0]->n_in > max_n) return false;
     const int stride = ((int)ws[0]->n_in + 255) & ~255;
     for (int i = 0; i < n_w; i++)
-        if (!mv_fuses(type_get(ws[i]), n_tok, stride)) return false;
+        if (!mv_fuses(c, type_get(ws[i]), n_tok, stride)) return false;
     return true;
 }
 
@@ -1360,7 +1367,7 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
                         float *a, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_w < 1 || n_tok < 1) return;
-    if (all_fuse(ws, n_w, n_tok, MV_FUSE_MAX_N)) {
+    if (all_fuse(c, ws, n_w, n_tok, MV_FUSE_MAX_N)) {
         matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps, 0, 0, 0});
         return;
     }
@@ -1371,7 +1378,7 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
 void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
-    if (all_fuse(&w, 1, n_tok, MV_SWIGLU_FUSE_MAX_N)) {
+    if (all_fuse(c, &w, 1, n_tok, MV_SWIGLU_FUSE_MAX_N)) {
         matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0});
         return;
     }
@@ -1384,7 +1391,7 @@ void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
     const int n_grp = (int)(wt->n_in / dim);
-    if (all_fuse(&wt, 1, n_tok, MV_FUSE_MAX_N) && wt->n_in % dim == 0 && n_tok * n_grp <= MV_GNORM_MAX_GROUPS) {
+    if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N) && wt->n_in % dim == 0 && n_tok * n_grp <= MV_GNORM_MAX_GROUPS) {
         matmul_n_with(c, &wt, &y, 1, x, n_tok, mv_input{MV_IN_GNORM, z, w, NULL, NULL, eps, dim, 0, 0});
         return;
     }
@@ -1396,7 +1403,7 @@ void cuda_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, in
                              int gate_head_stride, const struct bweight *wt, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
-    if (all_fuse(&wt, 1, n_tok, MV_FUSE_MAX_N) && wt->n_in == (int64_t)n_head * dim) {
+    if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N) && wt->n_in == (int64_t)n_head * dim) {
         matmul_n_with(c, &wt, &y, 1, x, n_tok,
                       mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride});
         return;

@@ -244,6 +244,9 @@ static void test_matmul(void) {
     }
     /* n_out not a multiple of the rows per block, n_in < 32 */
     test_matmul_type(GGML_TYPE_F32, 7, 1);
+    /* wide rows whose quantized activations do not fit beside Q5_1's weight stages: 1-2 tokens
+     * fall back to the unfused path instead of a launch over the shared-memory limit */
+    test_matmul_type(GGML_TYPE_Q5_1, 20480, 9);
 }
 
 /* Mixed types in one matmul_n (one conversion per vec_dot type, one launch per weight type). */
