@@ -616,8 +616,9 @@ struct mv_params {
  * the normed rows also written out, spread over the grid (NORM, m may be NULL); silu(x) ⊙ m
  * (SWIGLU); rmsnorm(x) ⊙ w ⊙ silu(m) with the norm over groups of dim elements (GNORM, the
  * delta-net's gated norm); or x ⊙ sigmoid(m) per head of dim (SIGMOID, m's rows gs and heads
- * ghs apart: the attention output gate). The values are formed by the same operations as the standalone
- * norm and swiglu kernels, so fused and unfused launches quantize the same bits. */
+ * ghs apart: the attention output gate). The values are formed by the same operations as the
+ * standalone kernels (norm_rows, swiglu, rmsnorm_gated, mul_sigmoid), so fused and unfused
+ * launches quantize the same bits. */
 enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU, MV_IN_GNORM, MV_IN_SIGMOID };
 struct mv_input {
     int mode;
