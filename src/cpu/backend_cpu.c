@@ -316,8 +316,7 @@ static void cpu_attn_prep(struct backend *be, float *q, int q_stride, int q_head
                           int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok,
                           int n_head, int n_head_kv, int head_dim, int n_rot, const int32_t *pos, float base,
                           const int32_t *cells, uint16_t *k_cache, uint16_t *v_cache) {
-    /* q heads are q_head_stride apart inside a row: as rows of their own when that is the row
-     * layout (every model here), so one rmsnorm call covers them */
+    /* per token, its heads as rmsnorm rows q_head_stride (k: head_dim) apart */
     for (int t = 0; t < n_tok; t++)
         cpu_rmsnorm(be, q + (size_t)t * q_stride, q_head_stride, q_norm, n_head, head_dim, eps,
                     q + (size_t)t * q_stride, q_head_stride);

@@ -151,6 +151,11 @@ __device__ __forceinline__ int cuda_warp_sum_i(int v) {
     return v;
 }
 
+/* 1 / rms from a row's Σx² (in double): the f32 scale every norm kernel forms. */
+__device__ __forceinline__ float cuda_rms_inv(double sumsq, int dim, float eps) {
+    return 1.0f / sqrtf((float)(sumsq / dim) + eps);
+}
+
 /* Σ v² over a row of dim values in the one order every residual-stream norm uses, so a norm
  * fused into a matvec and the standalone norm kernel give the same bits (a verify batch must
  * reproduce decode): thread j of CUDA_NORM_THREADS sums the 8-element groups j,
@@ -184,8 +189,7 @@ template <typename G> __device__ __forceinline__ double cuda_row_sumsq(G grp, in
 __device__ __forceinline__ float cuda_warp_rms_inv(const float *xr, int dim, float eps, int lane) {
     double sum = 0.0;
     for (int i = lane; i < dim; i += 32) sum += (double)xr[i] * xr[i];
-    sum = cuda_warp_sum_d(sum);
-    return 1.0f / sqrtf((float)(sum / dim) + eps);
+    return cuda_rms_inv(cuda_warp_sum_d(sum), dim, eps);
 }
 
 /* Group g (8 values, 0 past dim) of x (+ m) for cuda_row_sumsq; vec: x and m 16-byte aligned. */

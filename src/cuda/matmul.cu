@@ -52,6 +52,9 @@ struct xact {
 
 static size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
 
+/* Elements per converted activation row of n values: n rounded up to 256, the padding zero. */
+static int x_stride(int64_t n) { return (int)align256((size_t)n); }
+
 /* Bytes of format f for n_tok rows; if base is given, also lay the parts out from it. */
 static size_t xfmt_layout(int f, int n_tok, int stride, uint8_t *base, xact *xa) {
     const size_t nt = (size_t)n_tok, S = (size_t)stride;
@@ -594,24 +597,6 @@ __device__ __forceinline__ void unit_dot_f32(const uint8_t *sm, int off, const x
 #define MV_FUSED_MAX_NT 2      /* up to this many tokens the kernel quantizes x itself */
 #define MV_FUSED_MAX_XBYTES (64 << 10)
 
-struct mv_params {
-    const uint8_t *w[MV_MAX_W];
-    float *y[MV_MAX_W];
-    size_t rb[MV_MAX_W];
-    int row0[MV_MAX_W + 1];   /* first global row of each weight; row0[n_w] = all rows */
-    int n_out[MV_MAX_W];
-    int n_w;
-    int n;                    /* elements per row */
-    int n_units;              /* 32-element units per row */
-    /* what a fused launch computes its input rows from (struct mv_input) */
-    int in_mode;
-    const float *in_m, *in_w;
-    float *in_xout, *in_a;
-    float in_eps;
-    int in_dim;               /* GNORM: elements per norm group; SIGMOID: per head */
-    int in_gs, in_ghs;        /* SIGMOID: the gate's row and head strides */
-};
-
 /* A fused matvec's input: the f32 rows x as they are (X); rmsnorm(x + m) ⊙ w with x + m and
  * the normed rows also written out, spread over the grid (NORM, m may be NULL); silu(x) ⊙ m
  * (SWIGLU); rmsnorm(x) ⊙ w ⊙ silu(m) with the norm over groups of dim elements (GNORM, the
@@ -625,10 +610,23 @@ struct mv_input {
     const float *m, *w;
     float *xout, *a;
     float eps;
-    int dim, gs, ghs;
+    int dim;                  /* GNORM: elements per norm group; SIGMOID: per head */
+    int gs, ghs;              /* SIGMOID: the gate's row and head strides */
 };
 static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f, 0, 0, 0};
 #define MV_GNORM_MAX_GROUPS 128  /* token rows x groups whose scales a fused launch keeps */
+
+struct mv_params {
+    const uint8_t *w[MV_MAX_W];
+    float *y[MV_MAX_W];
+    size_t rb[MV_MAX_W];
+    int row0[MV_MAX_W + 1];   /* first global row of each weight; row0[n_w] = all rows */
+    int n_out[MV_MAX_W];
+    int n_w;
+    int n;                    /* elements per row */
+    int n_units;              /* 32-element units per row */
+    mv_input in;              /* what a fused launch computes its input rows from */
+};
 
 /* Shapes of a matvec instance: R rows per warp, CU units of each row per chunk, SLOT bytes of
  * shared memory per row and stage (the chunk's aligned span plus read slack). */
@@ -731,72 +729,72 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
         /* NORM: each token row's 1/rms, by the standalone norm's reduction (cuda_row_sumsq) */
         __shared__ double red[MV_WARPS];
         float sc0 = 1.0f, sc1 = 1.0f;
-        if (P.in_mode == MV_IN_NORM)
+        if (P.in.mode == MV_IN_NORM)
             for (int t = 0; t < NT; t++) {
                 const float *xr = xf + (size_t)(t_base + t) * P.n;
-                const float *mr = P.in_m ? P.in_m + (size_t)(t_base + t) * P.n : NULL;
-                const bool vec = P.n % 4 == 0 && ((uintptr_t)xf & 15) == 0 && ((uintptr_t)P.in_m & 15) == 0;
+                const float *mr = P.in.m ? P.in.m + (size_t)(t_base + t) * P.n : NULL;
+                const bool vec = P.n % 4 == 0 && ((uintptr_t)xf & 15) == 0 && ((uintptr_t)P.in.m & 15) == 0;
                 const double ss =
                     cuda_row_sumsq([&](int g, float (&v)[8]) { cuda_group8(xr, mr, P.n, vec, g, v); }, P.n, red);
-                const float sc = 1.0f / sqrtf((float)(ss / P.n) + P.in_eps);
+                const float sc = cuda_rms_inv(ss, P.n, P.in.eps);
                 if (t == 0) sc0 = sc;
                 else sc1 = sc;
             }
         /* GNORM: each (token, group)'s 1/rms, a warp per group as the standalone norm does */
         __shared__ float gsc[MV_GNORM_MAX_GROUPS];
-        const int n_grp = P.in_mode == MV_IN_GNORM ? P.n / P.in_dim : 0;
-        if (P.in_mode == MV_IN_GNORM) {
+        const int n_grp = P.in.mode == MV_IN_GNORM ? P.n / P.in.dim : 0;
+        if (P.in.mode == MV_IN_GNORM) {
             for (int i = warp; i < NT * n_grp; i += MV_WARPS)
-                gsc[i] = cuda_warp_rms_inv(xf + (size_t)(t_base + i / n_grp) * P.n + (size_t)(i % n_grp) * P.in_dim,
-                                           P.in_dim, P.in_eps, lane);
+                gsc[i] = cuda_warp_rms_inv(xf + (size_t)(t_base + i / n_grp) * P.n + (size_t)(i % n_grp) * P.in.dim,
+                                           P.in.dim, P.in.eps, lane);
             __syncthreads();
         }
         /* element e (< P.n) of input row t; loads only, so a thread's loads are all in flight
          * together (a store between them, to memory that might alias, would serialize them) */
         auto in_val = [&](int t, int e) -> float {
             const size_t o = (size_t)(t_base + t) * P.n + e;
-            if (P.in_mode == MV_IN_SWIGLU) return __fmul_rn(cuda_silu(xf[o]), P.in_m[o]);
-            if (P.in_mode == MV_IN_SIGMOID)
-                return __fmul_rn(xf[o], cuda_sigmoid(P.in_m[(size_t)(t_base + t) * P.in_gs +
-                                                         (size_t)(e / P.in_dim) * P.in_ghs + e % P.in_dim]));
-            if (P.in_mode == MV_IN_GNORM)
-                return __fmul_rn(__fmul_rn(__fmul_rn(xf[o], gsc[t * n_grp + e / P.in_dim]), P.in_w[e % P.in_dim]),
-                                 cuda_silu(P.in_m[o]));
+            if (P.in.mode == MV_IN_SWIGLU) return __fmul_rn(cuda_silu(xf[o]), P.in.m[o]);
+            if (P.in.mode == MV_IN_SIGMOID)
+                return __fmul_rn(xf[o], cuda_sigmoid(P.in.m[(size_t)(t_base + t) * P.in.gs +
+                                                         (size_t)(e / P.in.dim) * P.in.ghs + e % P.in.dim]));
+            if (P.in.mode == MV_IN_GNORM)
+                return __fmul_rn(__fmul_rn(__fmul_rn(xf[o], gsc[t * n_grp + e / P.in.dim]), P.in.w[e % P.in.dim]),
+                                 cuda_silu(P.in.m[o]));
             float v = xf[o];
-            if (P.in_mode == MV_IN_NORM) {
-                if (P.in_m) v = v + P.in_m[o];
-                v = __fmul_rn(__fmul_rn(v, t == 0 ? sc0 : sc1), P.in_w[e]);
+            if (P.in.mode == MV_IN_NORM) {
+                if (P.in.m) v = v + P.in.m[o];
+                v = __fmul_rn(__fmul_rn(v, t == 0 ? sc0 : sc1), P.in.w[e]);
             }
             return v;
         };
         /* NORM: x + m and the normed rows are written out too, an 8-element group per thread
          * spread over the grid (loads before stores: one latency, and no block runs long) */
-        if (P.in_mode == MV_IN_NORM) {
+        if (P.in.mode == MV_IN_NORM) {
             const int ng = (P.n + 7) / 8;
-            const bool vec = P.n % 8 == 0 && ((uintptr_t)xf & 15) == 0 && ((uintptr_t)P.in_m & 15) == 0 &&
-                             ((uintptr_t)P.in_w & 15) == 0 && ((uintptr_t)P.in_xout & 15) == 0 &&
-                             ((uintptr_t)P.in_a & 15) == 0;
+            const bool vec = P.n % 8 == 0 && ((uintptr_t)xf & 15) == 0 && ((uintptr_t)P.in.m & 15) == 0 &&
+                             ((uintptr_t)P.in.w & 15) == 0 && ((uintptr_t)P.in.xout & 15) == 0 &&
+                             ((uintptr_t)P.in.a & 15) == 0;
             for (int i = blockIdx.x * MV_WARPS * 32 + threadIdx.x; i < NT * ng; i += gridDim.x * MV_WARPS * 32) {
                 const int t = i / ng, e0 = 8 * (i % ng);
                 const size_t o = (size_t)(t_base + t) * P.n + e0;
                 float r[8], w8[8];
-                cuda_group8(xf + (size_t)(t_base + t) * P.n, P.in_m ? P.in_m + (size_t)(t_base + t) * P.n : NULL, P.n,
+                cuda_group8(xf + (size_t)(t_base + t) * P.n, P.in.m ? P.in.m + (size_t)(t_base + t) * P.n : NULL, P.n,
                             vec, i % ng, r);
-                cuda_group8(P.in_w, NULL, P.n, vec, i % ng, w8);
+                cuda_group8(P.in.w, NULL, P.n, vec, i % ng, w8);
                 float a8[8];
 #pragma unroll
                 for (int k = 0; k < 8; k++) a8[k] = __fmul_rn(__fmul_rn(r[k], t == 0 ? sc0 : sc1), w8[k]);
                 if (vec) {
-                    if (P.in_m) {
-                        ((float4 *)(P.in_xout + o))[0] = make_float4(r[0], r[1], r[2], r[3]);
-                        ((float4 *)(P.in_xout + o))[1] = make_float4(r[4], r[5], r[6], r[7]);
+                    if (P.in.m) {
+                        ((float4 *)(P.in.xout + o))[0] = make_float4(r[0], r[1], r[2], r[3]);
+                        ((float4 *)(P.in.xout + o))[1] = make_float4(r[4], r[5], r[6], r[7]);
                     }
-                    ((float4 *)(P.in_a + o))[0] = make_float4(a8[0], a8[1], a8[2], a8[3]);
-                    ((float4 *)(P.in_a + o))[1] = make_float4(a8[4], a8[5], a8[6], a8[7]);
+                    ((float4 *)(P.in.a + o))[0] = make_float4(a8[0], a8[1], a8[2], a8[3]);
+                    ((float4 *)(P.in.a + o))[1] = make_float4(a8[4], a8[5], a8[6], a8[7]);
                 } else {
                     for (int k = 0; k < 8 && e0 + k < P.n; k++) {
-                        if (P.in_m) P.in_xout[o + k] = r[k];
-                        P.in_a[o + k] = a8[k];
+                        if (P.in.m) P.in.xout[o + k] = r[k];
+                        P.in.a[o + k] = a8[k];
                     }
                 }
             }
@@ -813,7 +811,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
                 const int t = i / nb, b = i % nb;
                 int8_t *qb = q + (size_t)t * stride + 256 * b;
                 int16_t *bsb = bs + (size_t)t * (stride / 16) + 16 * b;
-                if (P.in_mode == MV_IN_X) {
+                if (P.in.mode == MV_IN_X) {
                     q8K_block_warp(256 * b < P.n ? xf + (size_t)(t_base + t) * P.n + 256 * b : NULL, lane, qb, d + i, bsb);
                 } else {
                     float v[8];
@@ -831,7 +829,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
             float *sx = Q::XF == XF_Q8_1 ? (float *)((uint8_t *)d + ((NT * nb * 4 + 15) & ~15)) : NULL;
             q8_rows(
                 [&](int t, int e0, float (&v)[4]) {
-                    if (P.in_mode == MV_IN_X) x_vals4(xf + (size_t)t_base * P.n, P.n, t, e0, v);
+                    if (P.in.mode == MV_IN_X) x_vals4(xf + (size_t)t_base * P.n, P.n, t, e0, v);
                     else
 #pragma unroll
                         for (int k = 0; k < 4; k++) v[k] = e0 + k < P.n ? in_val(t, e0 + k) : 0.0f;
@@ -1277,7 +1275,7 @@ static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv
 /* ys[i] = ws[i] · input rows; in.mode other than X only where every weight's launch fuses. */
 static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, float *const *ys, int n_w,
                           const float *x, int n_tok, const mv_input &in) {
-    const int n = (int)ws[0]->n_in, stride = (n + 255) & ~255;
+    const int n = (int)ws[0]->n_in, stride = x_stride(n);
     bool need[XF_COUNT] = {};
     for (int i = 0; i < n_w; i++) {
         const struct type_entry *te = type_get(ws[i]);
@@ -1306,15 +1304,7 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
         memset(&P, 0, sizeof P);
         P.n = n;
         P.n_units = cuda_cdiv(n, 32);
-        P.in_mode = in.mode;
-        P.in_m = in.m;
-        P.in_w = in.w;
-        P.in_xout = in.xout;
-        P.in_a = in.a;
-        P.in_eps = in.eps;
-        P.in_dim = in.dim;
-        P.in_gs = in.gs;
-        P.in_ghs = in.ghs;
+        P.in = in;
         int rows = 0;
         for (int j = i; j < n_w; j++) {
             if (ws[j]->type != ws[i]->type) continue;
@@ -1358,7 +1348,7 @@ void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, in
 #define MV_SWIGLU_FUSE_MAX_N 1024
 static bool all_fuse(const struct cuda_ctx *c, const struct bweight *const *ws, int n_w, int n_tok, int max_n) {
     if (ws[0]->n_in > max_n) return false;
-    const int stride = ((int)ws[0]->n_in + 255) & ~255;
+    const int stride = x_stride(ws[0]->n_in);
     for (int i = 0; i < n_w; i++)
         if (!mv_fuses(c, type_get(ws[i]), n_tok, stride)) return false;
     return true;

@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_kernel(const float *x, int xs, c
         sum = 0.0;
         for (int i = 0; i < TPR / 32; i++) sum += part[i];
     }
-    const float s = 1.0f / sqrtf((float)(sum / dim) + eps);
+    const float s = cuda_rms_inv(sum, dim, eps);
     float *yr = y + (size_t)row * ys;
     const float *zr = z ? z + (size_t)row * ys : NULL;
 #pragma unroll
@@ -84,7 +84,7 @@ norm_rows_kernel(const float *x, const float *m, float *x_out, const float *__re
     auto val = [&](int e) { return mr ? xr[e] + mr[e] : xr[e]; };
     const bool vec = dim % 4 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)m & 15) == 0;
     const double ss = cuda_row_sumsq([&](int g, float (&v)[8]) { cuda_group8(xr, mr, dim, vec, g, v); }, dim, red);
-    const float s = 1.0f / sqrtf((float)(ss / dim) + eps);
+    const float s = cuda_rms_inv(ss, dim, eps);
     for (int e = threadIdx.x; e < dim; e += CUDA_NORM_THREADS) {
         const float v = val(e); /* read before x_out (maybe x) is written, by this thread only */
         if (mr) x_out[o + e] = v;
@@ -162,27 +162,35 @@ void cuda_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok
 
 #define ROPE_MAX_HALF 256
 
-/* One block per token: the angles by repeated multiplication (theta_d = pos·scale^d rounded at
- * every step, as the CPU forms them), then every head's pairs. */
+/* cos / sin of pair d's angle for d = tid, tid + n_threads, ... < half, by repeated
+ * multiplication (theta_d = pos·scale^d rounded at every step, as the CPU forms them). */
+__device__ __forceinline__ void rope_angles(float pos, float theta_scale, int half, int tid, int n_threads, float *cs,
+                                            float *sn) {
+    for (int d = tid; d < half; d += n_threads) {
+        float theta = pos;
+        for (int i = 0; i < d; i++) theta *= theta_scale;
+        cs[d] = cosf(theta);
+        sn[d] = sinf(theta);
+    }
+}
+
+/* Rotate pair (v[d], v[d + half]) of a head by angle d. */
+__device__ __forceinline__ void rope_pair(float *v, int d, int half, const float *cs, const float *sn) {
+    const float a = v[d], b = v[d + half];
+    v[d] = __fsub_rn(__fmul_rn(a, cs[d]), __fmul_rn(b, sn[d]));
+    v[d + half] = __fadd_rn(__fmul_rn(a, sn[d]), __fmul_rn(b, cs[d]));
+}
+
+/* One block per token: the angles (rope_angles), then every head's pairs. */
 __global__ void rope_kernel(float *x, int tok_stride, int n_head, int head_stride, int half,
                             const int32_t *__restrict__ pos, float theta_scale) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     cuda_pdl_begin();
     const int t = blockIdx.x;
-    for (int d = threadIdx.x; d < half; d += blockDim.x) {
-        float theta = (float)pos[t];
-        for (int i = 0; i < d; i++) theta *= theta_scale;
-        cs[d] = cosf(theta);
-        sn[d] = sinf(theta);
-    }
+    rope_angles((float)pos[t], theta_scale, half, threadIdx.x, blockDim.x, cs, sn);
     __syncthreads();
-    for (int i = threadIdx.x; i < n_head * half; i += blockDim.x) {
-        const int h = i / half, d = i % half;
-        float *v = x + (size_t)t * tok_stride + (size_t)h * head_stride;
-        const float a = v[d], b = v[d + half];
-        v[d] = __fsub_rn(__fmul_rn(a, cs[d]), __fmul_rn(b, sn[d]));
-        v[d + half] = __fadd_rn(__fmul_rn(a, sn[d]), __fmul_rn(b, cs[d]));
-    }
+    for (int i = threadIdx.x; i < n_head * half; i += blockDim.x)
+        rope_pair(x + (size_t)t * tok_stride + (size_t)(i / half) * head_stride, i % half, half, cs, sn);
 }
 
 void cuda_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
@@ -198,8 +206,8 @@ void cuda_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int
 /* ---- attention inputs: q/k norms, rope, KV store in one launch ------------------------------------ */
 
 /* A warp per (head, token), q heads first: the head's norm in place (cuda_warp_rms_inv, the
- * order of rmsnorm_kernel<32, ...>), the rotation of its first 2·half dims with the angles
- * formed as rope_kernel forms them, and for a k head the f16 stores of its k and v rows into
+ * order of rmsnorm_kernel<32, ...>), the rotation of its first 2·half dims (rope_angles and
+ * rope_pair, as rope_kernel), and for a k head the f16 stores of its k and v rows into
  * cache row cells[t]. Bit for bit the separate kernels, one launch instead of five. */
 __global__ void __launch_bounds__(32)
 attn_prep_kernel(float *q, int q_stride, int q_head_stride, const float *__restrict__ q_norm, float *k, int k_stride,
@@ -213,20 +221,11 @@ attn_prep_kernel(float *q, int q_stride, int q_head_stride, const float *__restr
     const int h = is_k ? blockIdx.x - n_head : blockIdx.x;
     float *row = is_k ? k + (size_t)t * k_stride + (size_t)h * D : q + (size_t)t * q_stride + (size_t)h * q_head_stride;
     const float *w = is_k ? k_norm : q_norm;
-    for (int d = lane; d < half; d += 32) {
-        float theta = (float)pos[t];
-        for (int i = 0; i < d; i++) theta *= theta_scale;
-        cs[d] = cosf(theta);
-        sn[d] = sinf(theta);
-    }
+    rope_angles((float)pos[t], theta_scale, half, lane, 32, cs, sn);
     const float s = cuda_warp_rms_inv(row, D, eps, lane);
     for (int i = lane; i < D; i += 32) row[i] = __fmul_rn(__fmul_rn(row[i], s), w[i]);
     __syncwarp();
-    for (int d = lane; d < half; d += 32) {
-        const float a = row[d], b = row[d + half];
-        row[d] = __fsub_rn(__fmul_rn(a, cs[d]), __fmul_rn(b, sn[d]));
-        row[d + half] = __fadd_rn(__fmul_rn(a, sn[d]), __fmul_rn(b, cs[d]));
-    }
+    for (int d = lane; d < half; d += 32) rope_pair(row, d, half, cs, sn);
     if (!is_k) return;
     __syncwarp();
     const size_t dst = (size_t)cells[t] * n_head_kv * D + (size_t)h * D;
