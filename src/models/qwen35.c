@@ -659,18 +659,31 @@ static bool row_wants_logits(const bool *want, bool last_only, int n, int i) {
     return want ? want[i] : (last_only && i == n - 1);
 }
 
-/* lm_head over the rows of hidden (final-normed) that want logits. */
+/* lm_head over the rows of hidden (final-normed) that want logits: straight from hidden when
+ * they are consecutive (the last row, a verify batch), else gathered first. */
 static void head_rows(struct qwen35 *q, const struct bweight *head, const float *hidden, int n, const bool *want,
                       bool last_only, float *logits) {
     struct backend *be = q->base.be;
     const int E = q->hp.n_embd;
-    int n_out = 0;
+    int n_out = 0, first = -1, last = -1;
+    for (int i = 0; i < n; i++) {
+        if (!row_wants_logits(want, last_only, n, i)) continue;
+        if (first < 0) first = i;
+        last = i;
+        n_out++;
+    }
+    if (!n_out) return;
+    if (last - first + 1 == n_out) {
+        be->matmul(be, head, hidden + (size_t)first * E, n_out, logits);
+        return;
+    }
+    n_out = 0;
     for (int i = 0; i < n; i++) {
         if (!row_wants_logits(want, last_only, n, i)) continue;
         be->copy(be, q->s.lm_in + (size_t)n_out * E, hidden + (size_t)i * E, sizeof(float) * E);
         n_out++;
     }
-    if (n_out) be->matmul(be, head, q->s.lm_in, n_out, logits);
+    be->matmul(be, head, q->s.lm_in, n_out, logits);
 }
 
 /* What the ops of one slice's forward read besides device memory. */

@@ -298,7 +298,8 @@ static void test_matmul_n(void) {
 }
 
 /* norm_matmul_n, swiglu_matmul, rmsnorm_gated_matmul and mul_sigmoid_matmul. 1-2 rows run fused
- * (the matvec forms its input itself), 3+ rows run a norm / swiglu kernel and then the matmul: the two must quantize the same input, so
+ * (the matvec forms its input itself), 3+ rows form it in one kernel and then run the matmul
+ * (F16: always): the two must quantize the same input, so
  * every row's outputs (and x_out, a) are bit-identical between the paths, as decode and verify
  * need; and both match the CPU's unfused ops. */
 static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
@@ -409,6 +410,79 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
     gpu->weight_free(gpu, &wg);
     free(x); free(m); free(w); free(xo); free(a); free(yc); free(scale); free(poison); free(g5); free(gx);
     free(ga); free(gy); free(gxo); free(ga5);
+    free_hweight(&hw);
+}
+
+/* The same four ops against the GPU's own standalone op followed by a plain matmul, bit for bit:
+ * at 3+ rows (verify batches; prefill past 8) the input is formed and converted by one kernel,
+ * and it must hand the matmul the bits the standalone op would have. Groups of 128 / heads of
+ * 64 as above; without m the norm is compared with add_rmsnorm over a zero m (x + 0 = x). */
+static void test_formed_matmul(enum ggml_type t, int n_in, int n_out, int nt) {
+    const char *tn = ggml_type_traits_get(t)->name;
+    const float eps = 1e-6f;
+    struct hweight hw = make_weight(t, n_in, n_out);
+    struct bweight wg = {0};
+    gpu->weight_init(gpu, &wg, t, n_in, n_out, hw.data);
+    const struct bweight *pg = &wg;
+    const size_t nx = (size_t)nt * n_in, ny = (size_t)nt * n_out;
+    float *x = xmalloc(sizeof(float) * nx), *m = xmalloc(sizeof(float) * nx), *w = xmalloc(sizeof(float) * n_in);
+    float *got = xmalloc(sizeof(float) * ny), *ref = xmalloc(sizeof(float) * ny);
+    float *gota = xmalloc(sizeof(float) * nx), *refa = xmalloc(sizeof(float) * nx);
+    fill(x, nx, 3.0f);
+    fill(m, nx, 1.0f);
+    for (int i = 0; i < n_in; i++) w[i] = 1.0f + 0.5f * frand();
+    float *dx = gdup(x, sizeof(float) * nx), *dm = gdup(m, sizeof(float) * nx), *dw = gdup(w, sizeof(float) * n_in);
+    float *dz = galloc(sizeof(float) * nx), *dt = galloc(sizeof(float) * nx), *dxo = galloc(sizeof(float) * nx);
+    float *da = galloc(sizeof(float) * nx), *dy = galloc(sizeof(float) * ny), *dr = galloc(sizeof(float) * ny);
+    char shape[96];
+    snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
+    for (int with_m = 1; with_m >= 0; with_m--) {
+        gpu->norm_matmul_n(gpu, dx, with_m ? dm : NULL, dxo, dw, eps, da, &pg, &dy, 1, nt);
+        gget(got, dy, sizeof(float) * ny);
+        gget(gota, da, sizeof(float) * nx);
+        gpu->copy(gpu, dt, dx, sizeof(float) * nx);
+        gpu->add_rmsnorm(gpu, dt, with_m ? dm : dz, dw, nt, n_in, eps, da); /* dz: zeros */
+        gget(refa, da, sizeof(float) * nx);
+        gpu->matmul(gpu, &wg, da, nt, dr);
+        gget(ref, dr, sizeof(float) * ny);
+        check_bits(with_m ? "norm_matmul+m=standalone" : "norm_matmul=standalone", shape, got, ref, sizeof(float) * ny);
+        check_bits("norm_matmul a=standalone", shape, gota, refa, sizeof(float) * nx);
+        if (with_m) {
+            gget(gota, dxo, sizeof(float) * nx);
+            gget(refa, dt, sizeof(float) * nx);
+            check_bits("norm_matmul x+m=standalone", shape, gota, refa, sizeof(float) * nx);
+        }
+    }
+    gpu->copy(gpu, dt, dx, sizeof(float) * nx); /* g's contents afterwards are unspecified */
+    gpu->swiglu_matmul(gpu, &wg, dt, dm, nt, dy);
+    gpu->swiglu(gpu, dx, dm, (int64_t)nx, dt);
+    gpu->matmul(gpu, &wg, dt, nt, dr);
+    gget(got, dy, sizeof(float) * ny);
+    gget(ref, dr, sizeof(float) * ny);
+    check_bits("swiglu_matmul=standalone", shape, got, ref, sizeof(float) * ny);
+    if (n_in % 128 == 0) {
+        gpu->rmsnorm_gated_matmul(gpu, dx, dw, dm, 128, eps, da, &wg, nt, dy);
+        gpu->rmsnorm_gated(gpu, dx, dw, dm, nt * (n_in / 128), 128, eps, dt);
+        gpu->matmul(gpu, &wg, dt, nt, dr);
+        gget(got, dy, sizeof(float) * ny);
+        gget(ref, dr, sizeof(float) * ny);
+        check_bits("rmsnorm_gated_matmul=standalone", shape, got, ref, sizeof(float) * ny);
+    }
+    if (n_in % 64 == 0) {
+        const int nh = n_in / 64;
+        gpu->copy(gpu, dt, dx, sizeof(float) * nx);
+        gpu->mul_sigmoid_matmul(gpu, dt, dm, nh, 64, n_in, 64, &wg, nt, dy);
+        gpu->copy(gpu, dt, dx, sizeof(float) * nx);
+        gpu->mul_sigmoid(gpu, dt, dm, nt, nh, 64, n_in, 64);
+        gpu->matmul(gpu, &wg, dt, nt, dr);
+        gget(got, dy, sizeof(float) * ny);
+        gget(ref, dr, sizeof(float) * ny);
+        check_bits("mul_sigmoid_matmul=standalone", shape, got, ref, sizeof(float) * ny);
+    }
+    gpu->free(gpu, dx); gpu->free(gpu, dm); gpu->free(gpu, dw); gpu->free(gpu, dz); gpu->free(gpu, dt);
+    gpu->free(gpu, dxo); gpu->free(gpu, da); gpu->free(gpu, dy); gpu->free(gpu, dr);
+    gpu->weight_free(gpu, &wg);
+    free(x); free(m); free(w); free(got); free(ref); free(gota); free(refa);
     free_hweight(&hw);
 }
 
@@ -1085,6 +1159,16 @@ int main(int argc, char **argv) {
         test_fused_matmul(GGML_TYPE_Q4_K, 2304, 37);    /* Q8_K activations */
         test_fused_matmul(GGML_TYPE_Q6_K, 256, 9);
         test_fused_matmul(GGML_TYPE_F16, 1024, 20);     /* never fused: both paths unfused */
+    }
+    if (want("formed_matmul")) {
+        const int nts[] = {3, 5, 12};                   /* verify batches, and past 8: prefill tiles */
+        for (int i = 0; i < 3; i++) {
+            test_formed_matmul(GGML_TYPE_Q8_0, 384, 130, nts[i]);
+            test_formed_matmul(GGML_TYPE_Q8_0, 4096, 40, nts[i]);
+            test_formed_matmul(GGML_TYPE_Q4_1, 1024, 33, nts[i]); /* Q8_1 activations */
+            test_formed_matmul(GGML_TYPE_Q4_K, 2304, 37, nts[i]); /* Q8_K activations */
+            test_formed_matmul(GGML_TYPE_F16, 1024, 20, nts[i]);
+        }
     }
     if (want("add_rmsnorm")) { test_add_rmsnorm(1, 4096); test_add_rmsnorm(3, 9000); test_add_rmsnorm(5, 384); test_add_rmsnorm(9, 300); }
     if (want("rmsnorm_gated")) { test_rmsnorm_gated(4 * 32, 128); test_rmsnorm_gated(3, 1500); }
