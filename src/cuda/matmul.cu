@@ -601,23 +601,35 @@ __device__ __forceinline__ void unit_dot_f32(const uint8_t *sm, int off, const x
  * the normed rows also written out, spread over the grid (NORM, m may be NULL); silu(x) ⊙ m
  * (SWIGLU); rmsnorm(x) ⊙ w ⊙ silu(m) with the norm over groups of dim elements (GNORM, the
  * delta-net's gated norm); or x ⊙ sigmoid(m) per head of dim (SIGMOID, m's rows gs and heads
- * ghs apart: the attention output gate). The values are formed by the same operations as the
- * standalone kernels (norm_rows, swiglu, rmsnorm_gated, mul_sigmoid), so fused and unfused
- * launches quantize the same bits. */
-enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU, MV_IN_GNORM, MV_IN_SIGMOID };
+ * ghs apart: the attention output gate); or [rmsnorm(x) ⊙ w ; rmsnorm(m) ⊙ w2], x and m rows of
+ * dim (NORM2, the NextN head's input). The values are formed by the same operations as the
+ * standalone kernels (norm_rows, swiglu, rmsnorm_gated, mul_sigmoid, rmsnorm), so fused and
+ * unfused launches quantize the same bits. */
+enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU, MV_IN_GNORM, MV_IN_SIGMOID, MV_IN_NORM2 };
 struct mv_input {
     int mode;
     const float *m, *w;
     float *xout, *a;
     float eps;
-    int dim;                  /* GNORM: elements per norm group; SIGMOID: per head */
+    int dim;                  /* GNORM: elements per norm group; SIGMOID: per head; NORM2: per half */
     int gs, ghs;              /* SIGMOID: the gate's row and head strides */
+    const float *w2;          /* NORM2: the second half's norm weight */
 };
-static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f, 0, 0, 0};
+static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f, 0, 0, 0, NULL};
 #define MV_GNORM_MAX_GROUPS 128  /* token rows x groups whose scales a fused launch keeps */
 
+/* Whether an input's norms are per group of in.dim elements, each by one warp (gsc). */
+__device__ __forceinline__ bool mv_grouped(const mv_input &in) { return in.mode == MV_IN_GNORM || in.mode == MV_IN_NORM2; }
+
+/* 1/rms of group g of input row `row` (GNORM: elements g·dim.. of xf's row; NORM2: xf's row for
+ * g = 0, m's for 1), as rmsnorm_kernel<32, ...> forms it. */
+__device__ __forceinline__ float mv_group_rms_inv(const mv_input &in, const float *xf, int n, int row, int g, int lane) {
+    const float *p = in.mode == MV_IN_NORM2 ? (g ? in.m : xf) + (size_t)row * in.dim : xf + (size_t)row * n + (size_t)g * in.dim;
+    return cuda_warp_rms_inv(p, in.dim, in.eps, lane);
+}
+
 /* Element e (< n) of input row `row` of a matvec whose input is `in` over the f32 rows xf (n
- * wide); sc: the row's 1/rms (NORM), gsc: its groups' (GNORM). Loads only, so a thread's loads
+ * wide); sc: the row's 1/rms (NORM), gsc: its groups' (GNORM, NORM2). Loads only, so a thread's loads
  * are all in flight together (a store between them, to memory that might alias, would
  * serialize them). The fused prologue and form_input_kernel both form values here. */
 __device__ __forceinline__ float mv_in_value(const mv_input &in, const float *xf, int n, int row, int e, float sc,
@@ -628,6 +640,10 @@ __device__ __forceinline__ float mv_in_value(const mv_input &in, const float *xf
         return __fmul_rn(xf[o], cuda_sigmoid(in.m[(size_t)row * in.gs + (size_t)(e / in.dim) * in.ghs + e % in.dim]));
     if (in.mode == MV_IN_GNORM)
         return __fmul_rn(__fmul_rn(__fmul_rn(xf[o], gsc[e / in.dim]), in.w[e % in.dim]), cuda_silu(in.m[o]));
+    if (in.mode == MV_IN_NORM2) {
+        const int hi = e >= in.dim, i = e - hi * in.dim;
+        return __fmul_rn(__fmul_rn((hi ? in.m : xf)[(size_t)row * in.dim + i], gsc[hi]), (hi ? in.w2 : in.w)[i]);
+    }
     float v = xf[o];
     if (in.mode == MV_IN_NORM) {
         if (in.m) v = v + in.m[o];
@@ -662,9 +678,8 @@ __global__ void __launch_bounds__(CUDA_NORM_THREADS) form_input_kernel(const mv_
         const double ss = cuda_row_sumsq(
             [&](int g, float (&v)[8]) { cuda_group8(xf + o, in.m ? in.m + o : NULL, n, vec, g, v); }, n, red);
         sc = cuda_rms_inv(ss, n, in.eps);
-    } else if (in.mode == MV_IN_GNORM) {
-        for (int g = warp; g < n / in.dim; g += CUDA_NORM_THREADS / 32)
-            gsc[g] = cuda_warp_rms_inv(xf + o + (size_t)g * in.dim, in.dim, in.eps, lane);
+    } else if (mv_grouped(in)) {
+        for (int g = warp; g < n / in.dim; g += CUDA_NORM_THREADS / 32) gsc[g] = mv_group_rms_inv(in, xf, n, row, g, lane);
         __syncthreads();
     }
     auto val = [&](int e) { return e < n ? mv_in_value(in, xf, n, row, e, sc, gsc) : 0.0f; };
@@ -834,13 +849,12 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
                 if (t == 0) sc0 = sc;
                 else sc1 = sc;
             }
-        /* GNORM: each (token, group)'s 1/rms, a warp per group as the standalone norm does */
+        /* GNORM, NORM2: each (token, group)'s 1/rms, a warp per group as the standalone norm does */
         __shared__ float gsc[MV_GNORM_MAX_GROUPS];
-        const int n_grp = P.in.mode == MV_IN_GNORM ? P.n / P.in.dim : 0;
-        if (P.in.mode == MV_IN_GNORM) {
+        const int n_grp = mv_grouped(P.in) ? P.n / P.in.dim : 0;
+        if (n_grp) {
             for (int i = warp; i < NT * n_grp; i += MV_WARPS)
-                gsc[i] = cuda_warp_rms_inv(xf + (size_t)(t_base + i / n_grp) * P.n + (size_t)(i % n_grp) * P.in.dim,
-                                           P.in.dim, P.in.eps, lane);
+                gsc[i] = mv_group_rms_inv(P.in, xf, P.n, t_base + i / n_grp, i % n_grp, lane);
             __syncthreads();
         }
         auto in_val = [&](int t, int e) -> float {
@@ -1380,7 +1394,7 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
         if (in.mode == MV_IN_X) convert_activations(c, f, x, n, n_tok, xf.xa[f]);
     }
     if (in.mode != MV_IN_X && total) {
-        const size_t smem = in.mode == MV_IN_GNORM ? sizeof(float) * (size_t)(n / in.dim) : 0;
+        const size_t smem = in.mode == MV_IN_GNORM || in.mode == MV_IN_NORM2 ? sizeof(float) * (size_t)(n / in.dim) : 0;
         cuda_launch_smem(c, n_tok, CUDA_NORM_THREADS, smem, form_input_kernel, in, x, n, xf);
     }
     /* one launch per weight type (per 8 weights of it) */
@@ -1448,21 +1462,21 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
                         float *a, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_w < 1 || n_tok < 1) return;
-    matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps, 0, 0, 0},
+    matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps, 0, 0, 0, NULL},
                   all_fuse(c, ws, n_w, n_tok, MV_FUSE_MAX_N));
 }
 
 void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
-    matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0},
+    matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0, NULL},
                   all_fuse(c, &w, 1, n_tok, MV_SWIGLU_FUSE_MAX_N));
 }
 
-/* The per-group scales of a formed gated norm are a warp's (cuda_warp_rms_inv), which is the
- * standalone kernel's order for groups up to 1024 wide; form_input_kernel keeps a row's scales
- * in shared memory. Other shapes take the standalone kernel. */
-#define FORM_GNORM_MAX_DIM 1024
+/* The per-group scales of a formed gated norm or norm pair are a warp's (cuda_warp_rms_inv),
+ * which is the standalone kernel's order for groups up to 1024 wide; form_input_kernel keeps a
+ * row's scales in shared memory. Other shapes take the standalone kernels. */
+#define WARP_NORM_MAX_DIM 1024
 #define FORM_GNORM_MAX_GROUPS 8192
 
 void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *w, const float *z, int dim, float eps,
@@ -1470,8 +1484,8 @@ void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
     const int n_grp = (int)(wt->n_in / dim);
-    if (wt->n_in % dim == 0 && dim <= FORM_GNORM_MAX_DIM && n_grp <= FORM_GNORM_MAX_GROUPS) {
-        matmul_n_with(c, &wt, &y, 1, x, n_tok, mv_input{MV_IN_GNORM, z, w, NULL, NULL, eps, dim, 0, 0},
+    if (wt->n_in % dim == 0 && dim <= WARP_NORM_MAX_DIM && n_grp <= FORM_GNORM_MAX_GROUPS) {
+        matmul_n_with(c, &wt, &y, 1, x, n_tok, mv_input{MV_IN_GNORM, z, w, NULL, NULL, eps, dim, 0, 0, NULL},
                       all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N) && n_tok * n_grp <= MV_GNORM_MAX_GROUPS);
         return;
     }
@@ -1485,12 +1499,27 @@ void cuda_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, in
     if (n_tok < 1) return;
     if (wt->n_in == (int64_t)n_head * dim) {
         matmul_n_with(c, &wt, &y, 1, x, n_tok,
-                      mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride},
+                      mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride, NULL},
                       all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N));
         return;
     }
     cuda_mul_sigmoid(be, x, gate, n_tok, n_head, dim, gate_stride, gate_head_stride);
     matmul_n_with(c, &wt, &y, 1, x, n_tok, MV_PLAIN, false);
+}
+
+void cuda_norm_concat_matmul(struct backend *be, const float *x1, const float *w1, const float *x2, const float *w2,
+                             float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n_tok < 1) return;
+    const int dim = (int)(wt->n_in / 2);
+    if (dim <= WARP_NORM_MAX_DIM) {
+        matmul_n_with(c, &wt, &y, 1, x1, n_tok, mv_input{MV_IN_NORM2, x2, w1, NULL, NULL, eps, dim, 0, 0, w2},
+                      all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N));
+        return;
+    }
+    cuda_rmsnorm(be, x1, dim, w1, n_tok, dim, eps, a, 2 * dim);
+    cuda_rmsnorm(be, x2, dim, w2, n_tok, dim, eps, a + dim, 2 * dim);
+    matmul_n_with(c, &wt, &y, 1, a, n_tok, MV_PLAIN, false);
 }
 
 void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {

@@ -404,6 +404,22 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
             check_bits("mul_sigmoid_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
         }
     }
+    /* norm_concat_matmul: x and m as the two halves' rows (n_in / 2 each), w's halves as weights */
+    if (n_in % 2 == 0) {
+        const int h = n_in / 2;
+        cpu->norm_concat_matmul(cpu, x, w, m, w + h, eps, a, &wc, NT, yc);
+        dot_scale(&hw, a, NT, scale);
+        gpu->norm_concat_matmul(gpu, dx, dw, dm, dw + h, eps, da, &wg, NT, dy);
+        gget(g5, dy, sizeof(float) * ny);
+        snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
+        check_scaled("norm_concat_matmul", shape, g5, yc, scale, ny, MM_TOL);
+        for (int nt = 1; nt <= 2; nt++) {
+            gpu->norm_concat_matmul(gpu, dx, dw, dm, dw + h, eps, da, &wg, nt, dy);
+            gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
+            snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
+            check_bits("norm_concat_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
+        }
+    }
     gpu->free(gpu, dx); gpu->free(gpu, dm); gpu->free(gpu, dw); gpu->free(gpu, dxo); gpu->free(gpu, da);
     gpu->free(gpu, dy);
     cpu->weight_free(cpu, &wc);
@@ -478,6 +494,16 @@ static void test_formed_matmul(enum ggml_type t, int n_in, int n_out, int nt) {
         gget(got, dy, sizeof(float) * ny);
         gget(ref, dr, sizeof(float) * ny);
         check_bits("mul_sigmoid_matmul=standalone", shape, got, ref, sizeof(float) * ny);
+    }
+    if (n_in % 2 == 0) { /* halves of n_in / 2: x's and m's rows */
+        const int h = n_in / 2;
+        gpu->norm_concat_matmul(gpu, dx, dw, dm, dw + h, eps, da, &wg, nt, dy);
+        gpu->rmsnorm(gpu, dx, h, dw, nt, h, eps, dt, n_in);
+        gpu->rmsnorm(gpu, dm, h, dw + h, nt, h, eps, dt + h, n_in);
+        gpu->matmul(gpu, &wg, dt, nt, dr);
+        gget(got, dy, sizeof(float) * ny);
+        gget(ref, dr, sizeof(float) * ny);
+        check_bits("norm_concat_matmul=standalone", shape, got, ref, sizeof(float) * ny);
     }
     gpu->free(gpu, dx); gpu->free(gpu, dm); gpu->free(gpu, dw); gpu->free(gpu, dz); gpu->free(gpu, dt);
     gpu->free(gpu, dxo); gpu->free(gpu, da); gpu->free(gpu, dy); gpu->free(gpu, dr);
