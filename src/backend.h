@@ -64,11 +64,6 @@ struct backend {
      * x's contents afterwards are unspecified. The attention output gate and projection. */
     void (*mul_sigmoid_matmul)(struct backend *be, float *x, const float *gate, int n_head, int dim, int gate_stride,
                                int gate_head_stride, const struct bweight *wt, int n_tok, float *y);
-    /* y = W · [rmsnorm(x1) ⊙ w1 ; rmsnorm(x2) ⊙ w2] per row, x1 and x2 rows of dim = W's n_in / 2
-     * (the NextN head's input projection). a is scratch for the n_tok concatenated rows
-     * (contents afterwards unspecified). */
-    void (*norm_concat_matmul)(struct backend *be, const float *x1, const float *w1, const float *x2,
-                               const float *w2, float eps, float *a, const struct bweight *wt, int n_tok, float *y);
     /* out[t] = row ids[t] of w, dequantized (embedding lookup). */
     void (*get_rows)(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out);
 

@@ -104,10 +104,6 @@ static void o_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate
                                  const struct bweight *wt, int n_tok, float *y) {
     if (!skipped(be, matmul_family(&wt, 1))) in(be)->mul_sigmoid_matmul(in(be), x, gate, n_head, dim, gs, ghs, wt, n_tok, y);
 }
-static void o_norm_concat_matmul(struct backend *be, const float *x1, const float *w1, const float *x2, const float *w2,
-                                 float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
-    if (!skipped(be, matmul_family(&wt, 1))) in(be)->norm_concat_matmul(in(be), x1, w1, x2, w2, eps, a, wt, n_tok, y);
-}
 static void o_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {
     if (!skipped(be, OPCOST_EMBED)) in(be)->get_rows(in(be), w, ids, n, out);
 }
@@ -213,7 +209,6 @@ struct backend *opcost_wrap(struct backend *inner) {
     be->kv_store = o_kv_store;
     be->attn_prep = o_attn_prep;
     be->mul_sigmoid_matmul = o_mul_sigmoid_matmul;
-    be->norm_concat_matmul = o_norm_concat_matmul;
     be->attention = o_attention;
     be->ssm_conv = o_ssm_conv;
     be->gdn_gates = o_gdn_gates;

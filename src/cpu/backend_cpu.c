@@ -285,14 +285,6 @@ static void cpu_mul_sigmoid_matmul(struct backend *be, float *x, const float *ga
     cpu_matmul_n(be, &wt, &y, 1, x, n_tok);
 }
 
-static void cpu_norm_concat_matmul(struct backend *be, const float *x1, const float *w1, const float *x2,
-                                   const float *w2, float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
-    const int dim = (int)(wt->n_in / 2);
-    cpu_rmsnorm(be, x1, dim, w1, n_tok, dim, eps, a, 2 * dim);
-    cpu_rmsnorm(be, x2, dim, w2, n_tok, dim, eps, a + dim, 2 * dim);
-    cpu_matmul_n(be, &wt, &y, 1, a, n_tok);
-}
-
 static void cpu_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
                           int head_stride, int n_rot, const int32_t *pos, float base) {
     /* angles by repeated multiplication, as llama.cpp computes them */
@@ -498,7 +490,6 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->kv_store = cpu_kv_store;
     be->attn_prep = cpu_attn_prep;
     be->mul_sigmoid_matmul = cpu_mul_sigmoid_matmul;
-    be->norm_concat_matmul = cpu_norm_concat_matmul;
     be->attention = cpu_attention;
     be->ssm_conv = cpu_ssm_conv;
     be->gdn_gates = cpu_gdn_gates;

@@ -257,7 +257,6 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->swiglu_matmul = cuda_swiglu_matmul;
     be->rmsnorm_gated_matmul = cuda_rmsnorm_gated_matmul;
     be->mul_sigmoid_matmul = cuda_mul_sigmoid_matmul;
-    be->norm_concat_matmul = cuda_norm_concat_matmul;
     be->attn_prep = cuda_attn_prep;
     be->get_rows = cuda_get_rows;
     be->rmsnorm = cuda_rmsnorm;

@@ -226,8 +226,6 @@ void cuda_attn_prep(struct backend *be, float *q, int q_stride, int q_head_strid
                     int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok, int n_head,
                     int n_head_kv, int head_dim, int n_rot, const int32_t *pos, float base, const int32_t *cells,
                     uint16_t *k_cache, uint16_t *v_cache);
-void cuda_norm_concat_matmul(struct backend *be, const float *x1, const float *w1, const float *x2, const float *w2,
-                             float eps, float *a, const struct bweight *wt, int n_tok, float *y);
 void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out);
 bool cuda_weight_type_supported(enum ggml_type t);
 

@@ -601,129 +601,20 @@ __device__ __forceinline__ void unit_dot_f32(const uint8_t *sm, int off, const x
  * the normed rows also written out, spread over the grid (NORM, m may be NULL); silu(x) ⊙ m
  * (SWIGLU); rmsnorm(x) ⊙ w ⊙ silu(m) with the norm over groups of dim elements (GNORM, the
  * delta-net's gated norm); or x ⊙ sigmoid(m) per head of dim (SIGMOID, m's rows gs and heads
- * ghs apart: the attention output gate); or [rmsnorm(x) ⊙ w ; rmsnorm(m) ⊙ w2], x and m rows of
- * dim (NORM2, the NextN head's input). The values are formed by the same operations as the
- * standalone kernels (norm_rows, swiglu, rmsnorm_gated, mul_sigmoid, rmsnorm), so fused and
- * unfused launches quantize the same bits. */
-enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU, MV_IN_GNORM, MV_IN_SIGMOID, MV_IN_NORM2 };
+ * ghs apart: the attention output gate). The values are formed by the same operations as the
+ * standalone kernels (norm_rows, swiglu, rmsnorm_gated, mul_sigmoid), so fused and unfused
+ * launches quantize the same bits. */
+enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU, MV_IN_GNORM, MV_IN_SIGMOID };
 struct mv_input {
     int mode;
     const float *m, *w;
     float *xout, *a;
     float eps;
-    int dim;                  /* GNORM: elements per norm group; SIGMOID: per head; NORM2: per half */
+    int dim;                  /* GNORM: elements per norm group; SIGMOID: per head */
     int gs, ghs;              /* SIGMOID: the gate's row and head strides */
-    const float *w2;          /* NORM2: the second half's norm weight */
 };
-static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f, 0, 0, 0, NULL};
+static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f, 0, 0, 0};
 #define MV_GNORM_MAX_GROUPS 128  /* token rows x groups whose scales a fused launch keeps */
-
-/* Whether an input's norms are per group of in.dim elements, each by one warp (gsc). */
-__device__ __forceinline__ bool mv_grouped(const mv_input &in) { return in.mode == MV_IN_GNORM || in.mode == MV_IN_NORM2; }
-
-/* 1/rms of group g of input row `row` (GNORM: elements g·dim.. of xf's row; NORM2: xf's row for
- * g = 0, m's for 1), as rmsnorm_kernel<32, ...> forms it. */
-__device__ __forceinline__ float mv_group_rms_inv(const mv_input &in, const float *xf, int n, int row, int g, int lane) {
-    const float *p = in.mode == MV_IN_NORM2 ? (g ? in.m : xf) + (size_t)row * in.dim : xf + (size_t)row * n + (size_t)g * in.dim;
-    return cuda_warp_rms_inv(p, in.dim, in.eps, lane);
-}
-
-/* Element e (< n) of input row `row` of a matvec whose input is `in` over the f32 rows xf (n
- * wide); sc: the row's 1/rms (NORM), gsc: its groups' (GNORM, NORM2). Loads only, so a thread's loads
- * are all in flight together (a store between them, to memory that might alias, would
- * serialize them). The fused prologue and form_input_kernel both form values here. */
-__device__ __forceinline__ float mv_in_value(const mv_input &in, const float *xf, int n, int row, int e, float sc,
-                                             const float *gsc) {
-    const size_t o = (size_t)row * n + e;
-    if (in.mode == MV_IN_SWIGLU) return __fmul_rn(cuda_silu(xf[o]), in.m[o]);
-    if (in.mode == MV_IN_SIGMOID)
-        return __fmul_rn(xf[o], cuda_sigmoid(in.m[(size_t)row * in.gs + (size_t)(e / in.dim) * in.ghs + e % in.dim]));
-    if (in.mode == MV_IN_GNORM)
-        return __fmul_rn(__fmul_rn(__fmul_rn(xf[o], gsc[e / in.dim]), in.w[e % in.dim]), cuda_silu(in.m[o]));
-    if (in.mode == MV_IN_NORM2) {
-        const int hi = e >= in.dim, i = e - hi * in.dim;
-        return __fmul_rn(__fmul_rn((hi ? in.m : xf)[(size_t)row * in.dim + i], gsc[hi]), (hi ? in.w2 : in.w)[i]);
-    }
-    float v = xf[o];
-    if (in.mode == MV_IN_NORM) {
-        if (in.m) v = v + in.m[o];
-        v = __fmul_rn(__fmul_rn(v, sc), in.w[e]);
-    }
-    return v;
-}
-
-/* The activation formats one form_input_kernel launch writes (need[f]: format f, laid out as
- * xa[f]). */
-struct xforms {
-    xact xa[XF_COUNT];
-    bool need[XF_COUNT];
-};
-
-/* A matvec's input rows formed from `in` and converted into every format the launches after it
- * read: the unfused path's one kernel in place of the standalone op's and the converter's (a
- * verify step's norms, gates and swiglus). A block per row; values, scales and codes are the
- * fused prologue's (mv_in_value, cuda_row_sumsq, cuda_warp_rms_inv, the same block rules), so
- * either path gives the matvec the same bits. NORM also writes x + m to in.xout and the normed
- * row to in.a, after every read of the row (in.xout may be xf). gsc: n / in.dim floats. */
-__global__ void __launch_bounds__(CUDA_NORM_THREADS) form_input_kernel(const mv_input in, const float *xf, int n,
-                                                                      const xforms out) {
-    extern __shared__ float gsc[];
-    __shared__ double red[CUDA_NORM_THREADS / 32];
-    cuda_pdl_begin();
-    const int row = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const size_t o = (size_t)row * n;
-    float sc = 1.0f;
-    if (in.mode == MV_IN_NORM) {
-        const bool vec = n % 4 == 0 && ((uintptr_t)xf & 15) == 0 && ((uintptr_t)in.m & 15) == 0;
-        const double ss = cuda_row_sumsq(
-            [&](int g, float (&v)[8]) { cuda_group8(xf + o, in.m ? in.m + o : NULL, n, vec, g, v); }, n, red);
-        sc = cuda_rms_inv(ss, n, in.eps);
-    } else if (mv_grouped(in)) {
-        for (int g = warp; g < n / in.dim; g += CUDA_NORM_THREADS / 32) gsc[g] = mv_group_rms_inv(in, xf, n, row, g, lane);
-        __syncthreads();
-    }
-    auto val = [&](int e) { return e < n ? mv_in_value(in, xf, n, row, e, sc, gsc) : 0.0f; };
-    for (int f = 0; f < XF_COUNT; f++) {
-        if (!out.need[f]) continue;
-        const xact &x = out.xa[f];
-        const int stride = x.stride;
-        if (f == XF_Q8_0 || f == XF_Q8_1) {
-            const int nb = stride / 32;
-            q8_rows(
-                [&](int, int e0, float (&v)[4]) {
-#pragma unroll
-                    for (int k = 0; k < 4; k++) v[k] = val(e0 + k);
-                },
-                n, 1, stride, threadIdx.x, CUDA_NORM_THREADS, (int8_t *)x.q + (size_t)row * stride,
-                (float *)x.d + (size_t)row * nb, f == XF_Q8_1 ? (float *)x.s + (size_t)row * nb : NULL);
-        } else if (f == XF_Q8_K) {
-            const int nb = stride / 256;
-            for (int b = warp; b < nb; b += CUDA_NORM_THREADS / 32) {
-                float v[8];
-#pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = val(256 * b + 8 * lane + k);
-                q8K_block_vals(v, lane, (int8_t *)x.q + (size_t)row * stride + 256 * b,
-                               (float *)x.d + (size_t)row * nb + b, (int16_t *)x.bs + (size_t)row * (stride / 16) + 16 * b);
-            }
-        } else {
-            for (int e = threadIdx.x; e < stride; e += CUDA_NORM_THREADS) {
-                const float v = val(e);
-                const size_t i = (size_t)row * stride + e;
-                if (f == XF_F16) ((uint16_t *)x.q)[i] = cuda_f2h(v);
-                else if (f == XF_BF16) ((uint16_t *)x.q)[i] = cuda_f2bf(v);
-                else ((float *)x.q)[i] = v;
-            }
-        }
-    }
-    if (in.mode == MV_IN_NORM) {
-        __syncthreads(); /* every read of the row is done: x_out may be x */
-        for (int e = threadIdx.x; e < n; e += CUDA_NORM_THREADS) {
-            const float v = in.m ? xf[o + e] + in.m[o + e] : xf[o + e];
-            if (in.m) in.xout[o + e] = v;
-            in.a[o + e] = __fmul_rn(__fmul_rn(v, sc), in.w[e]);
-        }
-    }
-}
 
 struct mv_params {
     const uint8_t *w[MV_MAX_W];
@@ -849,16 +740,32 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
                 if (t == 0) sc0 = sc;
                 else sc1 = sc;
             }
-        /* GNORM, NORM2: each (token, group)'s 1/rms, a warp per group as the standalone norm does */
+        /* GNORM: each (token, group)'s 1/rms, a warp per group as the standalone norm does */
         __shared__ float gsc[MV_GNORM_MAX_GROUPS];
-        const int n_grp = mv_grouped(P.in) ? P.n / P.in.dim : 0;
-        if (n_grp) {
+        const int n_grp = P.in.mode == MV_IN_GNORM ? P.n / P.in.dim : 0;
+        if (P.in.mode == MV_IN_GNORM) {
             for (int i = warp; i < NT * n_grp; i += MV_WARPS)
-                gsc[i] = mv_group_rms_inv(P.in, xf, P.n, t_base + i / n_grp, i % n_grp, lane);
+                gsc[i] = cuda_warp_rms_inv(xf + (size_t)(t_base + i / n_grp) * P.n + (size_t)(i % n_grp) * P.in.dim,
+                                           P.in.dim, P.in.eps, lane);
             __syncthreads();
         }
+        /* element e (< P.n) of input row t; loads only, so a thread's loads are all in flight
+         * together (a store between them, to memory that might alias, would serialize them) */
         auto in_val = [&](int t, int e) -> float {
-            return mv_in_value(P.in, xf, P.n, t_base + t, e, t == 0 ? sc0 : sc1, gsc + t * n_grp);
+            const size_t o = (size_t)(t_base + t) * P.n + e;
+            if (P.in.mode == MV_IN_SWIGLU) return __fmul_rn(cuda_silu(xf[o]), P.in.m[o]);
+            if (P.in.mode == MV_IN_SIGMOID)
+                return __fmul_rn(xf[o], cuda_sigmoid(P.in.m[(size_t)(t_base + t) * P.in.gs +
+                                                         (size_t)(e / P.in.dim) * P.in.ghs + e % P.in.dim]));
+            if (P.in.mode == MV_IN_GNORM)
+                return __fmul_rn(__fmul_rn(__fmul_rn(xf[o], gsc[t * n_grp + e / P.in.dim]), P.in.w[e % P.in.dim]),
+                                 cuda_silu(P.in.m[o]));
+            float v = xf[o];
+            if (P.in.mode == MV_IN_NORM) {
+                if (P.in.m) v = v + P.in.m[o];
+                v = __fmul_rn(__fmul_rn(v, t == 0 ? sc0 : sc1), P.in.w[e]);
+            }
+            return v;
         };
         /* NORM: x + m and the normed rows are written out too, an 8-element group per thread
          * spread over the grid (loads before stores: one latency, and no block runs long) */
@@ -1349,11 +1256,10 @@ static bool mv_fuses(const struct cuda_ctx *c, const struct type_entry *te, int 
     return xb <= MV_FUSED_MAX_XBYTES && te->fused_wbytes[n_tok - 1] + xb + 1024 <= c->smem_block_max;
 }
 
-/* All token rows: groups of 8 in one launch (grid.y), the rest in a second. fused: the matvec
- * quantizes (and forms, P.in) its input rows itself. */
+/* All token rows: groups of 8 in one launch (grid.y), the rest in a second. */
 static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv_params &P, const float *xf,
-                       const xact &x, int n_tok, bool fused) {
-    if (fused) {
+                       const xact &x, int n_tok) {
+    if (mv_fuses(c, te, n_tok, x.stride)) {
         te->mv_fused[n_tok - 1](c, type_slot(te), P, xf, x, 0, 1);
         return;
     }
@@ -1366,36 +1272,27 @@ static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv
     if (rem) te->mv[rem - 1](c, type_slot(te), P, xf, x, MV_MAX_NT * full, 1);
 }
 
-/* ys[i] = ws[i] · input rows, the rows formed from x by `in`. fuse_in (in.mode other than X):
- * every weight's launch forms and quantizes them itself (the caller checked that all fuse);
- * else form_input_kernel forms and converts them once for all launches. X: each weight's
- * launch quantizes x itself where it fuses, and the others share one conversion per format. */
+/* ys[i] = ws[i] · input rows; in.mode other than X only where every weight's launch fuses. */
 static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, float *const *ys, int n_w,
-                          const float *x, int n_tok, const mv_input &in, bool fuse_in) {
+                          const float *x, int n_tok, const mv_input &in) {
     const int n = (int)ws[0]->n_in, stride = x_stride(n);
-    xforms xf;
-    memset(&xf, 0, sizeof xf);
-    auto fused = [&](const struct type_entry *te) {
-        return in.mode == MV_IN_X ? mv_fuses(c, te, n_tok, stride) : fuse_in;
-    };
+    bool need[XF_COUNT] = {};
     for (int i = 0; i < n_w; i++) {
         const struct type_entry *te = type_get(ws[i]);
-        if (!fused(te)) xf.need[te->xf] = true;
+        if (!mv_fuses(c, te, n_tok, stride)) need[te->xf] = true;
     }
     size_t total = 0;
     for (int f = 0; f < XF_COUNT; f++)
-        if (xf.need[f]) total += xfmt_layout(f, n_tok, stride, NULL, NULL);
+        if (need[f]) total += xfmt_layout(f, n_tok, stride, NULL, NULL);
     uint8_t *base = total ? (uint8_t *)cuda_scratch(c, &c->xq, &c->xq_size, total) : NULL;
-    for (int f = 0; f < XF_COUNT; f++) xf.xa[f].stride = stride;
+    xact xa[XF_COUNT];
+    memset(xa, 0, sizeof xa);
+    for (int f = 0; f < XF_COUNT; f++) xa[f].stride = stride;
     size_t off = 0;
     for (int f = 0; f < XF_COUNT; f++) {
-        if (!xf.need[f]) continue;
-        off += xfmt_layout(f, n_tok, stride, base + off, &xf.xa[f]);
-        if (in.mode == MV_IN_X) convert_activations(c, f, x, n, n_tok, xf.xa[f]);
-    }
-    if (in.mode != MV_IN_X && total) {
-        const size_t smem = in.mode == MV_IN_GNORM || in.mode == MV_IN_NORM2 ? sizeof(float) * (size_t)(n / in.dim) : 0;
-        cuda_launch_smem(c, n_tok, CUDA_NORM_THREADS, smem, form_input_kernel, in, x, n, xf);
+        if (!need[f]) continue;
+        off += xfmt_layout(f, n_tok, stride, base + off, &xa[f]);
+        convert_activations(c, f, x, n, n_tok, xa[f]);
     }
     /* one launch per weight type (per 8 weights of it) */
     for (int i = 0; i < n_w; i++) {
@@ -1407,8 +1304,7 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
         memset(&P, 0, sizeof P);
         P.n = n;
         P.n_units = cuda_cdiv(n, 32);
-        const bool fu = fused(te);
-        P.in = fu ? in : MV_PLAIN;
+        P.in = in;
         int rows = 0;
         for (int j = i; j < n_w; j++) {
             if (ws[j]->type != ws[i]->type) continue;
@@ -1421,12 +1317,12 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
             rows += (int)ws[j]->n_out;
             P.row0[k + 1] = rows;
             if (P.n_w == MV_MAX_W) {
-                run_matvec(c, te, P, x, xf.xa[te->xf], n_tok, fu);
+                run_matvec(c, te, P, x, xa[te->xf], n_tok);
                 P.n_w = 0;
                 rows = 0;
             }
         }
-        if (P.n_w) run_matvec(c, te, P, x, xf.xa[te->xf], n_tok, fu);
+        if (P.n_w) run_matvec(c, te, P, x, xa[te->xf], n_tok);
     }
 }
 
@@ -1434,7 +1330,7 @@ void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *c
                    const float *x, int n_tok) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_w < 1 || n_tok < 1) return;
-    matmul_n_with(c, ws, ys, n_w, x, n_tok, MV_PLAIN, false);
+    matmul_n_with(c, ws, ys, n_w, x, n_tok, MV_PLAIN);
 }
 
 void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, int n_tok, float *y) {
@@ -1447,7 +1343,7 @@ void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, in
  * gate up to 4096 wide (9B, H200: 296 -> 302 tok/s for the norms; with one thread per 32-block
  * quantizing, 4096 had lost, 281 -> 237) and for swiglu only at the tiny model's 1024 (tiny
  * decode 3126 -> 3512 tok/s; the 9B's 12288-wide swiglu, an expf per element in each of 264
- * blocks, lost: 296 -> 288). Otherwise form_input_kernel forms the rows once. */
+ * blocks, lost: 296 -> 288). */
 #define MV_FUSE_MAX_N 4096
 #define MV_SWIGLU_FUSE_MAX_N 1024
 static bool all_fuse(const struct cuda_ctx *c, const struct bweight *const *ws, int n_w, int n_tok, int max_n) {
@@ -1462,64 +1358,49 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
                         float *a, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_w < 1 || n_tok < 1) return;
-    matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps, 0, 0, 0, NULL},
-                  all_fuse(c, ws, n_w, n_tok, MV_FUSE_MAX_N));
+    if (all_fuse(c, ws, n_w, n_tok, MV_FUSE_MAX_N)) {
+        matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps, 0, 0, 0});
+        return;
+    }
+    cuda_norm_rows(c, x, m, x_out, w, n_tok, (int)ws[0]->n_in, eps, a);
+    matmul_n_with(c, ws, ys, n_w, a, n_tok, MV_PLAIN);
 }
 
 void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
-    matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0, NULL},
-                  all_fuse(c, &w, 1, n_tok, MV_SWIGLU_FUSE_MAX_N));
+    if (all_fuse(c, &w, 1, n_tok, MV_SWIGLU_FUSE_MAX_N)) {
+        matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0});
+        return;
+    }
+    cuda_swiglu(be, g, u, (int64_t)n_tok * w->n_in, g);
+    matmul_n_with(c, &w, &y, 1, g, n_tok, MV_PLAIN);
 }
-
-/* The per-group scales of a formed gated norm or norm pair are a warp's (cuda_warp_rms_inv),
- * which is the standalone kernel's order for groups up to 1024 wide; form_input_kernel keeps a
- * row's scales in shared memory. Other shapes take the standalone kernels. */
-#define WARP_NORM_MAX_DIM 1024
-#define FORM_GNORM_MAX_GROUPS 8192
 
 void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *w, const float *z, int dim, float eps,
                                float *a, const struct bweight *wt, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
     const int n_grp = (int)(wt->n_in / dim);
-    if (wt->n_in % dim == 0 && dim <= WARP_NORM_MAX_DIM && n_grp <= FORM_GNORM_MAX_GROUPS) {
-        matmul_n_with(c, &wt, &y, 1, x, n_tok, mv_input{MV_IN_GNORM, z, w, NULL, NULL, eps, dim, 0, 0, NULL},
-                      all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N) && n_tok * n_grp <= MV_GNORM_MAX_GROUPS);
+    if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N) && wt->n_in % dim == 0 && n_tok * n_grp <= MV_GNORM_MAX_GROUPS) {
+        matmul_n_with(c, &wt, &y, 1, x, n_tok, mv_input{MV_IN_GNORM, z, w, NULL, NULL, eps, dim, 0, 0});
         return;
     }
     cuda_rmsnorm_gated(be, x, w, z, n_tok * n_grp, dim, eps, a);
-    matmul_n_with(c, &wt, &y, 1, a, n_tok, MV_PLAIN, false);
+    matmul_n_with(c, &wt, &y, 1, a, n_tok, MV_PLAIN);
 }
 
 void cuda_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, int n_head, int dim, int gate_stride,
                              int gate_head_stride, const struct bweight *wt, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
-    if (wt->n_in == (int64_t)n_head * dim) {
+    if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N) && wt->n_in == (int64_t)n_head * dim) {
         matmul_n_with(c, &wt, &y, 1, x, n_tok,
-                      mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride, NULL},
-                      all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N));
+                      mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride});
         return;
     }
     cuda_mul_sigmoid(be, x, gate, n_tok, n_head, dim, gate_stride, gate_head_stride);
-    matmul_n_with(c, &wt, &y, 1, x, n_tok, MV_PLAIN, false);
-}
-
-void cuda_norm_concat_matmul(struct backend *be, const float *x1, const float *w1, const float *x2, const float *w2,
-                             float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
-    struct cuda_ctx *c = cuda_enter(be);
-    if (n_tok < 1) return;
-    const int dim = (int)(wt->n_in / 2);
-    if (dim <= WARP_NORM_MAX_DIM) {
-        matmul_n_with(c, &wt, &y, 1, x1, n_tok, mv_input{MV_IN_NORM2, x2, w1, NULL, NULL, eps, dim, 0, 0, w2},
-                      all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N));
-        return;
-    }
-    cuda_rmsnorm(be, x1, dim, w1, n_tok, dim, eps, a, 2 * dim);
-    cuda_rmsnorm(be, x2, dim, w2, n_tok, dim, eps, a + dim, 2 * dim);
-    matmul_n_with(c, &wt, &y, 1, a, n_tok, MV_PLAIN, false);
+    matmul_n_with(c, &wt, &y, 1, x, n_tok, MV_PLAIN);
 }
 
 void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {

@@ -722,14 +722,16 @@ static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     const struct qwen35_hparams *hp = &q->hp;
     const struct mtp_weights *mt = &q->mtp;
     const int E = hp->n_embd, n = a->sl->n;
-    /* u = eh_proj · [enorm(embed(x)) ; hnorm(h_in)] into s.x2 (s.x holds the embeddings) */
+    /* u = eh_proj · [enorm(embed(x)) ; hnorm(h_in)] */
     be->get_rows(be, &q->tok_embd, q->s.tokens, n, q->s.x);
-    be->norm_concat_matmul(be, q->s.x, mt->enorm, a->h_in, mt->hnorm, hp->eps, q->s.cat, &mt->eh_proj, n, q->s.x2);
-    const struct block_in in = {q->s.x2, NULL, mt->blk.attn_norm, NULL};
+    be->rmsnorm(be, q->s.x, E, mt->enorm, n, E, hp->eps, q->s.cat, 2 * E);
+    be->rmsnorm(be, a->h_in, E, mt->hnorm, n, E, hp->eps, q->s.cat + E, 2 * E);
+    be->matmul(be, &mt->eh_proj, q->s.cat, n, q->s.x);
+    const struct block_in in = {q->s.x, NULL, mt->blk.attn_norm, NULL};
     attn_block(q, &mt->blk, &in, n);
-    const struct block_in ffn_in = {q->s.x2, q->s.m, mt->blk.post_norm, q->s.x};
+    const struct block_in ffn_in = {q->s.x, q->s.m, mt->blk.post_norm, q->s.x2};
     ffn_block(q, &mt->blk, &ffn_in, n);
-    be->add_rmsnorm(be, q->s.x, q->s.m, mt->head_norm ? mt->head_norm : q->out_norm, n, E, hp->eps, q->s.hn);
+    be->add_rmsnorm(be, q->s.x2, q->s.m, mt->head_norm ? mt->head_norm : q->out_norm, n, E, hp->eps, q->s.hn);
     head_rows(q, a->head, q->s.hn, n, a->want, a->last_only, a->logits);
 }
 

@@ -5,7 +5,8 @@
  * Build: `make cuda` (build-cuda/test_cuda_ops, next to build-cuda/coti).
  * Run:
  *   build-cuda/test_cuda_ops [--seed N] [--only OP]     correctness; one line per case
- *   build-cuda/test_cuda_ops --bench                    Q8_0 matvec GB/s against a D2D copy
+ *   build-cuda/test_cuda_ops --bench                    Q8_0 matvec GB/s against a D2D copy,
+ *                                                       and the fused-input matmuls' µs per call
  *
  * Tolerances (each case prints its max abs / rel error and the bound):
  * - matmul: the GPU quantizes activations exactly as the CPU reference does and forms every
@@ -298,8 +299,7 @@ static void test_matmul_n(void) {
 }
 
 /* norm_matmul_n, swiglu_matmul, rmsnorm_gated_matmul and mul_sigmoid_matmul. 1-2 rows run fused
- * (the matvec forms its input itself), 3+ rows form it in one kernel and then run the matmul
- * (F16: always): the two must quantize the same input, so
+ * (the matvec forms its input itself), 3+ rows run a norm / swiglu kernel and then the matmul: the two must quantize the same input, so
  * every row's outputs (and x_out, a) are bit-identical between the paths, as decode and verify
  * need; and both match the CPU's unfused ops. */
 static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
@@ -404,111 +404,12 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
             check_bits("mul_sigmoid_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
         }
     }
-    /* norm_concat_matmul: x and m as the two halves' rows (n_in / 2 each), w's halves as weights */
-    if (n_in % 2 == 0) {
-        const int h = n_in / 2;
-        cpu->norm_concat_matmul(cpu, x, w, m, w + h, eps, a, &wc, NT, yc);
-        dot_scale(&hw, a, NT, scale);
-        gpu->norm_concat_matmul(gpu, dx, dw, dm, dw + h, eps, da, &wg, NT, dy);
-        gget(g5, dy, sizeof(float) * ny);
-        snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
-        check_scaled("norm_concat_matmul", shape, g5, yc, scale, ny, MM_TOL);
-        for (int nt = 1; nt <= 2; nt++) {
-            gpu->norm_concat_matmul(gpu, dx, dw, dm, dw + h, eps, da, &wg, nt, dy);
-            gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
-            snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
-            check_bits("norm_concat_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
-        }
-    }
     gpu->free(gpu, dx); gpu->free(gpu, dm); gpu->free(gpu, dw); gpu->free(gpu, dxo); gpu->free(gpu, da);
     gpu->free(gpu, dy);
     cpu->weight_free(cpu, &wc);
     gpu->weight_free(gpu, &wg);
     free(x); free(m); free(w); free(xo); free(a); free(yc); free(scale); free(poison); free(g5); free(gx);
     free(ga); free(gy); free(gxo); free(ga5);
-    free_hweight(&hw);
-}
-
-/* The same four ops against the GPU's own standalone op followed by a plain matmul, bit for bit:
- * at 3+ rows (verify batches; prefill past 8) the input is formed and converted by one kernel,
- * and it must hand the matmul the bits the standalone op would have. Groups of 128 / heads of
- * 64 as above; without m the norm is compared with add_rmsnorm over a zero m (x + 0 = x). */
-static void test_formed_matmul(enum ggml_type t, int n_in, int n_out, int nt) {
-    const char *tn = ggml_type_traits_get(t)->name;
-    const float eps = 1e-6f;
-    struct hweight hw = make_weight(t, n_in, n_out);
-    struct bweight wg = {0};
-    gpu->weight_init(gpu, &wg, t, n_in, n_out, hw.data);
-    const struct bweight *pg = &wg;
-    const size_t nx = (size_t)nt * n_in, ny = (size_t)nt * n_out;
-    float *x = xmalloc(sizeof(float) * nx), *m = xmalloc(sizeof(float) * nx), *w = xmalloc(sizeof(float) * n_in);
-    float *got = xmalloc(sizeof(float) * ny), *ref = xmalloc(sizeof(float) * ny);
-    float *gota = xmalloc(sizeof(float) * nx), *refa = xmalloc(sizeof(float) * nx);
-    fill(x, nx, 3.0f);
-    fill(m, nx, 1.0f);
-    for (int i = 0; i < n_in; i++) w[i] = 1.0f + 0.5f * frand();
-    float *dx = gdup(x, sizeof(float) * nx), *dm = gdup(m, sizeof(float) * nx), *dw = gdup(w, sizeof(float) * n_in);
-    float *dz = galloc(sizeof(float) * nx), *dt = galloc(sizeof(float) * nx), *dxo = galloc(sizeof(float) * nx);
-    float *da = galloc(sizeof(float) * nx), *dy = galloc(sizeof(float) * ny), *dr = galloc(sizeof(float) * ny);
-    char shape[96];
-    snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
-    for (int with_m = 1; with_m >= 0; with_m--) {
-        gpu->norm_matmul_n(gpu, dx, with_m ? dm : NULL, dxo, dw, eps, da, &pg, &dy, 1, nt);
-        gget(got, dy, sizeof(float) * ny);
-        gget(gota, da, sizeof(float) * nx);
-        gpu->copy(gpu, dt, dx, sizeof(float) * nx);
-        gpu->add_rmsnorm(gpu, dt, with_m ? dm : dz, dw, nt, n_in, eps, da); /* dz: zeros */
-        gget(refa, da, sizeof(float) * nx);
-        gpu->matmul(gpu, &wg, da, nt, dr);
-        gget(ref, dr, sizeof(float) * ny);
-        check_bits(with_m ? "norm_matmul+m=standalone" : "norm_matmul=standalone", shape, got, ref, sizeof(float) * ny);
-        check_bits("norm_matmul a=standalone", shape, gota, refa, sizeof(float) * nx);
-        if (with_m) {
-            gget(gota, dxo, sizeof(float) * nx);
-            gget(refa, dt, sizeof(float) * nx);
-            check_bits("norm_matmul x+m=standalone", shape, gota, refa, sizeof(float) * nx);
-        }
-    }
-    gpu->copy(gpu, dt, dx, sizeof(float) * nx); /* g's contents afterwards are unspecified */
-    gpu->swiglu_matmul(gpu, &wg, dt, dm, nt, dy);
-    gpu->swiglu(gpu, dx, dm, (int64_t)nx, dt);
-    gpu->matmul(gpu, &wg, dt, nt, dr);
-    gget(got, dy, sizeof(float) * ny);
-    gget(ref, dr, sizeof(float) * ny);
-    check_bits("swiglu_matmul=standalone", shape, got, ref, sizeof(float) * ny);
-    if (n_in % 128 == 0) {
-        gpu->rmsnorm_gated_matmul(gpu, dx, dw, dm, 128, eps, da, &wg, nt, dy);
-        gpu->rmsnorm_gated(gpu, dx, dw, dm, nt * (n_in / 128), 128, eps, dt);
-        gpu->matmul(gpu, &wg, dt, nt, dr);
-        gget(got, dy, sizeof(float) * ny);
-        gget(ref, dr, sizeof(float) * ny);
-        check_bits("rmsnorm_gated_matmul=standalone", shape, got, ref, sizeof(float) * ny);
-    }
-    if (n_in % 64 == 0) {
-        const int nh = n_in / 64;
-        gpu->copy(gpu, dt, dx, sizeof(float) * nx);
-        gpu->mul_sigmoid_matmul(gpu, dt, dm, nh, 64, n_in, 64, &wg, nt, dy);
-        gpu->copy(gpu, dt, dx, sizeof(float) * nx);
-        gpu->mul_sigmoid(gpu, dt, dm, nt, nh, 64, n_in, 64);
-        gpu->matmul(gpu, &wg, dt, nt, dr);
-        gget(got, dy, sizeof(float) * ny);
-        gget(ref, dr, sizeof(float) * ny);
-        check_bits("mul_sigmoid_matmul=standalone", shape, got, ref, sizeof(float) * ny);
-    }
-    if (n_in % 2 == 0) { /* halves of n_in / 2: x's and m's rows */
-        const int h = n_in / 2;
-        gpu->norm_concat_matmul(gpu, dx, dw, dm, dw + h, eps, da, &wg, nt, dy);
-        gpu->rmsnorm(gpu, dx, h, dw, nt, h, eps, dt, n_in);
-        gpu->rmsnorm(gpu, dm, h, dw + h, nt, h, eps, dt + h, n_in);
-        gpu->matmul(gpu, &wg, dt, nt, dr);
-        gget(got, dy, sizeof(float) * ny);
-        gget(ref, dr, sizeof(float) * ny);
-        check_bits("norm_concat_matmul=standalone", shape, got, ref, sizeof(float) * ny);
-    }
-    gpu->free(gpu, dx); gpu->free(gpu, dm); gpu->free(gpu, dw); gpu->free(gpu, dz); gpu->free(gpu, dt);
-    gpu->free(gpu, dxo); gpu->free(gpu, da); gpu->free(gpu, dy); gpu->free(gpu, dr);
-    gpu->weight_free(gpu, &wg);
-    free(x); free(m); free(w); free(got); free(ref); free(gota); free(refa);
     free_hweight(&hw);
 }
 
@@ -1031,6 +932,51 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* A matmul whose input an op forms (in the matvec, or by a kernel before it), timed as a graph
+ * of `iters` calls (no host in the loop): what a decode (1 row) or verify (3 rows) step runs
+ * per layer. op: 0 norm_matmul_n (+m),
+ * 1 swiglu_matmul, 2 rmsnorm_gated_matmul (groups of 64), 3 mul_sigmoid_matmul (heads of 64). */
+static void bench_formed(cudaEvent_t e0, cudaEvent_t e1, int op, int n_in, int n_out, int nt) {
+    static const char *names[] = {"norm_matmul", "swiglu_matmul", "rmsnorm_gated_matmul", "mul_sigmoid_matmul"};
+    const int reps = 7, iters = 50;
+    float ts[16];
+    struct hweight hw = make_weight(GGML_TYPE_Q8_0, n_in, n_out);
+    struct bweight w = {0};
+    gpu->weight_init(gpu, &w, GGML_TYPE_Q8_0, n_in, n_out, hw.data);
+    const struct bweight *pw = &w;
+    const size_t nx = (size_t)nt * n_in;
+    float *x = xmalloc(sizeof(float) * nx);
+    fill(x, nx, 1.0f);
+    float *dx = gdup(x, sizeof(float) * nx), *dm = gdup(x, sizeof(float) * nx), *dw = gdup(x, sizeof(float) * n_in);
+    float *dxo = galloc(sizeof(float) * nx), *da = galloc(sizeof(float) * nx), *dy = galloc(sizeof(float) * nt * n_out);
+    /* one call first: it sizes the backend's scratch, which a capture cannot allocate */
+    for (int i = -1; i < iters; i++) {
+        if (i == 0) gpu->capture_begin(gpu);
+        if (op == 0) gpu->norm_matmul_n(gpu, dx, dm, dxo, dw, 1e-6f, da, &pw, &dy, 1, nt);
+        else if (op == 1) gpu->swiglu_matmul(gpu, &w, dx, dm, nt, dy);
+        else if (op == 2) gpu->rmsnorm_gated_matmul(gpu, dx, dw, dm, 64, 1e-6f, da, &w, nt, dy);
+        else gpu->mul_sigmoid_matmul(gpu, dx, dm, n_in / 64, 64, n_in, 64, &w, nt, dy);
+    }
+    void *g = gpu->capture_end(gpu);
+    if (!g) { fprintf(stderr, "capture failed\n"); exit(2); }
+    cudaStream_t s = (cudaStream_t)backend_cuda_stream(gpu);
+    for (int r = 0; r < reps; r++) {
+        BENCH_CHECK(cudaEventRecord(e0, s));
+        if (!gpu->graph_launch(gpu, g)) { fprintf(stderr, "graph stale\n"); exit(2); }
+        BENCH_CHECK(cudaEventRecord(e1, s));
+        BENCH_CHECK(cudaEventSynchronize(e1));
+        BENCH_CHECK(cudaEventElapsedTime(&ts[r], e0, e1));
+    }
+    gpu->graph_free(gpu, g);
+    qsort(ts, reps, sizeof ts[0], cmp_float);
+    printf("%-22s q8_0 %5d -> %5d rows %d graph: %7.2f us per call\n", names[op], n_in, n_out, nt,
+           ts[reps / 2] * 1e3 / iters);
+    gpu->free(gpu, dx); gpu->free(gpu, dm); gpu->free(gpu, dw); gpu->free(gpu, dxo); gpu->free(gpu, da); gpu->free(gpu, dy);
+    gpu->weight_free(gpu, &w);
+    free(x);
+    free_hweight(&hw);
+}
+
 /* Median over reps of (time of `iters` calls)/iters, in µs, with CUDA events on the backend's
  * stream. Weights rotate over copies so the working set is well beyond the L2. */
 static void bench(void) {
@@ -1075,6 +1021,11 @@ static void bench(void) {
                ts[reps / 2] * 1e3 / 500, host_us);
         gpu->free(gpu, a);
     }
+    /* the tiny model's and the 9B's per-layer matmuls with a formed input, decode and verify rows */
+    static const int formed[][3] = {{0, 384, 2304}, {1, 1152, 384}, {2, 512, 384}, {3, 384, 384},
+                                    {0, 4096, 4096}, {1, 12288, 4096}, {2, 4096, 4096}, {3, 4096, 4096}};
+    for (size_t k = 0; k < sizeof formed / sizeof formed[0]; k++)
+        for (int nt = 1; nt <= 3; nt += 2) bench_formed(e0, e1, formed[k][0], formed[k][1], formed[k][2], nt);
     static const int shapes[][2] = {{384, 384}, {384, 16384}, {4096, 4096}, {4096, 12288}, {12288, 4096}, {4096, 248320}};
     static const int rows[] = {1, 2, 4, 8, 64, 512};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
@@ -1185,16 +1136,6 @@ int main(int argc, char **argv) {
         test_fused_matmul(GGML_TYPE_Q4_K, 2304, 37);    /* Q8_K activations */
         test_fused_matmul(GGML_TYPE_Q6_K, 256, 9);
         test_fused_matmul(GGML_TYPE_F16, 1024, 20);     /* never fused: both paths unfused */
-    }
-    if (want("formed_matmul")) {
-        const int nts[] = {3, 5, 12};                   /* verify batches, and past 8: prefill tiles */
-        for (int i = 0; i < 3; i++) {
-            test_formed_matmul(GGML_TYPE_Q8_0, 384, 130, nts[i]);
-            test_formed_matmul(GGML_TYPE_Q8_0, 4096, 40, nts[i]);
-            test_formed_matmul(GGML_TYPE_Q4_1, 1024, 33, nts[i]); /* Q8_1 activations */
-            test_formed_matmul(GGML_TYPE_Q4_K, 2304, 37, nts[i]); /* Q8_K activations */
-            test_formed_matmul(GGML_TYPE_F16, 1024, 20, nts[i]);
-        }
     }
     if (want("add_rmsnorm")) { test_add_rmsnorm(1, 4096); test_add_rmsnorm(3, 9000); test_add_rmsnorm(5, 384); test_add_rmsnorm(9, 300); }
     if (want("rmsnorm_gated")) { test_rmsnorm_gated(4 * 32, 128); test_rmsnorm_gated(3, 1500); }
