@@ -34,6 +34,9 @@ struct backend {
     void (*upload)(struct backend *be, void *dst, const void *src_host, size_t bytes);
     void (*download)(struct backend *be, void *dst_host, const void *src, size_t bytes);
     void (*copy)(struct backend *be, void *dst, const void *src, size_t bytes);
+    /* n device-to-device copies at once (a recurrent state restore touches every layer):
+     * dst[i] <- src[i], bytes[i]; regions must not overlap. */
+    void (*copy_n)(struct backend *be, void *const *dst, const void *const *src, const size_t *bytes, int n);
     void (*sync)(struct backend *be);
     /* Make a host weight (e.g. in the GGUF mapping, kept alive by the caller) usable by ops. */
     int (*weight_init)(struct backend *be, struct bweight *w, enum ggml_type type,

@@ -43,6 +43,9 @@ static void o_free(struct backend *be, void *p) { in(be)->free(in(be), p); }
 static void o_upload(struct backend *be, void *dst, const void *src, size_t bytes) { in(be)->upload(in(be), dst, src, bytes); }
 static void o_download(struct backend *be, void *dst, const void *src, size_t bytes) { in(be)->download(in(be), dst, src, bytes); }
 static void o_copy(struct backend *be, void *dst, const void *src, size_t bytes) { in(be)->copy(in(be), dst, src, bytes); }
+static void o_copy_n(struct backend *be, void *const *dst, const void *const *src, const size_t *bytes, int n) {
+    in(be)->copy_n(in(be), dst, src, bytes, n);
+}
 static void o_sync(struct backend *be) { in(be)->sync(in(be)); }
 static int o_weight_init(struct backend *be, struct bweight *w, enum ggml_type type, int64_t n_in, int64_t n_out,
                          const void *host_data) {
@@ -190,6 +193,7 @@ struct backend *opcost_wrap(struct backend *inner) {
     be->upload = o_upload;
     be->download = o_download;
     be->copy = o_copy;
+    be->copy_n = o_copy_n;
     be->sync = o_sync;
     be->weight_init = o_weight_init;
     be->weight_free = o_weight_free;

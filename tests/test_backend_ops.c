@@ -409,3 +409,18 @@ Test(backend_ops, opcost_skips_only_the_chosen_family) {
     be->weight_free(be, &W);
     backend_free(be);
 }
+
+/* copy_n copies every region and nothing else */
+Test(backend_ops, copy_n_copies_each_region) {
+    struct backend *be = backend_cpu_init(1, quant_cpu_level_detect());
+    static unsigned char src[1000], dst[1000];
+    for (int i = 0; i < 1000; i++) src[i] = (unsigned char)(i * 7 + 3);
+    memset(dst, 0xAA, sizeof dst);
+    void *d[3] = {dst, dst + 101, dst + 600};
+    const void *s[3] = {src + 500, src, src + 333};
+    size_t n[3] = {64, 397, 5};
+    be->copy_n(be, d, s, n, 3);
+    cr_assert(memcmp(dst, src + 500, 64) == 0 && memcmp(dst + 101, src, 397) == 0 && memcmp(dst + 600, src + 333, 5) == 0);
+    cr_assert(dst[64] == 0xAA && dst[100] == 0xAA && dst[498] == 0xAA && dst[605] == 0xAA, "nothing else written");
+    backend_free(be);
+}

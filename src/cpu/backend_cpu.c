@@ -43,6 +43,9 @@ static void cpu_free(struct backend *be, void *p) { free(p); }
 static void cpu_memcpy(struct backend *be, void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
 }
+static void cpu_copy_n(struct backend *be, void *const *dst, const void *const *src, const size_t *bytes, int n) {
+    for (int i = 0; i < n; i++) cpu_memcpy(be, dst[i], src[i], bytes[i]);
+}
 static void cpu_sync(struct backend *be) {}
 
 /* Weights are used in place from the mapping, unless the kernels of this CPU level have a
@@ -470,6 +473,7 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->free = cpu_free;
     be->upload = cpu_memcpy;
     be->download = cpu_memcpy;
+    be->copy_n = cpu_copy_n;
     be->copy = cpu_memcpy;
     be->sync = cpu_sync;
     be->weight_init = cpu_weight_init;

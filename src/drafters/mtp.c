@@ -27,7 +27,7 @@ struct mtp {
     int cap;                     /* staged rows per sequence = n_batch of the model */
     int E;
     struct mtp_seq *seqs;
-    float *h_chain;              /* backend memory, [1][E]: the head's last output hidden */
+    float *h_zero;               /* backend memory, [E] zeros: hn_{-1} */
     float *d_p;                  /* backend memory: the draft's probability (p_min) */
     int32_t *pos, *tok, *seqv;   /* host, [cap] */
     bool *want;
@@ -41,7 +41,7 @@ static void mtp_free(struct drafter *d) {
     struct mtp *t = mtp_of(d);
     struct backend *be = t->m->be;
     for (int s = 0; s < t->m->n_seq && t->seqs; s++) if (t->seqs[s].staged) be->free(be, t->seqs[s].staged);
-    if (t->h_chain) be->free(be, t->h_chain);
+    if (t->h_zero) be->free(be, t->h_zero);
     if (t->d_p) be->free(be, t->d_p);
     for (int i = 0; i < SPEC_MAX_DRAFT; i++) free(t->qbuf[i]);
     free(t->seqs); free(t->pos); free(t->tok); free(t->seqv); free(t->want); free(t->host_logits);
@@ -53,7 +53,7 @@ static void mtp_reset(struct drafter *d, int s) {
     struct backend *be = t->m->be;
     t->m->mtp_len[s] = 0;
     /* hn_{-1} = 0: the first row of a sequence sees a zero hidden */
-    be->copy(be, t->seqs[s].staged, t->h_chain + t->E, sizeof(float) * t->E); /* h_chain row 1 is kept zero */
+    be->copy(be, t->seqs[s].staged, t->h_zero, sizeof(float) * t->E);
     t->seqs[s].n_staged = 1;
 }
 
@@ -144,14 +144,15 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
         }
         out->n++;
         if (i + 1 == rq->n_max || L + i + 1 >= m->n_ctx) break;
-        /* chain: row (d_i, L+1+i, the head's own hidden) */
-        be->copy(be, t->h_chain, o.hidden + (size_t)(o.n - 1) * t->E, sizeof(float) * t->E);
+        /* chain: row (d_i, L+1+i, the head's own hidden), read where the head left it (its
+         * output rows are written only after its input norm has read them) */
+        const float *h_prev = o.hidden + (size_t)(o.n - 1) * t->E;
         int32_t pos = L + 1 + i, seqv = s;
         bool want = true;
         struct model_batch b = {.n = 1, .pos = &pos, .seq = &seqv, .want_logits = &want, .draft_head = true};
         if (out->on_device) b.tokens_dev = rq->dev_tokens + i;
         else b.tokens = &out->tokens[i];
-        rc = m->vt->mtp_forward(m, &b, t->h_chain, &o, err, err_size);
+        rc = m->vt->mtp_forward(m, &b, h_prev, &o, err, err_size);
         if (rc) return rc;
     }
     /* keep the pending token's row (computed from the true hidden); drop the chained ones */
@@ -179,9 +180,9 @@ int drafter_mtp_init(struct drafter **out, struct model *m, char *err, size_t er
     t->seqv = malloc(sizeof(int32_t) * (size_t)t->cap);
     t->want = malloc(sizeof(bool) * (size_t)t->cap);
     t->host_logits = malloc(sizeof(float) * (size_t)m->info.n_vocab);
-    t->h_chain = be->alloc(be, sizeof(float) * (size_t)t->E * 2); /* row 1 stays zero */
+    t->h_zero = be->alloc(be, sizeof(float) * (size_t)t->E); /* alloc zeroes */
     t->d_p = be->alloc(be, sizeof(float));
-    bool ok = t->seqs && t->pos && t->tok && t->seqv && t->want && t->host_logits && t->h_chain && t->d_p;
+    bool ok = t->seqs && t->pos && t->tok && t->seqv && t->want && t->host_logits && t->h_zero && t->d_p;
     for (int i = 0; ok && i < SPEC_MAX_DRAFT; i++) ok = (t->qbuf[i] = malloc(sizeof(struct sampler_cand) * (size_t)m->info.n_vocab)) != NULL;
     for (int s = 0; ok && s < m->n_seq; s++) {
         t->seqs[s].staged = be->alloc(be, sizeof(float) * (size_t)t->E * t->cap);

@@ -64,7 +64,9 @@ struct mtp_weights {
 struct scratch {
     float *x, *x2, *a, *m, *qg, *k, *v, *att, *qkv, *z, *bet, *alp, *y, *g, *beta, *o, *og;
     float *fg, *fu, *hn, *lm_in, *logits, *cat;
-    int32_t *tokens, *pos, *cells, *cell0, *nctx, *rows;   /* device metadata */
+    /* device metadata: sections of one block, meta_stride apart, in this order, so that a
+     * forward uploads them in one copy */
+    int32_t *tokens, *pos, *cells, *cell0, *nctx;
 };
 
 /* Graphs of the small batches (decode, draft rows, verify) on backends that have them: what
@@ -103,8 +105,9 @@ struct qwen35 {
     void *draft_head_host;
     struct scratch s;
     void *scratch_block;
-    /* host mirrors of the batch metadata */
-    int32_t *h_cells, *h_cell0, *h_nctx, *h_rows;
+    /* host mirror of the metadata block (s.tokens ..), sections meta_stride int32s apart */
+    int32_t *h_meta;
+    size_t meta_stride;
     int32_t *last_run_len;               /* per seq: tokens of its run in the last forward */
     bool *last_run_kept;
     size_t conv_elems, ssm_elems;        /* per sequence, per layer */
@@ -377,7 +380,7 @@ static void qwen35_free(struct model *m) {
     if (q->scratch_block) be->free(be, q->scratch_block);
     for (int i = 0; q->graphs && i < QWEN35_N_GRAPHS; i++) if (q->graphs[i].graph) be->graph_free(be, q->graphs[i].graph);
     free(q->graphs);
-    free(q->h_cells); free(q->h_cell0); free(q->h_nctx); free(q->h_rows);
+    free(q->h_meta);
     free(q->last_run_len); free(q->last_run_kept);
     free(m->seq_len); free(m->mtp_len);
     gguf_close(m->gguf);
@@ -400,10 +403,11 @@ static int alloc_scratch(struct qwen35 *q) {
         {&q->s.fg, nb * hp->n_ff}, {&q->s.fu, nb * hp->n_ff}, {&q->s.hn, nb * hp->n_embd},
         {&q->s.lm_in, nb * hp->n_embd}, {&q->s.logits, nb * hp->n_vocab}, {&q->s.cat, nb * 2 * hp->n_embd},
     };
-    int32_t **ip[] = {&q->s.tokens, &q->s.pos, &q->s.cells, &q->s.cell0, &q->s.nctx, &q->s.rows};
+    int32_t **ip[] = {&q->s.tokens, &q->s.pos, &q->s.cells, &q->s.cell0, &q->s.nctx};
+    q->meta_stride = ((nb * sizeof(int32_t) + 63) & ~(size_t)63) / sizeof(int32_t);
     size_t total = 0;
     for (size_t i = 0; i < COTI_ARRAY_LEN(f); i++) total += (f[i].n * sizeof(float) + 63) & ~(size_t)63;
-    total += COTI_ARRAY_LEN(ip) * ((nb * sizeof(int32_t) + 63) & ~(size_t)63);
+    total += COTI_ARRAY_LEN(ip) * q->meta_stride * sizeof(int32_t);
     uint8_t *blk = m->be->alloc(m->be, total);
     if (!blk) return COTI_E_NOMEM;
     q->scratch_block = blk;
@@ -412,16 +416,10 @@ static int alloc_scratch(struct qwen35 *q) {
         *f[i].p = (float *)(blk + off);
         off += (f[i].n * sizeof(float) + 63) & ~(size_t)63;
     }
-    for (size_t i = 0; i < COTI_ARRAY_LEN(ip); i++) {
-        *ip[i] = (int32_t *)(blk + off);
-        off += (nb * sizeof(int32_t) + 63) & ~(size_t)63;
-    }
-    q->h_cells = calloc(nb, sizeof(int32_t));
-    q->h_cell0 = calloc(nb, sizeof(int32_t));
-    q->h_nctx = calloc(nb, sizeof(int32_t));
-    q->h_rows = calloc(nb, sizeof(int32_t));
+    for (size_t i = 0; i < COTI_ARRAY_LEN(ip); i++) *ip[i] = (int32_t *)(blk + off) + i * q->meta_stride;
+    q->h_meta = calloc(COTI_ARRAY_LEN(ip) * q->meta_stride, sizeof(int32_t));
     q->graphs = calloc(QWEN35_N_GRAPHS, sizeof *q->graphs);
-    return (q->h_cells && q->h_cell0 && q->h_nctx && q->h_rows && q->graphs) ? 0 : COTI_E_NOMEM;
+    return (q->h_meta && q->graphs) ? 0 : COTI_E_NOMEM;
 }
 
 static int alloc_memory(struct qwen35 *q) {
@@ -628,22 +626,28 @@ static int slice_check(struct qwen35 *q, struct slice *sl, const int32_t *len, c
     return 0;
 }
 
-/* Upload token/position/cell metadata for a slice. */
+/* Upload a slice's token / position / cell metadata: one copy from the host (each copy is a
+ * node on the device's timeline, a few µs of a decode step), plus one on the device when the
+ * tokens are already there (greedy drafts). */
 static void slice_upload(struct qwen35 *q, const struct slice *sl) {
     struct backend *be = q->base.be;
+    const size_t st = q->meta_stride;
+    int32_t *tok = q->h_meta, *pos = tok + st, *cells = pos + st, *cell0 = cells + st, *nctx = cell0 + st;
     for (int i = 0; i < sl->n; i++) {
         int s = sl->seq ? sl->seq[i] : 0;
-        q->h_cell0[i] = s * q->base.n_ctx;
-        q->h_cells[i] = q->h_cell0[i] + sl->pos[i];
-        q->h_nctx[i] = sl->pos[i] + 1;
+        if (!sl->tokens_dev) tok[i] = sl->tokens[i];
+        pos[i] = sl->pos[i];
+        cell0[i] = s * q->base.n_ctx;
+        cells[i] = cell0[i] + sl->pos[i];
+        nctx[i] = sl->pos[i] + 1;
     }
-    size_t bytes = sizeof(int32_t) * (size_t)sl->n;
-    if (sl->tokens_dev) be->copy(be, q->s.tokens, sl->tokens_dev, bytes);
-    else be->upload(be, q->s.tokens, sl->tokens, bytes);
-    be->upload(be, q->s.pos, sl->pos, bytes);
-    be->upload(be, q->s.cells, q->h_cells, bytes);
-    be->upload(be, q->s.cell0, q->h_cell0, bytes);
-    be->upload(be, q->s.nctx, q->h_nctx, bytes);
+    const size_t end = 4 * st + (size_t)sl->n; /* through nctx's rows */
+    if (sl->tokens_dev) {
+        be->copy(be, q->s.tokens, sl->tokens_dev, sizeof(int32_t) * (size_t)sl->n);
+        be->upload(be, q->s.pos, pos, sizeof(int32_t) * (end - st));
+    } else {
+        be->upload(be, q->s.tokens, tok, sizeof(int32_t) * end);
+    }
 }
 
 /* Rows [i0, i0 + n) of batch b as a slice (runs are filled in by slice_check). */
@@ -883,14 +887,23 @@ static int qwen35_seq_rollback(struct model *m, int s, int n_drop) {
     const int keep_idx = r - 1 - n_drop;  /* state after this token of the last run survives */
     if (!q->last_run_kept[s] || keep_idx < 0 || keep_idx >= COTI_MIN(r - 1, m->n_keep_states)) return COTI_E_RANGE;
     const size_t keep_n = (size_t)COTI_MAX(m->n_keep_states, 1);
+    enum { MAX_COPIES = 2 * 64 };
+    void *dst[MAX_COPIES];
+    const void *src[MAX_COPIES];
+    size_t bytes[MAX_COPIES];
+    int n = 0;
     for (int il = 0; il < q->hp.n_layer; il++) {
         struct layer *ly = &q->layers[il];
         if (!ly->is_gdn) continue;
-        be->copy(be, ly->conv_state + (size_t)s * q->conv_elems,
-                 ly->conv_snap + ((size_t)s * keep_n + keep_idx) * q->conv_elems, sizeof(float) * q->conv_elems);
-        be->copy(be, ly->ssm_state + (size_t)s * q->ssm_elems,
-                 ly->ssm_snap + ((size_t)s * keep_n + keep_idx) * q->ssm_elems, sizeof(float) * q->ssm_elems);
+        dst[n] = ly->conv_state + (size_t)s * q->conv_elems;
+        src[n] = ly->conv_snap + ((size_t)s * keep_n + keep_idx) * q->conv_elems;
+        bytes[n++] = sizeof(float) * q->conv_elems;
+        dst[n] = ly->ssm_state + (size_t)s * q->ssm_elems;
+        src[n] = ly->ssm_snap + ((size_t)s * keep_n + keep_idx) * q->ssm_elems;
+        bytes[n++] = sizeof(float) * q->ssm_elems;
+        if (n == MAX_COPIES) { be->copy_n(be, dst, src, bytes, n); n = 0; }
     }
+    if (n) be->copy_n(be, dst, src, bytes, n);
     m->seq_len[s] -= n_drop;
     if (m->mtp_len[s] > m->seq_len[s]) m->mtp_len[s] = m->seq_len[s];
     q->last_run_len[s] = keep_idx + 1;

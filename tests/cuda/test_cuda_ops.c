@@ -413,6 +413,33 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
     free_hweight(&hw);
 }
 
+/* copy_n: regions of mixed sizes and alignments (16-byte words and bytes), one launch group
+ * past COPY_N_MAX; bytes between regions stay as they were. */
+static void test_copy_n(int n) {
+    const size_t total = 70000 * (size_t)n;
+    unsigned char *h = xmalloc(total), *ref = xmalloc(total), *got = xmalloc(total);
+    for (size_t i = 0; i < total; i++) h[i] = (unsigned char)(frand() * 255.0f);
+    unsigned char *ds = gdup(h, total), *dd = galloc(total);
+    memset(ref, 0, total);
+    void **dst = xmalloc(sizeof(void *) * n);
+    const void **src = xmalloc(sizeof(void *) * n);
+    size_t *bytes = xmalloc(sizeof(size_t) * n);
+    for (int i = 0; i < n; i++) {
+        const size_t base = 70000 * (size_t)i, off = i % 3 == 0 ? 16 * (size_t)i % 256 : (size_t)(7 * i) % 64;
+        bytes[i] = i % 2 ? 65536 : 12 + 13 * (size_t)i;
+        dst[i] = dd + base + off;
+        src[i] = ds + total - base - off - bytes[i];
+        memcpy(ref + base + off, h + total - base - off - bytes[i], bytes[i]);
+    }
+    gpu->copy_n(gpu, dst, src, bytes, n);
+    gget(got, dd, total);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%d regions", n);
+    check_bits("copy_n", shape, got, ref, total);
+    gpu->free(gpu, ds); gpu->free(gpu, dd);
+    free(h); free(ref); free(got); free(dst); free(src); free(bytes);
+}
+
 /* ---- norms and elementwise ---------------------------------------------------------------- */
 
 static void test_rmsnorm(int n_rows, int dim, int xs, int ys, bool in_place) {
@@ -1147,6 +1174,7 @@ int main(int argc, char **argv) {
         test_rope(3, 2, 128, 128, 2 * 128, 128, 100000);
         test_rope(70, 8, 64, 32, 8 * 64, 64, 0);
     }
+    if (want("copy_n")) { test_copy_n(1); test_copy_n(14); test_copy_n(70); }
     if (want("kv_store")) { test_kv_store(1, 1024, 10); test_kv_store(9, 512, 20); test_kv_store(3, 100, 5); }
     if (want("attn_prep")) {
         test_attn_prep(1, 16, 4, 256, 64, 8);   /* the 9B's shape, decode */
