@@ -17,7 +17,7 @@
  *
  * Kernels (one per weight type and token count):
  * - matvec (<= 8 tokens per launch group): a persistent grid; a warp owns R weight rows (R = 1
- *   for one token, 2 for 2-3, 4 for 4-8, so an activation load serves R rows) and streams them
+ *   up to 4 tokens, 4 for 5-8, so an activation load serves R rows there) and streams them
  *   in chunks: cp.async copies each chunk's 16-byte-aligned span (any row alignment works)
  *   into the warp's shared memory, two stages deep, so the next chunk is in flight while lanes
  *   decode the current one. A lane takes whole 32-element units (a 32-block, or an eighth of
@@ -633,7 +633,10 @@ struct mv_params {
 template <int T, int NT> struct mv_shape {
     enum {
         FLOAT = T == GGML_TYPE_F16 || T == GGML_TYPE_BF16 || T == GGML_TYPE_F32,
-        R = FLOAT ? 1 : NT == 1 ? 1 : NT <= 3 ? 2 : 4,
+        /* a verify batch (2-4 rows) is latency-bound: one row per warp spreads it over twice
+         * the warps and half the shared memory (tiny mtp:2 6071-6104 -> 6236-6312 tok/s,
+         * mtp:3 5387-5425 -> 6222-6241 against R = 2 for 2-3 and 4 for 4, H200) */
+        R = FLOAT ? 1 : NT <= 4 ? 1 : 4,
         UR = R <= 2 ? qt<T>::U : qt<T>::U / 4 > 1 ? qt<T>::U / 4 : 1,
         CU = 32 * UR,
         CB = CU / qt<T>::UPB * qt<T>::BB,
@@ -1248,8 +1251,9 @@ static const struct type_entry *type_get(const struct bweight *w) {
 static int type_slot(const struct type_entry *te) { return (int)(te - type_table); }
 
 /* Whether a weight type's matvec quantizes n_tok activation rows itself: the rows must fit the
- * block's shared memory beside its weight stages (Q4_1 / Q5_0 / Q5_1 stages take 167-195 KB for
- * two tokens; the fused kernels' static shared memory is below 1 KB). */
+ * block's shared memory beside its weight stages (Q4_1 / Q5_0 / Q5_1 stages take 83-99 KB, and
+ * took 167-195 KB for two tokens when those ran two rows per warp; the fused kernels' static
+ * shared memory is below 1 KB). */
 static bool mv_fuses(const struct cuda_ctx *c, const struct type_entry *te, int n_tok, int stride) {
     if (n_tok > MV_FUSED_MAX_NT || !te->mv_fused[0]) return false;
     const int xb = xs_bytes(te->xf, n_tok, stride);
