@@ -72,7 +72,12 @@ struct scratch {
 /* Graphs of the small batches (decode, draft rows, verify) on backends that have them: what
  * the recorded ops depend on besides device memory contents. */
 #define QWEN35_GRAPH_MAX_ROWS 16
-#define QWEN35_N_GRAPHS 32
+/* Graph slots per sequence. A sequence's speculative cycle alone uses ~3·(n_max + 1) shapes
+ * (verify rows, the head's catch-up rows, its chained row after each accepted count) plus short
+ * prompts; the key includes the sequence, and a server rotates requests over its slots, so the
+ * table holds this many per sequence: a table smaller than the shapes in use evicts graphs
+ * that are about to be used again, and every miss is an eager forward (hundreds of launches). */
+#define QWEN35_GRAPHS_PER_SEQ 32
 
 struct graph_key {
     bool mtp;                            /* the NextN head, not the trunk */
@@ -111,7 +116,8 @@ struct qwen35 {
     int32_t *last_run_len;               /* per seq: tokens of its run in the last forward */
     bool *last_run_kept;
     size_t conv_elems, ssm_elems;        /* per sequence, per layer */
-    struct graph_slot *graphs;           /* [QWEN35_N_GRAPHS] recorded small-batch forwards */
+    struct graph_slot *graphs;           /* [n_graphs] recorded small-batch forwards */
+    int n_graphs;
     int graph_next;                      /* the slot a new shape takes (round robin) */
 };
 
@@ -378,7 +384,7 @@ static void qwen35_free(struct model *m) {
     if (q->tok_embd.data) be->weight_free(be, &q->tok_embd);
     free_vec(be, q->out_norm);
     if (q->scratch_block) be->free(be, q->scratch_block);
-    for (int i = 0; q->graphs && i < QWEN35_N_GRAPHS; i++) if (q->graphs[i].graph) be->graph_free(be, q->graphs[i].graph);
+    for (int i = 0; q->graphs && i < q->n_graphs; i++) if (q->graphs[i].graph) be->graph_free(be, q->graphs[i].graph);
     free(q->graphs);
     free(q->h_meta);
     free(q->last_run_len); free(q->last_run_kept);
@@ -418,7 +424,8 @@ static int alloc_scratch(struct qwen35 *q) {
     }
     for (size_t i = 0; i < COTI_ARRAY_LEN(ip); i++) *ip[i] = (int32_t *)(blk + off) + i * q->meta_stride;
     q->h_meta = calloc(COTI_ARRAY_LEN(ip) * q->meta_stride, sizeof(int32_t));
-    q->graphs = calloc(QWEN35_N_GRAPHS, sizeof *q->graphs);
+    q->n_graphs = QWEN35_GRAPHS_PER_SEQ * m->n_seq;
+    q->graphs = calloc((size_t)q->n_graphs, sizeof *q->graphs);
     return (q->h_meta && q->graphs) ? 0 : COTI_E_NOMEM;
 }
 
@@ -760,11 +767,11 @@ static void slice_ops(struct qwen35 *q, bool mtp, const struct slice_ops_args *a
                            .logits = a->logits, .head = a->head};
     for (int i = 0; i < sl->n; i++) key.want |= (uint32_t)row_wants_logits(a->want, a->last_only, sl->n, i) << i;
     struct graph_slot *g = NULL;
-    for (int i = 0; i < QWEN35_N_GRAPHS && !g; i++)
+    for (int i = 0; i < q->n_graphs && !g; i++)
         if (q->graphs[i].used && graph_key_eq(&q->graphs[i].key, &key)) g = &q->graphs[i];
     if (!g) { /* first sighting */
         g = &q->graphs[q->graph_next];
-        q->graph_next = (q->graph_next + 1) % QWEN35_N_GRAPHS;
+        q->graph_next = (q->graph_next + 1) % q->n_graphs;
         if (g->graph) be->graph_free(be, g->graph);
         *g = (struct graph_slot){.used = true, .key = key};
         ops(q, a);
