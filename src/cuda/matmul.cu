@@ -1347,8 +1347,8 @@ void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, in
  * gate up to 4096 wide (9B, H200: 296 -> 302 tok/s for the norms; with one thread per 32-block
  * quantizing, 4096 had lost, 281 -> 237). A swiglu is formed in the matvec only up to 1024
  * wide: the 9B's 12288-wide one, an expf per element in each of 264 blocks, lost (296 -> 288),
- * and the tiny model's 1152-wide one measured as noise (off 4699 / 4585 against 4678 / 4707,
- * mtp:2 5746 / 5548 against 5708 / 5832; an earlier note here took it for 1024 wide and fused). */
+ * and the tiny model's 1152-wide one measured as noise in a build with other changes (notes,
+ * session 5; an earlier note here took it for 1024 wide and fused). */
 #define MV_FUSE_MAX_N 4096
 #define MV_SWIGLU_FUSE_MAX_N 1024
 static bool all_fuse(const struct cuda_ctx *c, const struct bweight *const *ws, int n_w, int n_tok, int max_n) {
