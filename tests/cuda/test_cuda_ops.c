@@ -959,6 +959,24 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Replay a captured graph of `iters` calls `reps` times (at most 16), free it, and return the
+ * median µs per call. */
+static double graph_us_per_call(void *g, int reps, int iters, cudaEvent_t e0, cudaEvent_t e1) {
+    if (!g) { fprintf(stderr, "capture failed\n"); exit(2); }
+    cudaStream_t s = (cudaStream_t)backend_cuda_stream(gpu);
+    float ts[16];
+    for (int r = 0; r < reps; r++) {
+        BENCH_CHECK(cudaEventRecord(e0, s));
+        if (!gpu->graph_launch(gpu, g)) { fprintf(stderr, "graph stale\n"); exit(2); }
+        BENCH_CHECK(cudaEventRecord(e1, s));
+        BENCH_CHECK(cudaEventSynchronize(e1));
+        BENCH_CHECK(cudaEventElapsedTime(&ts[r], e0, e1));
+    }
+    gpu->graph_free(gpu, g);
+    qsort(ts, reps, sizeof ts[0], cmp_float);
+    return ts[reps / 2] * 1e3 / iters;
+}
+
 /* A matmul whose input an op forms (in the matvec, or by a kernel before it), timed as a graph
  * of `iters` calls (no host in the loop): what a decode (1 row) or verify (3 rows) step runs
  * per layer. op: 0 norm_matmul_n (+m),
@@ -966,7 +984,6 @@ static int cmp_float(const void *a, const void *b) {
 static void bench_formed(cudaEvent_t e0, cudaEvent_t e1, int op, int n_in, int n_out, int nt) {
     static const char *names[] = {"norm_matmul", "swiglu_matmul", "rmsnorm_gated_matmul", "mul_sigmoid_matmul"};
     const int reps = 7, iters = 50;
-    float ts[16];
     struct hweight hw = make_weight(GGML_TYPE_Q8_0, n_in, n_out);
     struct bweight w = {0};
     gpu->weight_init(gpu, &w, GGML_TYPE_Q8_0, n_in, n_out, hw.data);
@@ -984,20 +1001,8 @@ static void bench_formed(cudaEvent_t e0, cudaEvent_t e1, int op, int n_in, int n
         else if (op == 2) gpu->rmsnorm_gated_matmul(gpu, dx, dw, dm, 64, 1e-6f, da, &w, nt, dy);
         else gpu->mul_sigmoid_matmul(gpu, dx, dm, n_in / 64, 64, n_in, 64, &w, nt, dy);
     }
-    void *g = gpu->capture_end(gpu);
-    if (!g) { fprintf(stderr, "capture failed\n"); exit(2); }
-    cudaStream_t s = (cudaStream_t)backend_cuda_stream(gpu);
-    for (int r = 0; r < reps; r++) {
-        BENCH_CHECK(cudaEventRecord(e0, s));
-        if (!gpu->graph_launch(gpu, g)) { fprintf(stderr, "graph stale\n"); exit(2); }
-        BENCH_CHECK(cudaEventRecord(e1, s));
-        BENCH_CHECK(cudaEventSynchronize(e1));
-        BENCH_CHECK(cudaEventElapsedTime(&ts[r], e0, e1));
-    }
-    gpu->graph_free(gpu, g);
-    qsort(ts, reps, sizeof ts[0], cmp_float);
     printf("%-22s q8_0 %5d -> %5d rows %d graph: %7.2f us per call\n", names[op], n_in, n_out, nt,
-           ts[reps / 2] * 1e3 / iters);
+           graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1));
     gpu->free(gpu, dx); gpu->free(gpu, dm); gpu->free(gpu, dw); gpu->free(gpu, dxo); gpu->free(gpu, da); gpu->free(gpu, dy);
     gpu->weight_free(gpu, &w);
     free(x);
@@ -1099,18 +1104,8 @@ static void bench(void) {
             if (nt <= 2) { /* the same calls recorded once as a graph and replayed: no host in the loop */
                 gpu->capture_begin(gpu);
                 for (int i = 0; i < iters; i++) gpu->matmul(gpu, &w[i % n_copies], dx, nt, dy);
-                void *g = gpu->capture_end(gpu);
-                if (!g) { fprintf(stderr, "capture failed\n"); exit(2); }
-                for (int r = 0; r < reps; r++) {
-                    BENCH_CHECK(cudaEventRecord(e0, s));
-                    if (!gpu->graph_launch(gpu, g)) { fprintf(stderr, "graph stale\n"); exit(2); }
-                    BENCH_CHECK(cudaEventRecord(e1, s));
-                    BENCH_CHECK(cudaEventSynchronize(e1));
-                    BENCH_CHECK(cudaEventElapsedTime(&ts[r], e0, e1));
-                }
-                gpu->graph_free(gpu, g);
-                qsort(ts, reps, sizeof ts[0], cmp_float);
-                const double gus = ts[reps / 2] * 1e3 / iters, ggbps = bytes / (gus * 1e-6) / 1e9;
+                const double gus = graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1);
+                const double ggbps = bytes / (gus * 1e-6) / 1e9;
                 printf("matmul q8_0 %5d -> %6d rows %3d graph: %9.2f us %7.1f GB/s %5.1f%% of copy\n", n_in, n_out,
                        nt, gus, ggbps, 100.0 * ggbps / copy_gbps);
             }
