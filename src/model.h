@@ -33,6 +33,16 @@ struct model_batch {
                                     last run of each sequence, so model_seq_rollback works */
     bool draft_head;             /* NextN only: logits from the model's cheaper draft copy of
                                     the LM head, where it has one (drafting; the target checks) */
+    int32_t *argmax_out;         /* backend memory, or NULL: the forward also writes the argmax of
+                                    every logits row it outputs here, in the same queued (and
+                                    recorded) work: greedy picks stay on the device */
+    int32_t *accept_out;         /* a greedy verify batch, or NULL: with argmax_out and tokens_dev
+                                    and every row wanting logits, also the backend's accept_greedy
+                                    of the drafts tokens_dev[1 .. n) against the argmaxes of rows
+                                    0 .. n-2, written here (n + 1 ids) */
+    float *hidden_out;           /* backend memory, or NULL: where the post-norm hidden rows go
+                                    (out->hidden points there; one step of at most n_batch rows),
+                                    so a drafter keeping them needs no copy */
 };
 
 /* Results of the last forward, in backend memory; valid until the next forward. */

@@ -104,18 +104,6 @@ const int32_t *spec_seq_tokens(const struct spec_engine *e, int s, int *n) {
     return e->seqs[s].hist;
 }
 
-/* Sample the token after logits row `row` (backend memory) with the target's sampler. */
-static int32_t sample_row(struct spec_engine *e, struct spec_seq *q, const float *row) {
-    struct backend *be = e->m->be;
-    if (q->sp.temperature <= 0.0f) {
-        int32_t id;
-        be->argmax(be, row, 1, e->V, e->d_ids, NULL);
-        be->download(be, &id, e->d_ids, sizeof id);
-        return id;
-    }
-    be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
-    return sampler_sample(q->smp, e->row);
-}
 
 /* spec_seq_begin with the first n_keep prompt tokens already held by sequence s (0: reset). */
 static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt, int n_keep,
@@ -161,11 +149,17 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
         for (int i = 0; i < n; i++) e->pos[i] = i0 + i;
         for (int i = 0; i < n; i++) e->seqv[i] = s;
         struct model_batch b = {.n = n, .tokens = prompt + i0, .pos = e->pos, .seq = e->seqv};
+        if (sp->temperature <= 0.0f) b.argmax_out = e->d_ids; /* the greedy pick, in the forward's work */
         rc = model_forward(m, &b, &o, err, err_size);
         if (rc) return rc;
         if (d && (rc = d->vt->observe(d, s, q->hist, i0, n, o.hidden, err, err_size))) return rc;
     }
-    *first = sample_row(e, q, o.logits);
+    if (sp->temperature <= 0.0f) {
+        m->be->download(m->be, first, e->d_ids, sizeof *first);
+    } else {
+        m->be->download(m->be, e->row, o.logits, sizeof(float) * (size_t)e->V);
+        *first = sampler_sample(q->smp, e->row);
+    }
     q->hist[q->n_hist++] = *first;
     q->st.n_prompt = n_prompt - n_keep;
     q->st.n_gen = 1;
@@ -256,24 +250,28 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     for (int i = 0; i <= k; i++) { e->pos[i] = L + i; e->seqv[i] = s; e->want[i] = true; }
     struct model_batch b = {.n = k + 1, .pos = e->pos, .seq = e->seqv, .want_logits = e->want, .keep_states = k > 0};
     const bool greedy = q->sp.temperature <= 0.0f && !probe;
-    if (dr.on_device) {
-        be->upload(be, e->d_toks, toks, sizeof *toks);
+    if (!dr.on_device) for (int i = 0; i < k; i++) toks[1 + i] = dr.tokens[i];
+    if (dr.on_device || greedy) {
+        /* the batch reads its tokens on the device: drafts left there stay, host ones go up */
+        be->upload(be, e->d_toks, toks, sizeof(int32_t) * (size_t)(dr.on_device ? 1 : k + 1));
         b.tokens_dev = e->d_toks;
     } else {
-        for (int i = 0; i < k; i++) toks[1 + i] = dr.tokens[i];
         b.tokens = toks;
-        if (greedy && k > 0) be->upload(be, e->d_toks + 1, dr.tokens, sizeof(int32_t) * (size_t)k);
     }
+    /* greedy: the verify's argmaxes and the acceptance run in its own work on the device; the
+     * one wait of the cycle brings back the accepted count and tokens (acc[0] = a, acc[1 .. a]
+     * the drafts, acc[1 + a] the target's token) */
+    if (greedy) {
+        b.argmax_out = e->d_ids;
+        if (k > 0) b.accept_out = e->d_acc;
+    }
+    if (d && d->vt->hidden_dest) b.hidden_out = d->vt->hidden_dest(d, s, L, k + 1);
     struct model_output o;
     int rc = model_forward(m, &b, &o, err, err_size);
     if (rc) return rc;
-    /* greedy: accept on the device; the one wait of the cycle brings back the accepted count
-     * and tokens (acc[0] = a, acc[1 .. a] the drafts, acc[1 + a] the target's token) */
     int32_t acc[2 + SPEC_MAX_DRAFT];
     if (greedy) {
-        be->argmax(be, o.logits, k + 1, e->V, e->d_ids, NULL);
         if (k > 0) {
-            be->accept_greedy(be, e->d_toks + 1, e->d_ids, k, e->d_acc);
             be->download(be, acc, e->d_acc, sizeof(int32_t) * (size_t)(k + 2));
         } else {
             acc[0] = 0;

@@ -195,6 +195,48 @@ Test(model, simd_kernels_match_reference_and_threads_do_not_matter) {
     close_model(&fr); close_model(&fs); close_model(&f1);
 }
 
+/* A verify batch whose argmaxes and greedy acceptance run inside the forward gives what plain
+ * decoding picks: two drafts that greedy decoding would emit are accepted, a wrong third is
+ * not, and the target's own token follows. */
+Test(model, greedy_picks_in_the_forward_equal_plain_decoding) {
+    struct fixture f = open_model(2, 4, quant_cpu_level_detect(), 2);
+    struct backend *be = f.be;
+    const int V = f.m->info.n_vocab;
+    char err[256];
+    int32_t prompt[12], g[4];
+    random_tokens(prompt, 12, V, 31);
+    float *row = malloc(sizeof(float) * V);
+    feed(&f, 1, prompt, 12, 0, false, row);
+    g[0] = sample_argmax(row, V); /* the pending token */
+    for (int i = 1; i < 4; i++) {
+        feed(&f, 1, &g[i - 1], 1, 12 + i - 1, false, row);
+        g[i] = sample_argmax(row, V);
+    }
+    feed(&f, 0, prompt, 12, 0, false, NULL);
+    int32_t toks[4] = {g[0], g[1], g[2], (g[3] + 1) % V}, pos[4], seq[4] = {0, 0, 0, 0}, ids[4], acc[5];
+    bool want[4] = {true, true, true, true};
+    for (int i = 0; i < 4; i++) pos[i] = 12 + i;
+    int32_t *d_toks = be->alloc(be, sizeof toks), *d_ids = be->alloc(be, sizeof ids), *d_acc = be->alloc(be, sizeof acc);
+    be->upload(be, d_toks, toks, sizeof toks);
+    struct model_batch b = {.n = 4, .tokens_dev = d_toks, .pos = pos, .seq = seq, .want_logits = want, .keep_states = true,
+                            .accept_out = d_acc};
+    struct model_output o;
+    cr_assert_neq(model_forward(f.m, &b, &o, err, sizeof err), 0, "acceptance without argmax_out must be refused");
+    cr_assert_eq(f.m->seq_len[0], 12);
+    b.argmax_out = d_ids;
+    cr_assert_eq(model_forward(f.m, &b, &o, err, sizeof err), 0, "forward: %s", err);
+    be->download(be, ids, d_ids, sizeof ids);
+    be->download(be, acc, d_acc, sizeof acc);
+    for (int i = 0; i < 3; i++) cr_assert_eq(ids[i], g[i + 1], "row %d picks %d, plain decoding %d", i, ids[i], g[i + 1]);
+    be->download(be, row, o.logits + (size_t)3 * V, sizeof(float) * V);
+    cr_assert_eq(ids[3], sample_argmax(row, V));
+    cr_assert_eq(acc[0], 2, "accepted %d of 3 drafts", acc[0]);
+    for (int i = 0; i < 3; i++) cr_assert_eq(acc[1 + i], g[1 + i]);
+    be->free(be, d_toks); be->free(be, d_ids); be->free(be, d_acc);
+    free(row);
+    close_model(&f);
+}
+
 Test(model, bad_batches_are_rejected_without_changing_state) {
     struct fixture f = open_model(2, 0, quant_cpu_level_detect(), 1);
     char err[256];

@@ -50,6 +50,10 @@ struct drafter_vtable {
                    const float *hidden, char *err, size_t err_size);
     int (*draft)(struct drafter *d, int s, const struct draft_request *rq, struct draft_result *out,
                  char *err, size_t err_size);
+    /* Where the target may write the post-norm hidden rows of positions [pos0, pos0 + n) of
+     * sequence s before observe is given them (backend memory), so that observe need not copy
+     * them; NULL (or no function): the target writes them anywhere. */
+    float *(*hidden_dest)(struct drafter *d, int s, int pos0, int n);
 };
 
 struct drafter {

@@ -58,9 +58,10 @@ static void mtp_reset(struct drafter *d, int s) {
 }
 
 /* Run the head over staged rows [0, n_rows) (positions mtp_len..), logits on the last row if
- * want_last. Consumes those rows from the stage. */
+ * want_last (and its argmax into argmax_out, backend memory, unless NULL). Consumes those rows
+ * from the stage. */
 static int mtp_run_rows(struct mtp *t, int s, const int32_t *history, int n_rows, bool want_last,
-                        struct model_output *o, char *err, size_t err_size) {
+                        int32_t *argmax_out, struct model_output *o, char *err, size_t err_size) {
     struct model *m = t->m;
     const int q0 = m->mtp_len[s];
     for (int i = 0; i < n_rows; i++) {
@@ -70,7 +71,7 @@ static int mtp_run_rows(struct mtp *t, int s, const int32_t *history, int n_rows
     }
     for (int i = 0; i < n_rows; i++) t->seqv[i] = s;
     struct model_batch b = {.n = n_rows, .tokens = t->tok, .pos = t->pos, .seq = t->seqv, .want_logits = t->want,
-                            .draft_head = true};
+                            .draft_head = true, .argmax_out = argmax_out};
     return m->vt->mtp_forward(m, &b, t->seqs[s].staged, o, err, err_size);
 }
 
@@ -83,18 +84,19 @@ static int mtp_observe(struct drafter *d, int s, const int32_t *history, int pos
     if (pos0 != t->m->mtp_len[s] - 1 + sq->n_staged)
         return coti_fail(err, err_size, COTI_E_ARG, "mtp: observed position %d does not follow the staged rows", pos0);
     while (n > 0) {
+        float *dst = sq->staged + (size_t)sq->n_staged * t->E;
         int room = t->cap - sq->n_staged;
         if (room == 0) {
             /* stage full (long prompts): consume all rows but the last, which becomes row 0 */
             struct model_output o;
-            int rc = mtp_run_rows(t, s, history, sq->n_staged - 1, false, &o, err, err_size);
+            int rc = mtp_run_rows(t, s, history, sq->n_staged - 1, false, NULL, &o, err, err_size);
             if (rc) return rc;
             be->copy(be, sq->staged, sq->staged + (size_t)(sq->n_staged - 1) * t->E, row);
             sq->n_staged = 1;
             continue;
         }
         int k = COTI_MIN(room, n);
-        be->copy(be, sq->staged + (size_t)sq->n_staged * t->E, hidden, row * (size_t)k);
+        if (hidden != dst) be->copy(be, dst, hidden, row * (size_t)k); /* else written there (hidden_dest) */
         sq->n_staged += k;
         hidden += (size_t)k * t->E;
         n -= k;
@@ -113,13 +115,17 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
     if (m->mtp_len[s] - 1 + sq->n_staged != rq->L)
         return coti_fail(err, err_size, COTI_E_ARG, "mtp: staged hidden rows end at %d, expected %d",
                          m->mtp_len[s] - 1 + sq->n_staged, rq->L);
+    /* greedy drafts stay on the device: draft i is the argmax written into dev_tokens[i],
+     * which the next chained row and the verify batch read there; without a p_min check the
+     * argmax is part of the head's forward (its probability costs a softmax pass and a sync) */
+    out->on_device = !rq->sampler;
+    const bool want_p = out->on_device && rq->p_min > 0.0f;
+    const bool pick_in_forward = out->on_device && !want_p;
     struct model_output o;
-    int rc = mtp_run_rows(t, s, rq->history, sq->n_staged, true, &o, err, err_size);
+    int rc = mtp_run_rows(t, s, rq->history, sq->n_staged, true, pick_in_forward ? rq->dev_tokens : NULL, &o, err,
+                          err_size);
     if (rc) return rc;
     const int L = rq->L;
-    /* greedy drafts stay on the device: draft i is the argmax written into dev_tokens[i],
-     * which the next chained row and the verify batch read there */
-    out->on_device = !rq->sampler;
     for (int i = 0; i < rq->n_max; i++) {
         if (rq->sampler) {
             const struct sampler_cand *cands;
@@ -133,11 +139,9 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
         } else {
             out->q[i] = NULL;
             out->q_n[i] = 0;
-            /* the probability costs a softmax pass and a sync, so only p_min asks for it */
-            const bool want_p = rq->p_min > 0.0f;
-            be->argmax(be, o.logits, 1, m->info.n_vocab, rq->dev_tokens + i, want_p ? t->d_p : NULL);
             if (want_p) {
                 float p;
+                be->argmax(be, o.logits, 1, m->info.n_vocab, rq->dev_tokens + i, t->d_p);
                 be->download(be, &p, t->d_p, sizeof p);
                 if (p < rq->p_min && i >= rq->n_min) break;
             }
@@ -149,7 +153,8 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
         const float *h_prev = o.hidden + (size_t)(o.n - 1) * t->E;
         int32_t pos = L + 1 + i, seqv = s;
         bool want = true;
-        struct model_batch b = {.n = 1, .pos = &pos, .seq = &seqv, .want_logits = &want, .draft_head = true};
+        struct model_batch b = {.n = 1, .pos = &pos, .seq = &seqv, .want_logits = &want, .draft_head = true,
+                                .argmax_out = pick_in_forward ? rq->dev_tokens + i + 1 : NULL};
         if (out->on_device) b.tokens_dev = rq->dev_tokens + i;
         else b.tokens = &out->tokens[i];
         rc = m->vt->mtp_forward(m, &b, h_prev, &o, err, err_size);
@@ -161,7 +166,15 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
     return 0;
 }
 
-static const struct drafter_vtable mtp_vtable = {"mtp", mtp_free, mtp_reset, mtp_observe, mtp_draft};
+/* The rows that follow the stage go straight into it (the verify batch after a draft). */
+static float *mtp_hidden_dest(struct drafter *d, int s, int pos0, int n) {
+    struct mtp *t = mtp_of(d);
+    struct mtp_seq *sq = &t->seqs[s];
+    if (pos0 != t->m->mtp_len[s] - 1 + sq->n_staged || sq->n_staged + n > t->cap) return NULL;
+    return sq->staged + (size_t)sq->n_staged * t->E;
+}
+
+static const struct drafter_vtable mtp_vtable = {"mtp", mtp_free, mtp_reset, mtp_observe, mtp_draft, mtp_hidden_dest};
 
 int drafter_mtp_init(struct drafter **out, struct model *m, char *err, size_t err_size) {
     if (!m->info.has_mtp || !m->vt->mtp_forward)

@@ -41,7 +41,7 @@ static int ngram_draft(struct drafter *d, int s, const struct draft_request *rq,
     return 0;
 }
 
-static const struct drafter_vtable ngram_vtable = {"ngram", ngram_free, ngram_reset, ngram_observe, ngram_draft};
+static const struct drafter_vtable ngram_vtable = {"ngram", ngram_free, ngram_reset, ngram_observe, ngram_draft, NULL};
 
 int drafter_ngram_init(struct drafter **out, int n_seq, char *err, size_t err_size) {
     struct ngram *g = calloc(1, sizeof *g);

@@ -87,6 +87,9 @@ struct graph_key {
     const float *h_in;                   /* NextN input hidden rows */
     float *logits;                       /* where the slice's logits go */
     const struct bweight *head;          /* which LM head */
+    const int32_t *ids;                  /* where the token ids are read */
+    int32_t *argmax_out, *accept_out;    /* greedy picks on the device (model_batch) */
+    float *hn;                           /* where the post-norm hidden rows go */
 };
 
 struct graph_slot {
@@ -634,8 +637,8 @@ static int slice_check(struct qwen35 *q, struct slice *sl, const int32_t *len, c
 }
 
 /* Upload a slice's token / position / cell metadata: one copy from the host (each copy is a
- * node on the device's timeline, a few µs of a decode step), plus one on the device when the
- * tokens are already there (greedy drafts). */
+ * node on the device's timeline, a few µs of a decode step). Tokens already on the device
+ * (greedy drafts) are read where they are. */
 static void slice_upload(struct qwen35 *q, const struct slice *sl) {
     struct backend *be = q->base.be;
     const size_t st = q->meta_stride;
@@ -649,12 +652,8 @@ static void slice_upload(struct qwen35 *q, const struct slice *sl) {
         nctx[i] = sl->pos[i] + 1;
     }
     const size_t end = 4 * st + (size_t)sl->n; /* through nctx's rows */
-    if (sl->tokens_dev) {
-        be->copy(be, q->s.tokens, sl->tokens_dev, sizeof(int32_t) * (size_t)sl->n);
-        be->upload(be, q->s.pos, pos, sizeof(int32_t) * (end - st));
-    } else {
-        be->upload(be, q->s.tokens, tok, sizeof(int32_t) * end);
-    }
+    if (sl->tokens_dev) be->upload(be, q->s.pos, pos, sizeof(int32_t) * (end - st));
+    else be->upload(be, q->s.tokens, tok, sizeof(int32_t) * end);
 }
 
 /* Rows [i0, i0 + n) of batch b as a slice (runs are filled in by slice_check). */
@@ -672,8 +671,8 @@ static bool row_wants_logits(const bool *want, bool last_only, int n, int i) {
 
 /* lm_head over the rows of hidden (final-normed) that want logits: straight from hidden when
  * they are consecutive (the last row, a verify batch), else gathered first. */
-static void head_rows(struct qwen35 *q, const struct bweight *head, const float *hidden, int n, const bool *want,
-                      bool last_only, float *logits) {
+static int head_rows(struct qwen35 *q, const struct bweight *head, const float *hidden, int n, const bool *want,
+                     bool last_only, float *logits) {
     struct backend *be = q->base.be;
     const int E = q->hp.n_embd;
     int n_out = 0, first = -1, last = -1;
@@ -683,10 +682,10 @@ static void head_rows(struct qwen35 *q, const struct bweight *head, const float 
         last = i;
         n_out++;
     }
-    if (!n_out) return;
+    if (!n_out) return 0;
     if (last - first + 1 == n_out) {
         be->matmul(be, head, hidden + (size_t)first * E, n_out, logits);
-        return;
+        return n_out;
     }
     n_out = 0;
     for (int i = 0; i < n; i++) {
@@ -695,6 +694,7 @@ static void head_rows(struct qwen35 *q, const struct bweight *head, const float 
         n_out++;
     }
     be->matmul(be, head, q->s.lm_in, n_out, logits);
+    return n_out;
 }
 
 /* What the ops of one slice's forward read besides device memory. */
@@ -705,13 +705,26 @@ struct slice_ops_args {
     float *logits;               /* the slice's first logits row */
     const struct bweight *head;  /* the LM head (NextN drafting: maybe its cheaper copy) */
     const float *h_in;           /* NextN only */
+    const int32_t *ids;          /* the slice's token ids (backend memory) */
+    int32_t *argmax_out, *accept_out;
+    float *hn;                   /* where the post-norm hidden rows go */
 };
+
+/* The LM head and the greedy picks that read its rows. */
+static void head_ops(struct qwen35 *q, const struct slice_ops_args *a) {
+    struct backend *be = q->base.be;
+    const int n = a->sl->n;
+    const int n_out = head_rows(q, a->head, a->hn, n, a->want, a->last_only, a->logits);
+    if (!a->argmax_out || !n_out) return;
+    be->argmax(be, a->logits, n_out, q->hp.n_vocab, a->argmax_out, NULL);
+    if (a->accept_out) be->accept_greedy(be, a->ids + 1, a->argmax_out, n - 1, a->accept_out);
+}
 
 static void trunk_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     struct backend *be = q->base.be;
     const struct qwen35_hparams *hp = &q->hp;
     const int E = hp->n_embd, n = a->sl->n;
-    be->get_rows(be, &q->tok_embd, q->s.tokens, n, q->s.x);
+    be->get_rows(be, &q->tok_embd, a->ids, n, q->s.x);
     /* the residual stream alternates between s.x and s.x2: a fused add writes the other one */
     float *x = q->s.x, *x_next = q->s.x2;
     for (int il = 0; il < hp->n_layer; il++) {
@@ -724,8 +737,8 @@ static void trunk_ops(struct qwen35 *q, const struct slice_ops_args *a) {
         ffn_block(q, ly, &ffn_in, n);
         float *t = x; x = x_next; x_next = t;
     }
-    be->add_rmsnorm(be, x, q->s.m, q->out_norm, n, E, hp->eps, q->s.hn);
-    head_rows(q, a->head, q->s.hn, n, a->want, a->last_only, a->logits);
+    be->add_rmsnorm(be, x, q->s.m, q->out_norm, n, E, hp->eps, a->hn);
+    head_ops(q, a);
 }
 
 static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
@@ -734,7 +747,7 @@ static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     const struct mtp_weights *mt = &q->mtp;
     const int E = hp->n_embd, n = a->sl->n;
     /* u = eh_proj · [enorm(embed(x)) ; hnorm(h_in)] */
-    be->get_rows(be, &q->tok_embd, q->s.tokens, n, q->s.x);
+    be->get_rows(be, &q->tok_embd, a->ids, n, q->s.x);
     be->rmsnorm(be, q->s.x, E, mt->enorm, n, E, hp->eps, q->s.cat, 2 * E);
     be->rmsnorm(be, a->h_in, E, mt->hnorm, n, E, hp->eps, q->s.cat + E, 2 * E);
     be->matmul(be, &mt->eh_proj, q->s.cat, n, q->s.x);
@@ -742,13 +755,14 @@ static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     attn_block(q, &mt->blk, &in, n);
     const struct block_in ffn_in = {q->s.x, q->s.m, mt->blk.post_norm, q->s.x2};
     ffn_block(q, &mt->blk, &ffn_in, n);
-    be->add_rmsnorm(be, q->s.x2, q->s.m, mt->head_norm ? mt->head_norm : q->out_norm, n, E, hp->eps, q->s.hn);
-    head_rows(q, a->head, q->s.hn, n, a->want, a->last_only, a->logits);
+    be->add_rmsnorm(be, q->s.x2, q->s.m, mt->head_norm ? mt->head_norm : q->out_norm, n, E, hp->eps, a->hn);
+    head_ops(q, a);
 }
 
 static bool graph_key_eq(const struct graph_key *x, const struct graph_key *y) {
     return x->mtp == y->mtp && x->n == y->n && x->seq == y->seq && x->want == y->want && x->keep == y->keep &&
-           x->h_in == y->h_in && x->logits == y->logits && x->head == y->head;
+           x->h_in == y->h_in && x->logits == y->logits && x->head == y->head && x->ids == y->ids &&
+           x->argmax_out == y->argmax_out && x->accept_out == y->accept_out && x->hn == y->hn;
 }
 
 /* Queue one slice's ops (metadata already uploaded). A small single-sequence slice on a backend
@@ -764,7 +778,8 @@ static void slice_ops(struct qwen35 *q, bool mtp, const struct slice_ops_args *a
         return;
     }
     struct graph_key key = {.mtp = mtp, .n = sl->n, .seq = sl->runs[0].seq, .keep = a->keep, .h_in = a->h_in,
-                           .logits = a->logits, .head = a->head};
+                           .logits = a->logits, .head = a->head, .ids = a->ids, .argmax_out = a->argmax_out,
+                           .accept_out = a->accept_out, .hn = a->hn};
     for (int i = 0; i < sl->n; i++) key.want |= (uint32_t)row_wants_logits(a->want, a->last_only, sl->n, i) << i;
     struct graph_slot *g = NULL;
     for (int i = 0; i < q->n_graphs && !g; i++)
@@ -798,6 +813,11 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
     for (int i = 0; i < b->n; i++) want_total += b->want_logits ? b->want_logits[i] : (i == b->n - 1);
     if (want_total > m->n_batch)
         return coti_fail(err, err_size, COTI_E_ARG, "batch wants %d logit rows, at most %d", want_total, m->n_batch);
+    if (b->accept_out && (!b->argmax_out || !b->tokens_dev || want_total != b->n || b->n > m->n_batch))
+        return coti_fail(err, err_size, COTI_E_ARG, "a verify batch needs argmax_out, device tokens and logits on "
+                         "every row, in one step of at most %d rows", m->n_batch);
+    if (b->hidden_out && b->n > m->n_batch)
+        return coti_fail(err, err_size, COTI_E_ARG, "hidden_out takes one step of at most %d rows", m->n_batch);
     /* All slices are validated before any state changes, so a bad batch leaves memory intact. */
     int32_t *len = malloc(sizeof(int32_t) * (size_t)m->n_seq);
     if (!len) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
@@ -818,7 +838,10 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
         slice_upload(q, &sl);
         const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits ? b->want_logits + i0 : NULL,
                                          .last_only = i0 + sl.n == b->n, .keep = b->keep_states,
-                                         .logits = q->s.logits + (size_t)n_logits * hp->n_vocab, .head = &q->lm_head};
+                                         .logits = q->s.logits + (size_t)n_logits * hp->n_vocab, .head = &q->lm_head,
+                                         .ids = sl.tokens_dev ? sl.tokens_dev : q->s.tokens,
+                                         .argmax_out = b->argmax_out ? b->argmax_out + n_logits : NULL,
+                                         .accept_out = b->accept_out, .hn = b->hidden_out ? b->hidden_out : q->s.hn};
         slice_ops(q, false, &a);
         for (int r = 0; r < sl.n_runs; r++) {
             m->seq_len[sl.runs[r].seq] += sl.runs[r].len;
@@ -829,7 +852,7 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
     }
     /* hidden rows of the last slice only: callers needing every row keep batches <= n_batch */
     out->n = sl.n;
-    out->hidden = q->s.hn;
+    out->hidden = b->hidden_out ? b->hidden_out : q->s.hn;
     out->n_logits = n_logits;
     out->logits = q->s.logits;
     return 0;
@@ -843,13 +866,17 @@ static int qwen35_mtp_forward(struct model *m, const struct model_batch *b, cons
     if (!q->has_mtp) return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "model has no NextN head");
     if (b->n < 1 || b->n > m->n_batch)
         return coti_fail(err, err_size, COTI_E_ARG, "NextN batch of %d rows outside [1, %d]", b->n, m->n_batch);
+    if (b->accept_out || b->hidden_out)
+        return coti_fail(err, err_size, COTI_E_ARG, "the NextN head verifies nothing and keeps its hidden rows");
     struct slice sl;
     slice_take(&sl, b, 0, b->n);
     int rc = slice_check(q, &sl, m->mtp_len, err, err_size);
     if (rc) return rc;
     slice_upload(q, &sl);
     const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits, .last_only = true, .logits = q->s.logits,
-                                     .head = b->draft_head ? &q->draft_head : &q->lm_head, .h_in = h_in};
+                                     .head = b->draft_head ? &q->draft_head : &q->lm_head, .h_in = h_in,
+                                     .ids = sl.tokens_dev ? sl.tokens_dev : q->s.tokens, .argmax_out = b->argmax_out,
+                                     .hn = q->s.hn};
     slice_ops(q, true, &a);
     for (int r = 0; r < sl.n_runs; r++) m->mtp_len[sl.runs[r].seq] += sl.runs[r].len;
     out->n = sl.n;
