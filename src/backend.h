@@ -37,6 +37,11 @@ struct backend {
     /* n device-to-device copies at once (a recurrent state restore touches every layer):
      * dst[i] <- src[i], bytes[i]; regions must not overlap. */
     void (*copy_n)(struct backend *be, void *const *dst, const void *const *src, const size_t *bytes, int n);
+    /* copy_n with the sources picked on the device, so that a rollback needs no host round trip:
+     * with a = sel[0] (backend memory, e.g. a verify's accepted count), if a < limit then
+     * dst[i] <- src[i] + a·step[i] (step in bytes), bytes[i] each; else nothing is copied. */
+    void (*copy_n_at)(struct backend *be, void *const *dst, const void *const *src, const size_t *step,
+                      const size_t *bytes, int n, const int32_t *sel, int limit);
     void (*sync)(struct backend *be);
     /* Make a host weight (e.g. in the GGUF mapping, kept alive by the caller) usable by ops. */
     int (*weight_init)(struct backend *be, struct bweight *w, enum ggml_type type,

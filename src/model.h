@@ -39,7 +39,10 @@ struct model_batch {
     int32_t *accept_out;         /* a greedy verify batch, or NULL: with argmax_out and tokens_dev
                                     and every row wanting logits, also the backend's accept_greedy
                                     of the drafts tokens_dev[1 .. n) against the argmaxes of rows
-                                    0 .. n-2, written here (n + 1 ids) */
+                                    0 .. n-2, written here (n + 1 ids); with keep_states the
+                                    recurrent state is rolled back to the accepted prefix on the
+                                    device as well, so the caller's model_seq_rollback must then
+                                    drop exactly the rejected drafts (it only trims lengths) */
     float *hidden_out;           /* backend memory, or NULL: where the post-norm hidden rows go
                                     (out->hidden points there; one step of at most n_batch rows),
                                     so a drafter keeping them needs no copy */

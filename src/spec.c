@@ -251,8 +251,9 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     struct model_batch b = {.n = k + 1, .pos = e->pos, .seq = e->seqv, .want_logits = e->want, .keep_states = k > 0};
     const bool greedy = q->sp.temperature <= 0.0f && !probe;
     if (!dr.on_device) for (int i = 0; i < k; i++) toks[1 + i] = dr.tokens[i];
-    if (dr.on_device || greedy) {
-        /* the batch reads its tokens on the device: drafts left there stay, host ones go up */
+    if (dr.on_device || (greedy && k > 0)) {
+        /* the batch reads its tokens on the device (the acceptance reads the drafts there):
+         * drafts left there stay, host ones go up */
         be->upload(be, e->d_toks, toks, sizeof(int32_t) * (size_t)(dr.on_device ? 1 : k + 1));
         b.tokens_dev = e->d_toks;
     } else {

@@ -424,3 +424,25 @@ Test(backend_ops, copy_n_copies_each_region) {
     cr_assert(dst[64] == 0xAA && dst[100] == 0xAA && dst[498] == 0xAA && dst[605] == 0xAA, "nothing else written");
     backend_free(be);
 }
+
+/* copy_n_at offsets each source by the selected count times its step, and copies nothing when
+ * the count reaches the limit */
+Test(backend_ops, copy_n_at_picks_the_selected_source) {
+    struct backend *be = backend_cpu_init(1, quant_cpu_level_detect());
+    static unsigned char src[1000], dst[100];
+    for (int i = 0; i < 1000; i++) src[i] = (unsigned char)(i * 7 + 3);
+    void *d[2] = {dst, dst + 50};
+    const void *s[2] = {src, src + 500};
+    size_t step[2] = {40, 100}, n[2] = {40, 30};
+    for (int32_t sel = 0; sel <= 3; sel++) {
+        memset(dst, 0xAA, sizeof dst);
+        be->copy_n_at(be, d, s, step, n, 2, &sel, 3);
+        if (sel == 3) {
+            for (int i = 0; i < 100; i++) cr_assert_eq(dst[i], 0xAA, "a count at the limit copies nothing");
+            continue;
+        }
+        cr_assert(memcmp(dst, src + 40 * sel, 40) == 0 && memcmp(dst + 50, src + 500 + 100 * sel, 30) == 0, "sel %d", sel);
+        cr_assert(dst[40] == 0xAA && dst[49] == 0xAA && dst[80] == 0xAA, "nothing else written");
+    }
+    backend_free(be);
+}

@@ -232,6 +232,16 @@ Test(model, greedy_picks_in_the_forward_equal_plain_decoding) {
     cr_assert_eq(ids[3], sample_argmax(row, V));
     cr_assert_eq(acc[0], 2, "accepted %d of 3 drafts", acc[0]);
     for (int i = 0; i < 3; i++) cr_assert_eq(acc[1 + i], g[1 + i]);
+    /* the rejected draft's state was dropped on the device: the rollback only trims, and the
+     * sequence now holds what plain decoding of the accepted tokens left */
+    cr_assert_eq(model_seq_rollback(f.m, 0, 1), 0);
+    cr_assert_eq(f.m->seq_len[0], f.m->seq_len[1]);
+    long ns = f.m->vt->seq_state_read(f.m, 0, NULL, 0);
+    float *sa = malloc(sizeof(float) * ns), *sb = malloc(sizeof(float) * ns);
+    cr_assert_eq(f.m->vt->seq_state_read(f.m, 0, sa, ns), ns);
+    cr_assert_eq(f.m->vt->seq_state_read(f.m, 1, sb, ns), ns);
+    cr_assert_eq(memcmp(sa, sb, sizeof(float) * ns), 0, "recurrent state differs from plain decoding's");
+    free(sa); free(sb);
     be->free(be, d_toks); be->free(be, d_ids); be->free(be, d_acc);
     free(row);
     close_model(&f);

@@ -46,6 +46,12 @@ static void cpu_memcpy(struct backend *be, void *dst, const void *src, size_t by
 static void cpu_copy_n(struct backend *be, void *const *dst, const void *const *src, const size_t *bytes, int n) {
     for (int i = 0; i < n; i++) cpu_memcpy(be, dst[i], src[i], bytes[i]);
 }
+static void cpu_copy_n_at(struct backend *be, void *const *dst, const void *const *src, const size_t *step,
+                          const size_t *bytes, int n, const int32_t *sel, int limit) {
+    const int32_t a = sel[0];
+    if (a < 0 || a >= limit) return;
+    for (int i = 0; i < n; i++) cpu_memcpy(be, dst[i], (const uint8_t *)src[i] + (size_t)a * step[i], bytes[i]);
+}
 static void cpu_sync(struct backend *be) {}
 
 /* Weights are used in place from the mapping, unless the kernels of this CPU level have a
@@ -474,6 +480,7 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->upload = cpu_memcpy;
     be->download = cpu_memcpy;
     be->copy_n = cpu_copy_n;
+    be->copy_n_at = cpu_copy_n_at;
     be->copy = cpu_memcpy;
     be->sync = cpu_sync;
     be->weight_init = cpu_weight_init;

@@ -83,19 +83,28 @@ static void cuda_copy(struct backend *be, void *dst, const void *src, size_t byt
 
 /* copy_n: one launch for many regions (a memcpy per region is a node of its own on the device's
  * timeline, ~2 µs each; a rollback restores two per recurrent layer). Block (x, y) copies part
- * x of region y, in 16-byte words where the region allows. */
+ * x of region y, in 16-byte words where the region allows. copy_n_at: the same with each source
+ * offset by a count the device holds (sel; no copy when it is >= limit). */
 #define COPY_N_MAX 64
 #define COPY_N_BLOCKS 16
 struct copy_list {
     uint8_t *dst[COPY_N_MAX];
     const uint8_t *src[COPY_N_MAX];
     size_t bytes[COPY_N_MAX];
+    size_t step[COPY_N_MAX];
+    const int32_t *sel;          /* NULL: plain copy_n */
+    int limit;
 };
 
 __global__ void copy_n_kernel(const copy_list L) {
     cuda_pdl_begin();
     uint8_t *d = L.dst[blockIdx.y];
     const uint8_t *s = L.src[blockIdx.y];
+    if (L.sel) {
+        const int a = L.sel[0];
+        if (a < 0 || a >= L.limit) return;
+        s += (size_t)a * L.step[blockIdx.y];
+    }
     const size_t n = L.bytes[blockIdx.y], tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t nthr = (size_t)gridDim.x * blockDim.x;
     if ((((uintptr_t)d | (uintptr_t)s | n) & 15) == 0) {
@@ -105,7 +114,8 @@ __global__ void copy_n_kernel(const copy_list L) {
     }
 }
 
-static void cuda_copy_n(struct backend *be, void *const *dst, const void *const *src, const size_t *bytes, int n) {
+static void copy_regions(struct backend *be, void *const *dst, const void *const *src, const size_t *step,
+                         const size_t *bytes, int n, const int32_t *sel, int limit) {
     struct cuda_ctx *c = cuda_enter(be);
     for (int i0 = 0; i0 < n; i0 += COPY_N_MAX) {
         copy_list L;
@@ -114,9 +124,21 @@ static void cuda_copy_n(struct backend *be, void *const *dst, const void *const 
             L.dst[i] = (uint8_t *)dst[i0 + i];
             L.src[i] = (const uint8_t *)src[i0 + i];
             L.bytes[i] = bytes[i0 + i];
+            L.step[i] = step ? step[i0 + i] : 0;
         }
+        L.sel = sel;
+        L.limit = limit;
         cuda_launch(c, dim3(COPY_N_BLOCKS, k), 256, copy_n_kernel, L);
     }
+}
+
+static void cuda_copy_n(struct backend *be, void *const *dst, const void *const *src, const size_t *bytes, int n) {
+    copy_regions(be, dst, src, NULL, bytes, n, NULL, 0);
+}
+
+static void cuda_copy_n_at(struct backend *be, void *const *dst, const void *const *src, const size_t *step,
+                           const size_t *bytes, int n, const int32_t *sel, int limit) {
+    copy_regions(be, dst, src, step, bytes, n, sel, limit);
 }
 
 static void cuda_sync(struct backend *be) {
@@ -287,6 +309,7 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->download = cuda_download;
     be->copy = cuda_copy;
     be->copy_n = cuda_copy_n;
+    be->copy_n_at = cuda_copy_n_at;
     be->sync = cuda_sync;
     be->weight_init = cuda_weight_init;
     be->weight_free = cuda_weight_free;

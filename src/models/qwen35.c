@@ -118,6 +118,12 @@ struct qwen35 {
     size_t meta_stride;
     int32_t *last_run_len;               /* per seq: tokens of its run in the last forward */
     bool *last_run_kept;
+    bool *last_run_restored;             /* per seq: its last forward was a greedy verify that
+                                            restored the accepted prefix's state on the device */
+    /* recurrent state regions of one sequence (state_regions): 2 per delta-net layer */
+    void **rg_dst;
+    const void **rg_src;
+    size_t *rg_step, *rg_bytes;
     size_t conv_elems, ssm_elems;        /* per sequence, per layer */
     struct graph_slot *graphs;           /* [n_graphs] recorded small-batch forwards */
     int n_graphs;
@@ -390,7 +396,8 @@ static void qwen35_free(struct model *m) {
     for (int i = 0; q->graphs && i < q->n_graphs; i++) if (q->graphs[i].graph) be->graph_free(be, q->graphs[i].graph);
     free(q->graphs);
     free(q->h_meta);
-    free(q->last_run_len); free(q->last_run_kept);
+    free(q->last_run_len); free(q->last_run_kept); free(q->last_run_restored);
+    free(q->rg_dst); free(q->rg_src); free(q->rg_step); free(q->rg_bytes);
     free(m->seq_len); free(m->mtp_len);
     gguf_close(m->gguf);
     free(q);
@@ -463,7 +470,16 @@ static int alloc_memory(struct qwen35 *q) {
     m->mtp_len = calloc((size_t)m->n_seq, sizeof(int32_t));
     q->last_run_len = calloc((size_t)m->n_seq, sizeof(int32_t));
     q->last_run_kept = calloc((size_t)m->n_seq, sizeof(bool));
-    return (m->seq_len && m->mtp_len && q->last_run_len && q->last_run_kept) ? 0 : COTI_E_NOMEM;
+    q->last_run_restored = calloc((size_t)m->n_seq, sizeof(bool));
+    const size_t nrg = 2 * (size_t)q->hp.n_layer;
+    q->rg_dst = calloc(nrg, sizeof *q->rg_dst);
+    q->rg_src = calloc(nrg, sizeof *q->rg_src);
+    q->rg_step = calloc(nrg, sizeof *q->rg_step);
+    q->rg_bytes = calloc(nrg, sizeof *q->rg_bytes);
+    return (m->seq_len && m->mtp_len && q->last_run_len && q->last_run_kept && q->last_run_restored && q->rg_dst &&
+            q->rg_src && q->rg_step && q->rg_bytes)
+               ? 0
+               : COTI_E_NOMEM;
 }
 
 static const struct model_vtable qwen35_vtable;
@@ -697,6 +713,27 @@ static int head_rows(struct qwen35 *q, const struct bweight *head, const float *
     return n_out;
 }
 
+/* Sequence s's recurrent state as copy regions: rg_dst[i] is a live conv or delta state,
+ * rg_src[i] its snapshot after token 0 of the last kept run, rg_step[i] bytes per further
+ * token. Returns the number of regions. */
+static int state_regions(struct qwen35 *q, int s) {
+    const size_t keep_n = (size_t)COTI_MAX(q->base.n_keep_states, 1);
+    int n = 0;
+    for (int il = 0; il < q->hp.n_layer; il++) {
+        struct layer *ly = &q->layers[il];
+        if (!ly->is_gdn) continue;
+        q->rg_dst[n] = ly->conv_state + (size_t)s * q->conv_elems;
+        q->rg_src[n] = ly->conv_snap + (size_t)s * keep_n * q->conv_elems;
+        q->rg_step[n] = q->rg_bytes[n] = sizeof(float) * q->conv_elems;
+        n++;
+        q->rg_dst[n] = ly->ssm_state + (size_t)s * q->ssm_elems;
+        q->rg_src[n] = ly->ssm_snap + (size_t)s * keep_n * q->ssm_elems;
+        q->rg_step[n] = q->rg_bytes[n] = sizeof(float) * q->ssm_elems;
+        n++;
+    }
+    return n;
+}
+
 /* What the ops of one slice's forward read besides device memory. */
 struct slice_ops_args {
     const struct slice *sl;
@@ -739,6 +776,12 @@ static void trunk_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     }
     be->add_rmsnorm(be, x, q->s.m, q->out_norm, n, E, hp->eps, a->hn);
     head_ops(q, a);
+    if (a->accept_out && a->keep) {
+        /* the rollback of the rejected drafts, here rather than after the host has read the
+         * count: the state after the last accepted row (accept_out[0]) becomes the live one */
+        const int n_rg = state_regions(q, a->sl->runs[0].seq);
+        be->copy_n_at(be, q->rg_dst, q->rg_src, q->rg_step, q->rg_bytes, n_rg, a->accept_out, n - 1);
+    }
 }
 
 static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
@@ -826,6 +869,9 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
     for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
         slice_take(&sl, b, i0, COTI_MIN(m->n_batch, b->n - i0));
         int rc = slice_check(q, &sl, len, err, err_size);
+        if (!rc && b->accept_out && (sl.n_runs != 1 || (b->keep_states && b->n - 1 > m->n_keep_states)))
+            rc = coti_fail(err, err_size, COTI_E_ARG, "a verify batch is one sequence's run of at most %d drafts",
+                           m->n_keep_states);
         if (rc) { free(len); return rc; }
         for (int r = 0; r < sl.n_runs; r++) len[sl.runs[r].seq] += sl.runs[r].len;
     }
@@ -847,6 +893,7 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
             m->seq_len[sl.runs[r].seq] += sl.runs[r].len;
             q->last_run_len[sl.runs[r].seq] = sl.runs[r].len;
             q->last_run_kept[sl.runs[r].seq] = b->keep_states;
+            q->last_run_restored[sl.runs[r].seq] = b->keep_states && b->accept_out;
         }
         for (int i = 0; i < sl.n; i++) n_logits += row_wants_logits(a.want, a.last_only, sl.n, i);
     }
@@ -910,6 +957,7 @@ static void qwen35_seq_reset(struct model *m, int s) {
     m->seq_len[s] = 0;
     m->mtp_len[s] = 0;
     q->last_run_len[s] = 0;
+    q->last_run_restored[s] = false;
 }
 
 static int qwen35_seq_rollback(struct model *m, int s, int n_drop) {
@@ -920,28 +968,18 @@ static int qwen35_seq_rollback(struct model *m, int s, int n_drop) {
     const int r = q->last_run_len[s];
     const int keep_idx = r - 1 - n_drop;  /* state after this token of the last run survives */
     if (!q->last_run_kept[s] || keep_idx < 0 || keep_idx >= COTI_MIN(r - 1, m->n_keep_states)) return COTI_E_RANGE;
-    const size_t keep_n = (size_t)COTI_MAX(m->n_keep_states, 1);
-    enum { MAX_COPIES = 2 * 64 };
-    void *dst[MAX_COPIES];
-    const void *src[MAX_COPIES];
-    size_t bytes[MAX_COPIES];
-    int n = 0;
-    for (int il = 0; il < q->hp.n_layer; il++) {
-        struct layer *ly = &q->layers[il];
-        if (!ly->is_gdn) continue;
-        dst[n] = ly->conv_state + (size_t)s * q->conv_elems;
-        src[n] = ly->conv_snap + ((size_t)s * keep_n + keep_idx) * q->conv_elems;
-        bytes[n++] = sizeof(float) * q->conv_elems;
-        dst[n] = ly->ssm_state + (size_t)s * q->ssm_elems;
-        src[n] = ly->ssm_snap + ((size_t)s * keep_n + keep_idx) * q->ssm_elems;
-        bytes[n++] = sizeof(float) * q->ssm_elems;
-        if (n == MAX_COPIES) { be->copy_n(be, dst, src, bytes, n); n = 0; }
+    /* a greedy verify restored the state on the device already (its accepted count is n_drop's
+     * complement: the caller drops exactly the rejected drafts) */
+    if (!q->last_run_restored[s]) {
+        const int n = state_regions(q, s);
+        for (int i = 0; i < n; i++) q->rg_src[i] = (const uint8_t *)q->rg_src[i] + (size_t)keep_idx * q->rg_step[i];
+        be->copy_n(be, q->rg_dst, q->rg_src, q->rg_bytes, n);
     }
-    if (n) be->copy_n(be, dst, src, bytes, n);
     m->seq_len[s] -= n_drop;
     if (m->mtp_len[s] > m->seq_len[s]) m->mtp_len[s] = m->seq_len[s];
     q->last_run_len[s] = keep_idx + 1;
     q->last_run_kept[s] = false;
+    q->last_run_restored[s] = false;
     return 0;
 }
 
@@ -973,6 +1011,7 @@ static int qwen35_seq_copy(struct model *m, int dst, int src) {
     m->mtp_len[dst] = m->mtp_len[src];
     q->last_run_len[dst] = 0;
     q->last_run_kept[dst] = false;
+    q->last_run_restored[dst] = false;
     return 0;
 }
 

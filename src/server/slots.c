@@ -144,13 +144,20 @@ bool task_take(struct task *t, int timeout_ms, struct task_chunk *c) {
     return news;
 }
 
-/* Engine side of the channel. */
+/* Engine side of the channel. A piece is appended without waking the taker: a step emits up to
+ * 1 + n_max tokens, and one wake per step (task_wake) spares a futex wake-up and the taker's
+ * turn on the mutex per token, host time that a GPU decode step is short enough to feel. */
 static bool task_emit(struct task *t, int32_t id, const char *text, size_t len) {
     pthread_mutex_lock(&t->mu);
     bool ok = chunk_append(&t->out, id, text, len);
-    pthread_cond_broadcast(&t->cv);
     pthread_mutex_unlock(&t->mu);
     return ok;
+}
+
+static void task_wake(struct task *t) {
+    pthread_mutex_lock(&t->mu);
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
 }
 
 static void task_set_started(struct task *t, int id_slot) {
@@ -457,6 +464,7 @@ static void slot_begin(struct slots *s, struct slot *sl) {
         return;
     }
     if (slot_take_token(s, sl, first)) return;
+    task_wake(t);
     slot_view_update(s, sl);
 }
 
@@ -483,6 +491,7 @@ static void slot_step(struct slots *s, struct slot *sl) {
     }
     for (int i = 0; i < n_out; i++)
         if (slot_take_token(s, sl, out[i])) return;
+    task_wake(t);
     slot_view_update(s, sl);
 }
 

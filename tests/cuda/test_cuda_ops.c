@@ -440,6 +440,34 @@ static void test_copy_n(int n) {
     free(h); free(ref); free(got); free(dst); free(src); free(bytes);
 }
 
+/* copy_n_at: each source offset by the count the device holds times its step; nothing copied
+ * once the count reaches the limit. */
+static void test_copy_n_at(int n, int32_t sel, int limit) {
+    const size_t step = 4096, total = (size_t)n * 4 * step;
+    unsigned char *h = xmalloc(total), *ref = xmalloc(total), *got = xmalloc(total);
+    for (size_t i = 0; i < total; i++) h[i] = (unsigned char)(frand() * 255.0f);
+    unsigned char *ds = gdup(h, total), *dd = gdup(h, total);
+    memcpy(ref, h, total);
+    void **dst = xmalloc(sizeof(void *) * n);
+    const void **src = xmalloc(sizeof(void *) * n);
+    size_t *bytes = xmalloc(sizeof(size_t) * n), *steps = xmalloc(sizeof(size_t) * n);
+    for (int i = 0; i < n; i++) {
+        bytes[i] = i % 2 ? 1000 + (size_t)i : step; /* words and bytes */
+        steps[i] = step;
+        dst[i] = dd + (size_t)i * 4 * step + 3 * step; /* the last of the region's four steps */
+        src[i] = ds + (size_t)i * 4 * step;
+        if (sel < limit) memcpy(ref + (size_t)i * 4 * step + 3 * step, h + (size_t)i * 4 * step + (size_t)sel * step, bytes[i]);
+    }
+    int32_t *dsel = gdup(&sel, sizeof sel);
+    gpu->copy_n_at(gpu, dst, src, steps, bytes, n, dsel, limit);
+    gget(got, dd, total);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%d regions, sel %d of %d", n, sel, limit);
+    check_bits("copy_n_at", shape, got, ref, total);
+    gpu->free(gpu, ds); gpu->free(gpu, dd); gpu->free(gpu, dsel);
+    free(h); free(ref); free(got); free(dst); free(src); free(bytes); free(steps);
+}
+
 /* ---- norms and elementwise ---------------------------------------------------------------- */
 
 static void test_rmsnorm(int n_rows, int dim, int xs, int ys, bool in_place) {
@@ -1170,6 +1198,7 @@ int main(int argc, char **argv) {
         test_rope(70, 8, 64, 32, 8 * 64, 64, 0);
     }
     if (want("copy_n")) { test_copy_n(1); test_copy_n(14); test_copy_n(70); }
+    if (want("copy_n_at")) { test_copy_n_at(12, 0, 3); test_copy_n_at(70, 2, 3); test_copy_n_at(12, 3, 3); }
     if (want("kv_store")) { test_kv_store(1, 1024, 10); test_kv_store(9, 512, 20); test_kv_store(3, 100, 5); }
     if (want("attn_prep")) {
         test_attn_prep(1, 16, 4, 256, 64, 8);   /* the 9B's shape, decode */
