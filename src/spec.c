@@ -190,6 +190,33 @@ int spec_seq_begin_cached(struct spec_engine *e, int s, const int32_t *prompt, i
     return rc;
 }
 
+int spec_engine_warmup(struct spec_engine *e, const int32_t *prompt, int n_prompt, const struct sampler_params *sp,
+                       const struct spec_params *p, int n_gen, char *err, size_t err_size) {
+    struct model *m = e->m;
+    n_gen = COTI_MIN(n_gen, m->n_ctx - n_prompt - SPEC_MAX_DRAFT - 2);
+    if (n_gen < 1) return 0; /* a context too small to warm anything in */
+    struct sampler_params sps[2] = {*sp, *sp};
+    sps[0].temperature = 0.0f;
+    if (sps[1].temperature <= 0.0f) sps[1].temperature = 0.8f;
+    int32_t out[SPEC_MAX_DRAFT + 1];
+    for (int s = 0; s < m->n_seq; s++) {
+        for (int v = 0; v < 2; v++) {
+            int32_t first;
+            int rc = spec_seq_begin(e, s, prompt, n_prompt, &sps[v], p, &first, err, err_size);
+            for (int n = 1; !rc && n < n_gen;) {
+                int nb;
+                rc = spec_seq_step(e, s, n_gen - n, out, &nb, NULL, err, err_size);
+                n += nb;
+            }
+            if (rc) return rc;
+        }
+        /* nothing of it may look like a reusable prefix */
+        e->seqs[s].n_hist = 0;
+        model_seq_reset(m, s);
+    }
+    return 0;
+}
+
 int32_t spec_rejection_step(struct sampler *smp, const struct sampler_cand *pc, size_t pn,
                             const struct sampler_cand *qc, size_t qn, int32_t d, float *qdense,
                             struct sampler_cand *resid) {

@@ -73,6 +73,13 @@ int spec_seq_begin_cached(struct spec_engine *e, int s, const int32_t *prompt, i
  * pending (not yet in the target). probe may be NULL. */
 int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,
                   struct spec_probe *probe, char *err, size_t err_size);
+/* Decode up to n_gen tokens of prompt on every sequence, greedy and sampled (temperature sp's,
+ * or 0.8 when that is 0), with speculation p, then forget them (every sequence empty): a
+ * backend that records the small steps as graphs has then recorded each sequence's decode and
+ * draft / verify shapes, which a request would otherwise pay for (an eager run and a recording
+ * per shape, milliseconds). Nothing to gain where the backend records nothing. */
+int spec_engine_warmup(struct spec_engine *e, const int32_t *prompt, int n_prompt, const struct sampler_params *sp,
+                       const struct spec_params *p, int n_gen, char *err, size_t err_size);
 const struct spec_stats *spec_seq_stats(const struct spec_engine *e, int s);
 /* Tokens of the sequence so far (prompt + emitted); *n set. */
 const int32_t *spec_seq_tokens(const struct spec_engine *e, int s, int *n);

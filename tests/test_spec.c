@@ -231,3 +231,28 @@ Test(spec, rejection_sampling_reproduces_target_distribution) {
     double bad = run_rejection(p, q, p);
     cr_assert_gt(bad, RS_CHI2_LIMIT, "a wrong acceptance rule went unnoticed: chi2 %.1f", bad);
 }
+
+/* A warmup leaves nothing behind: every sequence is empty afterwards (no cached prefix), and
+ * what follows decodes as on a fresh engine, for both drafters and plain decoding. */
+Test(spec, warmup_leaves_every_sequence_as_new, .timeout = 120) {
+    struct env v = env_open(MODEL_PATH), w = env_open(MODEL_PATH);
+    char err[512];
+    int32_t warm[6] = {300, 301, 302, 303, 304, 305}, prompt[9] = {11, 220, 1500, 42, 901, 17, 5, 660, 8};
+    struct sampler_params sp = {0.0f, 0, 1.0f, 0.0f, 0, 7};
+    for (enum spec_type t = SPEC_OFF; t <= SPEC_NGRAM; t++) {
+        struct spec_params p = spec_params_default();
+        p.type = t;
+        p.n_max = 3;
+        cr_assert_eq(spec_engine_warmup(v.e, warm, 6, &sp, &p, 24, err, sizeof err), 0, "%s", err);
+        int n_hist = -1;
+        spec_seq_tokens(v.e, 0, &n_hist);
+        cr_assert_eq(n_hist, 0, "warmup left %d tokens", n_hist);
+        cr_assert_eq(v.m->seq_len[0], 0);
+        int32_t a[N_GEN], b[N_GEN];
+        generate(&v, prompt, 9, t, 3, a, N_GEN);
+        generate(&w, prompt, 9, t, 3, b, N_GEN);
+        cr_assert_eq(memcmp(a, b, sizeof a), 0, "%s: decoding after the warmup differs", spec_type_name(t));
+    }
+    env_close(&v);
+    env_close(&w);
+}

@@ -1254,8 +1254,20 @@ static int type_slot(const struct type_entry *te) { return (int)(te - type_table
  * block's shared memory beside its weight stages (Q4_1 / Q5_0 / Q5_1 stages take 83-99 KB, and
  * took 167-195 KB for two tokens when those ran two rows per warp; the fused kernels' static
  * shared memory is below 1 KB). */
-static bool mv_fuses(const struct cuda_ctx *c, const struct type_entry *te, int n_tok, int stride) {
-    if (n_tok > MV_FUSED_MAX_NT || !te->mv_fused[0]) return false;
+/* Rows a launch forms its input for, by input mode and row width. Every block forms every row,
+ * so past one row the forming is paid once per block and row: at 2-4 rows, H200, graphs of 50
+ * calls, µs per call (fused / the op's kernel, a converter and the matvec): a norm 384 -> 2304
+ * 5.12 at 2 rows fused against 4.92 at 3 unfused, 4096 -> 4096 15.2 against 12.0; the gated
+ * norm, output gate and plain inputs gain at 2 rows only when narrow (tiny gated norm 4.28
+ * fused at 2 against 5.27 unfused at 3; 9B 22.1 against 12.5). */
+#define MV_MULTI_FUSE_MAX_N 1536
+static int mv_fused_rows_max(int mode, int n) {
+    if (mode == MV_IN_NORM || n > MV_MULTI_FUSE_MAX_N) return 1;
+    return MV_FUSED_MAX_NT;
+}
+
+static bool mv_fuses(const struct cuda_ctx *c, const struct type_entry *te, int n_tok, int stride, int mode, int n) {
+    if (n_tok > mv_fused_rows_max(mode, n) || !te->mv_fused[0]) return false;
     const int xb = xs_bytes(te->xf, n_tok, stride);
     return xb <= MV_FUSED_MAX_XBYTES && te->fused_wbytes[n_tok - 1] + xb + 1024 <= c->smem_block_max;
 }
@@ -1263,7 +1275,7 @@ static bool mv_fuses(const struct cuda_ctx *c, const struct type_entry *te, int 
 /* All token rows: groups of 8 in one launch (grid.y), the rest in a second. */
 static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv_params &P, const float *xf,
                        const xact &x, int n_tok) {
-    if (mv_fuses(c, te, n_tok, x.stride)) {
+    if (mv_fuses(c, te, n_tok, x.stride, P.in.mode, P.n)) {
         te->mv_fused[n_tok - 1](c, type_slot(te), P, xf, x, 0, 1);
         return;
     }
@@ -1283,7 +1295,7 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
     bool need[XF_COUNT] = {};
     for (int i = 0; i < n_w; i++) {
         const struct type_entry *te = type_get(ws[i]);
-        if (!mv_fuses(c, te, n_tok, stride)) need[te->xf] = true;
+        if (!mv_fuses(c, te, n_tok, stride, in.mode, n)) need[te->xf] = true;
     }
     size_t total = 0;
     for (int f = 0; f < XF_COUNT; f++)
@@ -1351,11 +1363,11 @@ void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, in
  * session 5; an earlier note here took it for 1024 wide and fused). */
 #define MV_FUSE_MAX_N 4096
 #define MV_SWIGLU_FUSE_MAX_N 1024
-static bool all_fuse(const struct cuda_ctx *c, const struct bweight *const *ws, int n_w, int n_tok, int max_n) {
+static bool all_fuse(const struct cuda_ctx *c, const struct bweight *const *ws, int n_w, int n_tok, int max_n, int mode) {
     if (ws[0]->n_in > max_n) return false;
     const int stride = x_stride(ws[0]->n_in);
     for (int i = 0; i < n_w; i++)
-        if (!mv_fuses(c, type_get(ws[i]), n_tok, stride)) return false;
+        if (!mv_fuses(c, type_get(ws[i]), n_tok, stride, mode, (int)ws[0]->n_in)) return false;
     return true;
 }
 
@@ -1363,7 +1375,7 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
                         float *a, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_w < 1 || n_tok < 1) return;
-    if (all_fuse(c, ws, n_w, n_tok, MV_FUSE_MAX_N)) {
+    if (all_fuse(c, ws, n_w, n_tok, MV_FUSE_MAX_N, MV_IN_NORM)) {
         matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps, 0, 0, 0});
         return;
     }
@@ -1374,7 +1386,7 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
 void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
-    if (all_fuse(c, &w, 1, n_tok, MV_SWIGLU_FUSE_MAX_N)) {
+    if (all_fuse(c, &w, 1, n_tok, MV_SWIGLU_FUSE_MAX_N, MV_IN_SWIGLU)) {
         matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0});
         return;
     }
@@ -1387,7 +1399,7 @@ void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
     const int n_grp = (int)(wt->n_in / dim);
-    if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N) && wt->n_in % dim == 0 && n_tok * n_grp <= MV_GNORM_MAX_GROUPS) {
+    if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N, MV_IN_GNORM) && wt->n_in % dim == 0 && n_tok * n_grp <= MV_GNORM_MAX_GROUPS) {
         matmul_n_with(c, &wt, &y, 1, x, n_tok, mv_input{MV_IN_GNORM, z, w, NULL, NULL, eps, dim, 0, 0});
         return;
     }
@@ -1399,7 +1411,7 @@ void cuda_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, in
                              int gate_head_stride, const struct bweight *wt, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
-    if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N) && wt->n_in == (int64_t)n_head * dim) {
+    if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N, MV_IN_SIGMOID) && wt->n_in == (int64_t)n_head * dim) {
         matmul_n_with(c, &wt, &y, 1, x, n_tok,
                       mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride});
         return;

@@ -72,12 +72,13 @@ struct scratch {
 /* Graphs of the small batches (decode, draft rows, verify) on backends that have them: what
  * the recorded ops depend on besides device memory contents. */
 #define QWEN35_GRAPH_MAX_ROWS 16
-/* Graph slots per sequence. A sequence's speculative cycle alone uses ~3·(n_max + 1) shapes
- * (verify rows, the head's catch-up rows, its chained row after each accepted count) plus short
- * prompts; the key includes the sequence, and a server rotates requests over its slots, so the
- * table holds this many per sequence: a table smaller than the shapes in use evicts graphs
- * that are about to be used again, and every miss is an eager forward (hundreds of launches). */
-#define QWEN35_GRAPHS_PER_SEQ 32
+/* Graph slots per sequence (the key includes the sequence: its state is baked into the graph).
+ * A sequence's speculative cycle uses ~3·(n_max + 1) shapes (verify rows, the head's catch-up
+ * rows, its chained row after each accepted count), and every short prompt adds shapes seen
+ * once; the least recently used slot of the sequence is replaced, so one-off shapes push out
+ * each other, not the cycle's. Every miss is an eager forward (hundreds of launches) and the
+ * next sighting a recording. */
+#define QWEN35_GRAPHS_PER_SEQ 48
 
 struct graph_key {
     bool mtp;                            /* the NextN head, not the trunk */
@@ -94,6 +95,7 @@ struct graph_key {
 
 struct graph_slot {
     bool used;
+    uint64_t last_use;                   /* graph_tick when last looked up */
     struct graph_key key;
     void *graph;                         /* NULL: seen once, not recorded yet */
 };
@@ -125,9 +127,9 @@ struct qwen35 {
     const void **rg_src;
     size_t *rg_step, *rg_bytes;
     size_t conv_elems, ssm_elems;        /* per sequence, per layer */
-    struct graph_slot *graphs;           /* [n_graphs] recorded small-batch forwards */
+    struct graph_slot *graphs;           /* [n_seq][QWEN35_GRAPHS_PER_SEQ] recorded small-batch forwards */
     int n_graphs;
-    int graph_next;                      /* the slot a new shape takes (round robin) */
+    uint64_t graph_tick;
 };
 
 static struct qwen35 *q35(struct model *m) { return (struct qwen35 *)m; }
@@ -825,13 +827,16 @@ static void slice_ops(struct qwen35 *q, bool mtp, const struct slice_ops_args *a
                            .accept_out = a->accept_out, .hn = a->hn};
     for (int i = 0; i < sl->n; i++) key.want |= (uint32_t)row_wants_logits(a->want, a->last_only, sl->n, i) << i;
     struct graph_slot *g = NULL;
-    for (int i = 0; i < q->n_graphs && !g; i++)
-        if (q->graphs[i].used && graph_key_eq(&q->graphs[i].key, &key)) g = &q->graphs[i];
+    struct graph_slot *tab = q->graphs + (size_t)key.seq * QWEN35_GRAPHS_PER_SEQ, *lru = tab;
+    for (int i = 0; i < QWEN35_GRAPHS_PER_SEQ && !g; i++) {
+        if (tab[i].used && graph_key_eq(&tab[i].key, &key)) g = &tab[i];
+        else if (tab[i].last_use < lru->last_use) lru = &tab[i];
+    }
+    if (g) g->last_use = ++q->graph_tick;
     if (!g) { /* first sighting */
-        g = &q->graphs[q->graph_next];
-        q->graph_next = (q->graph_next + 1) % q->n_graphs;
+        g = lru;
         if (g->graph) be->graph_free(be, g->graph);
-        *g = (struct graph_slot){.used = true, .key = key};
+        *g = (struct graph_slot){.used = true, .last_use = ++q->graph_tick, .key = key};
         ops(q, a);
         return;
     }

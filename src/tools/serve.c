@@ -16,6 +16,8 @@ static void usage(void) {
                     "  -n, --n-predict N    default max tokens of a request (default -1 = until EOG / context)\n"
                     "  -a, --alias NAME     model name in /v1/models and answers (default: the file name)\n"
                     "  --max-body BYTES     largest request body (default %zu; 413 beyond)\n"
+                    "  --no-warmup          skip recording every slot's decode and speculative steps at\n"
+                    "                       start (a device with graphs; else the first request per slot pays)\n"
                     "Request defaults come from the sampling options below (temperature 0.8 unless --temp);\n"
                     "requests without a seed get a random one unless --seed is given.\n%s",
             SERVER_MAX_BODY_DEFAULT, cli_common_help());
@@ -28,9 +30,11 @@ int tool_serve_main(int argc, char **argv) {
     struct server_params p = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .max_body_bytes = SERVER_MAX_BODY_DEFAULT,
                               .n_predict = -1};
     long l;
+    bool warmup = true;
     for (int i = 1; i < argc;) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--seed")) p.seed_fixed = true;
+        if (!strcmp(a, "--no-warmup")) { warmup = false; i++; continue; }
         int r = cli_parse_common(&c, argc, argv, &i);
         if (r < 0) return 1;
         if (r > 0) continue;
@@ -84,6 +88,21 @@ int tool_serve_main(int argc, char **argv) {
     if (!spec_engine_supports(eng, c.spec.type)) {
         fprintf(stderr, "error: --spec %s is not available for this model\n", spec_type_name(c.spec.type));
         goto done;
+    }
+    if (warmup && m->be->capture_begin) {
+        static const char text[] = "int main(void)\n{\n    return 0;\n}\n";
+        int32_t *wt = NULL;
+        size_t n_wt = 0;
+        int64_t t0 = coti_time_us();
+        if (tokenizer_encode(tok, text, sizeof text - 1, false, false, &wt, &n_wt, err, sizeof err) ||
+            (n_wt && spec_engine_warmup(eng, wt, (int)n_wt, &p.sampling, &p.spec, 64, err, sizeof err))) {
+            fprintf(stderr, "error: warmup: %s\n", err);
+            free(wt);
+            goto done;
+        }
+        free(wt);
+        coti_log(COTI_LOG_INFO, "serve", "warmup: %d slots recorded in %.0f ms", p.n_parallel,
+                 (coti_time_us() - t0) / 1e3);
     }
     rc = server_run(&p, m, tok, eng);
 done:

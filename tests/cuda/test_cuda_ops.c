@@ -1085,7 +1085,7 @@ static void bench(void) {
     static const int formed[][3] = {{0, 384, 2304}, {1, 1152, 384}, {2, 512, 384}, {3, 384, 384},
                                     {0, 4096, 4096}, {1, 12288, 4096}, {2, 4096, 4096}, {3, 4096, 4096}};
     for (size_t k = 0; k < sizeof formed / sizeof formed[0]; k++)
-        for (int nt = 1; nt <= 3; nt += 2) bench_formed(e0, e1, formed[k][0], formed[k][1], formed[k][2], nt);
+        for (int nt = 1; nt <= 4; nt++) bench_formed(e0, e1, formed[k][0], formed[k][1], formed[k][2], nt);
     static const int shapes[][2] = {{384, 384}, {384, 16384}, {4096, 4096}, {4096, 12288}, {12288, 4096}, {4096, 248320}};
     static const int rows[] = {1, 2, 4, 8, 64, 512};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
