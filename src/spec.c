@@ -199,10 +199,19 @@ int spec_engine_warmup(struct spec_engine *e, const int32_t *prompt, int n_promp
     sps[0].temperature = 0.0f;
     if (sps[1].temperature <= 0.0f) sps[1].temperature = 0.8f;
     int32_t out[SPEC_MAX_DRAFT + 1];
+    /* first the largest step a prompt can take (n_batch rows): a backend sizes its scratch
+     * memory to it now, rather than when a long prompt arrives, which would make every graph
+     * recorded so far stale (each records again on its next use) */
+    const int n_big = COTI_MIN(m->n_batch, m->n_ctx - 1);
+    int32_t *big = malloc(sizeof(int32_t) * (size_t)n_big), first;
+    if (!big) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    for (int i = 0; i < n_big; i++) big[i] = prompt[i % n_prompt];
+    int rc = spec_seq_begin(e, 0, big, n_big, &sps[0], p, &first, err, err_size);
+    free(big);
+    if (rc) return rc;
     for (int s = 0; s < m->n_seq; s++) {
         for (int v = 0; v < 2; v++) {
-            int32_t first;
-            int rc = spec_seq_begin(e, s, prompt, n_prompt, &sps[v], p, &first, err, err_size);
+            rc = spec_seq_begin(e, s, prompt, n_prompt, &sps[v], p, &first, err, err_size);
             for (int n = 1; !rc && n < n_gen;) {
                 int nb;
                 rc = spec_seq_step(e, s, n_gen - n, out, &nb, NULL, err, err_size);

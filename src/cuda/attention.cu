@@ -164,9 +164,10 @@ void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head
     if (head_dim > ATTN_MAX_D || n_head_kv < 1 || n_head % n_head_kv) abort(); /* model loading rejects these */
     const int n_split = n_tok <= ATTN_SMALL_BATCH ? ATTN_SPLIT : 1;
     float *part = NULL;
+    /* sized for the largest small batch at once: growing it later makes recorded graphs stale */
     if (n_split > 1)
         part = (float *)cuda_scratch(c, &c->attn_part, &c->attn_part_size,
-                                     sizeof(float) * (size_t)n_tok * n_head * n_split * (head_dim + 2));
+                                     sizeof(float) * (size_t)ATTN_SMALL_BATCH * n_head * n_split * (head_dim + 2));
     const dim3 grid(n_split, n_head, n_tok);
     const bool vec = head_dim % 8 == 0;
 #define ATTN_LAUNCH(NE, VEC)                                                                    \

@@ -282,6 +282,7 @@ void cuda_kv_store(struct backend *be, const float *k, int k_stride, const float
  * on ties) and, if asked, Σ exp(x - slice max) in double; a second kernel merges the slices in
  * order. NaN logits give an unspecified index. */
 #define ARGMAX_SLICE 4096
+#define ARGMAX_MIN_ROWS 16
 #define ARGMAX_THREADS 256
 
 struct am_part {
@@ -349,7 +350,9 @@ void cuda_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t 
     struct cuda_ctx *c = cuda_enter(be);
     if (n_rows < 1 || n < 1) return;
     const int nb = cuda_cdiv(n, ARGMAX_SLICE);
-    am_part *part = (am_part *)cuda_scratch(c, &c->amax_part, &c->amax_part_size, sizeof(am_part) * (size_t)nb * n_rows);
+    /* at least a verify batch's rows at once: growing it later makes recorded graphs stale */
+    am_part *part = (am_part *)cuda_scratch(c, &c->amax_part, &c->amax_part_size,
+                                            sizeof(am_part) * (size_t)nb * COTI_MAX(n_rows, ARGMAX_MIN_ROWS));
     cuda_launch(c, dim3(nb, n_rows), ARGMAX_THREADS, argmax_part_kernel, x, n, (int)(p_max != NULL), part);
     cuda_launch(c, cuda_cdiv(n_rows, 4), 128, argmax_final_kernel, (const am_part *)part, nb, n_rows, out, p_max);
 }
