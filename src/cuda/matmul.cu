@@ -26,7 +26,9 @@
  *   group: a verify batch reproduces plain decode bit for bit. The first two chunks are
  *   requested before the kernel waits for the previous kernel (programmatic dependent
  *   launch). For 1-2 tokens of quantized weights the kernel quantizes the activations itself
- *   (each block into its shared memory), so a matmul is a single launch.
+ *   (each block into its shared memory), so a matmul is a single launch; it also forms a norm,
+ *   gated norm, output gate or swiglu input itself where that measured faster (mv_fuses);
+ *   past that a norm's own kernel writes the activation codes with its output.
  * - prefill tiles (mmq_kernel below) for > 8 tokens of quantized weights.
  * - Several weights of one type in matmul_n share one launch; activations are converted once
  *   per distinct vec_dot type (when the matvec does not quantize them itself). */
@@ -192,6 +194,40 @@ __global__ void quant_q8_0_kernel(const float *__restrict__ x, int n, int n_tok,
     cuda_pdl_begin();
     q8_rows([&](int t, int e0, float (&v)[4]) { x_vals4(x, n, t, e0, v); }, n, n_tok, stride,
             blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x, q, d, s);
+}
+
+/* The unfused form of a NORM matmul input for Q8_0 / Q8_1 weights, one block per row: x_out =
+ * x + m, y = rmsnorm(x + m) ⊙ w (the standalone norm kernel's arithmetic, cuda_row_sumsq), and
+ * y's Q8 codes straight from the same values (what the converter would read back from y),
+ * which saves the converter's launch. A thread owns 4 consecutive elements, reading them before
+ * it writes them (x_out may be x). */
+__global__ void __launch_bounds__(CUDA_NORM_THREADS)
+norm_q8_rows_kernel(const float *x, const float *m, float *x_out, const float *__restrict__ w, int dim, float eps,
+                    float *y, int stride, int8_t *__restrict__ q, float *__restrict__ d, float *__restrict__ s) {
+    __shared__ double red[CUDA_NORM_THREADS / 32];
+    cuda_pdl_begin();
+    const int t = blockIdx.x;
+    const size_t o = (size_t)t * dim;
+    const float *xr = x + o, *mr = m ? m + o : NULL;
+    const bool vec = dim % 4 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)m & 15) == 0;
+    const double ss = cuda_row_sumsq([&](int g, float (&v)[8]) { cuda_group8(xr, mr, dim, vec, g, v); }, dim, red);
+    const float sc = cuda_rms_inv(ss, dim, eps);
+    const int nb = stride / 32;
+    for (int i = threadIdx.x; i < nb * 8; i += CUDA_NORM_THREADS) { /* every lane of a warp: nb·8 % 32 == 0 */
+        const int b = i / 8, part = i % 8, e0 = 32 * b + 4 * part;
+        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int e = e0 + k;
+            if (e >= dim) continue;
+            const float v = mr ? xr[e] + mr[e] : xr[e];
+            if (mr) x_out[o + e] = v;
+            a[k] = __fmul_rn(__fmul_rn(v, sc), w[e]);
+            y[o + e] = a[k];
+        }
+        q8_block_oct(a, part, q + (size_t)t * stride + 32 * b, d + (size_t)t * nb + b,
+                     s ? s + (size_t)t * nb + b : NULL);
+    }
 }
 
 /* Q8_K conversion kernel: one warp per 256-block. */
@@ -1272,10 +1308,11 @@ static bool mv_fuses(const struct cuda_ctx *c, const struct type_entry *te, int 
     return xb <= MV_FUSED_MAX_XBYTES && te->fused_wbytes[n_tok - 1] + xb + 1024 <= c->smem_block_max;
 }
 
-/* All token rows: groups of 8 in one launch (grid.y), the rest in a second. */
+/* All token rows: groups of 8 in one launch (grid.y), the rest in a second. converted: x holds
+ * the rows already in the weight's activation format (no launch quantizes them itself). */
 static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv_params &P, const float *xf,
-                       const xact &x, int n_tok) {
-    if (mv_fuses(c, te, n_tok, x.stride, P.in.mode, P.n)) {
+                       const xact &x, int n_tok, bool converted) {
+    if (!converted && mv_fuses(c, te, n_tok, x.stride, P.in.mode, P.n)) {
         te->mv_fused[n_tok - 1](c, type_slot(te), P, xf, x, 0, 1);
         return;
     }
@@ -1288,27 +1325,32 @@ static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv
     if (rem) te->mv[rem - 1](c, type_slot(te), P, xf, x, MV_MAX_NT * full, 1);
 }
 
-/* ys[i] = ws[i] · input rows; in.mode other than X only where every weight's launch fuses. */
+/* ys[i] = ws[i] · input rows; in.mode other than X only where every weight's launch fuses.
+ * pre: the rows already converted to the one format every weight reads (or NULL). */
 static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, float *const *ys, int n_w,
-                          const float *x, int n_tok, const mv_input &in) {
+                          const float *x, int n_tok, const mv_input &in, const xact *pre = NULL) {
     const int n = (int)ws[0]->n_in, stride = x_stride(n);
-    bool need[XF_COUNT] = {};
-    for (int i = 0; i < n_w; i++) {
-        const struct type_entry *te = type_get(ws[i]);
-        if (!mv_fuses(c, te, n_tok, stride, in.mode, n)) need[te->xf] = true;
-    }
-    size_t total = 0;
-    for (int f = 0; f < XF_COUNT; f++)
-        if (need[f]) total += xfmt_layout(f, n_tok, stride, NULL, NULL);
-    uint8_t *base = total ? (uint8_t *)cuda_scratch(c, &c->xq, &c->xq_size, total) : NULL;
     xact xa[XF_COUNT];
     memset(xa, 0, sizeof xa);
     for (int f = 0; f < XF_COUNT; f++) xa[f].stride = stride;
-    size_t off = 0;
-    for (int f = 0; f < XF_COUNT; f++) {
-        if (!need[f]) continue;
-        off += xfmt_layout(f, n_tok, stride, base + off, &xa[f]);
-        convert_activations(c, f, x, n, n_tok, xa[f]);
+    if (pre) {
+        for (int f = 0; f < XF_COUNT; f++) xa[f] = *pre;
+    } else {
+        bool need[XF_COUNT] = {};
+        for (int i = 0; i < n_w; i++) {
+            const struct type_entry *te = type_get(ws[i]);
+            if (!mv_fuses(c, te, n_tok, stride, in.mode, n)) need[te->xf] = true;
+        }
+        size_t total = 0;
+        for (int f = 0; f < XF_COUNT; f++)
+            if (need[f]) total += xfmt_layout(f, n_tok, stride, NULL, NULL);
+        uint8_t *base = total ? (uint8_t *)cuda_scratch(c, &c->xq, &c->xq_size, total) : NULL;
+        size_t off = 0;
+        for (int f = 0; f < XF_COUNT; f++) {
+            if (!need[f]) continue;
+            off += xfmt_layout(f, n_tok, stride, base + off, &xa[f]);
+            convert_activations(c, f, x, n, n_tok, xa[f]);
+        }
     }
     /* one launch per weight type (per 8 weights of it) */
     for (int i = 0; i < n_w; i++) {
@@ -1333,12 +1375,12 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
             rows += (int)ws[j]->n_out;
             P.row0[k + 1] = rows;
             if (P.n_w == MV_MAX_W) {
-                run_matvec(c, te, P, x, xa[te->xf], n_tok);
+                run_matvec(c, te, P, x, xa[te->xf], n_tok, pre != NULL);
                 P.n_w = 0;
                 rows = 0;
             }
         }
-        if (P.n_w) run_matvec(c, te, P, x, xa[te->xf], n_tok);
+        if (P.n_w) run_matvec(c, te, P, x, xa[te->xf], n_tok, pre != NULL);
     }
 }
 
@@ -1379,7 +1421,27 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
         matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps, 0, 0, 0});
         return;
     }
-    cuda_norm_rows(c, x, m, x_out, w, n_tok, (int)ws[0]->n_in, eps, a);
+    /* where the matvec would run after a converter (one Q8 format for every weight; not the
+     * prefill tiles): the norm kernel writes the codes too, one launch fewer per site of a
+     * verify batch (3 rows, H200: 4.92 -> 4.41 µs per site, tiny mtp:2 +2%); at 2 rows the
+     * matvec quantizes a plain input itself, which measured faster end to end (mtp:1 -1.5%
+     * with the codes from the norm kernel) */
+    const int n = (int)ws[0]->n_in, stride = x_stride(n), f = type_get(ws[0])->xf;
+    bool one_q8 = (f == XF_Q8_0 || f == XF_Q8_1) && n_tok <= MV_MAX_NT;
+    for (int i = 0; i < n_w && one_q8; i++) {
+        const struct type_entry *te = type_get(ws[i]);
+        one_q8 = te->xf == f && !mv_fuses(c, te, n_tok, stride, MV_IN_X, n);
+    }
+    if (one_q8) {
+        xact xa;
+        uint8_t *base = (uint8_t *)cuda_scratch(c, &c->xq, &c->xq_size, xfmt_layout(f, n_tok, stride, NULL, NULL));
+        xfmt_layout(f, n_tok, stride, base, &xa);
+        cuda_launch(c, n_tok, CUDA_NORM_THREADS, norm_q8_rows_kernel, x, m, x_out, w, n, eps, a, stride, (int8_t *)xa.q,
+                    (float *)xa.d, f == XF_Q8_1 ? (float *)xa.s : (float *)NULL);
+        matmul_n_with(c, ws, ys, n_w, a, n_tok, MV_PLAIN, &xa);
+        return;
+    }
+    cuda_norm_rows(c, x, m, x_out, w, n_tok, n, eps, a);
     matmul_n_with(c, ws, ys, n_w, a, n_tok, MV_PLAIN);
 }
 

@@ -1183,6 +1183,7 @@ int main(int argc, char **argv) {
         test_fused_matmul(GGML_TYPE_Q8_0, 4096, 64);
         test_fused_matmul(GGML_TYPE_Q8_0, 384, 130);    /* the tiny model's width (stride padding) */
         test_fused_matmul(GGML_TYPE_Q4_0, 96, 5);
+        test_fused_matmul(GGML_TYPE_Q4_1, 256, 11);     /* Q8_1 activations */
         test_fused_matmul(GGML_TYPE_Q4_K, 2304, 37);    /* Q8_K activations */
         test_fused_matmul(GGML_TYPE_Q6_K, 256, 9);
         test_fused_matmul(GGML_TYPE_F16, 1024, 20);     /* never fused: both paths unfused */
