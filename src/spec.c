@@ -104,7 +104,6 @@ const int32_t *spec_seq_tokens(const struct spec_engine *e, int s, int *n) {
     return e->seqs[s].hist;
 }
 
-
 /* spec_seq_begin with the first n_keep prompt tokens already held by sequence s (0: reset). */
 static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt, int n_keep,
                      const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
@@ -193,6 +192,7 @@ int spec_seq_begin_cached(struct spec_engine *e, int s, const int32_t *prompt, i
 int spec_engine_warmup(struct spec_engine *e, const int32_t *prompt, int n_prompt, const struct sampler_params *sp,
                        const struct spec_params *p, int n_gen, char *err, size_t err_size) {
     struct model *m = e->m;
+    if (n_prompt < 1) return coti_fail(err, err_size, COTI_E_ARG, "empty warmup prompt");
     n_gen = COTI_MIN(n_gen, m->n_ctx - n_prompt - SPEC_MAX_DRAFT - 2);
     if (n_gen < 1) return 0; /* a context too small to warm anything in */
     struct sampler_params sps[2] = {*sp, *sp};

@@ -145,8 +145,8 @@ bool task_take(struct task *t, int timeout_ms, struct task_chunk *c) {
 }
 
 /* Engine side of the channel. A piece is appended without waking the taker: a step emits up to
- * 1 + n_max tokens, and one wake per step (task_wake) spares a futex wake-up and the taker's
- * turn on the mutex per token, host time that a GPU decode step is short enough to feel. */
+ * 1 + n_max tokens and wakes it once (task_wake), so the taker takes a step's pieces together
+ * instead of a futex wake-up and a turn on the mutex per token. */
 static bool task_emit(struct task *t, int32_t id, const char *text, size_t len) {
     pthread_mutex_lock(&t->mu);
     bool ok = chunk_append(&t->out, id, text, len);
