@@ -9,7 +9,7 @@ let mtp, off;
 before(async () => {
   [mtp, off] = await Promise.all([
     startServer(['--spec', 'mtp', '--spec-n-max', '4', '-np', '2']),
-    startServer(['--spec', 'off', '-np', '2']),
+    startServer(['--spec', 'off', '-np', '2', '--no-warmup']), // the flag parses (warmup only runs with graphs)
   ]);
 });
 after(async () => {
