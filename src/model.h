@@ -67,6 +67,8 @@ struct model_vtable {
     /* Drop the last n_drop positions of sequence s, which must all come from the last
      * forward (that ran with keep_states) and number fewer than its tokens of s. */
     int (*seq_rollback)(struct model *m, int s, int n_drop);
+    /* Copy sequence src's whole state onto dst (prompt-cache reuse across slots). */
+    int (*seq_copy)(struct model *m, int dst, int src);
 
     /* Copy sequence s's recurrent state (every layer's conv + delta state, in layer order) to
      * host memory dst of n floats; returns the number of floats it needs (call with n = 0 to
@@ -111,6 +113,7 @@ static inline int model_forward(struct model *m, const struct model_batch *b,
 }
 static inline void model_seq_reset(struct model *m, int s) { m->vt->seq_reset(m, s); }
 static inline int model_seq_rollback(struct model *m, int s, int n_drop) { return m->vt->seq_rollback(m, s, n_drop); }
+static inline int model_seq_copy(struct model *m, int dst, int src) { return m->vt->seq_copy(m, dst, src); }
 
 /* Architecture loaders (one per src/models/<arch>.c). */
 int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,

@@ -988,6 +988,38 @@ static int qwen35_seq_rollback(struct model *m, int s, int n_drop) {
     return 0;
 }
 
+static int qwen35_seq_copy(struct model *m, int dst, int src) {
+    struct qwen35 *q = q35(m);
+    struct backend *be = m->be;
+    if (dst < 0 || dst >= m->n_seq || src < 0 || src >= m->n_seq) return COTI_E_ARG;
+    if (dst == src) return 0;
+    const size_t kvd = (size_t)q->hp.n_head_kv * q->hp.head_dim;
+    const size_t kv_bytes = sizeof(uint16_t) * kvd * (size_t)m->seq_len[src];
+    for (int il = 0; il < q->hp.n_layer; il++) {
+        struct layer *ly = &q->layers[il];
+        if (ly->is_gdn) {
+            be->copy(be, ly->conv_state + (size_t)dst * q->conv_elems, ly->conv_state + (size_t)src * q->conv_elems,
+                     sizeof(float) * q->conv_elems);
+            be->copy(be, ly->ssm_state + (size_t)dst * q->ssm_elems, ly->ssm_state + (size_t)src * q->ssm_elems,
+                     sizeof(float) * q->ssm_elems);
+        } else {
+            be->copy(be, ly->k_cache + (size_t)dst * m->n_ctx * kvd, ly->k_cache + (size_t)src * m->n_ctx * kvd, kv_bytes);
+            be->copy(be, ly->v_cache + (size_t)dst * m->n_ctx * kvd, ly->v_cache + (size_t)src * m->n_ctx * kvd, kv_bytes);
+        }
+    }
+    if (q->has_mtp) {
+        size_t mb = sizeof(uint16_t) * kvd * (size_t)m->mtp_len[src];
+        be->copy(be, q->mtp.blk.k_cache + (size_t)dst * m->n_ctx * kvd, q->mtp.blk.k_cache + (size_t)src * m->n_ctx * kvd, mb);
+        be->copy(be, q->mtp.blk.v_cache + (size_t)dst * m->n_ctx * kvd, q->mtp.blk.v_cache + (size_t)src * m->n_ctx * kvd, mb);
+    }
+    m->seq_len[dst] = m->seq_len[src];
+    m->mtp_len[dst] = m->mtp_len[src];
+    q->last_run_len[dst] = 0;
+    q->last_run_kept[dst] = false;
+    q->last_run_restored[dst] = false;
+    return 0;
+}
+
 static long qwen35_seq_state_read(struct model *m, int s, float *dst, size_t n) {
     struct qwen35 *q = q35(m);
     if (s < 0 || s >= m->n_seq) return COTI_E_ARG;
@@ -1013,5 +1045,6 @@ static const struct model_vtable qwen35_vtable = {
     .forward = qwen35_forward,
     .seq_reset = qwen35_seq_reset,
     .seq_rollback = qwen35_seq_rollback,
+    .seq_copy = qwen35_seq_copy,
     .mtp_forward = qwen35_mtp_forward,
 };
