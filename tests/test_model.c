@@ -247,6 +247,34 @@ Test(model, greedy_picks_in_the_forward_equal_plain_decoding) {
     close_model(&f);
 }
 
+/* A copied sequence continues as its source does: same logits for the same next tokens, same
+ * recurrent state, same NextN head length; the source is untouched. */
+Test(model, seq_copy_continues_like_the_source) {
+    struct fixture f = open_model(2, 0, quant_cpu_level_detect(), 2);
+    const int V = f.m->info.n_vocab;
+    int32_t prompt[20], next[3];
+    random_tokens(prompt, 20, V, 41);
+    random_tokens(next, 3, V, 42);
+    feed(&f, 1, next, 3, 0, false, NULL); /* something to overwrite in the destination */
+    feed(&f, 0, prompt, 20, 0, false, NULL);
+    f.m->mtp_len[0] = 7; /* the head's length travels with the copy */
+    cr_assert_eq(model_seq_copy(f.m, 1, 0), 0);
+    cr_assert_eq(f.m->seq_len[1], 20);
+    cr_assert_eq(f.m->mtp_len[1], 7);
+    long ns = f.m->vt->seq_state_read(f.m, 0, NULL, 0);
+    float *sa = malloc(sizeof(float) * ns), *sb = malloc(sizeof(float) * ns);
+    cr_assert_eq(f.m->vt->seq_state_read(f.m, 0, sa, ns), ns);
+    cr_assert_eq(f.m->vt->seq_state_read(f.m, 1, sb, ns), ns);
+    cr_assert_eq(memcmp(sa, sb, sizeof(float) * ns), 0, "recurrent state differs after the copy");
+    float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
+    feed(&f, 0, next, 3, 20, false, a);
+    feed(&f, 1, next, 3, 20, false, b);
+    cr_assert_eq(memcmp(a, b, sizeof(float) * V), 0, "the copy continues differently: %g", max_abs_diff(a, b, V));
+    cr_assert_neq(model_seq_copy(f.m, 2, 0), 0, "a sequence out of range is refused");
+    free(sa); free(sb); free(a); free(b);
+    close_model(&f);
+}
+
 Test(model, bad_batches_are_rejected_without_changing_state) {
     struct fixture f = open_model(2, 0, quant_cpu_level_detect(), 1);
     char err[256];

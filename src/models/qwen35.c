@@ -993,25 +993,38 @@ static int qwen35_seq_copy(struct model *m, int dst, int src) {
     struct backend *be = m->be;
     if (dst < 0 || dst >= m->n_seq || src < 0 || src >= m->n_seq) return COTI_E_ARG;
     if (dst == src) return 0;
-    const size_t kvd = (size_t)q->hp.n_head_kv * q->hp.head_dim;
-    const size_t kv_bytes = sizeof(uint16_t) * kvd * (size_t)m->seq_len[src];
+    /* every region in one copy_n: the recurrent states, the attention cells the source holds,
+     * and the NextN head's */
+    const int n_max = 2 * q->hp.n_layer + 2;
+    void **to = malloc(sizeof(void *) * (size_t)n_max);
+    const void **from = malloc(sizeof(void *) * (size_t)n_max);
+    size_t *bytes = malloc(sizeof(size_t) * (size_t)n_max);
+    if (!to || !from || !bytes) { free(to); free(from); free(bytes); return COTI_E_NOMEM; }
+    const size_t kvd = (size_t)q->hp.n_head_kv * q->hp.head_dim, cells = (size_t)m->n_ctx * kvd;
+    int n = 0;
+#define REGION(base, stride, len)                                                                  \
+    do {                                                                                           \
+        to[n] = (base) + (size_t)dst * (stride);                                                   \
+        from[n] = (base) + (size_t)src * (stride);                                                 \
+        bytes[n++] = sizeof(*(base)) * (len);                                                      \
+    } while (0)
     for (int il = 0; il < q->hp.n_layer; il++) {
         struct layer *ly = &q->layers[il];
         if (ly->is_gdn) {
-            be->copy(be, ly->conv_state + (size_t)dst * q->conv_elems, ly->conv_state + (size_t)src * q->conv_elems,
-                     sizeof(float) * q->conv_elems);
-            be->copy(be, ly->ssm_state + (size_t)dst * q->ssm_elems, ly->ssm_state + (size_t)src * q->ssm_elems,
-                     sizeof(float) * q->ssm_elems);
+            REGION(ly->conv_state, q->conv_elems, q->conv_elems);
+            REGION(ly->ssm_state, q->ssm_elems, q->ssm_elems);
         } else {
-            be->copy(be, ly->k_cache + (size_t)dst * m->n_ctx * kvd, ly->k_cache + (size_t)src * m->n_ctx * kvd, kv_bytes);
-            be->copy(be, ly->v_cache + (size_t)dst * m->n_ctx * kvd, ly->v_cache + (size_t)src * m->n_ctx * kvd, kv_bytes);
+            REGION(ly->k_cache, cells, kvd * (size_t)m->seq_len[src]);
+            REGION(ly->v_cache, cells, kvd * (size_t)m->seq_len[src]);
         }
     }
     if (q->has_mtp) {
-        size_t mb = sizeof(uint16_t) * kvd * (size_t)m->mtp_len[src];
-        be->copy(be, q->mtp.blk.k_cache + (size_t)dst * m->n_ctx * kvd, q->mtp.blk.k_cache + (size_t)src * m->n_ctx * kvd, mb);
-        be->copy(be, q->mtp.blk.v_cache + (size_t)dst * m->n_ctx * kvd, q->mtp.blk.v_cache + (size_t)src * m->n_ctx * kvd, mb);
+        REGION(q->mtp.blk.k_cache, cells, kvd * (size_t)m->mtp_len[src]);
+        REGION(q->mtp.blk.v_cache, cells, kvd * (size_t)m->mtp_len[src]);
     }
+#undef REGION
+    be->copy_n(be, to, from, bytes, n);
+    free(to); free(from); free(bytes);
     m->seq_len[dst] = m->seq_len[src];
     m->mtp_len[dst] = m->mtp_len[src];
     q->last_run_len[dst] = 0;
