@@ -46,6 +46,10 @@ static void o_copy(struct backend *be, void *dst, const void *src, size_t bytes)
 static void o_copy_n(struct backend *be, void *const *dst, const void *const *src, const size_t *bytes, int n) {
     in(be)->copy_n(in(be), dst, src, bytes, n);
 }
+static void o_copy_n_at(struct backend *be, void *const *dst, const void *const *src, const size_t *step,
+                        const size_t *bytes, int n, const int32_t *sel, int limit) {
+    in(be)->copy_n_at(in(be), dst, src, step, bytes, n, sel, limit);
+}
 static void o_sync(struct backend *be) { in(be)->sync(in(be)); }
 static int o_weight_init(struct backend *be, struct bweight *w, enum ggml_type type, int64_t n_in, int64_t n_out,
                          const void *host_data) {
@@ -194,6 +198,7 @@ struct backend *opcost_wrap(struct backend *inner) {
     be->download = o_download;
     be->copy = o_copy;
     be->copy_n = o_copy_n;
+    be->copy_n_at = o_copy_n_at;
     be->sync = o_sync;
     be->weight_init = o_weight_init;
     be->weight_free = o_weight_free;

@@ -73,6 +73,9 @@ bench_op_cost() {
              'rope, kv store, gate' 'delta-net' 'add, swiglu' 'embedding rows' 'argmax, accept'; do
         grep -q "^$f  " "$TMP/oc.txt" || { echo "no row '$f'" >&2; return 1; }
     done
+    # a speculative configuration too (its verify rolls back through every backend member)
+    "$COTI" bench --op-cost --spec mtp:2 --prompts "$TMP/p1.json" -n 8 --repeat 1 -t 1 > "$TMP/oc2.txt" || return 1
+    grep -q "^nothing  " "$TMP/oc2.txt" || { echo "no row 'nothing' with --spec mtp:2" >&2; return 1; }
     # one configuration only; a plain bench afterwards is unaffected
     ! "$COTI" bench --op-cost --spec off,mtp --prompts "$TMP/p1.json" -n 8 --repeat 1 -t 1 2>/dev/null
 }
