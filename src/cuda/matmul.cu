@@ -213,21 +213,20 @@ norm_q8_rows_kernel(const float *x, const float *m, float *x_out, const float *_
     const double ss = cuda_row_sumsq([&](int g, float (&v)[8]) { cuda_group8(xr, mr, dim, vec, g, v); }, dim, red);
     const float sc = cuda_rms_inv(ss, dim, eps);
     const int nb = stride / 32;
-    for (int i = threadIdx.x; i < nb * 8; i += CUDA_NORM_THREADS) { /* every lane of a warp: nb·8 % 32 == 0 */
-        const int b = i / 8, part = i % 8, e0 = 32 * b + 4 * part;
-        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    q8_rows(
+        [&](int, int e0, float (&a)[4]) {
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int e = e0 + k;
-            if (e >= dim) continue;
-            const float v = mr ? xr[e] + mr[e] : xr[e];
-            if (mr) x_out[o + e] = v;
-            a[k] = __fmul_rn(__fmul_rn(v, sc), w[e]);
-            y[o + e] = a[k];
-        }
-        q8_block_oct(a, part, q + (size_t)t * stride + 32 * b, d + (size_t)t * nb + b,
-                     s ? s + (size_t)t * nb + b : NULL);
-    }
+            for (int k = 0; k < 4; k++) {
+                const int e = e0 + k;
+                if (e >= dim) continue;
+                const float v = mr ? xr[e] + mr[e] : xr[e];
+                if (mr) x_out[o + e] = v;
+                a[k] = __fmul_rn(__fmul_rn(v, sc), w[e]);
+                y[o + e] = a[k];
+            }
+        },
+        dim, 1, stride, threadIdx.x, CUDA_NORM_THREADS, q + (size_t)t * stride, d + (size_t)t * nb,
+        s ? s + (size_t)t * nb : NULL);
 }
 
 /* Q8_K conversion kernel: one warp per 256-block. */

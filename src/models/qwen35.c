@@ -122,7 +122,8 @@ struct qwen35 {
     bool *last_run_kept;
     bool *last_run_restored;             /* per seq: its last forward was a greedy verify that
                                             restored the accepted prefix's state on the device */
-    /* recurrent state regions of one sequence (state_regions): 2 per delta-net layer */
+    /* copy regions of one sequence's memory (state_regions, seq_copy): 2 per layer, 2 for the
+     * NextN head */
     void **rg_dst;
     const void **rg_src;
     size_t *rg_step, *rg_bytes;
@@ -473,7 +474,7 @@ static int alloc_memory(struct qwen35 *q) {
     q->last_run_len = calloc((size_t)m->n_seq, sizeof(int32_t));
     q->last_run_kept = calloc((size_t)m->n_seq, sizeof(bool));
     q->last_run_restored = calloc((size_t)m->n_seq, sizeof(bool));
-    const size_t nrg = 2 * (size_t)q->hp.n_layer;
+    const size_t nrg = 2 * (size_t)q->hp.n_layer + 2;
     q->rg_dst = calloc(nrg, sizeof *q->rg_dst);
     q->rg_src = calloc(nrg, sizeof *q->rg_src);
     q->rg_step = calloc(nrg, sizeof *q->rg_step);
@@ -995,18 +996,13 @@ static int qwen35_seq_copy(struct model *m, int dst, int src) {
     if (dst == src) return 0;
     /* every region in one copy_n: the recurrent states, the attention cells the source holds,
      * and the NextN head's */
-    const int n_max = 2 * q->hp.n_layer + 2;
-    void **to = malloc(sizeof(void *) * (size_t)n_max);
-    const void **from = malloc(sizeof(void *) * (size_t)n_max);
-    size_t *bytes = malloc(sizeof(size_t) * (size_t)n_max);
-    if (!to || !from || !bytes) { free(to); free(from); free(bytes); return COTI_E_NOMEM; }
     const size_t kvd = (size_t)q->hp.n_head_kv * q->hp.head_dim, cells = (size_t)m->n_ctx * kvd;
     int n = 0;
 #define REGION(base, stride, len)                                                                  \
     do {                                                                                           \
-        to[n] = (base) + (size_t)dst * (stride);                                                   \
-        from[n] = (base) + (size_t)src * (stride);                                                 \
-        bytes[n++] = sizeof(*(base)) * (len);                                                      \
+        q->rg_dst[n] = (base) + (size_t)dst * (stride);                                            \
+        q->rg_src[n] = (base) + (size_t)src * (stride);                                            \
+        q->rg_bytes[n++] = sizeof(*(base)) * (len);                                                \
     } while (0)
     for (int il = 0; il < q->hp.n_layer; il++) {
         struct layer *ly = &q->layers[il];
@@ -1023,8 +1019,7 @@ static int qwen35_seq_copy(struct model *m, int dst, int src) {
         REGION(q->mtp.blk.v_cache, cells, kvd * (size_t)m->mtp_len[src]);
     }
 #undef REGION
-    be->copy_n(be, to, from, bytes, n);
-    free(to); free(from); free(bytes);
+    be->copy_n(be, q->rg_dst, q->rg_src, q->rg_bytes, n);
     m->seq_len[dst] = m->seq_len[src];
     m->mtp_len[dst] = m->mtp_len[src];
     q->last_run_len[dst] = 0;
