@@ -651,6 +651,26 @@ struct mv_input {
 static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f, 0, 0, 0};
 #define MV_GNORM_MAX_GROUPS 128  /* token rows x groups whose scales a fused launch keeps */
 
+/* A swiglu (SWIGLU) or output-gate (SIGMOID) input formed and converted to Q8_0 / Q8_1 in one
+ * grid-wide pass, the converter's shape and bits: what the op kernel and the converter do in
+ * two launches (the op's f32 output is scratch by the interface, so it is not written). */
+__global__ void form_q8_kernel(const float *__restrict__ x, int n, int n_tok, int stride, const mv_input in,
+                               int8_t *__restrict__ q, float *__restrict__ d, float *__restrict__ s) {
+    cuda_pdl_begin();
+    q8_rows(
+        [&](int t, int e0, float (&v)[4]) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int e = e0 + k;
+                const size_t o = (size_t)t * n + e;
+                if (e >= n) v[k] = 0.0f;
+                else if (in.mode == MV_IN_SWIGLU) v[k] = __fmul_rn(cuda_silu(x[o]), in.m[o]);
+                else v[k] = __fmul_rn(x[o], cuda_sigmoid(in.m[(size_t)t * in.gs + (size_t)(e / in.dim) * in.ghs + e % in.dim]));
+            }
+        },
+        n, n_tok, stride, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x, q, d, s);
+}
+
 struct mv_params {
     const uint8_t *w[MV_MAX_W];
     float *y[MV_MAX_W];
@@ -1296,7 +1316,13 @@ static int type_slot(const struct type_entry *te) { return (int)(te - type_table
  * norm, output gate and plain inputs gain at 2 rows only when narrow (tiny gated norm 4.28
  * fused at 2 against 5.27 unfused at 3; 9B 22.1 against 12.5). */
 #define MV_MULTI_FUSE_MAX_N 1536
+/* A plain input wider than this is converted once, grid-wide, not in every block: the 9B's
+ * 12288-wide FFN down input, formed and converted by form_q8_kernel (swiglu + codes in one
+ * launch) in place of a swiglu kernel and 264 blocks each quantizing 12288 values, went
+ * 302.6 -> 317.2 tok/s (H200). */
+#define MV_X_FUSE_MAX_N 4096
 static int mv_fused_rows_max(int mode, int n) {
+    if (mode == MV_IN_X && n > MV_X_FUSE_MAX_N) return 0;
     if (mode == MV_IN_NORM || n > MV_MULTI_FUSE_MAX_N) return 1;
     return MV_FUSED_MAX_NT;
 }
@@ -1412,6 +1438,33 @@ static bool all_fuse(const struct cuda_ctx *c, const struct bweight *const *ws, 
     return true;
 }
 
+/* Whether every weight reads one Q8 format (*f) from a converter for n_tok rows: the matvec does
+ * not quantize a plain input itself there (nor do the prefill tiles read it), so the kernel
+ * that forms the input may as well write the codes. */
+static bool converted_q8(const struct cuda_ctx *c, const struct bweight *const *ws, int n_w, int n_tok, int *f) {
+    const int n = (int)ws[0]->n_in, stride = x_stride(n);
+    *f = type_get(ws[0])->xf;
+    if ((*f != XF_Q8_0 && *f != XF_Q8_1) || n_tok > MV_MAX_NT) return false;
+    for (int i = 0; i < n_w; i++) {
+        const struct type_entry *te = type_get(ws[i]);
+        if (te->xf != *f || mv_fuses(c, te, n_tok, stride, MV_IN_X, n)) return false;
+    }
+    return true;
+}
+
+/* A formed input converted by form_q8_kernel, then the matvecs. */
+static void form_q8_matmul(struct cuda_ctx *c, const struct bweight *w, const float *x, int n_tok, const mv_input &in,
+                           int f, float *y) {
+    const int n = (int)w->n_in, stride = x_stride(n);
+    xact xa;
+    uint8_t *base = (uint8_t *)cuda_scratch(c, &c->xq, &c->xq_size, xfmt_layout(f, n_tok, stride, NULL, NULL));
+    xfmt_layout(f, n_tok, stride, base, &xa);
+    const int items = n_tok * (stride / 32) * 8;
+    cuda_launch(c, cuda_cdiv(items, 256), 256, form_q8_kernel, x, n, n_tok, stride, in, (int8_t *)xa.q, (float *)xa.d,
+                f == XF_Q8_1 ? (float *)xa.s : (float *)NULL);
+    matmul_n_with(c, &w, &y, 1, x, n_tok, MV_PLAIN, &xa);
+}
+
 void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, float *x_out, const float *w, float eps,
                         float *a, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok) {
     struct cuda_ctx *c = cuda_enter(be);
@@ -1425,13 +1478,9 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
      * verify batch (3 rows, H200: 4.92 -> 4.41 µs per site, tiny mtp:2 +2%); at 2 rows the
      * matvec quantizes a plain input itself, which measured faster end to end (mtp:1 -1.5%
      * with the codes from the norm kernel) */
-    const int n = (int)ws[0]->n_in, stride = x_stride(n), f = type_get(ws[0])->xf;
-    bool one_q8 = (f == XF_Q8_0 || f == XF_Q8_1) && n_tok <= MV_MAX_NT;
-    for (int i = 0; i < n_w && one_q8; i++) {
-        const struct type_entry *te = type_get(ws[i]);
-        one_q8 = te->xf == f && !mv_fuses(c, te, n_tok, stride, MV_IN_X, n);
-    }
-    if (one_q8) {
+    const int n = (int)ws[0]->n_in, stride = x_stride(n);
+    int f;
+    if (converted_q8(c, ws, n_w, n_tok, &f)) {
         xact xa;
         uint8_t *base = (uint8_t *)cuda_scratch(c, &c->xq, &c->xq_size, xfmt_layout(f, n_tok, stride, NULL, NULL));
         xfmt_layout(f, n_tok, stride, base, &xa);
@@ -1449,6 +1498,11 @@ void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, c
     if (n_tok < 1) return;
     if (all_fuse(c, &w, 1, n_tok, MV_SWIGLU_FUSE_MAX_N, MV_IN_SWIGLU)) {
         matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0});
+        return;
+    }
+    int f;
+    if (converted_q8(c, &w, 1, n_tok, &f)) {
+        form_q8_matmul(c, w, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0}, f, y);
         return;
     }
     cuda_swiglu(be, g, u, (int64_t)n_tok * w->n_in, g);
@@ -1475,6 +1529,12 @@ void cuda_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, in
     if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N, MV_IN_SIGMOID) && wt->n_in == (int64_t)n_head * dim) {
         matmul_n_with(c, &wt, &y, 1, x, n_tok,
                       mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride});
+        return;
+    }
+    int f;
+    if (wt->n_in == (int64_t)n_head * dim && converted_q8(c, &wt, 1, n_tok, &f)) {
+        form_q8_matmul(c, wt, x, n_tok, mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride},
+                       f, y);
         return;
     }
     cuda_mul_sigmoid(be, x, gate, n_tok, n_head, dim, gate_stride, gate_head_stride);

@@ -5,7 +5,7 @@
  * Build: `make cuda` (build-cuda/test_cuda_ops, next to build-cuda/coti).
  * Run:
  *   build-cuda/test_cuda_ops [--seed N] [--only OP]     correctness; one line per case
- *   build-cuda/test_cuda_ops --bench                    Q8_0 matvec GB/s against a D2D copy,
+ *   build-cuda/test_cuda_ops --bench [--only formed|attention|matmul]  Q8_0 matvec GB/s against a D2D copy,
  *                                                       and the fused-input matmuls' µs per call
  *
  * Tolerances (each case prints its max abs / rel error and the bound):
@@ -299,7 +299,8 @@ static void test_matmul_n(void) {
 }
 
 /* norm_matmul_n, swiglu_matmul, rmsnorm_gated_matmul and mul_sigmoid_matmul. 1-2 rows run fused
- * (the matvec forms its input itself), 3+ rows run a norm / swiglu kernel and then the matmul: the two must quantize the same input, so
+ * (the matvec forms its input itself) where narrow enough; 3+ rows, and wide rows, run a kernel
+ * that forms the input (and for Q8 formats also writes its codes) and then the matmul: the two must quantize the same input, so
  * every row's outputs (and x_out, a) are bit-identical between the paths, as decode and verify
  * need; and both match the CPU's unfused ops. */
 static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
@@ -1037,6 +1038,30 @@ static void bench_formed(cudaEvent_t e0, cudaEvent_t e1, int op, int n_in, int n
     free_hweight(&hw);
 }
 
+/* Decode / verify attention over a cache of len rows (the 9B's 16/4 heads of 256), as a graph
+ * of `iters` calls: the split + merge kernels a step runs per attention layer. */
+static void bench_attention(cudaEvent_t e0, cudaEvent_t e1, int n_tok, int len) {
+    const int n_head = 16, n_head_kv = 4, D = 256, kvd = n_head_kv * D, qs = 2 * n_head * D, reps = 7, iters = 50;
+    const size_t nkv = (size_t)(len + n_tok) * kvd;
+    float *q = xmalloc(sizeof(float) * n_tok * qs);
+    uint16_t *kv = xmalloc(2 * nkv);
+    int32_t cell0[8], nctx[8];
+    fill(q, (size_t)n_tok * qs, 1.5f);
+    for (size_t i = 0; i < nkv; i++) kv[i] = f32_to_fp16(frand());
+    for (int t = 0; t < n_tok; t++) { cell0[t] = 0; nctx[t] = len + t + 1; }
+    float *dq = gdup(q, sizeof(float) * n_tok * qs), *dout = galloc(sizeof(float) * n_tok * n_head * D);
+    uint16_t *dk = gdup(kv, 2 * nkv), *dv = gdup(kv, 2 * nkv);
+    int32_t *dc0 = gdup(cell0, sizeof(int32_t) * n_tok), *dn = gdup(nctx, sizeof(int32_t) * n_tok);
+    for (int i = -1; i < iters; i++) {
+        if (i == 0) gpu->capture_begin(gpu);
+        gpu->attention(gpu, dq, qs, 2 * D, dk, dv, dc0, dn, n_tok, n_head, n_head_kv, D, 1.0f / 16.0f, dout);
+    }
+    printf("attention 16/4 heads of 256, rows %d, cache %5d graph: %7.2f us per call\n", n_tok, len,
+           graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1));
+    gpu->free(gpu, dq); gpu->free(gpu, dout); gpu->free(gpu, dk); gpu->free(gpu, dv); gpu->free(gpu, dc0); gpu->free(gpu, dn);
+    free(q); free(kv);
+}
+
 /* Median over reps of (time of `iters` calls)/iters, in µs, with CUDA events on the backend's
  * stream. Weights rotate over copies so the working set is well beyond the L2. */
 static void bench(void) {
@@ -1084,11 +1109,13 @@ static void bench(void) {
     /* the tiny model's and the 9B's per-layer matmuls with a formed input, decode and verify rows */
     static const int formed[][3] = {{0, 384, 2304}, {1, 1152, 384}, {2, 512, 384}, {3, 384, 384},
                                     {0, 4096, 4096}, {1, 12288, 4096}, {2, 4096, 4096}, {3, 4096, 4096}};
-    for (size_t k = 0; k < sizeof formed / sizeof formed[0]; k++)
+    for (size_t k = 0; k < sizeof formed / sizeof formed[0] && want("formed"); k++)
         for (int nt = 1; nt <= 4; nt++) bench_formed(e0, e1, formed[k][0], formed[k][1], formed[k][2], nt);
+    static const int att[][2] = {{1, 32}, {1, 160}, {1, 1024}, {3, 160}};
+    for (size_t k = 0; k < sizeof att / sizeof att[0] && want("attention"); k++) bench_attention(e0, e1, att[k][0], att[k][1]);
     static const int shapes[][2] = {{384, 384}, {384, 16384}, {4096, 4096}, {4096, 12288}, {12288, 4096}, {4096, 248320}};
     static const int rows[] = {1, 2, 4, 8, 64, 512};
-    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0] && want("matmul"); k++) {
         const int n_in = shapes[k][0], n_out = shapes[k][1];
         const size_t rb = ggml_row_size(GGML_TYPE_Q8_0, n_in), bytes = rb * n_out;
         int n_copies = (int)((((size_t)512 << 20) + bytes - 1) / bytes);
@@ -1181,6 +1208,8 @@ int main(int argc, char **argv) {
     }
     if (want("fused_matmul")) {
         test_fused_matmul(GGML_TYPE_Q8_0, 4096, 64);
+        test_fused_matmul(GGML_TYPE_Q8_0, 12288, 40);   /* wider than a matvec quantizes: formed grid-wide */
+        test_fused_matmul(GGML_TYPE_Q4_1, 5120, 11);    /* the same with Q8_1 activations */
         test_fused_matmul(GGML_TYPE_Q8_0, 384, 130);    /* the tiny model's width (stride padding) */
         test_fused_matmul(GGML_TYPE_Q4_0, 96, 5);
         test_fused_matmul(GGML_TYPE_Q4_1, 256, 11);     /* Q8_1 activations */
