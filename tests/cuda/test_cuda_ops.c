@@ -1239,6 +1239,7 @@ int main(int argc, char **argv) {
         test_attention(1, 0, 16, 4, 256, 0);     /* first token */
         test_attention(1, 700, 16, 4, 256, 1);   /* decode, second sequence */
         test_attention(4, 300, 16, 4, 256, 0);   /* verify batch */
+        test_attention(2, 40, 16, 4, 256, 0);    /* short cache: most slices empty */
         test_attention(8, 5000, 8, 2, 128, 2);   /* verify batch, long cache */
         test_attention(40, 0, 4, 1, 64, 0);      /* prefill */
         test_attention(3, 50, 6, 3, 36, 0);      /* head dim not a multiple of 8 */
