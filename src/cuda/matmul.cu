@@ -653,7 +653,10 @@ static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f, 0, 0, 0
 
 /* A swiglu (SWIGLU) or output-gate (SIGMOID) input formed and converted to Q8_0 / Q8_1 in one
  * grid-wide pass, the converter's shape and bits: what the op kernel and the converter do in
- * two launches (the op's f32 output is scratch by the interface, so it is not written). */
+ * two launches (the op's f32 output is scratch by the interface, so it is not written). The
+ * two expressions are the matvec prologue's (in_val) written out again on purpose: routing that
+ * prologue through a shared value function changes its generated code, and the last such
+ * sharing cost 0.1-0.3 µs per fused call (notes, session 5). */
 __global__ void form_q8_kernel(const float *__restrict__ x, int n, int n_tok, int stride, const mv_input in,
                                int8_t *__restrict__ q, float *__restrict__ d, float *__restrict__ s) {
     cuda_pdl_begin();
@@ -1452,13 +1455,20 @@ static bool converted_q8(const struct cuda_ctx *c, const struct bweight *const *
     return true;
 }
 
+/* n_tok rows of format f laid out in the activation scratch, for a kernel that forms and
+ * converts a matvec input in one pass. */
+static xact converted_scratch(struct cuda_ctx *c, int f, int n_tok, int stride) {
+    xact xa;
+    uint8_t *base = (uint8_t *)cuda_scratch(c, &c->xq, &c->xq_size, xfmt_layout(f, n_tok, stride, NULL, NULL));
+    xfmt_layout(f, n_tok, stride, base, &xa);
+    return xa;
+}
+
 /* A formed input converted by form_q8_kernel, then the matvecs. */
 static void form_q8_matmul(struct cuda_ctx *c, const struct bweight *w, const float *x, int n_tok, const mv_input &in,
                            int f, float *y) {
     const int n = (int)w->n_in, stride = x_stride(n);
-    xact xa;
-    uint8_t *base = (uint8_t *)cuda_scratch(c, &c->xq, &c->xq_size, xfmt_layout(f, n_tok, stride, NULL, NULL));
-    xfmt_layout(f, n_tok, stride, base, &xa);
+    const xact xa = converted_scratch(c, f, n_tok, stride);
     const int items = n_tok * (stride / 32) * 8;
     cuda_launch(c, cuda_cdiv(items, 256), 256, form_q8_kernel, x, n, n_tok, stride, in, (int8_t *)xa.q, (float *)xa.d,
                 f == XF_Q8_1 ? (float *)xa.s : (float *)NULL);
@@ -1481,9 +1491,7 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
     const int n = (int)ws[0]->n_in, stride = x_stride(n);
     int f;
     if (converted_q8(c, ws, n_w, n_tok, &f)) {
-        xact xa;
-        uint8_t *base = (uint8_t *)cuda_scratch(c, &c->xq, &c->xq_size, xfmt_layout(f, n_tok, stride, NULL, NULL));
-        xfmt_layout(f, n_tok, stride, base, &xa);
+        const xact xa = converted_scratch(c, f, n_tok, stride);
         cuda_launch(c, n_tok, CUDA_NORM_THREADS, norm_q8_rows_kernel, x, m, x_out, w, n, eps, a, stride, (int8_t *)xa.q,
                     (float *)xa.d, f == XF_Q8_1 ? (float *)xa.s : (float *)NULL);
         matmul_n_with(c, ws, ys, n_w, a, n_tok, MV_PLAIN, &xa);
