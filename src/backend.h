@@ -24,6 +24,14 @@ struct bweight {
     bool repacked;               /* data is the backend's own copy in a layout of its choice */
 };
 
+/* A delta-net layer's gate inputs for a run of tokens: for token t and v-head h the decay is
+ * exp(g) with g = softplus(a[t][h] + dt_bias[h]) · ssm_a[h] (softplus(v) = v past 20), and
+ * beta = sigmoid(b[t][h]); a and b rows are a_stride / b_stride apart. */
+struct gdn_gates {
+    const float *a, *b, *dt_bias, *ssm_a;
+    int a_stride, b_stride;
+};
+
 struct backend {
     const char *name;
     void *ctx;
@@ -122,25 +130,20 @@ struct backend {
      * snap + t*n_ch*(k-1) for t < n_snap. */
     void (*ssm_conv)(struct backend *be, const float *x, int n_tok, int n_ch, int k,
                      const float *w, float *state, float *y, float *snap, int n_snap);
-    /* Delta-net gates per token and v-head: beta = sigmoid(b), g = softplus(a + dt_bias) · ssm_a.
-     * a, b rows are a_stride / b_stride apart. */
-    void (*gdn_gates)(struct backend *be, const float *a, int a_stride, const float *b, int b_stride,
-                      const float *dt_bias, const float *ssm_a, int n_tok, int n_v, float *g,
-                      float *beta);
     /* Gated delta rule over n_tok tokens of ONE sequence (arch-qwen35.md §5.5). qkv rows
      * (stride qkv_stride): q heads [0, nk·dk), k heads [nk·dk, 2nk·dk), v heads after; q and
-     * k are L2-normalised here (eps). state[h][j][i] (dk fastest) is read and updated; v head
-     * h uses k head h % nk. out[t][h*dv + j]. If snap, the state after token t goes to
+     * k are L2-normalised here (eps). The gates come raw (struct gdn_gates) and are formed
+     * here, per token and v-head. state[h][j][i] (dk fastest) is read and updated; v head h
+     * uses k head h % nk. out[t][h*dv + j]. If snap, the state after token t goes to
      * snap + t*nv*dk*dv for t < n_snap. */
-    void (*gdn)(struct backend *be, const float *qkv, int qkv_stride, const float *g,
-                const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
-                float eps, float *out, float *snap, int n_snap);
+    void (*gdn)(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates,
+                float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *out,
+                float *snap, int n_snap);
 
     /* The same rule in its chunked (parallel) form, for long runs without snapshots
      * (prompt processing); equal to gdn up to f32 rounding (arch-qwen35.md §5.6). */
-    void (*gdn_chunked)(struct backend *be, const float *qkv, int qkv_stride, const float *g,
-                        const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
-                        float eps, float *out);
+    void (*gdn_chunked)(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates,
+                        float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *out);
 
     /* out[r] = index of the max of row r (lowest index on ties); if p_max, also the softmax
      * probability of that max (drafters' p_min check) — only ids and scalars leave the op. */

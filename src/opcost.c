@@ -164,18 +164,14 @@ static void o_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch, 
                        float *y, float *snap, int n_snap) {
     if (!skipped(be, OPCOST_DELTANET)) in(be)->ssm_conv(in(be), x, n_tok, n_ch, k, w, state, y, snap, n_snap);
 }
-static void o_gdn_gates(struct backend *be, const float *a, int a_stride, const float *b, int b_stride,
-                        const float *dt_bias, const float *ssm_a, int n_tok, int n_v, float *g, float *beta) {
-    if (!skipped(be, OPCOST_DELTANET)) in(be)->gdn_gates(in(be), a, a_stride, b, b_stride, dt_bias, ssm_a, n_tok, n_v, g, beta);
-}
-static void o_gdn(struct backend *be, const float *qkv, int qkv_stride, const float *g, const float *beta, float *state,
+static void o_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, float *state,
                   int n_tok, int nk, int nv, int dk, int dv, float eps, float *out, float *snap, int n_snap) {
     if (!skipped(be, OPCOST_DELTANET))
-        in(be)->gdn(in(be), qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out, snap, n_snap);
+        in(be)->gdn(in(be), qkv, qkv_stride, gates, state, n_tok, nk, nv, dk, dv, eps, out, snap, n_snap);
 }
-static void o_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const float *g, const float *beta,
+static void o_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates,
                           float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *out) {
-    if (!skipped(be, OPCOST_DELTANET)) in(be)->gdn_chunked(in(be), qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out);
+    if (!skipped(be, OPCOST_DELTANET)) in(be)->gdn_chunked(in(be), qkv, qkv_stride, gates, state, n_tok, nk, nv, dk, dv, eps, out);
 }
 static void o_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max) {
     if (!skipped(be, OPCOST_ARGMAX)) in(be)->argmax(in(be), x, n_rows, n, out, p_max);
@@ -220,7 +216,6 @@ struct backend *opcost_wrap(struct backend *inner) {
     be->mul_sigmoid_matmul = o_mul_sigmoid_matmul;
     be->attention = o_attention;
     be->ssm_conv = o_ssm_conv;
-    be->gdn_gates = o_gdn_gates;
     be->gdn = o_gdn;
     be->gdn_chunked = o_gdn_chunked;
     be->argmax = o_argmax;

@@ -16,8 +16,9 @@ static float frand(void) { /* uniform in [-1, 1) */
 }
 static void fill(float *x, size_t n, float scale) { for (size_t i = 0; i < n; i++) x[i] = frand() * scale; }
 
-/* f64 reference of arch-qwen35.md §5.5 (one sequence, all heads). */
-static void gdn_ref(const float *qkv, int stride, const float *g, const float *beta, double *S, int n_tok,
+/* f64 reference of arch-qwen35.md §5.5 (one sequence, all heads), gates formed from their raw
+ * inputs as struct gdn_gates describes. */
+static void gdn_ref(const float *qkv, int stride, const struct gdn_gates *gt, double *S, int n_tok,
                     int nk, int nv, int dk, int dv, float eps, double *out) {
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < nv; h++) {
@@ -27,11 +28,13 @@ static void gdn_ref(const float *qkv, int stride, const float *g, const float *b
             for (int i = 0; i < dk; i++) { qn += (double)q[i] * q[i]; kn += (double)k[i] * k[i]; }
             qn = fmax(sqrt(qn), eps); kn = fmax(sqrt(kn), eps);
             double *Sh = S + (size_t)h * dk * dv;
-            double decay = exp(g[t * nv + h]);
+            const double av = (double)gt->a[(size_t)t * gt->a_stride + h] + gt->dt_bias[h];
+            const double decay = exp((av > 20.0 ? av : log1p(exp(av))) * gt->ssm_a[h]);
+            const double beta = 1.0 / (1.0 + exp(-(double)gt->b[(size_t)t * gt->b_stride + h]));
             for (int j = 0; j < dv; j++) {
                 double kv = 0;
                 for (int i = 0; i < dk; i++) { Sh[j * dk + i] *= decay; kv += Sh[j * dk + i] * k[i] / kn; }
-                double d = beta[t * nv + h] * (v[j] - kv), o = 0;
+                double d = beta * (v[j] - kv), o = 0;
                 for (int i = 0; i < dk; i++) { Sh[j * dk + i] += k[i] / kn * d; o += Sh[j * dk + i] * q[i] / qn; }
                 out[((size_t)t * nv + h) * dv + j] = o / sqrt((double)dk);
             }
@@ -41,24 +44,32 @@ static void gdn_ref(const float *qkv, int stride, const float *g, const float *b
 static void check_gdn_level(bool chunked, int n_tok, float gscale, enum quant_cpu_level level) {
     const int nk = 2, nv = 4, dk = 16, dv = 16, ch = 2 * nk * dk + nv * dv;
     struct backend *be = backend_cpu_init(2, level);
-    float *qkv = malloc(sizeof(float) * n_tok * ch), *g = malloc(sizeof(float) * n_tok * nv);
-    float *beta = malloc(sizeof(float) * n_tok * nv), *S = malloc(sizeof(float) * nv * dk * dv);
-    float *out = malloc(sizeof(float) * n_tok * nv * dv);
+    const int as = nv + 1, bs = nv + 2; /* gate rows wider than the heads, as a layer's need not be */
+    float *qkv = malloc(sizeof(float) * n_tok * ch), *a = malloc(sizeof(float) * n_tok * as);
+    float *b = malloc(sizeof(float) * n_tok * bs), *S = malloc(sizeof(float) * nv * dk * dv);
+    float *out = malloc(sizeof(float) * n_tok * nv * dv), dt[4], sa[4];
     double *Sd = malloc(sizeof(double) * nv * dk * dv), *outd = malloc(sizeof(double) * n_tok * nv * dv);
     fill(qkv, (size_t)n_tok * ch, 1.0f);
-    for (int i = 0; i < n_tok * nv; i++) { g[i] = -gscale * (frand() + 1.0f); beta[i] = 0.5f * (frand() + 1.0f); }
+    /* decays exp(g), g = softplus(a + dt) · ssm_a in about [-1.7, -0.1] · gscale; head 0's
+     * a + dt past softplus's threshold (20), its ssm_a scaled to keep g in that range */
+    fill(a, (size_t)n_tok * as, 1.0f);
+    fill(b, (size_t)n_tok * bs, 3.0f);
+    for (int h = 0; h < nv; h++) { dt[h] = 0.5f * frand(); sa[h] = -gscale * (0.75f + 0.25f * frand()); }
+    for (int t = 0; t < n_tok; t++) a[(size_t)t * as] = 24.0f + frand();
+    sa[0] /= 25.0f;
+    const struct gdn_gates gt = {a, b, dt, sa, as, bs};
     fill(S, (size_t)nv * dk * dv, 0.5f);
     for (int i = 0; i < nv * dk * dv; i++) Sd[i] = S[i];
-    gdn_ref(qkv, ch, g, beta, Sd, n_tok, nk, nv, dk, dv, 1e-6f, outd);
-    if (chunked) be->gdn_chunked(be, qkv, ch, g, beta, S, n_tok, nk, nv, dk, dv, 1e-6f, out);
-    else be->gdn(be, qkv, ch, g, beta, S, n_tok, nk, nv, dk, dv, 1e-6f, out, NULL, 0);
+    gdn_ref(qkv, ch, &gt, Sd, n_tok, nk, nv, dk, dv, 1e-6f, outd);
+    if (chunked) be->gdn_chunked(be, qkv, ch, &gt, S, n_tok, nk, nv, dk, dv, 1e-6f, out);
+    else be->gdn(be, qkv, ch, &gt, S, n_tok, nk, nv, dk, dv, 1e-6f, out, NULL, 0);
     /* f32 against f64: outputs are O(1); a few hundred rounding steps per value */
     double worst = 0, worst_s = 0;
     for (int i = 0; i < n_tok * nv * dv; i++) worst = fmax(worst, fabs(out[i] - outd[i]));
     for (int i = 0; i < nv * dk * dv; i++) worst_s = fmax(worst_s, fabs(S[i] - Sd[i]));
     cr_assert_lt(worst, 2e-5, "%s gdn, %d tokens, level %d: max |dout| %g", chunked ? "chunked" : "recurrent", n_tok, (int)level, worst);
     cr_assert_lt(worst_s, 2e-5, "%s gdn, %d tokens: max |dstate| %g", chunked ? "chunked" : "recurrent", n_tok, worst_s);
-    free(qkv); free(g); free(beta); free(S); free(out); free(Sd); free(outd);
+    free(qkv); free(a); free(b); free(S); free(out); free(Sd); free(outd);
     backend_free(be);
 }
 

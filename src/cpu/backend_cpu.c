@@ -25,6 +25,8 @@ struct cpu_ctx {
     void *xconv;
     size_t xconv_size;
     struct gdn_chunk_scratch *chunk_scratch; /* one per thread (~300 KB each) */
+    float *gates;                /* a delta-rule call's formed g, then beta; grown on demand */
+    size_t gates_n;
     int64_t marks_us[BACKEND_N_MARKS];
 };
 
@@ -388,16 +390,24 @@ static void cpu_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch
     }
 }
 
-static void cpu_gdn_gates(struct backend *be, const float *a, int a_stride, const float *b, int b_stride,
-                          const float *dt_bias, const float *ssm_a, int n_tok, int n_v, float *g,
-                          float *beta) {
+/* The gates of a run's tokens, g then beta ([t][h] each), into the context's scratch. */
+static const float *gdn_form_gates(struct cpu_ctx *c, const struct gdn_gates *gt, int n_tok, int n_v) {
+    const size_t n = (size_t)n_tok * n_v;
+    if (2 * n > c->gates_n) {
+        free(c->gates);
+        c->gates = malloc(sizeof(float) * 2 * n);
+        if (!c->gates) abort(); /* resource failure at warm-up */
+        c->gates_n = 2 * n;
+    }
+    float *g = c->gates, *beta = c->gates + n;
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_v; h++) {
-            float av = a[(size_t)t * a_stride + h] + dt_bias[h];
+            float av = gt->a[(size_t)t * gt->a_stride + h] + gt->dt_bias[h];
             float sp = av > 20.0f ? av : log1pf(expf(av));
-            g[(size_t)t * n_v + h] = sp * ssm_a[h];
-            beta[(size_t)t * n_v + h] = 1.0f / (1.0f + expf(-b[(size_t)t * b_stride + h]));
+            g[(size_t)t * n_v + h] = sp * gt->ssm_a[h];
+            beta[(size_t)t * n_v + h] = 1.0f / (1.0f + expf(-gt->b[(size_t)t * gt->b_stride + h]));
         }
+    return g;
 }
 
 struct gdn_task { struct gdn_job g; struct cpu_ctx *c; };
@@ -407,10 +417,11 @@ static void gdn_worker(void *arg, int ith, int nth) {
     for (int h = ith; h < j->g.nv; h += nth) j->c->ops->gdn_head(&j->g, h);
 }
 
-static void cpu_gdn(struct backend *be, const float *qkv, int qkv_stride, const float *g,
-                    const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
-                    float eps, float *out, float *snap, int n_snap) {
+static void cpu_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates,
+                    float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *out,
+                    float *snap, int n_snap) {
     if (dk > CPU_GDN_MAX_DIM) abort(); /* model loading rejects such files */
+    const float *g = gdn_form_gates(cpu(be), gates, n_tok, nv), *beta = g + (size_t)n_tok * nv;
     struct gdn_task j = {{qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out, snap, n_snap}, cpu(be)};
     threadpool_run(cpu(be)->tp, gdn_worker, &j);
 }
@@ -420,10 +431,10 @@ static void gdn_chunked_worker(void *arg, int ith, int nth) {
     for (int h = ith; h < j->g.nv; h += nth) j->c->ops->gdn_chunked_head(&j->g, h, &j->c->chunk_scratch[ith]);
 }
 
-static void cpu_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const float *g,
-                            const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
-                            float eps, float *out) {
+static void cpu_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates,
+                            float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *out) {
     if (dk > CPU_GDN_MAX_DIM || dv > CPU_GDN_MAX_DIM) abort(); /* model loading rejects such files */
+    const float *g = gdn_form_gates(cpu(be), gates, n_tok, nv), *beta = g + (size_t)n_tok * nv;
     struct gdn_task j = {{qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out, NULL, 0}, cpu(be)};
     threadpool_run(cpu(be)->tp, gdn_chunked_worker, &j);
 }
@@ -457,6 +468,7 @@ static void cpu_destroy(struct backend *be) {
     threadpool_free(c->tp);
     free(c->xconv);
     free(c->chunk_scratch);
+    free(c->gates);
     free(c);
     free(be);
 }
@@ -503,7 +515,6 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->mul_sigmoid_matmul = cpu_mul_sigmoid_matmul;
     be->attention = cpu_attention;
     be->ssm_conv = cpu_ssm_conv;
-    be->gdn_gates = cpu_gdn_gates;
     be->gdn = cpu_gdn;
     be->gdn_chunked = cpu_gdn_chunked;
     be->argmax = cpu_argmax;

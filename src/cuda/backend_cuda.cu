@@ -331,7 +331,6 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->kv_store = cuda_kv_store;
     be->attention = cuda_attention;
     be->ssm_conv = cuda_ssm_conv;
-    be->gdn_gates = cuda_gdn_gates;
     be->gdn = cuda_gdn;
     be->gdn_chunked = cuda_gdn_chunked;
     be->argmax = cuda_argmax;

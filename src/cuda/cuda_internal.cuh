@@ -261,14 +261,9 @@ void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head
 /* deltanet.cu */
 void cuda_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch, int k, const float *w,
                    float *state, float *y, float *snap, int n_snap);
-void cuda_gdn_gates(struct backend *be, const float *a, int a_stride, const float *b, int b_stride,
-                    const float *dt_bias, const float *ssm_a, int n_tok, int n_v, float *g,
-                    float *beta);
-void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const float *g,
-              const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
-              float eps, float *out, float *snap, int n_snap);
-void cuda_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const float *g,
-                      const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
-                      float eps, float *out);
+void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, float *state,
+              int n_tok, int nk, int nv, int dk, int dv, float eps, float *out, float *snap, int n_snap);
+void cuda_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates,
+                      float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *out);
 
 #endif

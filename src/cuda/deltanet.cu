@@ -6,7 +6,8 @@
  *   independent of the others given (q, k, β, g, v_j): a warp owns GDN_ROWS rows of one head
  *   for the whole run, in registers (dk spread over the lanes), and steps through the tokens;
  *   per token two warp reductions per row (Sᵀk, then Sᵀq). Sums are reordered against the CPU
- *   (lane partials + butterfly), so outputs agree to f32 rounding.
+ *   (lane partials + butterfly), so outputs agree to f32 rounding. The gates (decay, β) are
+ *   formed here from their raw inputs by the CPU's expressions.
  * gdn_chunked: the same recurrent kernel (the interface allows any form equal up to rounding);
  *   a chunked tensor-core form is future work for long prompts. */
 #include "cuda_internal.cuh"
@@ -60,28 +61,6 @@ void cuda_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch, int 
     cuda_launch(c, cuda_cdiv(n_ch, 128), 128, ssm_conv_kernel, x, n_tok, n_ch, k, w, state, y, snap, n_snap);
 }
 
-__global__ void gdn_gates_kernel(const float *a, int as, const float *b, int bs, const float *__restrict__ dt_bias,
-                                 const float *__restrict__ ssm_a, int n_tok, int n_v, float *g, float *beta) {
-    cuda_pdl_begin();
-    const int n = n_tok * n_v;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const int t = i / n_v, h = i % n_v;
-        const float av = a[(size_t)t * as + h] + dt_bias[h];
-        const float sp = av > 20.0f ? av : log1pf(expf(av));
-        g[i] = sp * ssm_a[h];
-        beta[i] = cuda_sigmoid(b[(size_t)t * bs + h]);
-    }
-}
-
-void cuda_gdn_gates(struct backend *be, const float *a, int a_stride, const float *b, int b_stride,
-                    const float *dt_bias, const float *ssm_a, int n_tok, int n_v, float *g,
-                    float *beta) {
-    struct cuda_ctx *c = cuda_enter(be);
-    const int n = n_tok * n_v;
-    if (n < 1) return;
-    cuda_launch(c, cuda_cdiv(n, 256), 256, gdn_gates_kernel, a, a_stride, b, b_stride, dt_bias, ssm_a, n_tok, n_v, g, beta);
-}
-
 #define GDN_WARPS 4
 #define GDN_ROWS 4
 #define GDN_MAX_DIM 256
@@ -89,8 +68,7 @@ void cuda_gdn_gates(struct backend *be, const float *a, int a_stride, const floa
 /* NE = key elements per lane (dk <= 32·NE): element i of a lane is lane + 32·i. */
 template <int NE>
 __global__ void __launch_bounds__(GDN_WARPS * 32)
-gdn_kernel(const float *__restrict__ qkv, int qkv_stride, const float *__restrict__ g, const float *__restrict__ beta,
-           float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *__restrict__ out,
+gdn_kernel(const float *__restrict__ qkv, int qkv_stride, const gdn_gates gt, float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *__restrict__ out,
            float *__restrict__ snap, int n_snap) {
     cuda_pdl_begin();
     const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -125,7 +103,11 @@ gdn_kernel(const float *__restrict__ qkv, int qkv_stride, const float *__restric
         const float iq = 1.0f / (nq > eps ? nq : eps), ik = 1.0f / (nkk > eps ? nkk : eps);
 #pragma unroll
         for (int i = 0; i < NE; i++) { qv[i] *= iq; kv[i] *= ik; }
-        const float decay = expf(g[(size_t)t * nv + h]), b = beta[(size_t)t * nv + h];
+        /* the gates, as the CPU forms them (every block of the head forms its own: a few loads
+         * beside the row's, where a kernel of their own cost a launch per layer) */
+        const float av = gt.a[(size_t)t * gt.a_stride + h] + gt.dt_bias[h];
+        const float sp = av > 20.0f ? av : log1pf(expf(av));
+        const float decay = expf(sp * gt.ssm_a[h]), b = cuda_sigmoid(gt.b[(size_t)t * gt.b_stride + h]);
         const float *v = row + (size_t)2 * nk * dk + (size_t)h * dv;
         float p[GDN_ROWS];
 #pragma unroll
@@ -174,15 +156,14 @@ gdn_kernel(const float *__restrict__ qkv, int qkv_stride, const float *__restric
         }
 }
 
-void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const float *g,
-              const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
-              float eps, float *out, float *snap, int n_snap) {
+void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, float *state,
+              int n_tok, int nk, int nv, int dk, int dv, float eps, float *out, float *snap, int n_snap) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1 || nv < 1) return;
     if (dk > GDN_MAX_DIM || dv > GDN_MAX_DIM || nk < 1) abort(); /* model loading rejects such files */
     const dim3 grid(cuda_cdiv(dv, GDN_WARPS * GDN_ROWS), nv);
 #define GDN_LAUNCH(NE)                                                                          \
-    cuda_launch(c, grid, GDN_WARPS * 32, gdn_kernel<NE>, qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, \
+    cuda_launch(c, grid, GDN_WARPS * 32, gdn_kernel<NE>, qkv, qkv_stride, *gates, state, n_tok, nk, nv, dk, dv, \
                 eps, out, snap, snap ? n_snap : 0)
     if (dk <= 64) GDN_LAUNCH(2);
     else if (dk <= 128) GDN_LAUNCH(4);
@@ -190,8 +171,7 @@ void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const float 
 #undef GDN_LAUNCH
 }
 
-void cuda_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const float *g,
-                      const float *beta, float *state, int n_tok, int nk, int nv, int dk, int dv,
-                      float eps, float *out) {
-    cuda_gdn(be, qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out, NULL, 0);
+void cuda_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates,
+                      float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *out) {
+    cuda_gdn(be, qkv, qkv_stride, gates, state, n_tok, nk, nv, dk, dv, eps, out, NULL, 0);
 }

@@ -62,7 +62,7 @@ struct mtp_weights {
 
 /* Activation scratch for n_batch rows, sliced from one allocation. */
 struct scratch {
-    float *x, *x2, *a, *m, *qg, *k, *v, *att, *qkv, *z, *bet, *alp, *y, *g, *beta, *o, *og;
+    float *x, *x2, *a, *m, *qg, *k, *v, *att, *qkv, *z, *bet, *alp, *y, *o, *og;
     float *fg, *fu, *hn, *lm_in, *logits, *cat;
     /* device metadata: sections of one block, meta_stride apart, in this order, so that a
      * forward uploads them in one copy */
@@ -417,8 +417,8 @@ static int alloc_scratch(struct qwen35 *q) {
         {&q->s.x, nb * hp->n_embd}, {&q->s.x2, nb * hp->n_embd}, {&q->s.a, nb * hp->n_embd}, {&q->s.m, nb * hp->n_embd},
         {&q->s.qg, nb * 2 * HD}, {&q->s.k, nb * KV}, {&q->s.v, nb * KV}, {&q->s.att, nb * HD},
         {&q->s.qkv, nb * hp->ssm_ch}, {&q->s.z, nb * NVD}, {&q->s.bet, nb * hp->ssm_nv},
-        {&q->s.alp, nb * hp->ssm_nv}, {&q->s.y, nb * hp->ssm_ch}, {&q->s.g, nb * hp->ssm_nv},
-        {&q->s.beta, nb * hp->ssm_nv}, {&q->s.o, nb * NVD}, {&q->s.og, nb * NVD},
+        {&q->s.alp, nb * hp->ssm_nv}, {&q->s.y, nb * hp->ssm_ch},
+        {&q->s.o, nb * NVD}, {&q->s.og, nb * NVD},
         {&q->s.fg, nb * hp->n_ff}, {&q->s.fu, nb * hp->n_ff}, {&q->s.hn, nb * hp->n_embd},
         {&q->s.lm_in, nb * hp->n_embd}, {&q->s.logits, nb * hp->n_vocab}, {&q->s.cat, nb * 2 * hp->n_embd},
     };
@@ -602,8 +602,6 @@ static void gdn_block(struct qwen35 *q, const struct layer *ly, const struct blo
     const struct bweight *ws[4] = {&ly->dn.qkv, &ly->dn.gate, &ly->dn.beta, &ly->dn.alpha};
     float *ys[4] = {q->s.qkv, q->s.z, q->s.bet, q->s.alp};
     block_matmul_n(q, in, ws, ys, 4, n);
-    be->gdn_gates(be, q->s.alp, hp->ssm_nv, q->s.bet, hp->ssm_nv, ly->dn.dt_bias, ly->dn.a, n, hp->ssm_nv,
-                  q->s.g, q->s.beta);
     const size_t keep_n = (size_t)COTI_MAX(q->base.n_keep_states, 1);
     for (int r = 0; r < sl->n_runs; r++) {
         const struct run *ru = &sl->runs[r];
@@ -615,13 +613,14 @@ static void gdn_block(struct qwen35 *q, const struct layer *ly, const struct blo
         be->ssm_conv(be, q->s.qkv + (size_t)ru->start * hp->ssm_ch, ru->len, hp->ssm_ch, hp->ssm_k, ly->dn.conv,
                      ly->conv_state + s * q->conv_elems, q->s.y + (size_t)ru->start * hp->ssm_ch, conv_snap, n_snap);
         const float *y = q->s.y + (size_t)ru->start * hp->ssm_ch;
-        const float *g = q->s.g + (size_t)ru->start * hp->ssm_nv, *beta = q->s.beta + (size_t)ru->start * hp->ssm_nv;
+        const struct gdn_gates gates = {q->s.alp + (size_t)ru->start * hp->ssm_nv, q->s.bet + (size_t)ru->start * hp->ssm_nv,
+                                        ly->dn.dt_bias, ly->dn.a, hp->ssm_nv, hp->ssm_nv};
         float *o = q->s.o + (size_t)ru->start * NVD;
         if (ru->len >= QWEN35_CHUNKED_MIN_RUN && !n_snap)
-            be->gdn_chunked(be, y, hp->ssm_ch, g, beta, ly->ssm_state + s * q->ssm_elems, ru->len, hp->ssm_nk,
+            be->gdn_chunked(be, y, hp->ssm_ch, &gates, ly->ssm_state + s * q->ssm_elems, ru->len, hp->ssm_nk,
                             hp->ssm_nv, hp->ssm_dk, hp->ssm_dv, hp->eps, o);
         else
-            be->gdn(be, y, hp->ssm_ch, g, beta, ly->ssm_state + s * q->ssm_elems, ru->len, hp->ssm_nk,
+            be->gdn(be, y, hp->ssm_ch, &gates, ly->ssm_state + s * q->ssm_elems, ru->len, hp->ssm_nk,
                     hp->ssm_nv, hp->ssm_dk, hp->ssm_dv, hp->eps, o, ssm_snap, n_snap);
     }
     be->rmsnorm_gated_matmul(be, q->s.o, ly->dn.norm, q->s.z, hp->ssm_dv, hp->eps, q->s.og, &ly->dn.out, n, q->s.m);
