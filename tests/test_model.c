@@ -56,6 +56,18 @@ static void feed(struct fixture *f, int s, const int32_t *toks, int n, int p0, b
     if (out) f->be->download(f->be, out, o.logits, sizeof(float) * (size_t)f->m->info.n_vocab);
 }
 
+/* Whether sequences s0 and s1 hold bit-identical recurrent state. */
+static bool same_state(struct model *m, int s0, int s1) {
+    long ns = m->vt->seq_state_read(m, s0, NULL, 0);
+    cr_assert_gt(ns, 0);
+    float *a = malloc(sizeof(float) * ns), *b = malloc(sizeof(float) * ns);
+    cr_assert_eq(m->vt->seq_state_read(m, s0, a, ns), ns);
+    cr_assert_eq(m->vt->seq_state_read(m, s1, b, ns), ns);
+    const bool same = memcmp(a, b, sizeof(float) * ns) == 0;
+    free(a); free(b);
+    return same;
+}
+
 static float max_abs_diff(const float *a, const float *b, size_t n) {
     float d = 0;
     for (size_t i = 0; i < n; i++) d = fmaxf(d, fabsf(a[i] - b[i]));
@@ -148,13 +160,8 @@ Test(model, rollback_restores_accepted_prefix_exactly) {
         kept[4 - n_drop] = x;
         feed(&f, 1, kept, 5 - n_drop, 30, false, b);
         cr_assert_eq(memcmp(a, b, sizeof(float) * V), 0, "n_drop %d: logits differ by %g", n_drop, max_abs_diff(a, b, V));
-        long ns = f.m->vt->seq_state_read(f.m, 0, NULL, 0);
-        cr_assert_gt(ns, 0);
-        float *sa = malloc(sizeof(float) * ns), *sb = malloc(sizeof(float) * ns);
-        cr_assert_eq(f.m->vt->seq_state_read(f.m, 0, sa, ns), ns);
-        cr_assert_eq(f.m->vt->seq_state_read(f.m, 1, sb, ns), ns);
-        cr_assert_eq(memcmp(sa, sb, sizeof(float) * ns), 0, "n_drop %d: recurrent state differs", n_drop);
-        free(sa); free(sb); free(a); free(b);
+        cr_assert(same_state(f.m, 0, 1), "n_drop %d: recurrent state differs", n_drop);
+        free(a); free(b);
     }
     close_model(&f);
 }
@@ -236,12 +243,7 @@ Test(model, greedy_picks_in_the_forward_equal_plain_decoding) {
      * sequence now holds what plain decoding of the accepted tokens left */
     cr_assert_eq(model_seq_rollback(f.m, 0, 1), 0);
     cr_assert_eq(f.m->seq_len[0], f.m->seq_len[1]);
-    long ns = f.m->vt->seq_state_read(f.m, 0, NULL, 0);
-    float *sa = malloc(sizeof(float) * ns), *sb = malloc(sizeof(float) * ns);
-    cr_assert_eq(f.m->vt->seq_state_read(f.m, 0, sa, ns), ns);
-    cr_assert_eq(f.m->vt->seq_state_read(f.m, 1, sb, ns), ns);
-    cr_assert_eq(memcmp(sa, sb, sizeof(float) * ns), 0, "recurrent state differs from plain decoding's");
-    free(sa); free(sb);
+    cr_assert(same_state(f.m, 0, 1), "recurrent state differs from plain decoding's");
     be->free(be, d_toks); be->free(be, d_ids); be->free(be, d_acc);
     free(row);
     close_model(&f);
@@ -261,17 +263,13 @@ Test(model, seq_copy_continues_like_the_source) {
     cr_assert_eq(model_seq_copy(f.m, 1, 0), 0);
     cr_assert_eq(f.m->seq_len[1], 20);
     cr_assert_eq(f.m->mtp_len[1], 7);
-    long ns = f.m->vt->seq_state_read(f.m, 0, NULL, 0);
-    float *sa = malloc(sizeof(float) * ns), *sb = malloc(sizeof(float) * ns);
-    cr_assert_eq(f.m->vt->seq_state_read(f.m, 0, sa, ns), ns);
-    cr_assert_eq(f.m->vt->seq_state_read(f.m, 1, sb, ns), ns);
-    cr_assert_eq(memcmp(sa, sb, sizeof(float) * ns), 0, "recurrent state differs after the copy");
+    cr_assert(same_state(f.m, 0, 1), "recurrent state differs after the copy");
     float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
     feed(&f, 0, next, 3, 20, false, a);
     feed(&f, 1, next, 3, 20, false, b);
     cr_assert_eq(memcmp(a, b, sizeof(float) * V), 0, "the copy continues differently: %g", max_abs_diff(a, b, V));
     cr_assert_neq(model_seq_copy(f.m, 2, 0), 0, "a sequence out of range is refused");
-    free(sa); free(sb); free(a); free(b);
+    free(a); free(b);
     close_model(&f);
 }
 

@@ -114,8 +114,8 @@ __global__ void copy_n_kernel(const copy_list L) {
     }
 }
 
-static void copy_regions(struct backend *be, void *const *dst, const void *const *src, const size_t *step,
-                         const size_t *bytes, int n, const int32_t *sel, int limit) {
+static void cuda_copy_n_at(struct backend *be, void *const *dst, const void *const *src, const size_t *step,
+                           const size_t *bytes, int n, const int32_t *sel, int limit) {
     struct cuda_ctx *c = cuda_enter(be);
     for (int i0 = 0; i0 < n; i0 += COPY_N_MAX) {
         copy_list L;
@@ -133,12 +133,7 @@ static void copy_regions(struct backend *be, void *const *dst, const void *const
 }
 
 static void cuda_copy_n(struct backend *be, void *const *dst, const void *const *src, const size_t *bytes, int n) {
-    copy_regions(be, dst, src, NULL, bytes, n, NULL, 0);
-}
-
-static void cuda_copy_n_at(struct backend *be, void *const *dst, const void *const *src, const size_t *step,
-                           const size_t *bytes, int n, const int32_t *sel, int limit) {
-    copy_regions(be, dst, src, step, bytes, n, sel, limit);
+    cuda_copy_n_at(be, dst, src, NULL, bytes, n, NULL, 0);
 }
 
 static void cuda_sync(struct backend *be) {

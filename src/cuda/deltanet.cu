@@ -68,8 +68,8 @@ void cuda_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch, int 
 /* NE = key elements per lane (dk <= 32·NE): element i of a lane is lane + 32·i. */
 template <int NE>
 __global__ void __launch_bounds__(GDN_WARPS * 32)
-gdn_kernel(const float *__restrict__ qkv, int qkv_stride, const gdn_gates gt, float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *__restrict__ out,
-           float *__restrict__ snap, int n_snap) {
+gdn_kernel(const float *__restrict__ qkv, int qkv_stride, const gdn_gates gt, float *state, int n_tok, int nk,
+           int nv, int dk, int dv, float eps, float *__restrict__ out, float *__restrict__ snap, int n_snap) {
     cuda_pdl_begin();
     const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int j0 = (blockIdx.x * GDN_WARPS + warp) * GDN_ROWS;

@@ -1308,10 +1308,6 @@ static const struct type_entry *type_get(const struct bweight *w) {
 
 static int type_slot(const struct type_entry *te) { return (int)(te - type_table); }
 
-/* Whether a weight type's matvec quantizes n_tok activation rows itself: the rows must fit the
- * block's shared memory beside its weight stages (Q4_1 / Q5_0 / Q5_1 stages take 83-99 KB, and
- * took 167-195 KB for two tokens when those ran two rows per warp; the fused kernels' static
- * shared memory is below 1 KB). */
 /* Rows a launch forms its input for, by input mode and row width. Every block forms every row,
  * so past one row the forming is paid once per block and row: at 2-4 rows, H200, graphs of 50
  * calls, µs per call (fused / the op's kernel, a converter and the matvec): a norm 384 -> 2304
@@ -1330,6 +1326,11 @@ static int mv_fused_rows_max(int mode, int n) {
     return MV_FUSED_MAX_NT;
 }
 
+/* Whether a weight type's matvec quantizes n_tok activation rows itself (as many as
+ * mv_fused_rows_max allows for its input): the rows must fit the block's shared memory beside
+ * its weight stages (Q4_1 / Q5_0 / Q5_1 stages take 83-99 KB, and took 167-195 KB for two
+ * tokens when those ran two rows per warp; the fused kernels' static shared memory is below
+ * 1 KB). */
 static bool mv_fuses(const struct cuda_ctx *c, const struct type_entry *te, int n_tok, int stride, int mode, int n) {
     if (n_tok > mv_fused_rows_max(mode, n) || !te->mv_fused[0]) return false;
     const int xb = xs_bytes(te->xf, n_tok, stride);
