@@ -76,6 +76,12 @@ struct backend {
      * unspecified). */
     void (*rmsnorm_gated_matmul)(struct backend *be, const float *x, const float *w, const float *z, int dim,
                                  float eps, float *a, const struct bweight *wt, int n_tok, float *y);
+    /* y = W · [rmsnorm(x1) ⊙ w1, rmsnorm(x2) ⊙ w2]: two rows of dim, each normed on its own and
+     * set side by side as W's input (n_in = 2·dim); x1 and x2 rows dim apart. The NextN head's
+     * opening (enorm of the token's embedding, hnorm of the trunk's hidden row). a (n_tok rows
+     * of 2·dim) is scratch; y must not overlap x1 or x2. */
+    void (*norm2_matmul)(struct backend *be, const float *x1, const float *w1, const float *x2, const float *w2,
+                         int dim, float eps, float *a, const struct bweight *wt, int n_tok, float *y);
     /* y = W · (x ⊙ sigmoid(gate)) per head (mul_sigmoid's layout), fused where a backend can;
      * x's contents afterwards are unspecified. The attention output gate and projection. */
     void (*mul_sigmoid_matmul)(struct backend *be, float *x, const float *gate, int n_head, int dim, int gate_stride,

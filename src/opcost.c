@@ -107,6 +107,10 @@ static void o_rmsnorm_gated_matmul(struct backend *be, const float *x, const flo
                                    float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
     if (!skipped(be, matmul_family(&wt, 1))) in(be)->rmsnorm_gated_matmul(in(be), x, w, z, dim, eps, a, wt, n_tok, y);
 }
+static void o_norm2_matmul(struct backend *be, const float *x1, const float *w1, const float *x2, const float *w2,
+                           int dim, float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
+    if (!skipped(be, matmul_family(&wt, 1))) in(be)->norm2_matmul(in(be), x1, w1, x2, w2, dim, eps, a, wt, n_tok, y);
+}
 static void o_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, int n_head, int dim, int gs, int ghs,
                                  const struct bweight *wt, int n_tok, float *y) {
     if (!skipped(be, matmul_family(&wt, 1))) in(be)->mul_sigmoid_matmul(in(be), x, gate, n_head, dim, gs, ghs, wt, n_tok, y);
@@ -203,6 +207,7 @@ struct backend *opcost_wrap(struct backend *inner) {
     be->norm_matmul_n = o_norm_matmul_n;
     be->swiglu_matmul = o_swiglu_matmul;
     be->rmsnorm_gated_matmul = o_rmsnorm_gated_matmul;
+    be->norm2_matmul = o_norm2_matmul;
     be->get_rows = o_get_rows;
     be->rmsnorm = o_rmsnorm;
     be->rmsnorm_gated = o_rmsnorm_gated;

@@ -271,6 +271,13 @@ static void cpu_rmsnorm_gated_matmul(struct backend *be, const float *x, const f
     cpu_matmul_n(be, &wt, &y, 1, a, n_tok);
 }
 
+static void cpu_norm2_matmul(struct backend *be, const float *x1, const float *w1, const float *x2, const float *w2,
+                             int dim, float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
+    cpu_rmsnorm(be, x1, dim, w1, n_tok, dim, eps, a, 2 * dim);
+    cpu_rmsnorm(be, x2, dim, w2, n_tok, dim, eps, a + dim, 2 * dim);
+    cpu_matmul_n(be, &wt, &y, 1, a, n_tok);
+}
+
 static void cpu_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok, int n_head,
                             int dim, int gate_stride, int gate_head_stride) {
     const struct cpu_ops *ops = cpu(be)->ops;
@@ -502,6 +509,7 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->norm_matmul_n = cpu_norm_matmul_n;
     be->swiglu_matmul = cpu_swiglu_matmul;
     be->rmsnorm_gated_matmul = cpu_rmsnorm_gated_matmul;
+    be->norm2_matmul = cpu_norm2_matmul;
     be->get_rows = cpu_get_rows;
     be->rmsnorm = cpu_rmsnorm;
     be->rmsnorm_gated = cpu_rmsnorm_gated;

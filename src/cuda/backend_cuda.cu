@@ -313,6 +313,7 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->norm_matmul_n = cuda_norm_matmul_n;
     be->swiglu_matmul = cuda_swiglu_matmul;
     be->rmsnorm_gated_matmul = cuda_rmsnorm_gated_matmul;
+    be->norm2_matmul = cuda_norm2_matmul;
     be->mul_sigmoid_matmul = cuda_mul_sigmoid_matmul;
     be->attn_prep = cuda_attn_prep;
     be->get_rows = cuda_get_rows;

@@ -39,8 +39,8 @@ struct cuda_ctx {
     /* device limits for sizing persistent grids */
     int smem_per_sm, smem_block_max, smem_reserved;
     /* registers of each matvec kernel (type slot, NT - 1, fused), read on first launch */
-    int mv_regs[16][8][2];
-    int mv_smem_static[16][8][2];
+    int mv_regs[16][8][3];        /* [type][NT - 1][FUSED] */
+    int mv_smem_static[16][8][3];
     bool mmq_ready[16];        /* prefill kernel's shared-memory limit raised */
 };
 
@@ -220,6 +220,8 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
 void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y);
 void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *w, const float *z, int dim, float eps,
                                float *a, const struct bweight *wt, int n_tok, float *y);
+void cuda_norm2_matmul(struct backend *be, const float *x1, const float *w1, const float *x2, const float *w2, int dim,
+                       float eps, float *a, const struct bweight *wt, int n_tok, float *y);
 void cuda_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, int n_head, int dim, int gate_stride,
                              int gate_head_stride, const struct bweight *wt, int n_tok, float *y);
 void cuda_attn_prep(struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,

@@ -636,19 +636,21 @@ __device__ __forceinline__ void unit_dot_f32(const uint8_t *sm, int off, const x
  * the normed rows also written out, spread over the grid (NORM, m may be NULL); silu(x) ⊙ m
  * (SWIGLU); rmsnorm(x) ⊙ w ⊙ silu(m) with the norm over groups of dim elements (GNORM, the
  * delta-net's gated norm); or x ⊙ sigmoid(m) per head of dim (SIGMOID, m's rows gs and heads
- * ghs apart: the attention output gate). The values are formed by the same operations as the
- * standalone kernels (norm_rows, swiglu, rmsnorm_gated, mul_sigmoid), so fused and unfused
- * launches quantize the same bits. */
-enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU, MV_IN_GNORM, MV_IN_SIGMOID };
+ * ghs apart: the attention output gate); or, for one token, [rmsnorm(x) ⊙ w, rmsnorm(m) ⊙ w2]
+ * with x and m dim wide (NORM2, the NextN head's input). The values are formed by the same
+ * operations as the standalone kernels (norm_rows, swiglu, rmsnorm_gated, mul_sigmoid, rmsnorm),
+ * so fused and unfused launches quantize the same bits. */
+enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU, MV_IN_GNORM, MV_IN_SIGMOID, MV_IN_NORM2 };
 struct mv_input {
     int mode;
     const float *m, *w;
     float *xout, *a;
     float eps;
-    int dim;                  /* GNORM: elements per norm group; SIGMOID: per head */
+    int dim;                  /* GNORM: elements per norm group; SIGMOID: per head; NORM2: per half */
     int gs, ghs;              /* SIGMOID: the gate's row and head strides */
+    const float *w2;          /* NORM2: the second half's norm weight */
 };
-static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f, 0, 0, 0};
+static const mv_input MV_PLAIN = {MV_IN_X, NULL, NULL, NULL, NULL, 0.0f, 0, 0, 0, NULL};
 #define MV_GNORM_MAX_GROUPS 128  /* token rows x groups whose scales a fused launch keeps */
 
 /* A swiglu (SWIGLU) or output-gate (SIGMOID) input formed and converted to Q8_0 / Q8_1 in one
@@ -722,9 +724,10 @@ __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_g
  * (R rows each) and streams their chunks through two shared-memory stages as one sequence of
  * (set, chunk) items: an issue cursor runs two items ahead of the compute cursor, across row
  * sets. The first two items are requested before the kernel waits for the previous one.
- * FUSED: xf holds f32 rows (tokens t_base..) and the block quantizes them into shared memory
+ * FUSED (1, or 2 for the NORM2 input alone, compiled apart so that the other fused launches
+ * keep their code): xf holds f32 rows (tokens t_base..) and the block quantizes them into shared memory
  * first; else x is the converted activations in global memory. */
-template <int T, int NT, bool FUSED>
+template <int T, int NT, int FUSED>
 __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P, const float *xf, xact x, int t_base) {
     typedef qt<T> Q;
     typedef mv_shape<T, NT> S;
@@ -810,10 +813,17 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
                                            P.in.dim, P.in.eps, lane);
             __syncthreads();
         }
+        if constexpr (FUSED == 2) { /* one token: each half's 1/rms, as the standalone rmsnorm forms it */
+            if (warp < 2) gsc[warp] = cuda_warp_rms_inv(warp ? P.in.m : xf, P.in.dim, P.in.eps, lane);
+            __syncthreads();
+        }
         /* element e (< P.n) of input row t; loads only, so a thread's loads are all in flight
          * together (a store between them, to memory that might alias, would serialize them) */
         auto in_val = [&](int t, int e) -> float {
             const size_t o = (size_t)(t_base + t) * P.n + e;
+            if constexpr (FUSED == 2)
+                return e < P.in.dim ? __fmul_rn(__fmul_rn(xf[e], gsc[0]), P.in.w[e])
+                                    : __fmul_rn(__fmul_rn(P.in.m[e - P.in.dim], gsc[1]), P.in.w2[e - P.in.dim]);
             if (P.in.mode == MV_IN_SWIGLU) return __fmul_rn(cuda_silu(xf[o]), P.in.m[o]);
             if (P.in.mode == MV_IN_SIGMOID)
                 return __fmul_rn(xf[o], cuda_sigmoid(P.in.m[(size_t)(t_base + t) * P.in.gs +
@@ -931,7 +941,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
                 for (int r = 0; r < R; r++) off[r] = off0[r] + (ul / Q::UPB) * Q::BB;
                 if constexpr (T == GGML_TYPE_F16 || T == GGML_TYPE_BF16) unit_dot_half<T, NT>(sm[0], off[0], x, t0, u, P.n, acc[0]);
                 else if constexpr (T == GGML_TYPE_F32) unit_dot_f32<NT>(sm[0], off[0], x, t0, u, P.n, acc[0]);
-                else unit_dot<T, NT, R, FUSED>(sm, off, ul % Q::UPB, x, t0, u, acc);
+                else unit_dot<T, NT, R, FUSED != 0>(sm, off, ul % Q::UPB, x, t0, u, acc);
             }
         }
         __syncwarp(); /* this stage is refilled now */
@@ -1222,7 +1232,7 @@ typedef void (*rows_launch_fn)(struct cuda_ctx *c, const struct bweight *w, cons
 
 /* A persistent grid: as many blocks as fit on the device at once (from the kernel's registers
  * and this launch's shared memory), at most one row set per warp. */
-template <int T, int NT, bool FUSED>
+template <int T, int NT, int FUSED>
 static void mv_launch(struct cuda_ctx *c, int slot, const mv_params &P, const float *xf, const xact &x, int t_base,
                       int n_groups) {
     typedef mv_shape<T, NT> S;
@@ -1269,18 +1279,19 @@ struct type_entry {
     int xf;
     mv_launch_fn mv[8];        /* [NT - 1], activations converted by a separate kernel */
     mv_launch_fn mv_fused[MV_FUSED_MAX_NT]; /* [NT - 1], quantized in the kernel; NULL for float types */
+    mv_launch_fn mv_norm2;                  /* one token, the NORM2 input formed in the kernel */
     int fused_wbytes[MV_FUSED_MAX_NT];      /* [NT - 1]: their weight stages' shared memory */
     mmq_launch_fn mmq;         /* more than MV_MAX_NT tokens; NULL for float types */
     rows_launch_fn rows;
 };
 
 #define MV_ROW(T)                                                                              \
-    {mv_launch<T, 1, false>, mv_launch<T, 2, false>, mv_launch<T, 3, false>, mv_launch<T, 4, false>, \
-     mv_launch<T, 5, false>, mv_launch<T, 6, false>, mv_launch<T, 7, false>, mv_launch<T, 8, false>}
+    {mv_launch<T, 1, 0>, mv_launch<T, 2, 0>, mv_launch<T, 3, 0>, mv_launch<T, 4, 0>, \
+     mv_launch<T, 5, 0>, mv_launch<T, 6, 0>, mv_launch<T, 7, 0>, mv_launch<T, 8, 0>}
 #define TYPE_ENTRY_Q(T)                                                                                      \
-    {T, qt<T>::XF, MV_ROW(T), {mv_launch<T, 1, true>, mv_launch<T, 2, true>},                                \
+    {T, qt<T>::XF, MV_ROW(T), {mv_launch<T, 1, 1>, mv_launch<T, 2, 1>}, mv_launch<T, 1, 2>,                   \
      {mv_shape<T, 1>::WBYTES, mv_shape<T, 2>::WBYTES}, mmq_launch<T>, rows_launch<T>}
-#define TYPE_ENTRY_F(T) {T, qt<T>::XF, MV_ROW(T), {NULL, NULL}, {0, 0}, NULL, rows_launch<T>}
+#define TYPE_ENTRY_F(T) {T, qt<T>::XF, MV_ROW(T), {NULL, NULL}, NULL, {0, 0}, NULL, rows_launch<T>}
 
 static const struct type_entry type_table[] = {
     TYPE_ENTRY_F(GGML_TYPE_F32),  TYPE_ENTRY_F(GGML_TYPE_F16),  TYPE_ENTRY_F(GGML_TYPE_BF16),
@@ -1342,7 +1353,8 @@ static bool mv_fuses(const struct cuda_ctx *c, const struct type_entry *te, int 
 static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv_params &P, const float *xf,
                        const xact &x, int n_tok, bool converted) {
     if (!converted && mv_fuses(c, te, n_tok, x.stride, P.in.mode, P.n)) {
-        te->mv_fused[n_tok - 1](c, type_slot(te), P, xf, x, 0, 1);
+        if (P.in.mode == MV_IN_NORM2) te->mv_norm2(c, type_slot(te), P, xf, x, 0, 1);
+        else te->mv_fused[n_tok - 1](c, type_slot(te), P, xf, x, 0, 1);
         return;
     }
     if (n_tok > MV_MAX_NT && te->mmq) {
@@ -1481,7 +1493,7 @@ void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, floa
     struct cuda_ctx *c = cuda_enter(be);
     if (n_w < 1 || n_tok < 1) return;
     if (all_fuse(c, ws, n_w, n_tok, MV_FUSE_MAX_N, MV_IN_NORM)) {
-        matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps, 0, 0, 0});
+        matmul_n_with(c, ws, ys, n_w, x, n_tok, mv_input{MV_IN_NORM, m, w, x_out, a, eps, 0, 0, 0, NULL});
         return;
     }
     /* where the matvec would run after a converter (one Q8 format for every weight; not the
@@ -1506,12 +1518,12 @@ void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, c
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
     if (all_fuse(c, &w, 1, n_tok, MV_SWIGLU_FUSE_MAX_N, MV_IN_SWIGLU)) {
-        matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0});
+        matmul_n_with(c, &w, &y, 1, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0, NULL});
         return;
     }
     int f;
     if (converted_q8(c, &w, 1, n_tok, &f)) {
-        form_q8_matmul(c, w, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0}, f, y);
+        form_q8_matmul(c, w, g, n_tok, mv_input{MV_IN_SWIGLU, u, NULL, NULL, NULL, 0.0f, 0, 0, 0, NULL}, f, y);
         return;
     }
     cuda_swiglu(be, g, u, (int64_t)n_tok * w->n_in, g);
@@ -1524,10 +1536,24 @@ void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *
     if (n_tok < 1) return;
     const int n_grp = (int)(wt->n_in / dim);
     if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N, MV_IN_GNORM) && wt->n_in % dim == 0 && n_tok * n_grp <= MV_GNORM_MAX_GROUPS) {
-        matmul_n_with(c, &wt, &y, 1, x, n_tok, mv_input{MV_IN_GNORM, z, w, NULL, NULL, eps, dim, 0, 0});
+        matmul_n_with(c, &wt, &y, 1, x, n_tok, mv_input{MV_IN_GNORM, z, w, NULL, NULL, eps, dim, 0, 0, NULL});
         return;
     }
     cuda_rmsnorm_gated(be, x, w, z, n_tok * n_grp, dim, eps, a);
+    matmul_n_with(c, &wt, &y, 1, a, n_tok, MV_PLAIN);
+}
+
+void cuda_norm2_matmul(struct backend *be, const float *x1, const float *w1, const float *x2, const float *w2, int dim,
+                       float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n_tok < 1) return;
+    /* one token (a draft row): the matvec forms both halves itself, two launches fewer */
+    if (n_tok == 1 && wt->n_in == 2 * (int64_t)dim && all_fuse(c, &wt, 1, 1, MV_FUSE_MAX_N, MV_IN_NORM2)) {
+        matmul_n_with(c, &wt, &y, 1, x1, 1, mv_input{MV_IN_NORM2, x2, w1, NULL, NULL, eps, dim, 0, 0, w2});
+        return;
+    }
+    cuda_rmsnorm(be, x1, dim, w1, n_tok, dim, eps, a, 2 * dim);
+    cuda_rmsnorm(be, x2, dim, w2, n_tok, dim, eps, a + dim, 2 * dim);
     matmul_n_with(c, &wt, &y, 1, a, n_tok, MV_PLAIN);
 }
 
@@ -1537,12 +1563,12 @@ void cuda_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, in
     if (n_tok < 1) return;
     if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N, MV_IN_SIGMOID) && wt->n_in == (int64_t)n_head * dim) {
         matmul_n_with(c, &wt, &y, 1, x, n_tok,
-                      mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride});
+                      mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride, NULL});
         return;
     }
     int f;
     if (wt->n_in == (int64_t)n_head * dim && converted_q8(c, &wt, 1, n_tok, &f)) {
-        form_q8_matmul(c, wt, x, n_tok, mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride},
+        form_q8_matmul(c, wt, x, n_tok, mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride, NULL},
                        f, y);
         return;
     }

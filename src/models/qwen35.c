@@ -792,10 +792,8 @@ static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     const struct mtp_weights *mt = &q->mtp;
     const int E = hp->n_embd, n = a->sl->n;
     /* u = eh_proj · [enorm(embed(x)) ; hnorm(h_in)] */
-    be->get_rows(be, &q->tok_embd, a->ids, n, q->s.x);
-    be->rmsnorm(be, q->s.x, E, mt->enorm, n, E, hp->eps, q->s.cat, 2 * E);
-    be->rmsnorm(be, a->h_in, E, mt->hnorm, n, E, hp->eps, q->s.cat + E, 2 * E);
-    be->matmul(be, &mt->eh_proj, q->s.cat, n, q->s.x);
+    be->get_rows(be, &q->tok_embd, a->ids, n, q->s.x2);
+    be->norm2_matmul(be, q->s.x2, mt->enorm, a->h_in, mt->hnorm, E, hp->eps, q->s.cat, &mt->eh_proj, n, q->s.x);
     const struct block_in in = {q->s.x, NULL, mt->blk.attn_norm, NULL};
     attn_block(q, &mt->blk, &in, n);
     const struct block_in ffn_in = {q->s.x, q->s.m, mt->blk.post_norm, q->s.x2};

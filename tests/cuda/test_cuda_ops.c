@@ -299,7 +299,7 @@ static void test_matmul_n(void) {
     rc == COTI_E_UNSUPPORTED ? n_pass++ : n_fail++;
 }
 
-/* norm_matmul_n, swiglu_matmul, rmsnorm_gated_matmul and mul_sigmoid_matmul. 1-2 rows run fused
+/* norm_matmul_n, swiglu_matmul, rmsnorm_gated_matmul, norm2_matmul and mul_sigmoid_matmul. 1-2 rows run fused
  * (the matvec forms its input itself) where narrow enough; 3+ rows, and wide rows, run a kernel
  * that forms the input (and for Q8 formats also writes its codes) and then the matmul: the two must quantize the same input, so
  * every row's outputs (and x_out, a) are bit-identical between the paths, as decode and verify
@@ -386,6 +386,22 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
             snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
             check_bits("rmsnorm_gated_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
         }
+    }
+    /* norm2_matmul: x and m as the two halves' sources (rows of n_in / 2), w's halves as the weights;
+     * one row runs fused (the matvec forms both halves) and must equal the unfused batch's row */
+    if (n_in % 64 == 0) {
+        const int half = n_in / 2;
+        gpu->upload(gpu, dx, x, sizeof(float) * nx);
+        cpu->norm2_matmul(cpu, x, w, m, w + half, half, eps, a, &wc, NT, yc);
+        dot_scale(&hw, a, NT, scale);
+        gpu->norm2_matmul(gpu, dx, dw, dm, dw + half, half, eps, da, &wg, NT, dy);
+        gget(g5, dy, sizeof(float) * ny);
+        snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
+        check_scaled("norm2_matmul", shape, g5, yc, scale, ny, MM_TOL);
+        gpu->norm2_matmul(gpu, dx, dw, dm, dw + half, half, eps, da, &wg, 1, dy);
+        gget(gy, dy, sizeof(float) * (size_t)n_out);
+        snprintf(shape, sizeof shape, "%s %dx%d tok 1", tn, n_in, n_out);
+        check_bits("norm2_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)n_out);
     }
     /* mul_sigmoid_matmul, heads of 64 with m as the gate at strides of its own; x is clobbered */
     if (n_in % 64 == 0) {
@@ -1196,6 +1212,7 @@ int main(int argc, char **argv) {
         test_fused_matmul(GGML_TYPE_Q8_0, 12288, 40);   /* wider than a matvec quantizes: formed grid-wide */
         test_fused_matmul(GGML_TYPE_Q4_1, 5120, 11);    /* the same with Q8_1 activations */
         test_fused_matmul(GGML_TYPE_Q8_0, 384, 130);    /* the tiny model's width (stride padding) */
+        test_fused_matmul(GGML_TYPE_Q8_0, 768, 50);     /* the NextN head's eh_proj input (two halves of 384) */
         test_fused_matmul(GGML_TYPE_Q4_0, 96, 5);
         test_fused_matmul(GGML_TYPE_Q4_1, 256, 11);     /* Q8_1 activations */
         test_fused_matmul(GGML_TYPE_Q4_K, 2304, 37);    /* Q8_K activations */
