@@ -838,6 +838,48 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
             }
             return v;
         };
+        /* elements e0 .. e0 + 3 of input row t (e0 a multiple of 4), by in_val's expressions:
+         * where every operand row is 16-byte aligned and the group / head size a multiple of
+         * 4, one vector load per operand and one group / head index for the four (a matvec
+         * forms its whole input in every block, so this is most of its own instructions) */
+        const bool vec4 = FUSED != 2 && P.n % 4 == 0 && ((uintptr_t)xf & 15) == 0 &&
+                          ((uintptr_t)P.in.m & 15) == 0 && ((uintptr_t)P.in.w & 15) == 0 &&
+                          (P.in.mode == MV_IN_GNORM || P.in.mode == MV_IN_SIGMOID ? P.in.dim % 4 == 0 : true) &&
+                          (P.in.mode == MV_IN_SIGMOID ? P.in.gs % 4 == 0 && P.in.ghs % 4 == 0 : true);
+        auto in_vals4 = [&](int t, int e0, float (&v)[4]) {
+            if (!vec4 || e0 + 4 > P.n) {
+#pragma unroll
+                for (int k = 0; k < 4; k++) v[k] = e0 + k < P.n ? in_val(t, e0 + k) : 0.0f;
+                return;
+            }
+            const size_t o = (size_t)(t_base + t) * P.n + e0;
+            const float4 x4 = *(const float4 *)(xf + o);
+            const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
+            float mv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, wv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            int g = 0;
+            if (P.in.mode == MV_IN_GNORM || P.in.mode == MV_IN_SIGMOID) g = e0 / P.in.dim;
+            const int j = e0 - g * (P.in.mode == MV_IN_GNORM || P.in.mode == MV_IN_SIGMOID ? P.in.dim : 0);
+            const float *mp = P.in.mode == MV_IN_SIGMOID
+                                  ? P.in.m + (size_t)(t_base + t) * P.in.gs + (size_t)g * P.in.ghs + j
+                                  : P.in.m ? P.in.m + o : NULL;
+            if (mp) {
+                const float4 m4 = *(const float4 *)mp;
+                mv[0] = m4.x; mv[1] = m4.y; mv[2] = m4.z; mv[3] = m4.w;
+            }
+            if (P.in.mode == MV_IN_GNORM || P.in.mode == MV_IN_NORM) {
+                const float4 w4 = *(const float4 *)(P.in.w + (P.in.mode == MV_IN_GNORM ? j : e0));
+                wv[0] = w4.x; wv[1] = w4.y; wv[2] = w4.z; wv[3] = w4.w;
+            }
+            const float sc = P.in.mode == MV_IN_GNORM ? gsc[t * n_grp + g] : t == 0 ? sc0 : sc1;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if (P.in.mode == MV_IN_SWIGLU) v[k] = __fmul_rn(cuda_silu(xv[k]), mv[k]);
+                else if (P.in.mode == MV_IN_SIGMOID) v[k] = __fmul_rn(xv[k], cuda_sigmoid(mv[k]));
+                else if (P.in.mode == MV_IN_GNORM) v[k] = __fmul_rn(__fmul_rn(__fmul_rn(xv[k], sc), wv[k]), cuda_silu(mv[k]));
+                else if (P.in.mode == MV_IN_NORM) v[k] = __fmul_rn(__fmul_rn(P.in.m ? xv[k] + mv[k] : xv[k], sc), wv[k]);
+                else v[k] = xv[k];
+            }
+        };
         /* NORM: x + m and the normed rows are written out too, an 8-element group per thread
          * spread over the grid (loads before stores: one latency, and no block runs long) */
         if (P.in.mode == MV_IN_NORM) {
@@ -901,9 +943,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
             q8_rows(
                 [&](int t, int e0, float (&v)[4]) {
                     if (P.in.mode == MV_IN_X) x_vals4(xf + (size_t)t_base * P.n, P.n, t, e0, v);
-                    else
-#pragma unroll
-                        for (int k = 0; k < 4; k++) v[k] = e0 + k < P.n ? in_val(t, e0 + k) : 0.0f;
+                    else in_vals4(t, e0, v);
                 },
                 P.n, NT, stride, threadIdx.x, MV_WARPS * 32, q, d, sx);
             x.s = sx;
