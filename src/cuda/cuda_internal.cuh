@@ -39,8 +39,8 @@ struct cuda_ctx {
     /* device limits for sizing persistent grids */
     int smem_per_sm, smem_block_max, smem_reserved;
     /* registers of each matvec kernel (type slot, NT - 1, fused), read on first launch */
-    int mv_regs[16][8][3];        /* [type][NT - 1][FUSED] */
-    int mv_smem_static[16][8][3];
+    int mv_regs[16][8][5];        /* [type][NT - 1][FUSED] */
+    int mv_smem_static[16][8][5];
     bool mmq_ready[16];        /* prefill kernel's shared-memory limit raised */
 };
 

@@ -789,7 +789,34 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
     advance(ic);
     cuda_pdl_wait();
     int t0 = t_base + blockIdx.y * NT;
-    if constexpr (FUSED && !S::FLOAT) {
+    if constexpr (FUSED == 4 && !S::FLOAT) {
+        /* converted rows t0.. copied into shared memory once, in the fused layout, so that the
+         * dot products load nothing but weights from global memory */
+        uint8_t *xs = dsm + S::WBYTES;
+        const int stride = x.stride, nq = NT * stride;
+        const int nd = Q::XF == XF_Q8_K ? NT * (stride / 256) : NT * (stride / 32);
+        int8_t *q = (int8_t *)xs;
+        float *d = (float *)(xs + ((nq + 15) & ~15));
+        uint8_t *e = (uint8_t *)d + ((nd * 4 + 15) & ~15);
+        const int4 *gq = (const int4 *)((const int8_t *)x.q + (size_t)t0 * stride);
+        for (int i = threadIdx.x; i < nq / 16; i += MV_WARPS * 32) ((int4 *)q)[i] = gq[i];
+        const size_t d0 = Q::XF == XF_Q8_K ? (size_t)t0 * (stride / 256) : (size_t)t0 * (stride / 32);
+        for (int i = threadIdx.x; i < nd; i += MV_WARPS * 32) {
+            d[i] = x.d[d0 + i];
+            if (Q::XF == XF_Q8_1) ((float *)e)[i] = x.s[d0 + i];
+        }
+        if constexpr (Q::XF == XF_Q8_K) {
+            for (int i = threadIdx.x; i < NT * (stride / 16); i += MV_WARPS * 32)
+                ((int16_t *)e)[i] = x.bs[(size_t)t0 * (stride / 16) + i];
+            x.bs = (const int16_t *)e;
+        }
+        x.q = q;
+        x.d = d;
+        x.s = Q::XF == XF_Q8_1 ? (const float *)e : NULL;
+        t0 = 0;
+        __syncthreads();
+    }
+    if constexpr ((FUSED == 1 || FUSED == 2) && !S::FLOAT) {
         /* NORM: each token row's 1/rms, by the standalone norm's reduction (cuda_row_sumsq) */
         __shared__ double red[MV_WARPS];
         float sc0 = 1.0f, sc1 = 1.0f;
@@ -1277,6 +1304,7 @@ static void mv_launch(struct cuda_ctx *c, int slot, const mv_params &P, const fl
                       int n_groups) {
     typedef mv_shape<T, NT> S;
     void (*kern)(const mv_params, const float *, xact, int) = matvec_kernel<T, NT, FUSED>;
+    static_assert(FUSED < 5, "mv_regs has room for FUSED 0-4");
     const int smem = S::WBYTES + (FUSED ? xs_bytes(qt<T>::XF, NT, x.stride) : 0);
     int &regs = c->mv_regs[slot][NT - 1][FUSED], &smem_static = c->mv_smem_static[slot][NT - 1][FUSED];
     if (!regs) {
@@ -1320,6 +1348,7 @@ struct type_entry {
     mv_launch_fn mv[8];        /* [NT - 1], activations converted by a separate kernel */
     mv_launch_fn mv_fused[MV_FUSED_MAX_NT]; /* [NT - 1], quantized in the kernel; NULL for float types */
     mv_launch_fn mv_norm2;                  /* one token, the NORM2 input formed in the kernel */
+    mv_launch_fn mv_staged;                 /* one converted token, copied to shared memory first */
     int fused_wbytes[MV_FUSED_MAX_NT];      /* [NT - 1]: their weight stages' shared memory */
     mmq_launch_fn mmq;         /* more than MV_MAX_NT tokens; NULL for float types */
     rows_launch_fn rows;
@@ -1329,9 +1358,9 @@ struct type_entry {
     {mv_launch<T, 1, 0>, mv_launch<T, 2, 0>, mv_launch<T, 3, 0>, mv_launch<T, 4, 0>, \
      mv_launch<T, 5, 0>, mv_launch<T, 6, 0>, mv_launch<T, 7, 0>, mv_launch<T, 8, 0>}
 #define TYPE_ENTRY_Q(T)                                                                                      \
-    {T, qt<T>::XF, MV_ROW(T), {mv_launch<T, 1, 1>, mv_launch<T, 2, 1>}, mv_launch<T, 1, 2>,                   \
+    {T, qt<T>::XF, MV_ROW(T), {mv_launch<T, 1, 1>, mv_launch<T, 2, 1>}, mv_launch<T, 1, 2>, mv_launch<T, 1, 4>, \
      {mv_shape<T, 1>::WBYTES, mv_shape<T, 2>::WBYTES}, mmq_launch<T>, rows_launch<T>}
-#define TYPE_ENTRY_F(T) {T, qt<T>::XF, MV_ROW(T), {NULL, NULL}, NULL, {0, 0}, NULL, rows_launch<T>}
+#define TYPE_ENTRY_F(T) {T, qt<T>::XF, MV_ROW(T), {NULL, NULL}, NULL, NULL, {0, 0}, NULL, rows_launch<T>}
 
 static const struct type_entry type_table[] = {
     TYPE_ENTRY_F(GGML_TYPE_F32),  TYPE_ENTRY_F(GGML_TYPE_F16),  TYPE_ENTRY_F(GGML_TYPE_BF16),
@@ -1400,6 +1429,13 @@ static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv
     if (n_tok > MV_MAX_NT && te->mmq) {
         te->mmq(c, type_slot(te), P, x, n_tok);
         return;
+    }
+    if (n_tok == 1 && te->mv_staged) {
+        const int xb = xs_bytes(te->xf, 1, x.stride);
+        if (xb <= MV_FUSED_MAX_XBYTES && te->fused_wbytes[0] + xb + 1024 <= c->smem_block_max) {
+            te->mv_staged(c, type_slot(te), P, xf, x, 0, 1);
+            return;
+        }
     }
     const int full = n_tok / MV_MAX_NT, rem = n_tok % MV_MAX_NT;
     if (full) te->mv[MV_MAX_NT - 1](c, type_slot(te), P, xf, x, 0, full);

@@ -249,6 +249,9 @@ static void test_matmul(void) {
     /* wide rows whose quantized activations do not fit beside Q5_1's weight stages: 1-2 tokens
      * fall back to the unfused path instead of a launch over the shared-memory limit */
     test_matmul_type(GGML_TYPE_Q5_1, 20480, 9);
+    /* wider than a matvec quantizes itself: converted rows, one token copied into shared memory */
+    test_matmul_type(GGML_TYPE_Q8_0, 8192, 70);
+    test_matmul_type(GGML_TYPE_Q4_K, 4608, 40);
 }
 
 /* Mixed types in one matmul_n (one conversion per vec_dot type, one launch per weight type). */
@@ -1209,6 +1212,8 @@ int main(int argc, char **argv) {
     }
     if (want("fused_matmul")) {
         test_fused_matmul(GGML_TYPE_Q8_0, 4096, 64);
+        test_fused_matmul(GGML_TYPE_Q8_0, 4096, 1000);  /* warps with two row sets */
+        test_fused_matmul(GGML_TYPE_Q4_1, 2112, 300);   /* Q8_1 codes, stride padding */
         test_fused_matmul(GGML_TYPE_Q8_0, 12288, 40);   /* wider than a matvec quantizes: formed grid-wide */
         test_fused_matmul(GGML_TYPE_Q4_1, 5120, 11);    /* the same with Q8_1 activations */
         test_fused_matmul(GGML_TYPE_Q8_0, 384, 130);    /* the tiny model's width (stride padding) */
