@@ -72,10 +72,22 @@ attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const 
         acc[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
+    /* the next row's k and v are requested before this row's arithmetic: a warp's rows are few
+     * at decode (a slice of a short context), so each load's latency is most of its cost */
+    float kn[NE], vn[NE];
+    if (lo + warp < hi) {
+        const size_t ro = (size_t)(c0 + lo + warp) * kvd + (size_t)hk * D;
+        attn_load_f16<NE, VEC>(kc + ro, lane, D, kn);
+        attn_load_f16<NE, VEC>(vc + ro, lane, D, vn);
+    }
     for (int c = lo + warp; c < hi; c += ATTN_WARPS) {
-        const size_t ro = (size_t)(c0 + c) * kvd + (size_t)hk * D;
-        attn_load_f16<NE, VEC>(kc + ro, lane, D, kf);
-        attn_load_f16<NE, VEC>(vc + ro, lane, D, vf);
+#pragma unroll
+        for (int i = 0; i < NE; i++) { kf[i] = kn[i]; vf[i] = vn[i]; }
+        if (c + ATTN_WARPS < hi) {
+            const size_t ro = (size_t)(c0 + c + ATTN_WARPS) * kvd + (size_t)hk * D;
+            attn_load_f16<NE, VEC>(kc + ro, lane, D, kn);
+            attn_load_f16<NE, VEC>(vc + ro, lane, D, vn);
+        }
         float dot = 0.0f;
 #pragma unroll
         for (int i = 0; i < NE; i++) dot = fmaf(qv[i], kf[i], dot);
@@ -126,8 +138,8 @@ attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const 
 }
 
 /* Merge a token-head's slices: the slice weights exp(m_s - M) are formed once, by one warp,
- * then every element sums its slices in slice order (the loads are independent, so they are
- * in flight together). */
+ * then every element sums its slices in slice order (every slice's loads issued before the
+ * first add: one round trip, not one per slice). */
 __global__ void attn_merge_kernel(const float *__restrict__ part, int n_split, int n_head, int D, float *__restrict__ out) {
     __shared__ float f[ATTN_SPLIT];
     __shared__ float inv_l;
@@ -147,10 +159,13 @@ __global__ void attn_merge_kernel(const float *__restrict__ part, int n_split, i
     __syncthreads();
     float *o = out + (size_t)t * n_head * D + (size_t)h * D;
     for (int e = threadIdx.x; e < D; e += blockDim.x) {
+        float v[ATTN_SPLIT];
+#pragma unroll
+        for (int s = 0; s < ATTN_SPLIT; s++) v[s] = s < n_split ? pp[(size_t)s * (D + 2) + 2 + e] : 0.0f;
         float a = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < n_split; s++)
-            if (f[s] != 0.0f) a += pp[(size_t)s * (D + 2) + 2 + e] * f[s];
+#pragma unroll
+        for (int s = 0; s < ATTN_SPLIT; s++)
+            if (s < n_split && f[s] != 0.0f) a += v[s] * f[s];
         o[e] = a * inv_l;
     }
 }
