@@ -631,13 +631,14 @@ __device__ __forceinline__ void unit_dot_f32(const uint8_t *sm, int off, const x
 #define MV_WARPS 16            /* persistent blocks, ~2 per SM: activations staged once per block */
 #define MV_FUSED_MAX_NT 2      /* up to this many tokens the kernel quantizes x itself */
 #define MV_FUSED_MAX_XBYTES (64 << 10)
+#define MV_NORM2_MAX_NT 4      /* the NextN head's input formed in the matvec up to this many rows */
 
 /* A fused matvec's input: the f32 rows x as they are (X); rmsnorm(x + m) ⊙ w with x + m and
  * the normed rows also written out, spread over the grid (NORM, m may be NULL); silu(x) ⊙ m
  * (SWIGLU); rmsnorm(x) ⊙ w ⊙ silu(m) with the norm over groups of dim elements (GNORM, the
  * delta-net's gated norm); or x ⊙ sigmoid(m) per head of dim (SIGMOID, m's rows gs and heads
- * ghs apart: the attention output gate); or, for one token, [rmsnorm(x) ⊙ w, rmsnorm(m) ⊙ w2]
- * with x and m dim wide (NORM2, the NextN head's input). The values are formed by the same
+ * ghs apart: the attention output gate); or, for up to MV_NORM2_MAX_NT rows, [rmsnorm(x) ⊙ w,
+ * rmsnorm(m) ⊙ w2] with x and m dim wide (NORM2, the NextN head's input). The values are formed by the same
  * operations as the standalone kernels (norm_rows, swiglu, rmsnorm_gated, mul_sigmoid, rmsnorm),
  * so fused and unfused launches quantize the same bits. */
 enum { MV_IN_X, MV_IN_NORM, MV_IN_SWIGLU, MV_IN_GNORM, MV_IN_SIGMOID, MV_IN_NORM2 };
@@ -841,17 +842,22 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
                                            P.in.dim, P.in.eps, lane);
             __syncthreads();
         }
-        if constexpr (FUSED == 2) { /* one token: each half's 1/rms, as the standalone rmsnorm forms it */
-            if (warp < 2) gsc[warp] = cuda_warp_rms_inv(warp ? P.in.m : xf, P.in.dim, P.in.eps, lane);
+        if constexpr (FUSED == 2) { /* each row's two halves' 1/rms, as the standalone rmsnorm forms it */
+            for (int i = warp; i < 2 * NT; i += MV_WARPS) {
+                const size_t r = (size_t)(t_base + i / 2) * P.in.dim;
+                gsc[i] = cuda_warp_rms_inv(i % 2 ? P.in.m + r : xf + r, P.in.dim, P.in.eps, lane);
+            }
             __syncthreads();
         }
         /* element e (< P.n) of input row t; loads only, so a thread's loads are all in flight
          * together (a store between them, to memory that might alias, would serialize them) */
         auto in_val = [&](int t, int e) -> float {
             const size_t o = (size_t)(t_base + t) * P.n + e;
-            if constexpr (FUSED == 2)
-                return e < P.in.dim ? __fmul_rn(__fmul_rn(xf[e], gsc[0]), P.in.w[e])
-                                    : __fmul_rn(__fmul_rn(P.in.m[e - P.in.dim], gsc[1]), P.in.w2[e - P.in.dim]);
+            if constexpr (FUSED == 2) {
+                const size_t r = (size_t)(t_base + t) * P.in.dim;
+                return e < P.in.dim ? __fmul_rn(__fmul_rn(xf[r + e], gsc[2 * t]), P.in.w[e])
+                                    : __fmul_rn(__fmul_rn(P.in.m[r + e - P.in.dim], gsc[2 * t + 1]), P.in.w2[e - P.in.dim]);
+            }
             if (P.in.mode == MV_IN_SWIGLU) return __fmul_rn(cuda_silu(xf[o]), P.in.m[o]);
             if (P.in.mode == MV_IN_SIGMOID)
                 return __fmul_rn(xf[o], cuda_sigmoid(P.in.m[(size_t)(t_base + t) * P.in.gs +
@@ -1348,9 +1354,9 @@ struct type_entry {
     int xf;
     mv_launch_fn mv[8];        /* [NT - 1], activations converted by a separate kernel */
     mv_launch_fn mv_fused[MV_FUSED_MAX_NT]; /* [NT - 1], quantized in the kernel; NULL for float types */
-    mv_launch_fn mv_norm2;                  /* one token, the NORM2 input formed in the kernel */
+    mv_launch_fn mv_norm2[MV_NORM2_MAX_NT]; /* [NT - 1], the NORM2 input formed in the kernel */
     mv_launch_fn mv_staged;                 /* one converted token, copied to shared memory first */
-    int fused_wbytes[MV_FUSED_MAX_NT];      /* [NT - 1]: their weight stages' shared memory */
+    int fused_wbytes[MV_NORM2_MAX_NT];      /* [NT - 1]: their weight stages' shared memory */
     mmq_launch_fn mmq;         /* more than MV_MAX_NT tokens; NULL for float types */
     rows_launch_fn rows;
 };
@@ -1359,9 +1365,11 @@ struct type_entry {
     {mv_launch<T, 1, 0>, mv_launch<T, 2, 0>, mv_launch<T, 3, 0>, mv_launch<T, 4, 0>, \
      mv_launch<T, 5, 0>, mv_launch<T, 6, 0>, mv_launch<T, 7, 0>, mv_launch<T, 8, 0>}
 #define TYPE_ENTRY_Q(T)                                                                                      \
-    {T, qt<T>::XF, MV_ROW(T), {mv_launch<T, 1, 1>, mv_launch<T, 2, 1>}, mv_launch<T, 1, 2>, mv_launch<T, 1, 4>, \
-     {mv_shape<T, 1>::WBYTES, mv_shape<T, 2>::WBYTES}, mmq_launch<T>, rows_launch<T>}
-#define TYPE_ENTRY_F(T) {T, qt<T>::XF, MV_ROW(T), {NULL, NULL}, NULL, NULL, {0, 0}, NULL, rows_launch<T>}
+    {T, qt<T>::XF, MV_ROW(T), {mv_launch<T, 1, 1>, mv_launch<T, 2, 1>},                                        \
+     {mv_launch<T, 1, 2>, mv_launch<T, 2, 2>, mv_launch<T, 3, 2>, mv_launch<T, 4, 2>}, mv_launch<T, 1, 4>,       \
+     {mv_shape<T, 1>::WBYTES, mv_shape<T, 2>::WBYTES, mv_shape<T, 3>::WBYTES, mv_shape<T, 4>::WBYTES},          \
+     mmq_launch<T>, rows_launch<T>}
+#define TYPE_ENTRY_F(T) {T, qt<T>::XF, MV_ROW(T), {NULL, NULL}, {NULL, NULL, NULL, NULL}, NULL, {0, 0, 0, 0}, NULL, rows_launch<T>}
 
 static const struct type_entry type_table[] = {
     TYPE_ENTRY_F(GGML_TYPE_F32),  TYPE_ENTRY_F(GGML_TYPE_F16),  TYPE_ENTRY_F(GGML_TYPE_BF16),
@@ -1403,6 +1411,7 @@ static int type_slot(const struct type_entry *te) { return (int)(te - type_table
 #define MV_X_FUSE_MAX_N 4096
 static int mv_fused_rows_max(int mode, int n) {
     if (mode == MV_IN_X && n > MV_X_FUSE_MAX_N) return 0;
+    if (mode == MV_IN_NORM2) return n > MV_MULTI_FUSE_MAX_N ? 1 : MV_NORM2_MAX_NT;
     if (mode == MV_IN_NORM || n > MV_MULTI_FUSE_MAX_N) return 1;
     return MV_FUSED_MAX_NT;
 }
@@ -1423,7 +1432,7 @@ static bool mv_fuses(const struct cuda_ctx *c, const struct type_entry *te, int 
 static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv_params &P, const float *xf,
                        const xact &x, int n_tok, bool converted) {
     if (!converted && mv_fuses(c, te, n_tok, x.stride, P.in.mode, P.n)) {
-        if (P.in.mode == MV_IN_NORM2) te->mv_norm2(c, type_slot(te), P, xf, x, 0, 1);
+        if (P.in.mode == MV_IN_NORM2) te->mv_norm2[n_tok - 1](c, type_slot(te), P, xf, x, 0, 1);
         else te->mv_fused[n_tok - 1](c, type_slot(te), P, xf, x, 0, 1);
         return;
     }
@@ -1624,9 +1633,10 @@ void cuda_norm2_matmul(struct backend *be, const float *x1, const float *w1, con
                        float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
-    /* one token (a draft row): the matvec forms both halves itself, two launches fewer */
-    if (n_tok == 1 && wt->n_in == 2 * (int64_t)dim && all_fuse(c, &wt, 1, 1, MV_FUSE_MAX_N, MV_IN_NORM2)) {
-        matmul_n_with(c, &wt, &y, 1, x1, 1, mv_input{MV_IN_NORM2, x2, w1, NULL, NULL, eps, dim, 0, 0, w2});
+    /* a draft row, or the NextN pass over a verify batch's rows: the matvec forms both halves
+     * itself (a warp per row half), three launches fewer */
+    if (wt->n_in == 2 * (int64_t)dim && all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N, MV_IN_NORM2)) {
+        matmul_n_with(c, &wt, &y, 1, x1, n_tok, mv_input{MV_IN_NORM2, x2, w1, NULL, NULL, eps, dim, 0, 0, w2});
         return;
     }
     cuda_rmsnorm(be, x1, dim, w1, n_tok, dim, eps, a, 2 * dim);

@@ -391,7 +391,8 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
         }
     }
     /* norm2_matmul: x and m as the two halves' sources (rows of n_in / 2), w's halves as the weights;
-     * one row runs fused (the matvec forms both halves) and must equal the unfused batch's row */
+     * 1-4 rows run fused where narrow (the matvec forms both halves) and must equal the unfused
+     * batch's rows */
     if (n_in % 64 == 0) {
         const int half = n_in / 2;
         gpu->upload(gpu, dx, x, sizeof(float) * nx);
@@ -401,10 +402,12 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
         gget(g5, dy, sizeof(float) * ny);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
         check_scaled("norm2_matmul", shape, g5, yc, scale, ny, MM_TOL);
-        gpu->norm2_matmul(gpu, dx, dw, dm, dw + half, half, eps, da, &wg, 1, dy);
-        gget(gy, dy, sizeof(float) * (size_t)n_out);
-        snprintf(shape, sizeof shape, "%s %dx%d tok 1", tn, n_in, n_out);
-        check_bits("norm2_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)n_out);
+        for (int nt = 1; nt < NT; nt++) {
+            gpu->norm2_matmul(gpu, dx, dw, dm, dw + half, half, eps, da, &wg, nt, dy);
+            gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
+            snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
+            check_bits("norm2_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
+        }
     }
     /* mul_sigmoid_matmul, heads of 64 with m as the gate at strides of its own; x is clobbered */
     if (n_in % 64 == 0) {
