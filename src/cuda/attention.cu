@@ -75,19 +75,16 @@ attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const 
     /* the next row's k and v are requested before this row's arithmetic: a warp's rows are few
      * at decode (a slice of a short context), so each load's latency is most of its cost */
     float kn[NE], vn[NE];
-    if (lo + warp < hi) {
-        const size_t ro = (size_t)(c0 + lo + warp) * kvd + (size_t)hk * D;
+    auto load_row = [&](int c) { /* cache row c of this head into kn, vn */
+        const size_t ro = (size_t)(c0 + c) * kvd + (size_t)hk * D;
         attn_load_f16<NE, VEC>(kc + ro, lane, D, kn);
         attn_load_f16<NE, VEC>(vc + ro, lane, D, vn);
-    }
+    };
+    if (lo + warp < hi) load_row(lo + warp);
     for (int c = lo + warp; c < hi; c += ATTN_WARPS) {
 #pragma unroll
         for (int i = 0; i < NE; i++) { kf[i] = kn[i]; vf[i] = vn[i]; }
-        if (c + ATTN_WARPS < hi) {
-            const size_t ro = (size_t)(c0 + c + ATTN_WARPS) * kvd + (size_t)hk * D;
-            attn_load_f16<NE, VEC>(kc + ro, lane, D, kn);
-            attn_load_f16<NE, VEC>(vc + ro, lane, D, vn);
-        }
+        if (c + ATTN_WARPS < hi) load_row(c + ATTN_WARPS);
         float dot = 0.0f;
 #pragma unroll
         for (int i = 0; i < NE; i++) dot = fmaf(qv[i], kf[i], dot);

@@ -38,9 +38,9 @@ struct cuda_ctx {
     bool capturing, capture_broken;
     /* device limits for sizing persistent grids */
     int smem_per_sm, smem_block_max, smem_reserved;
-    /* registers of each matvec kernel (type slot, NT - 1, fused), read on first launch */
-    int mv_regs[16][8][5];        /* [type][NT - 1][FUSED] */
-    int mv_smem_static[16][8][5];
+    /* registers of each matvec kernel (type slot, NT - 1, variant), read on first launch */
+    int mv_regs[16][8][4];        /* [type][NT - 1][FUSED: matmul.cu's MV_VARIANTS] */
+    int mv_smem_static[16][8][4];
     bool mmq_ready[16];        /* prefill kernel's shared-memory limit raised */
 };
 

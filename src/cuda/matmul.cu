@@ -714,6 +714,21 @@ static __host__ __device__ __forceinline__ int xs_bytes(int f, int nt, int strid
     return ((q + 15) & ~15) + ((d + 15) & ~15) + ((e + 15) & ~15);
 }
 
+/* Where xs_bytes' parts start from base: the codes, d, and e (s for Q8_1, bs for Q8_K). */
+struct xs_parts {
+    int8_t *q;
+    float *d;
+    uint8_t *e;
+};
+__device__ __forceinline__ xs_parts xs_layout(uint8_t *base, int f, int nt, int stride) {
+    const int nq = nt * stride, nd = f == XF_Q8_K ? nt * (stride / 256) : nt * (stride / 32);
+    xs_parts p;
+    p.q = (int8_t *)base;
+    p.d = (float *)(base + ((nq + 15) & ~15));
+    p.e = (uint8_t *)p.d + ((nd * 4 + 15) & ~15);
+    return p;
+}
+
 __device__ __forceinline__ void cp_async16(uint8_t *smem, const void *gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
@@ -721,14 +736,22 @@ __device__ __forceinline__ void cp_async16(uint8_t *smem, const void *gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
+/* What a matvec launch does with its input (the kernel's FUSED parameter): read converted
+ * activations from global memory; quantize f32 rows (a fused input mode) in every block; the
+ * same for the NORM2 input alone, compiled apart so that the other fused launches keep their
+ * code; or copy one converted token into shared memory first (9B FFN down: +0.5% decode
+ * against reading it in the dot products). */
+enum { MV_CONVERTED, MV_FUSED, MV_FUSED_NORM2, MV_STAGED, MV_VARIANTS };
+static_assert(MV_VARIANTS == sizeof(((struct cuda_ctx *)0)->mv_regs[0][0]) / sizeof(int),
+              "cuda_ctx's per-kernel tables hold every variant");
+
 /* Persistent matvec: warp w of block b takes row sets b·MV_WARPS + w, + gridDim.x·MV_WARPS, ...
  * (R rows each) and streams their chunks through two shared-memory stages as one sequence of
  * (set, chunk) items: an issue cursor runs two items ahead of the compute cursor, across row
  * sets. The first two items are requested before the kernel waits for the previous one.
- * FUSED (1, or 2 for the NORM2 input alone, compiled apart so that the other fused launches
- * keep their code): xf holds f32 rows (tokens t_base..) and the block quantizes them into shared memory
- * first; else x is the converted activations in global memory, which FUSED 4 copies into
- * shared memory first (9B FFN down: +0.5% decode against reading them in the dot products). */
+ * MV_FUSED / MV_FUSED_NORM2: xf holds f32 rows (tokens t_base..) and the block quantizes them
+ * into shared memory first; else x is the converted activations in global memory, which
+ * MV_STAGED copies into shared memory first. */
 template <int T, int NT, int FUSED>
 __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P, const float *xf, xact x, int t_base) {
     typedef qt<T> Q;
@@ -791,15 +814,15 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
     advance(ic);
     cuda_pdl_wait();
     int t0 = t_base + blockIdx.y * NT;
-    if constexpr (FUSED == 4 && !S::FLOAT) {
+    if constexpr (FUSED == MV_STAGED && !S::FLOAT) {
         /* converted rows t0.. copied into shared memory once, in the fused layout, so that the
          * dot products load nothing but weights from global memory */
-        uint8_t *xs = dsm + S::WBYTES;
         const int stride = x.stride, nq = NT * stride;
         const int nd = Q::XF == XF_Q8_K ? NT * (stride / 256) : NT * (stride / 32);
-        int8_t *q = (int8_t *)xs;
-        float *d = (float *)(xs + ((nq + 15) & ~15));
-        uint8_t *e = (uint8_t *)d + ((nd * 4 + 15) & ~15);
+        const xs_parts xp = xs_layout(dsm + S::WBYTES, Q::XF, NT, stride);
+        int8_t *q = xp.q;
+        float *d = xp.d;
+        uint8_t *e = xp.e;
         const int4 *gq = (const int4 *)((const int8_t *)x.q + (size_t)t0 * stride);
         for (int i = threadIdx.x; i < nq / 16; i += MV_WARPS * 32) ((int4 *)q)[i] = gq[i];
         const size_t d0 = Q::XF == XF_Q8_K ? (size_t)t0 * (stride / 256) : (size_t)t0 * (stride / 32);
@@ -818,7 +841,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
         t0 = 0;
         __syncthreads();
     }
-    if constexpr ((FUSED == 1 || FUSED == 2) && !S::FLOAT) {
+    if constexpr ((FUSED == MV_FUSED || FUSED == MV_FUSED_NORM2) && !S::FLOAT) {
         /* NORM: each token row's 1/rms, by the standalone norm's reduction (cuda_row_sumsq) */
         __shared__ double red[MV_WARPS];
         float sc0 = 1.0f, sc1 = 1.0f;
@@ -842,7 +865,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
                                            P.in.dim, P.in.eps, lane);
             __syncthreads();
         }
-        if constexpr (FUSED == 2) { /* each row's two halves' 1/rms, as the standalone rmsnorm forms it */
+        if constexpr (FUSED == MV_FUSED_NORM2) { /* each row's two halves' 1/rms, as the standalone rmsnorm forms it */
             for (int i = warp; i < 2 * NT; i += MV_WARPS) {
                 const size_t r = (size_t)(t_base + i / 2) * P.in.dim;
                 gsc[i] = cuda_warp_rms_inv(i % 2 ? P.in.m + r : xf + r, P.in.dim, P.in.eps, lane);
@@ -853,7 +876,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
          * together (a store between them, to memory that might alias, would serialize them) */
         auto in_val = [&](int t, int e) -> float {
             const size_t o = (size_t)(t_base + t) * P.n + e;
-            if constexpr (FUSED == 2) {
+            if constexpr (FUSED == MV_FUSED_NORM2) {
                 const size_t r = (size_t)(t_base + t) * P.in.dim;
                 return e < P.in.dim ? __fmul_rn(__fmul_rn(xf[r + e], gsc[2 * t]), P.in.w[e])
                                     : __fmul_rn(__fmul_rn(P.in.m[r + e - P.in.dim], gsc[2 * t + 1]), P.in.w2[e - P.in.dim]);
@@ -876,7 +899,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
          * where every operand row is 16-byte aligned and the group / head size a multiple of
          * 4, one vector load per operand and one group / head index for the four (a matvec
          * forms its whole input in every block, so this is most of its own instructions) */
-        const bool vec4 = FUSED != 2 && P.n % 4 == 0 && ((uintptr_t)xf & 15) == 0 &&
+        const bool vec4 = FUSED != MV_FUSED_NORM2 && P.n % 4 == 0 && ((uintptr_t)xf & 15) == 0 &&
                           ((uintptr_t)P.in.m & 15) == 0 && ((uintptr_t)P.in.w & 15) == 0 &&
                           (P.in.mode == MV_IN_GNORM || P.in.mode == MV_IN_SIGMOID ? P.in.dim % 4 == 0 : true) &&
                           (P.in.mode == MV_IN_SIGMOID ? P.in.gs % 4 == 0 && P.in.ghs % 4 == 0 : true);
@@ -947,13 +970,13 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
             }
         }
         /* quantize the NT activation rows into shared memory, laid out like the global form */
-        uint8_t *xs = dsm + S::WBYTES;
-        const int stride = x.stride, nq = NT * stride;
-        int8_t *q = (int8_t *)xs;
-        float *d = (float *)(xs + ((nq + 15) & ~15));
+        const int stride = x.stride;
+        const xs_parts xp = xs_layout(dsm + S::WBYTES, Q::XF, NT, stride);
+        int8_t *q = xp.q;
+        float *d = xp.d;
         if constexpr (Q::XF == XF_Q8_K) {
             const int nb = stride / 256;
-            int16_t *bs = (int16_t *)((uint8_t *)d + ((NT * nb * 4 + 15) & ~15));
+            int16_t *bs = (int16_t *)xp.e;
             for (int i = warp; i < NT * nb; i += MV_WARPS) {
                 const int t = i / nb, b = i % nb;
                 int8_t *qb = q + (size_t)t * stride + 256 * b;
@@ -972,8 +995,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
             }
             x.bs = bs;
         } else {
-            const int nb = stride / 32;
-            float *sx = Q::XF == XF_Q8_1 ? (float *)((uint8_t *)d + ((NT * nb * 4 + 15) & ~15)) : NULL;
+            float *sx = Q::XF == XF_Q8_1 ? (float *)xp.e : NULL;
             q8_rows(
                 [&](int t, int e0, float (&v)[4]) {
                     if (P.in.mode == MV_IN_X) x_vals4(xf + (size_t)t_base * P.n, P.n, t, e0, v);
@@ -1015,7 +1037,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
                 for (int r = 0; r < R; r++) off[r] = off0[r] + (ul / Q::UPB) * Q::BB;
                 if constexpr (T == GGML_TYPE_F16 || T == GGML_TYPE_BF16) unit_dot_half<T, NT>(sm[0], off[0], x, t0, u, P.n, acc[0]);
                 else if constexpr (T == GGML_TYPE_F32) unit_dot_f32<NT>(sm[0], off[0], x, t0, u, P.n, acc[0]);
-                else unit_dot<T, NT, R, FUSED != 0>(sm, off, ul % Q::UPB, x, t0, u, acc);
+                else unit_dot<T, NT, R, FUSED != MV_CONVERTED>(sm, off, ul % Q::UPB, x, t0, u, acc);
             }
         }
         __syncwarp(); /* this stage is refilled now */
@@ -1311,8 +1333,7 @@ static void mv_launch(struct cuda_ctx *c, int slot, const mv_params &P, const fl
                       int n_groups) {
     typedef mv_shape<T, NT> S;
     void (*kern)(const mv_params, const float *, xact, int) = matvec_kernel<T, NT, FUSED>;
-    static_assert(FUSED < 5, "mv_regs has room for FUSED 0-4");
-    const int smem = S::WBYTES + (FUSED ? xs_bytes(qt<T>::XF, NT, x.stride) : 0);
+    const int smem = S::WBYTES + (FUSED != MV_CONVERTED ? xs_bytes(qt<T>::XF, NT, x.stride) : 0);
     int &regs = c->mv_regs[slot][NT - 1][FUSED], &smem_static = c->mv_smem_static[slot][NT - 1][FUSED];
     if (!regs) {
         cudaFuncAttributes fa;
@@ -1362,11 +1383,14 @@ struct type_entry {
 };
 
 #define MV_ROW(T)                                                                              \
-    {mv_launch<T, 1, 0>, mv_launch<T, 2, 0>, mv_launch<T, 3, 0>, mv_launch<T, 4, 0>, \
-     mv_launch<T, 5, 0>, mv_launch<T, 6, 0>, mv_launch<T, 7, 0>, mv_launch<T, 8, 0>}
+    {mv_launch<T, 1, MV_CONVERTED>, mv_launch<T, 2, MV_CONVERTED>, mv_launch<T, 3, MV_CONVERTED>,   \
+     mv_launch<T, 4, MV_CONVERTED>, mv_launch<T, 5, MV_CONVERTED>, mv_launch<T, 6, MV_CONVERTED>,   \
+     mv_launch<T, 7, MV_CONVERTED>, mv_launch<T, 8, MV_CONVERTED>}
 #define TYPE_ENTRY_Q(T)                                                                                      \
-    {T, qt<T>::XF, MV_ROW(T), {mv_launch<T, 1, 1>, mv_launch<T, 2, 1>},                                        \
-     {mv_launch<T, 1, 2>, mv_launch<T, 2, 2>, mv_launch<T, 3, 2>, mv_launch<T, 4, 2>}, mv_launch<T, 1, 4>,       \
+    {T, qt<T>::XF, MV_ROW(T), {mv_launch<T, 1, MV_FUSED>, mv_launch<T, 2, MV_FUSED>},                          \
+     {mv_launch<T, 1, MV_FUSED_NORM2>, mv_launch<T, 2, MV_FUSED_NORM2>, mv_launch<T, 3, MV_FUSED_NORM2>,       \
+      mv_launch<T, 4, MV_FUSED_NORM2>},                                                                        \
+     mv_launch<T, 1, MV_STAGED>,                                                                               \
      {mv_shape<T, 1>::WBYTES, mv_shape<T, 2>::WBYTES, mv_shape<T, 3>::WBYTES, mv_shape<T, 4>::WBYTES},          \
      mmq_launch<T>, rows_launch<T>}
 #define TYPE_ENTRY_F(T) {T, qt<T>::XF, MV_ROW(T), {NULL, NULL}, {NULL, NULL, NULL, NULL}, NULL, {0, 0, 0, 0}, NULL, rows_launch<T>}
@@ -1421,10 +1445,12 @@ static int mv_fused_rows_max(int mode, int n) {
  * its weight stages (Q4_1 / Q5_0 / Q5_1 stages take 83-99 KB, and took 167-195 KB for two
  * tokens when those ran two rows per warp; the fused kernels' static shared memory is below
  * 1 KB). */
-static bool mv_fuses(const struct cuda_ctx *c, const struct type_entry *te, int n_tok, int stride, int mode, int n) {
-    if (n_tok > mv_fused_rows_max(mode, n) || !te->mv_fused[0]) return false;
+static bool mv_x_fits(const struct cuda_ctx *c, const struct type_entry *te, int n_tok, int stride) {
     const int xb = xs_bytes(te->xf, n_tok, stride);
     return xb <= MV_FUSED_MAX_XBYTES && te->fused_wbytes[n_tok - 1] + xb + 1024 <= c->smem_block_max;
+}
+static bool mv_fuses(const struct cuda_ctx *c, const struct type_entry *te, int n_tok, int stride, int mode, int n) {
+    return n_tok <= mv_fused_rows_max(mode, n) && te->mv_fused[0] && mv_x_fits(c, te, n_tok, stride);
 }
 
 /* All token rows: groups of 8 in one launch (grid.y), the rest in a second. converted: x holds
@@ -1440,12 +1466,9 @@ static void run_matvec(struct cuda_ctx *c, const struct type_entry *te, const mv
         te->mmq(c, type_slot(te), P, x, n_tok);
         return;
     }
-    if (n_tok == 1 && te->mv_staged) {
-        const int xb = xs_bytes(te->xf, 1, x.stride);
-        if (xb <= MV_FUSED_MAX_XBYTES && te->fused_wbytes[0] + xb + 1024 <= c->smem_block_max) {
-            te->mv_staged(c, type_slot(te), P, xf, x, 0, 1);
-            return;
-        }
+    if (n_tok == 1 && te->mv_staged && mv_x_fits(c, te, 1, x.stride)) {
+        te->mv_staged(c, type_slot(te), P, xf, x, 0, 1);
+        return;
     }
     const int full = n_tok / MV_MAX_NT, rem = n_tok % MV_MAX_NT;
     if (full) te->mv[MV_MAX_NT - 1](c, type_slot(te), P, xf, x, 0, full);
