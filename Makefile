@@ -36,7 +36,7 @@ CFLAGS    += -DCOTI_CUDA
 LDLIBS    += -L/usr/local/cuda/lib64 -lcudart -lstdc++
 endif
 
-.PHONY: all test test-server asan cuda clean setup bench
+.PHONY: all test test-server asan cuda cuda-trace clean setup bench
 all: coti
 
 coti: $(BUILD)/coti
@@ -65,7 +65,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Isrc -MMD -MP -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -c -o $@ $<
+	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) $(CUDA_DEFS) -Isrc -MMD -MP -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -c -o $@ $<
 
 # The suite: unit tests (Criterion) and the CLI-level checks in tests/cli.sh.
 test: $(BUILD)/test_coti coti
@@ -93,6 +93,11 @@ NVCC_FOUND := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cu
 cuda:
 	$(MAKE) CUDA=1 BUILD=build-cuda NVCC=$(NVCC_FOUND) build-cuda/coti build-cuda/test_cuda_ops
 
+# The same with every kernel's blocks noting their start, release and end (src/cuda/trace.cuh):
+# COTI_TRACE=file build-cuda-trace/coti ..., then scripts/cuda_timeline.py file.
+cuda-trace:
+	$(MAKE) CUDA=1 BUILD=build-cuda-trace NVCC=$(NVCC_FOUND) CUDA_DEFS=-DCOTI_CUDA_TRACE build-cuda-trace/coti
+
 $(BUILD)/test_cuda_ops: tests/cuda/test_cuda_ops.c $(BUILD)/libcoti.a
 	$(CC) $(CFLAGS) -I/usr/local/cuda/include -o $@ $^ $(LDLIBS)
 
@@ -104,6 +109,6 @@ setup:
 	command -v node >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm
 
 clean:
-	rm -rf build build-asan build-cuda coti
+	rm -rf build build-asan build-cuda build-cuda-trace coti
 
 -include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CUDA_OBJ:.o=.d)

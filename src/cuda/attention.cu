@@ -196,3 +196,5 @@ void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head
     if (n_split > 1)
         cuda_launch(c, dim3(n_head, n_tok), 128, attn_merge_kernel, (const float *)part, n_split, n_head, head_dim, out);
 }
+
+CUDA_TRACE_TU(attention)

@@ -234,6 +234,9 @@ static void cuda_weight_free(struct backend *be, struct bweight *w) {
 static void cuda_destroy(struct backend *be) {
     struct cuda_ctx *c = cuda_enter(be);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+#ifdef COTI_CUDA_TRACE
+    cuda_trace_close();
+#endif
     if (c->xq) CUDA_CHECK(cudaFree(c->xq));
     if (c->attn_part) CUDA_CHECK(cudaFree(c->attn_part));
     if (c->amax_part) CUDA_CHECK(cudaFree(c->amax_part));
@@ -295,6 +298,9 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     INIT_CALL(cudaEventCreateWithFlags(&c->stage_ev[1], cudaEventDisableTiming));
     for (int i = 0; i < BACKEND_N_MARKS; i++) INIT_CALL(cudaEventCreate(&c->marks[i]));
     INIT_CALL(cudaHostAlloc((void **)&c->stage, CUDA_STAGE_BYTES, cudaHostAllocDefault));
+#ifdef COTI_CUDA_TRACE
+    cuda_trace_open();
+#endif
 
     be->name = "cuda";
     be->ctx = c;
@@ -352,3 +358,5 @@ fail:
     free(be);
     return NULL;
 }
+
+CUDA_TRACE_TU(backend)

@@ -14,6 +14,7 @@
 extern "C" {
 #include "backend.h"
 }
+#include "trace.cuh"
 
 /* Everything a backend object owns. No file-scope state anywhere in src/cuda: two backends
  * (a target and a drafter, or two devices) never share a stream or a scratch buffer. */
@@ -95,8 +96,14 @@ static inline int cuda_cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b
  * kernel lets the next one launch as soon as all its blocks have started (cuda_pdl_trigger);
  * the next one's wait still covers this kernel's completion and memory. Launch gaps then
  * overlap the previous kernel's tail, which matters when decode is launch-bound. */
-__device__ __forceinline__ void cuda_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void cuda_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void cuda_pdl_trigger() {
+    cuda_trace_start();
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void cuda_pdl_wait() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    cuda_trace_release();
+}
 __device__ __forceinline__ void cuda_pdl_begin() { cuda_pdl_trigger(); cuda_pdl_wait(); }
 
 template <typename... KArgs, typename... Args>

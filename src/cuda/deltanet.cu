@@ -175,3 +175,5 @@ void cuda_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, cons
                       float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *out) {
     cuda_gdn(be, qkv, qkv_stride, gates, state, n_tok, nk, nv, dk, dv, eps, out, NULL, 0);
 }
+
+CUDA_TRACE_TU(deltanet)

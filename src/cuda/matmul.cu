@@ -840,6 +840,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
         x.s = Q::XF == XF_Q8_1 ? (const float *)e : NULL;
         t0 = 0;
         __syncthreads();
+        cuda_trace_mid();
     }
     if constexpr ((FUSED == MV_FUSED || FUSED == MV_FUSED_NORM2) && !S::FLOAT) {
         /* NORM: each token row's 1/rms, by the standalone norm's reduction (cuda_row_sumsq) */
@@ -1008,8 +1009,12 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
         x.d = d;
         t0 = 0;
         __syncthreads();
+        cuda_trace_mid();
     }
-    if (cc.set >= n_sets) return;
+    if (cc.set >= n_sets) {
+        cuda_trace_end();
+        return;
+    }
 
     float acc[R][NT];
 #pragma unroll
@@ -1058,6 +1063,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
         advance(cc);
         if (cc.set >= n_sets) break;
     }
+    cuda_trace_end();
 }
 
 /* ---- prefill: int8 tensor-core tiles ------------------------------------------------------
@@ -1691,3 +1697,5 @@ void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *i
     if (n < 1) return;
     type_get(w)->rows(c, w, ids, n, out);
 }
+
+CUDA_TRACE_TU(matmul)

@@ -373,3 +373,5 @@ void cuda_accept_greedy(struct backend *be, const int32_t *draft, const int32_t 
     if (n_draft < 0) return;
     cuda_launch(c, 1, 1, accept_greedy_kernel, draft, target, n_draft, out);
 }
+
+CUDA_TRACE_TU(ops)

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""cuda_timeline.py — read a `make cuda-trace` timeline (COTI_TRACE=file) and say where a decode
+step's time goes: per kernel launch, and the gaps where the device waited for the host.
+
+  scripts/cuda_timeline.py FILE [--steps N] [--csv OUT]
+
+Blocks are grouped into launches by the time their wait returned ("release"): every block of a
+launch is released before any block of the next one (each waits for the one before), so
+sorting by release and cutting every grid-size records gives the launches in order. Then:
+
+- host gaps: launches whose first block started more than GAP_US after the previous launch's
+  release and was released at once, i.e. nothing of it was queued early: the device waited
+  for the host (a graph replay after an upload, a download and sync). A launch whose blocks
+  only found room late (the previous kernel's blocks filled the SMs) waits after starting and
+  is not counted;
+- the repeating step: the shortest period P such that the last 3·P launches repeat with period
+  P (a decode step; a speculative cycle varies with its accepted count and has none), printed
+  per position as medians over the last N steps:
+    crit      release of this launch to release of the next (its share of the chain)
+    lead      how long before its release its first block was resident
+    prologue  release to the end of a matvec's input forming (0: not a matvec / none)
+    end_med, end_max  release to the median / last block's end (matvecs only)
+"""
+import statistics
+import struct
+import sys
+
+WORDS = 8
+GAP_US = 5.0
+LATE_NS = 1000  # a launch released within this of its first block's start was not queued early
+
+
+def launches(path):
+    data = open(path, 'rb').read()
+    recs = [struct.unpack_from('<8Q', data, 8 * WORDS * i) for i in range(len(data) // (8 * WORDS))]
+    recs = [r for r in recs if r[1]]
+    recs.sort(key=lambda r: r[1])
+    out, i = [], 0
+    while i < len(recs):
+        grid = recs[i][4] >> 32
+        seg = recs[i:i + grid]
+        rel = sorted(r[1] for r in seg)
+        mids = sorted(r[2] for r in seg if r[2])
+        ends = sorted(r[3] for r in seg if r[3])
+        out.append(dict(grid=grid, block=recs[i][4] & 0xffffffff, smem=recs[i][5] & 0xffffffff,
+                        start=min(r[0] for r in seg), release=rel[0],
+                        mid=mids[len(mids) // 2] if mids else 0,
+                        end_med=ends[len(ends) // 2] if ends else 0, end_max=ends[-1] if ends else 0,
+                        mixed=len(set((r[4], r[5] & 0xffffffff) for r in seg)) > 1))
+        i += grid
+    return out
+
+
+def main():
+    args = sys.argv[1:]
+    if not args:
+        print(__doc__)
+        return 2
+    steps = int(args[args.index('--steps') + 1]) if '--steps' in args else 8
+    ks = launches(args[0])
+    if '--csv' in args:
+        with open(args[args.index('--csv') + 1], 'w') as f:
+            f.write('grid,block,smem,start,release,mid,end_med,end_max\n')
+            for k in ks:
+                f.write(f"{k['grid']},{k['block']},{k['smem']},{k['start']},{k['release']},{k['mid']},"
+                        f"{k['end_med']},{k['end_max']}\n")
+    mixed = sum(k['mixed'] for k in ks)
+    print(f"# {len(ks)} launches{f', {mixed} with mixed shapes (grouping failed)' if mixed else ''}")
+    if len(ks) < 2:
+        return 1
+    gaps = [(ks[i]['start'] - ks[i - 1]['release']) / 1e3 for i in range(1, len(ks))
+            if ks[i]['start'] - ks[i - 1]['release'] > GAP_US * 1e3 and ks[i]['release'] - ks[i]['start'] < LATE_NS]
+    span = (ks[-1]['release'] - ks[0]['release']) / 1e3
+    if gaps:
+        print(f"# host gaps > {GAP_US:g} us: {len(gaps)}, median {statistics.median(gaps):.1f} us, "
+              f"{sum(gaps):.0f} of {span:.0f} us ({100 * sum(gaps) / span:.1f}%)")
+    sig = [(k['grid'], k['block'], k['smem']) for k in ks]
+    period = next((p for p in range(2, len(sig) // 4 + 1)
+                   if all(sig[-3 * p + j] == sig[-2 * p + j] for j in range(2 * p))), None)
+    if not period:
+        print('# no repeating step')
+        return 0
+    n = min(steps, len(ks) // period - 1)
+    last = len(ks) - 1  # the last launch has no successor: steps end just before it
+    step_us = [(ks[last - s * period]['release'] - ks[last - (s + 1) * period]['release']) / 1e3 for s in range(n)]
+    print(f"# step: {period} launches, {statistics.median(step_us):.1f} us (median of {n})")
+    print(f"{'pos':>4} {'grid':>5} {'block':>5} {'smem':>6} {'crit':>7} {'lead':>7} {'prologue':>8} {'end_med':>7} {'end_max':>7}")
+
+    def med(v):
+        return statistics.median(v) / 1e3 if v else 0.0
+    for j in range(period):
+        col = {c: [] for c in ('crit', 'lead', 'mid', 'em', 'ex')}
+        for s in range(n):
+            b = last - (s + 1) * period + j
+            k = ks[b]
+            col['crit'].append(ks[b + 1]['release'] - k['release'])
+            col['lead'].append(k['release'] - k['start'])
+            if k['mid']:
+                col['mid'].append(k['mid'] - k['release'])
+            if k['end_max']:
+                col['em'].append(k['end_med'] - k['release'])
+                col['ex'].append(k['end_max'] - k['release'])
+        k = ks[last - period + j]
+        print(f"{j:4d} {k['grid']:5d} {k['block']:5d} {k['smem']:6d} {med(col['crit']):7.2f} {med(col['lead']):7.2f} "
+              f"{med(col['mid']):8.2f} {med(col['em']):7.2f} {med(col['ex']):7.2f}")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
