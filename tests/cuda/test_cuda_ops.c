@@ -169,6 +169,41 @@ static bool check_scaled(const char *op, const char *shape, const float *got, co
 
 #define MM_TOL 2e-6
 
+/* Inputs formed with expf (swiglu, the gated norm's silu, the output gate's sigmoid) differ
+ * from glibc's by up to 2 ulp, so a value at a rounding boundary can take the next Q8 code on
+ * one side: the output then moves by |w| times one code step. In a 12288-wide row about one
+ * such value is expected (12288 values x ~1e-5 chance each), and one step at a large weight is
+ * about MM_TOL·S there. So these comparisons allow MM_FLIPS code steps at the row's largest
+ * |w| and step (its max |x| / 127) on top of MM_TOL·S. */
+#define MM_FLIPS 2
+static bool check_scaled_flips(const char *op, const char *shape, const float *got, const float *ref, const float *scale,
+                               const struct hweight *w, const float *x, int n_tok) {
+    size_t bad = SIZE_MAX, flipped = 0;
+    double max_abs = 0;
+    for (int t = 0; t < n_tok; t++) {
+        float xmax = 0.0f;
+        for (int i = 0; i < w->n_in; i++) xmax = fmaxf(xmax, fabsf(x[(size_t)t * w->n_in + i]));
+        for (int o = 0; o < w->n_out; o++) {
+            float wmax = 0.0f;
+            for (int i = 0; i < w->n_in; i++) wmax = fmaxf(wmax, fabsf(w->deq[(size_t)o * w->n_in + i]));
+            const size_t k = (size_t)t * w->n_out + o;
+            double d = fabs((double)got[k] - ref[k]);
+            if (isnan(got[k]) || isnan(ref[k])) d = INFINITY;
+            if (d > max_abs) max_abs = d;
+            const double tol = MM_TOL * scale[k] + 1e-30;
+            if (d > tol) flipped++;
+            if (!(d <= tol + MM_FLIPS * (double)wmax * xmax / 127.0) && bad == SIZE_MAX) bad = k;
+        }
+    }
+    const bool ok = bad == SIZE_MAX;
+    printf("%-5s %-14s %-44s max_abs %.3e, %zu past %.0e·S (tol %.0e·S + %d code steps at max |w|)", ok ? "ok" : "FAIL",
+           op, shape, max_abs, flipped, MM_TOL, MM_TOL, MM_FLIPS);
+    if (!ok) printf("  first bad [%zu]: got %.9g want %.9g S %.3g", bad, got[bad], ref[bad], scale[bad]);
+    printf("\n");
+    ok ? n_pass++ : n_fail++;
+    return ok;
+}
+
 static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
     static const int toks[] = {1, 2, 3, 4, 5, 7, 8, 9, 17, 70};
     const int max_tok = 70, ref_tok = 8;
@@ -366,7 +401,7 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
     gpu->swiglu_matmul(gpu, &wg, dx, dm, NT, dy);
     gget(g5, dy, sizeof(float) * ny);
     snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
-    check_scaled("swiglu_matmul", shape, g5, yc, scale, ny, MM_TOL);
+    check_scaled_flips("swiglu_matmul", shape, g5, yc, scale, &hw, gx, NT);
     for (int nt = 1; nt <= 2; nt++) {
         gpu->upload(gpu, dx, x, sizeof(float) * nx);
         gpu->swiglu_matmul(gpu, &wg, dx, dm, nt, dy);
@@ -382,7 +417,7 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
         gpu->rmsnorm_gated_matmul(gpu, dx, dw, dm, 128, eps, da, &wg, NT, dy);
         gget(g5, dy, sizeof(float) * ny);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
-        check_scaled("rmsnorm_gated_matmul", shape, g5, yc, scale, ny, MM_TOL);
+        check_scaled_flips("rmsnorm_gated_matmul", shape, g5, yc, scale, &hw, a, NT);
         for (int nt = 1; nt <= 2; nt++) {
             gpu->rmsnorm_gated_matmul(gpu, dx, dw, dm, 128, eps, da, &wg, nt, dy);
             gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
@@ -419,7 +454,7 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
         gpu->mul_sigmoid_matmul(gpu, dx, dm, nh, 64, n_in, 64, &wg, NT, dy);
         gget(g5, dy, sizeof(float) * ny);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
-        check_scaled("mul_sigmoid_matmul", shape, g5, yc, scale, ny, MM_TOL);
+        check_scaled_flips("mul_sigmoid_matmul", shape, g5, yc, scale, &hw, gx, NT);
         for (int nt = 1; nt <= 2; nt++) {
             gpu->upload(gpu, dx, x, sizeof(float) * nx);
             gpu->mul_sigmoid_matmul(gpu, dx, dm, nh, 64, n_in, 64, &wg, nt, dy);
