@@ -13,8 +13,12 @@ sorting by release and cutting every grid-size records gives the launches in ord
   for the host (a graph replay after an upload, a download and sync). A launch whose blocks
   only found room late (the previous kernel's blocks filled the SMs) waits after starting and
   is not counted;
+- runs: the launches between two host gaps, grouped by their count and first launch, with the
+  device time from the run's first release to the next run's start and the gap before it
+  (a decode step is one run; an mtp cycle's draft forwards and verify are runs of their own);
 - the repeating step: the shortest period P such that the last 3·P launches repeat with period
-  P (a decode step; a speculative cycle varies with its accepted count and has none), printed
+  P and hold three host gaps (a decode step; a speculative cycle varies with its accepted count
+  and has none), printed
   per position as medians over the last N steps:
     crit      release of this launch to release of the next (its share of the chain)
     lead      how long before its release its first block was resident
@@ -74,9 +78,25 @@ def main():
     if gaps:
         print(f"# host gaps > {GAP_US:g} us: {len(gaps)}, median {statistics.median(gaps):.1f} us, "
               f"{sum(gaps):.0f} of {span:.0f} us ({100 * sum(gaps) / span:.1f}%)")
+    # the runs of launches between host gaps (a graph replay each, or the eager work around it),
+    # grouped by length and first launch: for a speculative cycle, its forwards
+    cuts = [i for i in range(1, len(ks)) if ks[i]['start'] - ks[i - 1]['release'] > GAP_US * 1e3
+            and ks[i]['release'] - ks[i]['start'] < LATE_NS]
+    runs = {}
+    for a, b in zip(cuts, cuts[1:]):
+        key = (b - a, f"{ks[a]['grid']}x{ks[a]['block']}")
+        runs.setdefault(key, []).append(((ks[b]['start'] - ks[a]['release']) / 1e3,
+                                         (ks[a]['start'] - ks[a - 1]['release']) / 1e3))
+    if runs:
+        print("# runs between host gaps: count, launches, first launch, median device time, median gap before")
+        for (n, first), v in sorted(runs.items(), key=lambda kv: -len(kv[1]))[:8]:
+            print(f"#   {len(v):5d} x {n:4d} launches from {first:10s} {statistics.median(x[0] for x in v):8.1f} us"
+                  f" {statistics.median(x[1] for x in v):8.1f} us")
     sig = [(k['grid'], k['block'], k['smem']) for k in ks]
+    # a decode step is one graph replay: it holds a host gap, so a period must span three
     period = next((p for p in range(2, len(sig) // 4 + 1)
-                   if all(sig[-3 * p + j] == sig[-2 * p + j] for j in range(2 * p))), None)
+                   if sum(i >= len(ks) - 3 * p for i in cuts) >= 3
+                   and all(sig[-3 * p + j] == sig[-2 * p + j] for j in range(2 * p))), None)
     if not period:
         print('# no repeating step')
         return 0
