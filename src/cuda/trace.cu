@@ -1,7 +1,7 @@
 /* trace.cu — the host side of trace.cuh's timeline (`make cuda-trace` builds only): one device
  * buffer of per-SM record regions, shared by every backend of the process, written to the file
- * COTI_TRACE names when the first backend is destroyed (records of 64 bytes, little-endian
- * u64 words: see CUDA_TRACE_WORDS). */
+ * COTI_TRACE names when the first backend is destroyed, after which nothing records (records
+ * of 64 bytes, little-endian u64 words: see CUDA_TRACE_WORDS). */
 #include "cuda_internal.cuh"
 
 #ifdef COTI_CUDA_TRACE
@@ -9,15 +9,20 @@ static unsigned long long *trace_dev;
 static const size_t trace_bytes =
     ((size_t)CUDA_TRACE_SMS + (size_t)CUDA_TRACE_SMS * CUDA_TRACE_CAP * CUDA_TRACE_WORDS) * sizeof(unsigned long long);
 
+/* every translation unit's copy of the device symbol */
+static void trace_point_all(unsigned long long *p) {
+    cuda_trace_set_backend(p);
+    cuda_trace_set_matmul(p);
+    cuda_trace_set_attention(p);
+    cuda_trace_set_deltanet(p);
+    cuda_trace_set_ops(p);
+}
+
 void cuda_trace_open(void) {
     if (!getenv("COTI_TRACE") || trace_dev) return;
     CUDA_CHECK(cudaMalloc(&trace_dev, trace_bytes));
     CUDA_CHECK(cudaMemset(trace_dev, 0, trace_bytes));
-    cuda_trace_set_backend(trace_dev);
-    cuda_trace_set_matmul(trace_dev);
-    cuda_trace_set_attention(trace_dev);
-    cuda_trace_set_deltanet(trace_dev);
-    cuda_trace_set_ops(trace_dev);
+    trace_point_all(trace_dev);
 }
 
 void cuda_trace_close(void) {
@@ -41,6 +46,7 @@ void cuda_trace_close(void) {
         fprintf(stderr, "trace: cannot write %s\n", getenv("COTI_TRACE"));
     }
     free(h);
+    trace_point_all(NULL); /* another backend's kernels may still run: they record nothing now */
     CUDA_CHECK(cudaFree(trace_dev));
     trace_dev = NULL;
 }
