@@ -6,6 +6,8 @@
 # lacks, through LD_LIBRARY_PATH), then on the device:
 #   scripts/gpu-check.sh [BUILD_DIR (build-cuda)] [OUT_DIR ($OUT or /tmp/gpu-check)]
 # A summary goes to stdout; full outputs to OUT_DIR. Exit status 1 if a check failed.
+# With TRACE=DIR (a `make cuda-trace` build folder carried too), the timelines of a tiny decode,
+# a tiny mtp:2 run and a 9B decode go to OUT_DIR/timeline-*.txt (scripts/cuda_timeline.py).
 set -u
 B=${1:-build-cuda}
 O=${2:-${OUT:-/tmp/gpu-check}}
@@ -59,6 +61,17 @@ if [ -s /tmp/gpu-check-9b.gguf ]; then
     say "9B q8_0: $(grep -E '^off' "$O/bench-9b.txt" | cut -c1-40)"
     "$C" bench -m /tmp/gpu-check-9b.gguf --device cuda --op-cost --prompts "$P" -n 64 --repeat 1 > "$O/op-cost-9b.txt" 2>&1
     say "9B op cost:"; grep -vE '^#' "$O/op-cost-9b.txt" | tee -a "$O/summary.txt"
+    if [ -n "${TRACE:-}" ]; then
+        for run in "tiny-off|-n 200 --spec off" "tiny-mtp2|-n 200 --spec mtp --spec-n-max 2" \
+                   "9b-off|-m /tmp/gpu-check-9b.gguf -n 16 --spec off"; do
+            name=${run%%|*}
+            # shellcheck disable=SC2086
+            COTI_TRACE=/tmp/gpu-check-trace.bin "$TRACE/coti" run --device cuda -p "$prompt" ${run#*|} > /dev/null 2>&1
+            python3 scripts/cuda_timeline.py /tmp/gpu-check-trace.bin > "$O/timeline-$name.txt" 2>&1
+            say "timeline $name: $(sed -n 2p "$O/timeline-$name.txt")"
+        done
+        rm -f /tmp/gpu-check-trace.bin
+    fi
     rm -f /tmp/gpu-check-9b.gguf
 else
     say "9B model: not written ($(tail -1 "$O/mkmodel.txt"))"; bad=1
