@@ -76,6 +76,7 @@ struct scratch {
  * is one small copy: with n_batch 512 the sections span 8 KB, and an 8 KB host-to-device copy
  * costs ~9 µs on the device's timeline against ~2 µs for 256 bytes (H200, between graphs). */
 #define QWEN35_META_SMALL 16
+#define QWEN35_META_SECTIONS 5 /* tokens, pos, cells, cell0, nctx */
 _Static_assert(QWEN35_META_SMALL * sizeof(int32_t) <= 64, "meta_stride, 64-byte rounded, holds a small slice");
 /* Graph slots per sequence (the key includes the sequence: its state is baked into the graph).
  * A sequence's speculative cycle uses ~3·(n_max + 1) shapes (verify rows, the head's catch-up
@@ -428,11 +429,10 @@ static int alloc_scratch(struct qwen35 *q) {
         {&q->s.fg, nb * hp->n_ff}, {&q->s.fu, nb * hp->n_ff}, {&q->s.hn, nb * hp->n_embd},
         {&q->s.lm_in, nb * hp->n_embd}, {&q->s.logits, nb * hp->n_vocab}, {&q->s.cat, nb * 2 * hp->n_embd},
     };
-    int32_t **ip[] = {&q->s.tokens, &q->s.pos, &q->s.cells, &q->s.cell0, &q->s.nctx};
     q->meta_stride = ((nb * sizeof(int32_t) + 63) & ~(size_t)63) / sizeof(int32_t);
     size_t total = 0;
     for (size_t i = 0; i < COTI_ARRAY_LEN(f); i++) total += (f[i].n * sizeof(float) + 63) & ~(size_t)63;
-    total += COTI_ARRAY_LEN(ip) * q->meta_stride * sizeof(int32_t);
+    total += QWEN35_META_SECTIONS * q->meta_stride * sizeof(int32_t);
     uint8_t *blk = m->be->alloc(m->be, total);
     if (!blk) return COTI_E_NOMEM;
     q->scratch_block = blk;
@@ -441,9 +441,8 @@ static int alloc_scratch(struct qwen35 *q) {
         *f[i].p = (float *)(blk + off);
         off += (f[i].n * sizeof(float) + 63) & ~(size_t)63;
     }
-    q->meta = (int32_t *)(blk + off);
-    for (size_t i = 0; i < COTI_ARRAY_LEN(ip); i++) *ip[i] = q->meta + i * q->meta_stride;
-    q->h_meta = calloc(COTI_ARRAY_LEN(ip) * q->meta_stride, sizeof(int32_t));
+    q->meta = (int32_t *)(blk + off); /* laid out per slice by slice_upload */
+    q->h_meta = calloc(QWEN35_META_SECTIONS * q->meta_stride, sizeof(int32_t));
     q->n_graphs = QWEN35_GRAPHS_PER_SEQ * m->n_seq;
     q->graphs = calloc((size_t)q->n_graphs, sizeof *q->graphs);
     return (q->h_meta && q->graphs) ? 0 : COTI_E_NOMEM;
