@@ -72,16 +72,16 @@ def main():
     print(f"# {len(ks)} launches{f', {mixed} with mixed shapes (grouping failed)' if mixed else ''}")
     if len(ks) < 2:
         return 1
-    gaps = [(ks[i]['start'] - ks[i - 1]['release']) / 1e3 for i in range(1, len(ks))
-            if ks[i]['start'] - ks[i - 1]['release'] > GAP_US * 1e3 and ks[i]['release'] - ks[i]['start'] < LATE_NS]
+    # launches the device waited for the host to queue: each ends a run of launches
+    cuts = [i for i in range(1, len(ks)) if ks[i]['start'] - ks[i - 1]['release'] > GAP_US * 1e3
+            and ks[i]['release'] - ks[i]['start'] < LATE_NS]
+    gaps = [(ks[i]['start'] - ks[i - 1]['release']) / 1e3 for i in cuts]
     span = (ks[-1]['release'] - ks[0]['release']) / 1e3
     if gaps:
         print(f"# host gaps > {GAP_US:g} us: {len(gaps)}, median {statistics.median(gaps):.1f} us, "
               f"{sum(gaps):.0f} of {span:.0f} us ({100 * sum(gaps) / span:.1f}%)")
     # the runs of launches between host gaps (a graph replay each, or the eager work around it),
     # grouped by length and first launch: for a speculative cycle, its forwards
-    cuts = [i for i in range(1, len(ks)) if ks[i]['start'] - ks[i - 1]['release'] > GAP_US * 1e3
-            and ks[i]['release'] - ks[i]['start'] < LATE_NS]
     runs = {}
     for a, b in zip(cuts, cuts[1:]):
         key = (b - a, f"{ks[a]['grid']}x{ks[a]['block']}")
