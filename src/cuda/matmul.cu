@@ -745,10 +745,11 @@ enum { MV_CONVERTED, MV_FUSED, MV_FUSED_NORM2, MV_STAGED, MV_VARIANTS };
 static_assert(MV_VARIANTS == sizeof(((struct cuda_ctx *)0)->mv_regs[0][0]) / sizeof(int),
               "cuda_ctx's per-kernel tables hold every variant");
 
-/* Persistent matvec: warp w of block b takes row sets b·MV_WARPS + w, + gridDim.x·MV_WARPS, ...
- * (R rows each) and streams their chunks through two shared-memory stages as one sequence of
- * (set, chunk) items: an issue cursor runs two items ahead of the compute cursor, across row
- * sets. The first two items are requested before the kernel waits for the previous one.
+/* Persistent matvec: block b takes a contiguous share of the row sets (R rows each), its warp w
+ * sets w, w + MV_WARPS, ... of the share, and streams their chunks through two shared-memory
+ * stages as one sequence of (set, chunk) items: an issue cursor runs two items ahead of the
+ * compute cursor, across row sets. The first two items are requested before the kernel waits
+ * for the previous one.
  * MV_FUSED / MV_FUSED_NORM2: xf holds f32 rows (tokens t_base..) and the block quantizes them
  * into shared memory first; else x is the converted activations in global memory, which
  * MV_STAGED copies into shared memory first. */
@@ -762,7 +763,10 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
     cuda_pdl_trigger();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int total = P.row0[P.n_w], n_sets = (total + R - 1) / R, n_chunks = (P.n_units + CU - 1) / CU;
-    const int set_stride = gridDim.x * MV_WARPS;
+    /* block b takes the contiguous row sets [first_set(b), first_set(b + 1)), its warps
+     * interleaved in them (9B +1.6% against sets interleaved over the whole grid) */
+    auto first_set = [&](int b) -> int { return (int)((long long)b * n_sets / gridDim.x); };
+    const int s_end = first_set(blockIdx.x + 1);
 
     /* a cursor over (set, chunk); rows past the end repeat the last one (results dropped) */
     struct cursor {
@@ -783,13 +787,13 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
     auto advance = [&](cursor &cu) {
         if (++cu.ch == n_chunks) {
             cu.ch = 0;
-            cu.set += set_stride;
-            if (cu.set < n_sets) rows_of(cu);
+            cu.set += MV_WARPS;
+            if (cu.set < s_end) rows_of(cu);
         }
     };
     /* copy the cursor's chunk into stage st (one commit group; empty past the end) */
     auto issue = [&](const cursor &cu, int st) {
-        if (cu.set < n_sets) {
+        if (cu.set < s_end) {
             const int u0 = cu.ch * CU, uend = min(u0 + CU, P.n_units);
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -804,9 +808,9 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
     };
 
     cursor cc, ic; /* compute, issue */
-    cc.set = blockIdx.x * MV_WARPS + warp;
+    cc.set = first_set(blockIdx.x) + warp;
     cc.ch = 0;
-    if (cc.set < n_sets) rows_of(cc);
+    if (cc.set < s_end) rows_of(cc);
     ic = cc;
     issue(ic, 0); /* weights never change: fetch before the wait */
     advance(ic);
@@ -1011,7 +1015,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
         __syncthreads();
         cuda_trace_mid();
     }
-    if (cc.set >= n_sets) {
+    if (cc.set >= s_end) {
         cuda_trace_end();
         return;
     }
@@ -1061,7 +1065,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
                 }
         }
         advance(cc);
-        if (cc.set >= n_sets) break;
+        if (cc.set >= s_end) break;
     }
     cuda_trace_end();
 }
