@@ -5,8 +5,9 @@
  * (8 consecutive f16 per lane per 256 elements when head_dim % 8 == 0), keeps its own running
  * max / sum / accumulator, and the warps are merged in a fixed order. Decode and verify batches
  * (n_tok <= ATTN_SMALL_BATCH) cut every token's rows into ATTN_SPLIT slices (a function of that
- * token's n_ctx only) and merge the slices in a second kernel, so the whole GPU works on one
- * token and a token's output does not depend on the batch it came in. Prefill uses one slice.
+ * token's n_ctx only), and the last slice block of a (token, head) to finish merges them, so
+ * the whole GPU works on one token and a token's output does not depend on the batch it came
+ * in. Prefill uses one slice.
  * Differences from the CPU: the order of the q·k sum and the merge of the partial softmaxes
  * (rounding only), and CUDA's expf. */
 #include "cuda_internal.cuh"
@@ -50,11 +51,41 @@ __device__ __forceinline__ void attn_load_f16(const uint16_t *p, int lane, int D
     }
 }
 
+/* Merge a token-head's slices (pp: its n_split partials) into o: the slice weights exp(m_s - M)
+ * are formed once, by one warp, then every element sums its slices in slice order (every
+ * slice's loads issued before the first add: one round trip, not one per slice). The partials
+ * were written by other blocks of the launch: loads go to L2 (__ldcg), past this SM's L1. */
+__device__ __forceinline__ void attn_merge(const float *pp, int n_split, int D, float *o) {
+    __shared__ float f[ATTN_SPLIT];
+    __shared__ float inv_l;
+    if (threadIdx.x < 32) {
+        const int s = threadIdx.x;
+        const float ms = s < n_split ? __ldcg(pp + (size_t)s * (D + 2)) : -INFINITY;
+        const float M = cuda_warp_max(ms);
+        f[s] = ms == -INFINITY ? 0.0f : expf(ms - M);
+        const float ls = ms == -INFINITY ? 0.0f : __ldcg(pp + (size_t)s * (D + 2) + 1) * f[s];
+        float L = 0.0f; /* in slice order, as before */
+        for (int k = 0; k < n_split; k++) L += __shfl_sync(0xFFFFFFFFu, ls, k);
+        if (s == 0) inv_l = L > 0.0f ? 1.0f / L : 0.0f;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < D; e += blockDim.x) {
+        float v[ATTN_SPLIT];
+#pragma unroll
+        for (int s = 0; s < ATTN_SPLIT; s++) v[s] = s < n_split ? __ldcg(pp + (size_t)s * (D + 2) + 2 + e) : 0.0f;
+        float a = 0.0f;
+#pragma unroll
+        for (int s = 0; s < ATTN_SPLIT; s++)
+            if (s < n_split && f[s] != 0.0f) a += v[s] * f[s];
+        o[e] = a * inv_l;
+    }
+}
+
 template <int NE, bool VEC>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const uint16_t *__restrict__ kc,
             const uint16_t *__restrict__ vc, const int32_t *__restrict__ cell0, const int32_t *__restrict__ n_ctx,
-            int n_head, int n_head_kv, int D, float scale, float *__restrict__ out, float *__restrict__ part) {
+            int n_head, int n_head_kv, int D, float scale, float *__restrict__ out, float *part, unsigned *count) {
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
     __shared__ float sm_acc[ATTN_WARPS][ATTN_MAX_D];
     cuda_pdl_begin();
@@ -131,39 +162,18 @@ attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const 
             for (int w = 0; w < ATTN_WARPS; w++) a += sm_acc[w][e] * f[w];
             pp[2 + e] = a;
         }
-    }
-}
-
-/* Merge a token-head's slices: the slice weights exp(m_s - M) are formed once, by one warp,
- * then every element sums its slices in slice order (every slice's loads issued before the
- * first add: one round trip, not one per slice). */
-__global__ void attn_merge_kernel(const float *__restrict__ part, int n_split, int n_head, int D, float *__restrict__ out) {
-    __shared__ float f[ATTN_SPLIT];
-    __shared__ float inv_l;
-    cuda_pdl_begin();
-    const int h = blockIdx.x, t = blockIdx.y;
-    const float *pp = part + ((size_t)t * n_head + h) * n_split * (D + 2);
-    if (threadIdx.x < 32) {
-        const int s = threadIdx.x;
-        const float ms = s < n_split ? pp[(size_t)s * (D + 2)] : -INFINITY;
-        const float M = cuda_warp_max(ms);
-        f[s] = ms == -INFINITY ? 0.0f : expf(ms - M);
-        const float ls = ms == -INFINITY ? 0.0f : pp[(size_t)s * (D + 2) + 1] * f[s];
-        float L = 0.0f; /* in slice order, as before */
-        for (int k = 0; k < n_split; k++) L += __shfl_sync(0xFFFFFFFFu, ls, k);
-        if (s == 0) inv_l = L > 0.0f ? 1.0f / L : 0.0f;
-    }
-    __syncthreads();
-    float *o = out + (size_t)t * n_head * D + (size_t)h * D;
-    for (int e = threadIdx.x; e < D; e += blockDim.x) {
-        float v[ATTN_SPLIT];
-#pragma unroll
-        for (int s = 0; s < ATTN_SPLIT; s++) v[s] = s < n_split ? pp[(size_t)s * (D + 2) + 2 + e] : 0.0f;
-        float a = 0.0f;
-#pragma unroll
-        for (int s = 0; s < ATTN_SPLIT; s++)
-            if (s < n_split && f[s] != 0.0f) a += v[s] * f[s];
-        o[e] = a * inv_l;
+        /* the token-head's last slice to finish merges them all (a merge kernel of its own
+         * cost a dependent launch per attention layer) and rearms the counter for the next */
+        __shared__ bool last;
+        __threadfence();
+        __syncthreads();
+        unsigned *cnt = count + (size_t)t * n_head + h;
+        if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == (unsigned)n_split - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        if (threadIdx.x == 0) *cnt = 0;
+        attn_merge(part + ((size_t)t * n_head + h) * n_split * (D + 2), n_split, D, out + (size_t)t * n_head * D + (size_t)h * D);
     }
 }
 
@@ -176,15 +186,22 @@ void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head
     if (head_dim > ATTN_MAX_D || n_head_kv < 1 || n_head % n_head_kv) abort(); /* model loading rejects these */
     const int n_split = n_tok <= ATTN_SMALL_BATCH ? ATTN_SPLIT : 1;
     float *part = NULL;
+    unsigned *count = NULL;
     /* sized for the largest small batch at once: growing it later makes recorded graphs stale */
-    if (n_split > 1)
+    if (n_split > 1) {
         part = (float *)cuda_scratch(c, &c->attn_part, &c->attn_part_size,
                                      sizeof(float) * (size_t)ATTN_SMALL_BATCH * n_head * n_split * (head_dim + 2));
+        /* the slices' arrival counters, one per (token, head): zero between launches */
+        const size_t had = c->attn_count_size;
+        count = (unsigned *)cuda_scratch(c, &c->attn_count, &c->attn_count_size,
+                                         sizeof(unsigned) * (size_t)ATTN_SMALL_BATCH * n_head);
+        if (c->attn_count_size != had) CUDA_CHECK(cudaMemsetAsync(count, 0, c->attn_count_size, c->stream));
+    }
     const dim3 grid(n_split, n_head, n_tok);
     const bool vec = head_dim % 8 == 0;
 #define ATTN_LAUNCH(NE, VEC)                                                                    \
     cuda_launch(c, grid, ATTN_WARPS * 32, attn_kernel<NE, VEC>, q, q_stride, q_head_stride, k_cache, v_cache, \
-                cell0, n_ctx, n_head, n_head_kv, head_dim, scale, out, part)
+                cell0, n_ctx, n_head, n_head_kv, head_dim, scale, out, part, count)
     if (head_dim <= 256) {
         if (vec) ATTN_LAUNCH(8, true);
         else ATTN_LAUNCH(8, false);
@@ -193,8 +210,6 @@ void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head
         else ATTN_LAUNCH(16, false);
     }
 #undef ATTN_LAUNCH
-    if (n_split > 1)
-        cuda_launch(c, dim3(n_head, n_tok), 128, attn_merge_kernel, (const float *)part, n_split, n_head, head_dim, out);
 }
 
 CUDA_TRACE_TU(attention)

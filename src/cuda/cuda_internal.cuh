@@ -32,6 +32,7 @@ struct cuda_ctx {
     /* scratch, grown on first use (warm-up), never per call once sized */
     void *xq;          size_t xq_size;      /* converted matmul activations */
     void *attn_part;   size_t attn_part_size;
+    void *attn_count;  size_t attn_count_size;
     void *amax_part;   size_t amax_part_size;
     /* graph capture: a scratch buffer replaced while graphs exist makes them stale (they hold
      * its old address); growth is impossible while capturing (it waits for the stream) */
