@@ -29,26 +29,34 @@ for j in range(P):
     if b != 512 or g < 256 or not s0[0][3]: continue
     classes.setdefault((g, sm), []).append(j)
 print('matvec classes (grid, smem): positions per step')
+
+
+def class_launches(js):
+    """each launch of a class's step positions over the last steps: (step, its records, release,
+    the blocks' end - release in us, their median)"""
+    for s in range(nsteps):
+        for j in js:
+            seg = L[base + s*P + j]
+            rel = min(r[1] for r in seg)
+            ends = [(r[3]-rel)/1e3 for r in seg if r[3]]
+            yield s, seg, rel, ends, st.median(ends)
+
+
 per_class_sm = {}
 for (g, sm), js in sorted(classes.items()):
     lat = {}   # smid -> list of (end - release) us, over blocks / steps
     half = [{}, {}]
     blk = {}
     spread = []
-    for s in range(nsteps):
-        for j in js:
-            seg = L[base + s*P + j]
-            rel = min(r[1] for r in seg)
-            ends = [(r[3]-rel)/1e3 for r in seg if r[3]]
-            med = st.median(ends)
-            spread.append((max(ends) - med))
-            for r in seg:
-                if not r[3]: continue
-                sm_id = r[5] >> 32
-                d = (r[3]-rel)/1e3 - med
-                lat.setdefault(sm_id, []).append(d)
-                half[s % 2].setdefault(sm_id, []).append(d)
-                blk.setdefault(r[6], []).append(d)
+    for s, seg, rel, ends, med in class_launches(js):
+        spread.append((max(ends) - med))
+        for r in seg:
+            if not r[3]: continue
+            sm_id = r[5] >> 32
+            d = (r[3]-rel)/1e3 - med
+            lat.setdefault(sm_id, []).append(d)
+            half[s % 2].setdefault(sm_id, []).append(d)
+            blk.setdefault(r[6], []).append(d)
     m = {k: st.mean(v) for k, v in lat.items()}
     h0 = {k: st.mean(v) for k, v in half[0].items()}; h1 = {k: st.mean(v) for k, v in half[1].items()}
     ks = sorted(set(h0) & set(h1))
@@ -70,22 +78,16 @@ for x in range(len(cl)):
         ks = sorted(set(per_class_sm[cl[x]]) & set(per_class_sm[cl[y]]))
         if len(ks) > 2:
             print('corr', cl[x], cl[y], f"{st.correlation([per_class_sm[cl[x]][k] for k in ks], [per_class_sm[cl[y]][k] for k in ks]):.2f}")
-# block -> SM mapping stability for the first class
 # lateness by block-id bin (16 bins), per class: start-rel, mid-rel, end-med
 print('by block id (16 bins): start - release | prologue end - release | end - median end  (us)')
 for (g, sm), js in sorted(classes.items()):
     bins = [[[], [], []] for _ in range(16)]
-    for s in range(nsteps):
-        for j in js:
-            seg = L[base + s*P + j]
-            rel = min(r[1] for r in seg)
-            ends = [(r[3]-rel)/1e3 for r in seg if r[3]]
-            med = st.median(ends)
-            for r in seg:
-                bi = r[6] * 16 // g
-                bins[bi][0].append((r[0]-rel)/1e3)
-                if r[2]: bins[bi][1].append((r[2]-rel)/1e3)
-                if r[3]: bins[bi][2].append((r[3]-rel)/1e3 - med)
+    for s, seg, rel, ends, med in class_launches(js):
+        for r in seg:
+            bi = r[6] * 16 // g
+            bins[bi][0].append((r[0]-rel)/1e3)
+            if r[2]: bins[bi][1].append((r[2]-rel)/1e3)
+            if r[3]: bins[bi][2].append((r[3]-rel)/1e3 - med)
     f = lambda v: f"{st.mean(v):6.2f}" if v else "     -"
     print(f"grid {g} smem {sm}:")
     print('  start ', ' '.join(f(b[0]) for b in bins))
