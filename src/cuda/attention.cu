@@ -146,8 +146,8 @@ attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const 
         f[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - M);
         L += sm_l[w] * f[w];
     }
+    float *o = out + (size_t)t * n_head * D + (size_t)h * D;
     if (n_split == 1) {
-        float *o = out + (size_t)t * n_head * D + (size_t)h * D;
         const float inv = L > 0.0f ? 1.0f / L : 0.0f;
         for (int e = threadIdx.x; e < D; e += blockDim.x) {
             float a = 0.0f;
@@ -155,7 +155,7 @@ attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const 
             o[e] = a * inv;
         }
     } else {
-        float *pp = part + (((size_t)t * n_head + h) * n_split + s) * (D + 2);
+        float *ph = part + ((size_t)t * n_head + h) * n_split * (D + 2), *pp = ph + (size_t)s * (D + 2);
         if (threadIdx.x == 0) { pp[0] = M; pp[1] = L; }
         for (int e = threadIdx.x; e < D; e += blockDim.x) {
             float a = 0.0f;
@@ -173,7 +173,7 @@ attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const 
         if (!last) return;
         __threadfence();
         if (threadIdx.x == 0) *cnt = 0;
-        attn_merge(part + ((size_t)t * n_head + h) * n_split * (D + 2), n_split, D, out + (size_t)t * n_head * D + (size_t)h * D);
+        attn_merge(ph, n_split, D, o);
     }
 }
 
