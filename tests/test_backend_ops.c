@@ -75,8 +75,8 @@ static void check_gdn_level(bool chunked, int n_tok, float gscale, enum quant_cp
 
 /* every kernel level against the same f64 reference: never a kernel against itself */
 static void check_gdn(bool chunked, int n_tok, float gscale) {
-    check_gdn_level(chunked, n_tok, gscale, QUANT_CPU_REF);
-    if (quant_cpu_level_detect() != QUANT_CPU_REF) check_gdn_level(chunked, n_tok, gscale, quant_cpu_level_detect());
+    for (int l = QUANT_CPU_REF; l <= (int)quant_cpu_level_detect(); l++)
+        check_gdn_level(chunked, n_tok, gscale, (enum quant_cpu_level)l);
 }
 
 Test(backend_ops, gdn_recurrent_matches_f64_reference) { check_gdn(false, 1, 0.3f); check_gdn(false, 150, 0.3f); check_gdn(false, 150, 4.0f); }
@@ -123,18 +123,21 @@ static void check_attention(enum quant_cpu_level level, int n_ctx, int D) {
 }
 
 Test(backend_ops, attention_matches_f64_reference) {
-    enum quant_cpu_level levels[2] = {QUANT_CPU_REF, quant_cpu_level_detect()};
-    for (int l = 0; l < 2; l++) {
-        check_attention(levels[l], 5, 64);
-        check_attention(levels[l], 300, 64);
-        check_attention(levels[l], 37, 24); /* head dim not a multiple of 16: masked tails */
+    for (int l = QUANT_CPU_REF; l <= (int)quant_cpu_level_detect(); l++) {
+        check_attention((enum quant_cpu_level)l, 5, 64);
+        check_attention((enum quant_cpu_level)l, 300, 64);
+        check_attention((enum quant_cpu_level)l, 37, 24); /* head dim not a multiple of 8 / 16: tails */
     }
 }
 
 /* The exp-based activations and argmax of every kernel table this CPU can run, against
  * double-precision formulas / the plain scan: random values over the whole useful range,
- * lengths with and without a 16-lane tail, and the edges (±large, ±0, NaN, ties). */
+ * lengths with and without an 8- or 16-lane tail, and the edges (±large, ±0, NaN, ties). */
 #include "cpu/ops.h"
+
+/* The kernel tables indexed by CPU level; the ones this CPU can run are [0, levels_here). */
+static const struct cpu_ops *const cpu_op_levels[] = {&cpu_ops_ref, &cpu_ops_avx2, &cpu_ops_avx512};
+static int cpu_op_levels_here(void) { return (int)quant_cpu_level_detect() + 1; }
 
 static double max_rel_err(const float *got, const double *want, int n) {
     double worst = 0;
@@ -146,8 +149,8 @@ static double max_rel_err(const float *got, const double *want, int n) {
 }
 
 Test(backend_ops, activations_and_argmax_every_level) {
-    const struct cpu_ops *levels[] = {&cpu_ops_ref, &cpu_ops_avx512};
-    const int n_levels = quant_cpu_level_detect() >= QUANT_CPU_AVX512 ? 2 : 1;
+    const struct cpu_ops *const *levels = cpu_op_levels;
+    const int n_levels = cpu_op_levels_here();
     enum { N = 1000 };
     float x[N], y[N];
     double want[N];
@@ -200,8 +203,8 @@ Test(backend_ops, activations_and_argmax_every_level) {
 /* The kernel-4 conv step: every level gives the reference's bits (same products, same order),
  * for the output and the shifted state, with and without a 16-channel tail. */
 Test(backend_ops, conv4_token_every_level_bitwise) {
-    const struct cpu_ops *levels[] = {&cpu_ops_ref, &cpu_ops_avx512};
-    const int n_levels = quant_cpu_level_detect() >= QUANT_CPU_AVX512 ? 2 : 1;
+    const struct cpu_ops *const *levels = cpu_op_levels;
+    const int n_levels = cpu_op_levels_here();
     enum { C = 1040 };
     static float x[C], w[4 * C], st0[3 * C], st[3 * C], y[C], st_ref[3 * C], y_ref[C];
     for (int n_ch = 1; n_ch <= C; n_ch += n_ch < 50 ? 1 : 331) {
@@ -261,8 +264,8 @@ Test(backend_ops, marks_measure_the_time_between_them) {
  * cache's f16 conversion (bit-identical to f32_to_fp16 for finite values, including values
  * that round to f16 subnormals, to zero and to ±inf). */
 Test(backend_ops, sum_sq_and_to_f16_every_level) {
-    const struct cpu_ops *levels[] = {&cpu_ops_ref, &cpu_ops_avx512};
-    const int n_levels = quant_cpu_level_detect() >= QUANT_CPU_AVX512 ? 2 : 1;
+    const struct cpu_ops *const *levels = cpu_op_levels;
+    const int n_levels = cpu_op_levels_here();
     enum { N = 600 };
     float x[N];
     uint16_t got[N];

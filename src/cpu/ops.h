@@ -1,7 +1,7 @@
 /* ops.h — the CPU backend's non-matmul kernels that are worth SIMD (attention over the f16
  * KV cache, the delta rule in both forms, the exp-based activations, argmax). Their bodies live once in ops_body.h and are
- * compiled twice: ops_ref.c (plain C, the reference) and ops_avx512.c (AVX-512 vector
- * primitives); backend_cpu.c picks a table at init from the CPU level. */
+ * compiled three times: ops_ref.c (plain C, the reference), ops_avx2.c and ops_avx512.c (their
+ * vector primitives); backend_cpu.c picks a table at init from the CPU level. */
 #ifndef COTI_CPU_OPS_H
 #define COTI_CPU_OPS_H
 
@@ -71,6 +71,7 @@ static inline void conv4_channels(const float *x, int c0, int c1, const float *w
 }
 
 extern const struct cpu_ops cpu_ops_ref;
+extern const struct cpu_ops cpu_ops_avx2;
 extern const struct cpu_ops cpu_ops_avx512;
 
 #endif
