@@ -41,8 +41,8 @@ static void gdn_ref(const float *qkv, int stride, const struct gdn_gates *gt, do
         }
 }
 
-static void check_gdn_level(bool chunked, int n_tok, float gscale, enum quant_cpu_level level) {
-    const int nk = 2, nv = 4, dk = 16, dv = 16, ch = 2 * nk * dk + nv * dv;
+static void check_gdn_level(bool chunked, int n_tok, float gscale, enum quant_cpu_level level, int dk, int dv) {
+    const int nk = 2, nv = 4, ch = 2 * nk * dk + nv * dv;
     struct backend *be = backend_cpu_init(2, level);
     const int as = nv + 1, bs = nv + 2; /* gate rows wider than the heads, as a layer's need not be */
     float *qkv = malloc(sizeof(float) * n_tok * ch), *a = malloc(sizeof(float) * n_tok * as);
@@ -75,8 +75,10 @@ static void check_gdn_level(bool chunked, int n_tok, float gscale, enum quant_cp
 
 /* every kernel level against the same f64 reference: never a kernel against itself */
 static void check_gdn(bool chunked, int n_tok, float gscale) {
-    for (int l = QUANT_CPU_REF; l <= (int)quant_cpu_level_detect(); l++)
-        check_gdn_level(chunked, n_tok, gscale, (enum quant_cpu_level)l);
+    for (int l = QUANT_CPU_REF; l <= (int)quant_cpu_level_detect(); l++) {
+        check_gdn_level(chunked, n_tok, gscale, (enum quant_cpu_level)l, 16, 16);
+        check_gdn_level(chunked, n_tok, gscale, (enum quant_cpu_level)l, 20, 12); /* vector tails */
+    }
 }
 
 Test(backend_ops, gdn_recurrent_matches_f64_reference) { check_gdn(false, 1, 0.3f); check_gdn(false, 150, 0.3f); check_gdn(false, 150, 4.0f); }
@@ -126,7 +128,8 @@ Test(backend_ops, attention_matches_f64_reference) {
     for (int l = QUANT_CPU_REF; l <= (int)quant_cpu_level_detect(); l++) {
         check_attention((enum quant_cpu_level)l, 5, 64);
         check_attention((enum quant_cpu_level)l, 300, 64);
-        check_attention((enum quant_cpu_level)l, 37, 24); /* head dim not a multiple of 8 / 16: tails */
+        check_attention((enum quant_cpu_level)l, 37, 24); /* head dim not a multiple of 16: tails */
+        check_attention((enum quant_cpu_level)l, 37, 20); /* nor of 8 */
     }
 }
 
