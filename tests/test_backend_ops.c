@@ -138,10 +138,6 @@ Test(backend_ops, attention_matches_f64_reference) {
  * lengths with and without an 8- or 16-lane tail, and the edges (±large, ±0, NaN, ties). */
 #include "cpu/ops.h"
 
-/* The kernel tables indexed by CPU level; the ones this CPU can run are [0, levels_here). */
-static const struct cpu_ops *const cpu_op_levels[] = {&cpu_ops_ref, &cpu_ops_avx2, &cpu_ops_avx512};
-static int cpu_op_levels_here(void) { return (int)quant_cpu_level_detect() + 1; }
-
 static double max_rel_err(const float *got, const double *want, int n) {
     double worst = 0;
     for (int i = 0; i < n; i++) {
@@ -152,13 +148,12 @@ static double max_rel_err(const float *got, const double *want, int n) {
 }
 
 Test(backend_ops, activations_and_argmax_every_level) {
-    const struct cpu_ops *const *levels = cpu_op_levels;
-    const int n_levels = cpu_op_levels_here();
+    const int n_levels = (int)quant_cpu_level_detect() + 1;   /* every level up to this CPU's */
     enum { N = 1000 };
     float x[N], y[N];
     double want[N];
     for (int li = 0; li < n_levels; li++) {
-        const struct cpu_ops *o = levels[li];
+        const struct cpu_ops *o = cpu_ops_for_level((enum quant_cpu_level)li);
         for (int len = 1; len <= N; len += len < 40 ? 1 : 97) {
             fill(x, (size_t)len, 30.0f);
             x[0] = len % 2 ? 95.0f : -95.0f;                       /* e^-x over/underflows */
@@ -206,8 +201,7 @@ Test(backend_ops, activations_and_argmax_every_level) {
 /* The kernel-4 conv step: every level gives the reference's bits (same products, same order),
  * for the output and the shifted state, with and without a 16-channel tail. */
 Test(backend_ops, conv4_token_every_level_bitwise) {
-    const struct cpu_ops *const *levels = cpu_op_levels;
-    const int n_levels = cpu_op_levels_here();
+    const int n_levels = (int)quant_cpu_level_detect() + 1;   /* every level up to this CPU's */
     enum { C = 1040 };
     static float x[C], w[4 * C], st0[3 * C], st[3 * C], y[C], st_ref[3 * C], y_ref[C];
     for (int n_ch = 1; n_ch <= C; n_ch += n_ch < 50 ? 1 : 331) {
@@ -221,7 +215,7 @@ Test(backend_ops, conv4_token_every_level_bitwise) {
         }
         for (int li = 0; li < n_levels; li++) {
             memcpy(st, st0, sizeof(float) * 3 * (size_t)n_ch);
-            levels[li]->conv4_token(x, n_ch, w, st, y);
+            cpu_ops_for_level((enum quant_cpu_level)li)->conv4_token(x, n_ch, w, st, y);
             cr_assert(!memcmp(y, y_ref, sizeof(float) * (size_t)n_ch), "level %d n_ch %d: output", li, n_ch);
             cr_assert(!memcmp(st, st_ref, sizeof(float) * 3 * (size_t)n_ch), "level %d n_ch %d: state", li, n_ch);
         }
@@ -267,8 +261,7 @@ Test(backend_ops, marks_measure_the_time_between_them) {
  * cache's f16 conversion (bit-identical to f32_to_fp16 for finite values, including values
  * that round to f16 subnormals, to zero and to ±inf). */
 Test(backend_ops, sum_sq_and_to_f16_every_level) {
-    const struct cpu_ops *const *levels = cpu_op_levels;
-    const int n_levels = cpu_op_levels_here();
+    const int n_levels = (int)quant_cpu_level_detect() + 1;   /* every level up to this CPU's */
     enum { N = 600 };
     float x[N];
     uint16_t got[N];
@@ -278,8 +271,8 @@ Test(backend_ops, sum_sq_and_to_f16_every_level) {
             for (int i = 0; i < len; i += 7) x[i] *= (i % 3 == 0) ? 1e-6f : (i % 3 == 1 ? 3e4f : 1e-9f);
             double want = 0;
             for (int i = 0; i < len; i++) want += (double)x[i] * x[i];
-            cr_assert_leq(fabs(levels[li]->sum_sq(x, len) - want), 1e-12 * want, "level %d sum_sq len %d", li, len);
-            levels[li]->to_f16(x, got, len);
+            cr_assert_leq(fabs(cpu_ops_for_level((enum quant_cpu_level)li)->sum_sq(x, len) - want), 1e-12 * want, "level %d sum_sq len %d", li, len);
+            cpu_ops_for_level((enum quant_cpu_level)li)->to_f16(x, got, len);
             for (int i = 0; i < len; i++)
                 cr_assert_eq(got[i], f32_to_fp16(x[i]), "level %d to_f16 len %d: x[%d] = %g", li, len, i, x[i]);
         }

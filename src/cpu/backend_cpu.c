@@ -488,7 +488,7 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     c->chunk_scratch = malloc(sizeof(struct gdn_chunk_scratch) * (size_t)(n_threads < 1 ? 1 : n_threads));
     if (!c->tp || !c->chunk_scratch) { threadpool_free(c->tp); free(c->chunk_scratch); free(be); free(c); return NULL; }
     c->level = level;
-    c->ops = level >= QUANT_CPU_AVX512 ? &cpu_ops_avx512 : level >= QUANT_CPU_AVX2 ? &cpu_ops_avx2 : &cpu_ops_ref;
+    c->ops = cpu_ops_for_level(level);
     for (int t = 0; t < GGML_TYPE_COUNT; t++)
         c->have_kernels[t] = ggml_type_supported((enum ggml_type)t) &&
                              quant_kernels_get((enum ggml_type)t, level, &c->kernels[t]);

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "quant.h"
+
 #define CPU_ATTN_MAX_HEAD_DIM 512
 #define CPU_GDN_MAX_DIM 256
 #define GDN_CHUNK 64
@@ -73,5 +75,10 @@ static inline void conv4_channels(const float *x, int c0, int c1, const float *w
 extern const struct cpu_ops cpu_ops_ref;
 extern const struct cpu_ops cpu_ops_avx2;
 extern const struct cpu_ops cpu_ops_avx512;
+
+/* The table a CPU level runs: the best instance at or below it. */
+static inline const struct cpu_ops *cpu_ops_for_level(enum quant_cpu_level level) {
+    return level >= QUANT_CPU_AVX512 ? &cpu_ops_avx512 : level >= QUANT_CPU_AVX2 ? &cpu_ops_avx2 : &cpu_ops_ref;
+}
 
 #endif
