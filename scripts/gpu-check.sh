@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh — every GPU check and timing of a CUDA build in one run, for a device machine
 # with little time: the op tests, logits CPU vs CUDA, the losslessness gate, greedy identity,
-# the tiny model's bench, and the 9B-shaped Q8_0 decode with its op-cost profile.
+# random-weight models of six weight types (logits and the gate), the tiny model's bench, and the
+# 9B-shaped Q8_0 decode with its op-cost profile.
 # Build here with `make cuda`, carry the build folder (and the shared libraries the device
 # lacks, through LD_LIBRARY_PATH), then on the device:
 #   scripts/gpu-check.sh [BUILD_DIR (build-cuda)] [OUT_DIR ($OUT or /tmp/gpu-check)]
@@ -41,6 +42,21 @@ for spec in "mtp --spec-n-max 1" "mtp --spec-n-max 3" "ngram"; do
     r=$("$C" equiv --device cuda --spec $spec --prompts tests/data-prompts.json -n 48 2>&1 | tail -1)
     say "equiv $spec: $r"
     echo "$r" | grep -q 'real disagreements 0' || bad=1
+done
+
+# random-weight qwen35 models of every weight type the issue names: logits CPU vs CUDA, and the gate
+for t in q8_0 q4_0 q4_K q6_K f16 bf16; do
+    R=/tmp/gpu-check-rand-$t.gguf
+    "$C" mkmodel --arch qwen35 --shape tiny --type $t --seed 7 -o "$R" > /dev/null 2>&1
+    "$C" logits -m "$R" --tokens "$tok" --top 20 --json > "$O/logits-cpu-$t.json" 2>/dev/null
+    "$C" logits -m "$R" --tokens "$tok" --top 20 --json --device cuda > "$O/logits-cuda-$t.json" 2>/dev/null
+    cmp=$(python3 scripts/compare_logits.py "$O/logits-cpu-$t.json" "$O/logits-cuda-$t.json")
+    rc=$?
+    r=$("$C" equiv -m "$R" --device cuda --spec mtp --spec-n-max 4 --prompts tests/data-prompts.json -n 32 2>&1 | tail -1)
+    say "random $t: logits cpu vs cuda: $(echo "$cmp" | tail -1 | sed 's/^positions [0-9]* *//'); equiv mtp 4: ${r#*: }"
+    [ $rc = 0 ] || bad=1
+    echo "$r" | grep -q 'real disagreements 0' || bad=1
+    rm -f "$R"
 done
 
 prompt=$'static int foo(struct device *dev)\n{\n'
