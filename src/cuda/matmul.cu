@@ -1070,6 +1070,94 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
     cuda_trace_end();
 }
 
+/* ---- one token, Q8_0, weights loaded straight into registers -------------------------------
+ * For narrow matrices (a row or less per warp: the 9B's 4096 x 4096 out- and o-projections),
+ * where the staged matvec's time after the PDL wait (its input formed in every block, chunks
+ * through shared memory) is most of its time. The input arrives as codes written by a form
+ * kernel; each lane loads its own 34-byte blocks as the nine aligned words that cover them (a
+ * block starts 0 or 2 bytes into a word), its first MV_DIRECT_PRE before the wait. Lane l sums
+ * units l, l + 32, ... in order with unit_dot's arithmetic, so every output equals the staged
+ * kernels' bit for bit (decode and verify agree). Standalone, a chain of 4096 x 4096 matvecs
+ * took 6.1 µs each with its form kernel against 9.0 for the fused staged form (H200). */
+#define MV_DIRECT_PRE 2
+
+__device__ __forceinline__ void q8_0_words(const uint8_t *blk, uint32_t (&v)[9]) {
+    const uint32_t *a = (const uint32_t *)((uintptr_t)blk & ~(uintptr_t)3);
+#pragma unroll
+    for (int j = 0; j < 9; j++) v[j] = __ldg(a + j);
+}
+
+__device__ __forceinline__ float q8_0_unit(const uint8_t *blk, const uint32_t (&v)[9], const xact &x, int u) {
+    const bool odd = ((uintptr_t)blk & 3) != 0;
+    const uint16_t db = odd ? (uint16_t)(v[0] >> 16) : (uint16_t)(v[0] & 0xFFFFu);
+    uint32_t c[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) c[j] = odd ? v[j + 1] : __funnelshift_r(v[j], v[j + 1], 16);
+    const int4 *xp = (const int4 *)x.q + 2 * u;
+    const int lo = dp4a_half(c, __ldg(xp)), hi = dp4a_half(c + 4, __ldg(xp + 1));
+    return __fmul_rn(__fmul_rn(__half2float(__ushort_as_half(db)), __ldg(x.d + u)), (float)(lo + hi));
+}
+
+__global__ void __launch_bounds__(MV_WARPS * 32, 2)
+matvec_q8_0_direct_kernel(const uint8_t *__restrict__ w, size_t rb, int n_units, int n_rows, const xact x,
+                          float *__restrict__ y) {
+    cuda_pdl_trigger();
+    const int lane = threadIdx.x % 32, nw = gridDim.x * MV_WARPS;
+    int row = blockIdx.x * MV_WARPS + threadIdx.x / 32;
+    uint32_t pre[MV_DIRECT_PRE][9];
+    if (row < n_rows)
+#pragma unroll
+        for (int k = 0; k < MV_DIRECT_PRE; k++)
+            if (lane + 32 * k < n_units) q8_0_words(w + (size_t)row * rb + (size_t)(lane + 32 * k) * 34, pre[k]);
+    cuda_pdl_wait();
+    for (bool first = true; row < n_rows; row += nw, first = false) {
+        const uint8_t *wr = w + (size_t)row * rb;
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < MV_DIRECT_PRE; k++) {
+            const int u = lane + 32 * k;
+            if (u >= n_units) continue;
+            uint32_t v[9];
+            if (first) {
+#pragma unroll
+                for (int j = 0; j < 9; j++) v[j] = pre[k][j];
+            } else q8_0_words(wr + (size_t)u * 34, v);
+            acc += q8_0_unit(wr + (size_t)u * 34, v, x, u);
+        }
+        for (int u0 = 32 * MV_DIRECT_PRE; u0 < n_units; u0 += 64) { /* two units' loads in flight */
+            const int u = u0 + lane, u1 = u + 32;
+            uint32_t v[9], v1[9];
+            if (u < n_units) q8_0_words(wr + (size_t)u * 34, v);
+            if (u1 < n_units) q8_0_words(wr + (size_t)u1 * 34, v1);
+            if (u < n_units) acc += q8_0_unit(wr + (size_t)u * 34, v, x, u);
+            if (u1 < n_units) acc += q8_0_unit(wr + (size_t)u1 * 34, v1, x, u1);
+        }
+        acc = cuda_warp_sum(acc);
+        if (lane == 0) y[row] = acc;
+    }
+    cuda_trace_end();
+}
+
+/* The delta-net's gated norm of one token row, as Q8_0 codes for the direct matvec: a warp per
+ * group takes the group's 1/rms as the fused matvec does (cuda_warp_rms_inv), then its 32-blocks,
+ * 8 lanes a block, by the fused matvec's expression (dim a multiple of 128). */
+__global__ void gnorm_q8_kernel(const float *__restrict__ x, const float *__restrict__ z, const float *__restrict__ w,
+                                int dim, float eps, int8_t *__restrict__ q, float *__restrict__ d) {
+    cuda_pdl_begin();
+    const int g = blockIdx.x, lane = threadIdx.x;
+    const float *xg = x + (size_t)g * dim, *zg = z + (size_t)g * dim;
+    const float sc = cuda_warp_rms_inv(xg, dim, eps, lane);
+    for (int b0 = 0; b0 < dim; b0 += 128) {
+        const int e0 = b0 + 4 * lane;
+        float v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            v[k] = __fmul_rn(__fmul_rn(__fmul_rn(xg[e0 + k], sc), w[e0 + k]), cuda_silu(zg[e0 + k]));
+        const int blk = (g * dim + b0) / 32 + lane / 8;
+        q8_block_oct(v, lane % 8, q + 32 * (size_t)blk, d + blk, NULL);
+    }
+}
+
 /* ---- prefill: int8 tensor-core tiles ------------------------------------------------------
  * For more than MV_MAX_NT tokens. A block computes a 64-row x 64-token tile with 4 warps (each
  * 32 x 32) over K tiles of 8 units (256 elements): cp.async stages the raw weight bytes of the
@@ -1649,11 +1737,34 @@ void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, c
     matmul_n_with(c, &w, &y, 1, g, n_tok, MV_PLAIN);
 }
 
+/* Whether a one-token Q8_0 matvec runs as a form kernel + matvec_q8_0_direct_kernel: at most a
+ * row per warp of its grid (2 blocks per SM), and an input wide enough that forming it in every
+ * block costs more than the form kernel's launch. H200, against the fused staged matvec: 9B
+ * (4096-wide out- / o-projections) 330.3 -> 345.1 tok/s; the tiny model (384-512 wide) off -3%,
+ * mtp:2 -2%, so the width bound lies between. */
+#define MV_DIRECT_MIN_N 2048
+static bool mv_direct_fits(const struct cuda_ctx *c, const struct bweight *w, int n_tok) {
+    return n_tok == 1 && w->type == GGML_TYPE_Q8_0 && w->n_in >= MV_DIRECT_MIN_N &&
+           w->n_out <= (int64_t)2 * c->n_sm * MV_WARPS;
+}
+
+static void mv_direct(struct cuda_ctx *c, const struct bweight *w, const xact &x, float *y) {
+    const int grid = COTI_MIN(cuda_cdiv((int)w->n_out, MV_WARPS), 2 * c->n_sm);
+    cuda_launch(c, grid, MV_WARPS * 32, matvec_q8_0_direct_kernel, (const uint8_t *)w->data, w->row_bytes,
+                (int)((w->n_in + 31) / 32), (int)w->n_out, x, y);
+}
+
 void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *w, const float *z, int dim, float eps,
                                float *a, const struct bweight *wt, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
     const int n_grp = (int)(wt->n_in / dim);
+    if (mv_direct_fits(c, wt, n_tok) && wt->n_in % dim == 0 && dim % 128 == 0) {
+        const xact xa = converted_scratch(c, XF_Q8_0, 1, x_stride(wt->n_in));
+        cuda_launch(c, n_grp, 32, gnorm_q8_kernel, x, z, w, dim, eps, (int8_t *)xa.q, (float *)xa.d);
+        mv_direct(c, wt, xa, y);
+        return;
+    }
     if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N, MV_IN_GNORM) && wt->n_in % dim == 0 && n_tok * n_grp <= MV_GNORM_MAX_GROUPS) {
         matmul_n_with(c, &wt, &y, 1, x, n_tok, mv_input{MV_IN_GNORM, z, w, NULL, NULL, eps, dim, 0, 0, NULL});
         return;
@@ -1681,6 +1792,15 @@ void cuda_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, in
                              int gate_head_stride, const struct bweight *wt, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
+    if (mv_direct_fits(c, wt, n_tok) && wt->n_in == (int64_t)n_head * dim) {
+        const int n = (int)wt->n_in, stride = x_stride(n);
+        const xact xa = converted_scratch(c, XF_Q8_0, 1, stride);
+        const mv_input in{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride, NULL};
+        cuda_launch(c, cuda_cdiv((stride / 32) * 8, 256), 256, form_q8_kernel, (const float *)x, n, 1, stride, in,
+                    (int8_t *)xa.q, (float *)xa.d, (float *)NULL);
+        mv_direct(c, wt, xa, y);
+        return;
+    }
     if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N, MV_IN_SIGMOID) && wt->n_in == (int64_t)n_head * dim) {
         matmul_n_with(c, &wt, &y, 1, x, n_tok,
                       mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride, NULL});
