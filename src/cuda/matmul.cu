@@ -1684,14 +1684,20 @@ static xact converted_scratch(struct cuda_ctx *c, int f, int n_tok, int stride) 
     return xa;
 }
 
-/* A formed input converted by form_q8_kernel, then the matvecs. */
-static void form_q8_matmul(struct cuda_ctx *c, const struct bweight *w, const float *x, int n_tok, const mv_input &in,
-                           int f, float *y) {
+/* An input formed and converted to format f by form_q8_kernel, in the activation scratch. */
+static xact form_q8(struct cuda_ctx *c, const struct bweight *w, const float *x, int n_tok, const mv_input &in, int f) {
     const int n = (int)w->n_in, stride = x_stride(n);
     const xact xa = converted_scratch(c, f, n_tok, stride);
     const int items = n_tok * (stride / 32) * 8;
     cuda_launch(c, cuda_cdiv(items, 256), 256, form_q8_kernel, x, n, n_tok, stride, in, (int8_t *)xa.q, (float *)xa.d,
                 f == XF_Q8_1 ? (float *)xa.s : (float *)NULL);
+    return xa;
+}
+
+/* A formed input converted by form_q8_kernel, then the matvecs. */
+static void form_q8_matmul(struct cuda_ctx *c, const struct bweight *w, const float *x, int n_tok, const mv_input &in,
+                           int f, float *y) {
+    const xact xa = form_q8(c, w, x, n_tok, in, f);
     matmul_n_with(c, &w, &y, 1, x, n_tok, MV_PLAIN, &xa);
 }
 
@@ -1792,24 +1798,18 @@ void cuda_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, in
                              int gate_head_stride, const struct bweight *wt, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
+    const mv_input in{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride, NULL};
     if (mv_direct_fits(c, wt, n_tok) && wt->n_in == (int64_t)n_head * dim) {
-        const int n = (int)wt->n_in, stride = x_stride(n);
-        const xact xa = converted_scratch(c, XF_Q8_0, 1, stride);
-        const mv_input in{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride, NULL};
-        cuda_launch(c, cuda_cdiv((stride / 32) * 8, 256), 256, form_q8_kernel, (const float *)x, n, 1, stride, in,
-                    (int8_t *)xa.q, (float *)xa.d, (float *)NULL);
-        mv_direct(c, wt, xa, y);
+        mv_direct(c, wt, form_q8(c, wt, x, 1, in, XF_Q8_0), y);
         return;
     }
     if (all_fuse(c, &wt, 1, n_tok, MV_FUSE_MAX_N, MV_IN_SIGMOID) && wt->n_in == (int64_t)n_head * dim) {
-        matmul_n_with(c, &wt, &y, 1, x, n_tok,
-                      mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride, NULL});
+        matmul_n_with(c, &wt, &y, 1, x, n_tok, in);
         return;
     }
     int f;
     if (wt->n_in == (int64_t)n_head * dim && converted_q8(c, &wt, 1, n_tok, &f)) {
-        form_q8_matmul(c, wt, x, n_tok, mv_input{MV_IN_SIGMOID, gate, NULL, NULL, NULL, 0.0f, dim, gate_stride, gate_head_stride, NULL},
-                       f, y);
+        form_q8_matmul(c, wt, x, n_tok, in, f, y);
         return;
     }
     cuda_mul_sigmoid(be, x, gate, n_tok, n_head, dim, gate_stride, gate_head_stride);
