@@ -131,6 +131,10 @@ static inline void cuda_launch(struct cuda_ctx *c, dim3 grid, dim3 block, void (
 /* ---- device helpers ---- */
 
 __device__ __forceinline__ float cuda_silu(float v) { return v / (1.0f + expf(-v)); }
+/* One element of the delta-net's gated norm: x · (1/rms of its group) · w, times silu of the gate. */
+__device__ __forceinline__ float cuda_gnorm(float x, float sc, float w, float z) {
+    return __fmul_rn(__fmul_rn(__fmul_rn(x, sc), w), cuda_silu(z));
+}
 __device__ __forceinline__ float cuda_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 __device__ __forceinline__ float cuda_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ uint16_t cuda_f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }

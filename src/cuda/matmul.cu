@@ -937,7 +937,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
             for (int k = 0; k < 4; k++) {
                 if (P.in.mode == MV_IN_SWIGLU) v[k] = __fmul_rn(cuda_silu(xv[k]), mv[k]);
                 else if (P.in.mode == MV_IN_SIGMOID) v[k] = __fmul_rn(xv[k], cuda_sigmoid(mv[k]));
-                else if (P.in.mode == MV_IN_GNORM) v[k] = __fmul_rn(__fmul_rn(__fmul_rn(xv[k], sc), wv[k]), cuda_silu(mv[k]));
+                else if (P.in.mode == MV_IN_GNORM) v[k] = cuda_gnorm(xv[k], sc, wv[k], mv[k]);
                 else if (P.in.mode == MV_IN_NORM) v[k] = __fmul_rn(__fmul_rn(P.in.m ? xv[k] + mv[k] : xv[k], sc), wv[k]);
                 else v[k] = xv[k];
             }
@@ -1080,6 +1080,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
  * kernels' bit for bit (decode and verify agree). Standalone, a chain of 4096 x 4096 matvecs
  * took 6.1 µs each with its form kernel against 9.0 for the fused staged form (H200). */
 #define MV_DIRECT_PRE 2
+#define MV_DIRECT_PER_SM 2     /* blocks per SM (its register bound) */
 
 __device__ __forceinline__ void q8_0_words(const uint8_t *blk, uint32_t (&v)[9]) {
     const uint32_t *a = (const uint32_t *)((uintptr_t)blk & ~(uintptr_t)3);
@@ -1098,9 +1099,10 @@ __device__ __forceinline__ float q8_0_unit(const uint8_t *blk, const uint32_t (&
     return __fmul_rn(__fmul_rn(__half2float(__ushort_as_half(db)), __ldg(x.d + u)), (float)(lo + hi));
 }
 
-__global__ void __launch_bounds__(MV_WARPS * 32, 2)
+__global__ void __launch_bounds__(MV_WARPS * 32, MV_DIRECT_PER_SM)
 matvec_q8_0_direct_kernel(const uint8_t *__restrict__ w, size_t rb, int n_units, int n_rows, const xact x,
                           float *__restrict__ y) {
+    constexpr int BB = qt<GGML_TYPE_Q8_0>::BB;
     cuda_pdl_trigger();
     const int lane = threadIdx.x % 32, nw = gridDim.x * MV_WARPS;
     int row = blockIdx.x * MV_WARPS + threadIdx.x / 32;
@@ -1108,7 +1110,7 @@ matvec_q8_0_direct_kernel(const uint8_t *__restrict__ w, size_t rb, int n_units,
     if (row < n_rows)
 #pragma unroll
         for (int k = 0; k < MV_DIRECT_PRE; k++)
-            if (lane + 32 * k < n_units) q8_0_words(w + (size_t)row * rb + (size_t)(lane + 32 * k) * 34, pre[k]);
+            if (lane + 32 * k < n_units) q8_0_words(w + (size_t)row * rb + (size_t)(lane + 32 * k) * BB, pre[k]);
     cuda_pdl_wait();
     for (bool first = true; row < n_rows; row += nw, first = false) {
         const uint8_t *wr = w + (size_t)row * rb;
@@ -1121,16 +1123,16 @@ matvec_q8_0_direct_kernel(const uint8_t *__restrict__ w, size_t rb, int n_units,
             if (first) {
 #pragma unroll
                 for (int j = 0; j < 9; j++) v[j] = pre[k][j];
-            } else q8_0_words(wr + (size_t)u * 34, v);
-            acc += q8_0_unit(wr + (size_t)u * 34, v, x, u);
+            } else q8_0_words(wr + (size_t)u * BB, v);
+            acc += q8_0_unit(wr + (size_t)u * BB, v, x, u);
         }
         for (int u0 = 32 * MV_DIRECT_PRE; u0 < n_units; u0 += 64) { /* two units' loads in flight */
             const int u = u0 + lane, u1 = u + 32;
             uint32_t v[9], v1[9];
-            if (u < n_units) q8_0_words(wr + (size_t)u * 34, v);
-            if (u1 < n_units) q8_0_words(wr + (size_t)u1 * 34, v1);
-            if (u < n_units) acc += q8_0_unit(wr + (size_t)u * 34, v, x, u);
-            if (u1 < n_units) acc += q8_0_unit(wr + (size_t)u1 * 34, v1, x, u1);
+            if (u < n_units) q8_0_words(wr + (size_t)u * BB, v);
+            if (u1 < n_units) q8_0_words(wr + (size_t)u1 * BB, v1);
+            if (u < n_units) acc += q8_0_unit(wr + (size_t)u * BB, v, x, u);
+            if (u1 < n_units) acc += q8_0_unit(wr + (size_t)u1 * BB, v1, x, u1);
         }
         acc = cuda_warp_sum(acc);
         if (lane == 0) y[row] = acc;
@@ -1152,7 +1154,7 @@ __global__ void gnorm_q8_kernel(const float *__restrict__ x, const float *__rest
         float v[4];
 #pragma unroll
         for (int k = 0; k < 4; k++)
-            v[k] = __fmul_rn(__fmul_rn(__fmul_rn(xg[e0 + k], sc), w[e0 + k]), cuda_silu(zg[e0 + k]));
+            v[k] = cuda_gnorm(xg[e0 + k], sc, w[e0 + k], zg[e0 + k]);
         const int blk = (g * dim + b0) / 32 + lane / 8;
         q8_block_oct(v, lane % 8, q + 32 * (size_t)blk, d + blk, NULL);
     }
@@ -1744,18 +1746,18 @@ void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, c
 }
 
 /* Whether a one-token Q8_0 matvec runs as a form kernel + matvec_q8_0_direct_kernel: at most a
- * row per warp of its grid (2 blocks per SM), and an input wide enough that forming it in every
+ * row per warp of its grid, and an input wide enough that forming it in every
  * block costs more than the form kernel's launch. H200, against the fused staged matvec: 9B
  * (4096-wide out- / o-projections) 330.3 -> 345.1 tok/s; the tiny model (384-512 wide) off -3%,
  * mtp:2 -2%, so the width bound lies between. */
 #define MV_DIRECT_MIN_N 2048
 static bool mv_direct_fits(const struct cuda_ctx *c, const struct bweight *w, int n_tok) {
     return n_tok == 1 && w->type == GGML_TYPE_Q8_0 && w->n_in >= MV_DIRECT_MIN_N &&
-           w->n_out <= (int64_t)2 * c->n_sm * MV_WARPS;
+           w->n_out <= (int64_t)MV_DIRECT_PER_SM * c->n_sm * MV_WARPS;
 }
 
 static void mv_direct(struct cuda_ctx *c, const struct bweight *w, const xact &x, float *y) {
-    const int grid = COTI_MIN(cuda_cdiv((int)w->n_out, MV_WARPS), 2 * c->n_sm);
+    const int grid = COTI_MIN(cuda_cdiv((int)w->n_out, MV_WARPS), MV_DIRECT_PER_SM * c->n_sm);
     cuda_launch(c, grid, MV_WARPS * 32, matvec_q8_0_direct_kernel, (const uint8_t *)w->data, w->row_bytes,
                 (int)((w->n_in + 31) / 32), (int)w->n_out, x, y);
 }
