@@ -30,11 +30,17 @@ say "test_cuda_ops: $(tail -1 "$O/ops.txt")"
 grep -q ' 0 failed' "$O/ops.txt" || bad=1
 
 tok=$(python3 -c "import random; random.seed(1); print(','.join(str(random.randrange(16384)) for _ in range(300)))")
-"$C" logits -m "$M" --tokens "$tok" --top 20 --json > "$O/logits-cpu.json" 2>/dev/null
-"$C" logits -m "$M" --tokens "$tok" --top 20 --json --device cuda > "$O/logits-cuda.json" 2>/dev/null
-cmp=$(python3 scripts/compare_logits.py "$O/logits-cpu.json" "$O/logits-cuda.json")
+# logits_cmp MODEL TAG: top-20 logprobs of 300 tokens on the CPU and on CUDA, compared; prints the
+# comparison's summary line, returns compare_logits.py's status (0: no real disagreement)
+logits_cmp() {
+    "$C" logits -m "$1" --tokens "$tok" --top 20 --json > "$O/logits-cpu$2.json" 2>/dev/null
+    "$C" logits -m "$1" --tokens "$tok" --top 20 --json --device cuda > "$O/logits-cuda$2.json" 2>/dev/null
+    python3 scripts/compare_logits.py "$O/logits-cpu$2.json" "$O/logits-cuda$2.json" | tail -1
+    return "${PIPESTATUS[0]}"
+}
+cmp=$(logits_cmp "$M" "")
 rc=$?
-say "logits cpu vs cuda: $(echo "$cmp" | tail -1)"
+say "logits cpu vs cuda: $cmp"
 [ $rc = 0 ] || bad=1
 
 for spec in "mtp --spec-n-max 1" "mtp --spec-n-max 3" "ngram"; do
@@ -48,12 +54,10 @@ done
 for t in q8_0 q4_0 q4_K q6_K f16 bf16; do
     R=/tmp/gpu-check-rand-$t.gguf
     "$C" mkmodel --arch qwen35 --shape tiny --type $t --seed 7 -o "$R" > /dev/null 2>&1
-    "$C" logits -m "$R" --tokens "$tok" --top 20 --json > "$O/logits-cpu-$t.json" 2>/dev/null
-    "$C" logits -m "$R" --tokens "$tok" --top 20 --json --device cuda > "$O/logits-cuda-$t.json" 2>/dev/null
-    cmp=$(python3 scripts/compare_logits.py "$O/logits-cpu-$t.json" "$O/logits-cuda-$t.json")
+    cmp=$(logits_cmp "$R" "-$t")
     rc=$?
     r=$("$C" equiv -m "$R" --device cuda --spec mtp --spec-n-max 4 --prompts tests/data-prompts.json -n 32 2>&1 | tail -1)
-    say "random $t: logits cpu vs cuda: $(echo "$cmp" | tail -1 | sed 's/^positions [0-9]* *//'); equiv mtp 4: ${r#*: }"
+    say "random $t: logits cpu vs cuda: $(echo "$cmp" | sed 's/^positions [0-9]* *//'); equiv mtp 4: ${r#*: }"
     [ $rc = 0 ] || bad=1
     echo "$r" | grep -q 'real disagreements 0' || bad=1
     rm -f "$R"
