@@ -316,3 +316,29 @@ int32_t sampler_sample(struct sampler *s, const float *logits) {
     size_t n = chain_run(s, logits);
     return sampler_draw(s, s->cand, n);
 }
+
+int32_t sampler_rejection_step(struct sampler *smp, const struct sampler_cand *pc, size_t pn,
+                               const struct sampler_cand *qc, size_t qn, int32_t d, float *qdense,
+                               struct sampler_cand *resid) {
+    for (size_t i = 0; i < qn; i++) qdense[qc[i].id] = qc[i].p;
+    double pd = 0.0;
+    for (size_t i = 0; i < pn; i++) if (pc[i].id == d) pd = pc[i].p;
+    const double qd = qdense[d];
+    const double u = sampler_next_uniform(smp);
+    int32_t out = -1;
+    if (!(qd > 0.0 && u < pd / qd)) {
+        size_t rn = 0;
+        double sum = 0.0;
+        for (size_t i = 0; i < pn; i++) {
+            double r = pc[i].p - qdense[pc[i].id];
+            if (r > 0.0) { resid[rn] = (struct sampler_cand){pc[i].id, 0.0f, (float)r}; sum += r; rn++; }
+        }
+        if (rn == 0 || sum <= 0.0) out = sampler_draw(smp, pc, pn); /* p == q on the support */
+        else {
+            for (size_t i = 0; i < rn; i++) resid[i].p = (float)(resid[i].p / sum);
+            out = sampler_draw(smp, resid, rn);
+        }
+    }
+    for (size_t i = 0; i < qn; i++) qdense[qc[i].id] = 0.0f;
+    return out;
+}

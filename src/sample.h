@@ -63,4 +63,13 @@ int32_t sampler_draw(struct sampler *s, const struct sampler_cand *cands, size_t
  * Returns 0 if every value is NaN or -inf, -1 if n <= 0. */
 int32_t sample_argmax(const float *logits, int n);
 
+/* One step of exact speculative rejection sampling: the draft d was drawn from q (qc, qn);
+ * p (pc, pn) is the target's distribution at that row. Accepts d with probability
+ * min(1, p(d)/q(d)) and returns -1; otherwise returns a token drawn from
+ * normalize(max(0, p − q)). qdense is an all-zero scratch of n_vocab floats (left zero),
+ * resid scratch of at least pn candidates. Randomness comes from smp's stream. */
+int32_t sampler_rejection_step(struct sampler *smp, const struct sampler_cand *pc, size_t pn,
+                               const struct sampler_cand *qc, size_t qn, int32_t d, float *qdense,
+                               struct sampler_cand *resid);
+
 #endif

@@ -226,32 +226,6 @@ int spec_engine_warmup(struct spec_engine *e, const int32_t *prompt, int n_promp
     return 0;
 }
 
-int32_t spec_rejection_step(struct sampler *smp, const struct sampler_cand *pc, size_t pn,
-                            const struct sampler_cand *qc, size_t qn, int32_t d, float *qdense,
-                            struct sampler_cand *resid) {
-    for (size_t i = 0; i < qn; i++) qdense[qc[i].id] = qc[i].p;
-    double pd = 0.0;
-    for (size_t i = 0; i < pn; i++) if (pc[i].id == d) pd = pc[i].p;
-    const double qd = qdense[d];
-    const double u = sampler_next_uniform(smp);
-    int32_t out = -1;
-    if (!(qd > 0.0 && u < pd / qd)) {
-        size_t rn = 0;
-        double sum = 0.0;
-        for (size_t i = 0; i < pn; i++) {
-            double r = pc[i].p - qdense[pc[i].id];
-            if (r > 0.0) { resid[rn] = (struct sampler_cand){pc[i].id, 0.0f, (float)r}; sum += r; rn++; }
-        }
-        if (rn == 0 || sum <= 0.0) out = sampler_draw(smp, pc, pn); /* p == q on the support */
-        else {
-            for (size_t i = 0; i < rn; i++) resid[i].p = (float)(resid[i].p / sum);
-            out = sampler_draw(smp, resid, rn);
-        }
-    }
-    for (size_t i = 0; i < qn; i++) qdense[qc[i].id] = 0.0f;
-    return out;
-}
-
 int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,
                   struct spec_probe *probe, char *err, size_t err_size) {
     struct model *m = e->m;
@@ -345,7 +319,7 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
             const struct sampler_cand *pc;
             size_t pn;
             sampler_probs(q->smp, e->row, &pc, &pn);
-            int32_t r = spec_rejection_step(q->smp, pc, pn, dr.q[i], dr.q_n[i], dr.tokens[i], e->qdense, e->resid);
+            int32_t r = sampler_rejection_step(q->smp, pc, pn, dr.q[i], dr.q_n[i], dr.tokens[i], e->qdense, e->resid);
             if (r < 0) a++;
             else next = r;
         } else {

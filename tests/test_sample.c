@@ -1,6 +1,7 @@
 /* test_sample.c — samplers: greedy ties, seeded reproducibility, the temperature -> 0 limit,
  * top_k = 1 == greedy, the top_p/min_p sets, and the empirical distribution of the draw
- * against softmax by a chi-square test. Expected values are computed here from the
+ * against softmax by a chi-square test; speculative rejection sampling reproduces the target
+ * distribution (and a wrong rule is caught by the same statistic). Expected values are computed here from the
  * definitions (softmax by hand), never by the sampler under test. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -272,4 +273,44 @@ Test(sample, uniform_stream_and_draw) {
     for (int i = 0; i < 1000; i++) cr_assert_eq(sampler_draw(s, c, 3), 8);
     cr_assert_eq(sampler_draw(s, c, 0), -1);
     sampler_free(s);
+}
+
+/* ---- exact rejection sampling on a tiny vocabulary ---- */
+
+#define RS_V 6
+#define RS_TRIALS 60000
+
+/* Draw d ~ q_true, run the rule with the q it is told; histogram of emitted tokens. */
+static double run_rejection(const double *p, const double *q_true, const double *q_told) {
+    struct sampler *smp;
+    struct sampler_params sp = {1.0f, 0, 1.0f, 0.0f, 0, 12345};
+    char err[128];
+    cr_assert_eq(sampler_init(&smp, &sp, RS_V, err, sizeof err), 0);
+    struct sampler_cand pc[RS_V], qc[RS_V], qt[RS_V], resid[RS_V];
+    for (int i = 0; i < RS_V; i++) {
+        pc[i] = (struct sampler_cand){i, 0, (float)p[i]};
+        qc[i] = (struct sampler_cand){i, 0, (float)q_told[i]};
+        qt[i] = (struct sampler_cand){i, 0, (float)q_true[i]};
+    }
+    float qdense[RS_V] = {0};
+    int count[RS_V] = {0};
+    for (int n = 0; n < RS_TRIALS; n++) {
+        int32_t d = sampler_draw(smp, qt, RS_V);
+        int32_t r = sampler_rejection_step(smp, pc, RS_V, qc, RS_V, d, qdense, resid);
+        count[r < 0 ? d : r]++;
+    }
+    for (int i = 0; i < RS_V; i++) cr_assert_eq(qdense[i], 0.0f, "scratch must be left zero");
+    sampler_free(smp);
+    return chi2(count, p, RS_V, RS_TRIALS);
+}
+
+Test(sample, rejection_sampling_reproduces_target_distribution) {
+    const double p[RS_V] = {0.40, 0.25, 0.15, 0.10, 0.07, 0.03};
+    const double q[RS_V] = {0.10, 0.30, 0.05, 0.35, 0.15, 0.05};
+    double x = run_rejection(p, q, q);
+    cr_assert_lt(x, CHI2_DF5_P1E6, "speculative samples deviate from the target: chi2 %.1f", x);
+    /* a rule fed the wrong q (here: believing the draft is p itself) accepts every draft, so
+     * the output follows q — the same statistic must reject it */
+    double bad = run_rejection(p, q, p);
+    cr_assert_gt(bad, CHI2_DF5_P1E6, "a wrong acceptance rule went unnoticed: chi2 %.1f", bad);
 }
