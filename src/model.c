@@ -28,6 +28,8 @@ int model_load(struct model **out, const char *path, struct backend *be,
     }
     for (size_t i = 0; i < COTI_ARRAY_LEN(model_archs); i++) {
         if (strcmp(arch, model_archs[i].arch) == 0) {
+            /* an architecture's loader owns g only when it succeeds: on failure it has freed
+             * what it built but not g */
             rc = model_archs[i].load(out, g, be, p, err, err_size);
             if (rc) gguf_close(g);
             return rc;

@@ -106,5 +106,15 @@ bad_inputs_fail_cleanly() {
 }
 check "bad model files and parameters fail with a message, no crash" bad_inputs_fail_cleanly
 
+# A model the GGUF reader accepts but the loader must refuse (a tensor renamed in place): exit
+# 1 with the tensor's name, not an abort (test_load_errors.c edits shapes, types, hparams).
+bad_model_is_refused() {
+    "$COTI" mkmodel --arch qwen35 -o "$TMP/good.gguf" --vocab-from none --n-vocab 300 --n-embd 64 \
+        --n-layer 1 --n-ff 128 > /dev/null 2>&1 || return 1
+    LC_ALL=C sed 's/blk\.0\.ffn_up\.weight/blk.0.ffn_up.weighX/' "$TMP/good.gguf" > "$TMP/missing.gguf"
+    "$COTI" run -m "$TMP/missing.gguf" -p x -n 2 2>"$TMP/e4"; [ $? -eq 1 ] && grep -q 'missing tensor blk.0.ffn_up.weight' "$TMP/e4"
+}
+check "a model with a missing tensor is refused with its name (exit 1)" bad_model_is_refused
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

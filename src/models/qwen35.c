@@ -20,6 +20,9 @@
 #define QWEN35_MAX_HEAD_DIM 512
 #define QWEN35_MAX_STATE 256
 #define QWEN35_MAX_LAYERS 512
+/* Every width the forward forms from hparams (a projection's rows, a state's elements) is
+ * bounded here, so the file's int arithmetic on them cannot overflow on absurd metadata. */
+#define QWEN35_MAX_WIDTH (1 << 24)
 /* Runs at least this long (prompts) use the chunked delta rule; shorter ones (decode,
  * verify) the per-token recurrence, so spec-on and spec-off decode share one path. */
 #define QWEN35_CHUNKED_MIN_RUN 64
@@ -293,6 +296,18 @@ static int read_hparams(struct loader *L, struct qwen35_hparams *hp) {
     hp->ssm_dv = inner / hp->ssm_nv;
     if (hp->ssm_dv != hp->ssm_dk)
         return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "delta-net value head dim %d != key head dim %d", hp->ssm_dv, hp->ssm_dk);
+    const int64_t widths[] = {
+        hp->n_embd, 2 * (int64_t)hp->n_embd, hp->n_ff, 2 * (int64_t)hp->n_head * hp->head_dim,
+        (int64_t)hp->n_head_kv * hp->head_dim, 2 * (int64_t)hp->ssm_nk * hp->ssm_dk + (int64_t)hp->ssm_nv * hp->ssm_dv,
+        (int64_t)hp->ssm_nv * hp->ssm_dk * hp->ssm_dv,
+    };
+    for (size_t i = 0; i < COTI_ARRAY_LEN(widths); i++)
+        if (widths[i] < 1 || widths[i] > QWEN35_MAX_WIDTH)
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                             "hparams out of range: embedding %d, feed-forward %d, heads %d/%d x %d, ssm %d x %d x %d "
+                             "(a width is %lld, the limit %d)",
+                             hp->n_embd, hp->n_ff, hp->n_head, hp->n_head_kv, hp->head_dim, hp->ssm_nv, hp->ssm_nk,
+                             hp->ssm_dk, (long long)widths[i], QWEN35_MAX_WIDTH);
     hp->ssm_ch = 2 * hp->ssm_nk * hp->ssm_dk + hp->ssm_nv * hp->ssm_dv;
     hp->n_layer = hp->n_layer_all - hp->n_mtp;
     if (hp->n_layer_all > QWEN35_MAX_LAYERS || hp->n_mtp < 0 || hp->n_mtp > 1 || hp->n_layer < 1)
@@ -448,31 +463,42 @@ static int alloc_scratch(struct qwen35 *q) {
     return (q->h_meta && q->graphs) ? 0 : COTI_E_NOMEM;
 }
 
+/* a * b * c bytes, or SIZE_MAX (which no allocator grants) when the product overflows */
+static size_t bytes_of(size_t a, size_t b, size_t c) {
+    size_t ab, abc;
+    if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc)) return SIZE_MAX;
+    return abc;
+}
+
 static int alloc_memory(struct qwen35 *q) {
     struct model *m = &q->base;
     struct backend *be = m->be;
     const struct qwen35_hparams *hp = &q->hp;
-    size_t cells = (size_t)m->n_seq * m->n_ctx, kvd = (size_t)hp->n_head_kv * hp->head_dim;
-    size_t keep = (size_t)COTI_MAX(m->n_keep_states, 1);
+    const size_t n_seq = (size_t)m->n_seq, cells = (size_t)m->n_seq * (size_t)m->n_ctx;
+    const size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, kv_bytes = bytes_of(sizeof(uint16_t), cells, kvd);
+    const size_t keep = (size_t)COTI_MAX(m->n_keep_states, 1);
     q->conv_elems = (size_t)(hp->ssm_k - 1) * hp->ssm_ch;
     q->ssm_elems = (size_t)hp->ssm_nv * hp->ssm_dk * hp->ssm_dv;
+    const size_t conv_bytes = bytes_of(sizeof(float), n_seq, q->conv_elems);
+    const size_t conv_snap_bytes = bytes_of(sizeof(float) * keep, n_seq, q->conv_elems);
+    if (conv_bytes == SIZE_MAX || conv_snap_bytes == SIZE_MAX) return COTI_E_NOMEM;
     for (int il = 0; il < hp->n_layer; il++) {
         struct layer *ly = &q->layers[il];
         if (ly->is_gdn) {
-            ly->conv_state = be->alloc(be, sizeof(float) * m->n_seq * q->conv_elems + 4);
-            ly->ssm_state = be->alloc(be, sizeof(float) * m->n_seq * q->ssm_elems);
-            ly->conv_snap = be->alloc(be, sizeof(float) * m->n_seq * keep * q->conv_elems + 4);
-            ly->ssm_snap = be->alloc(be, sizeof(float) * m->n_seq * keep * q->ssm_elems);
+            ly->conv_state = be->alloc(be, conv_bytes + 4);
+            ly->ssm_state = be->alloc(be, bytes_of(sizeof(float), n_seq, q->ssm_elems));
+            ly->conv_snap = be->alloc(be, conv_snap_bytes + 4);
+            ly->ssm_snap = be->alloc(be, bytes_of(sizeof(float) * keep, n_seq, q->ssm_elems));
             if (!ly->conv_state || !ly->ssm_state || !ly->conv_snap || !ly->ssm_snap) return COTI_E_NOMEM;
         } else {
-            ly->k_cache = be->alloc(be, sizeof(uint16_t) * cells * kvd);
-            ly->v_cache = be->alloc(be, sizeof(uint16_t) * cells * kvd);
+            ly->k_cache = be->alloc(be, kv_bytes);
+            ly->v_cache = be->alloc(be, kv_bytes);
             if (!ly->k_cache || !ly->v_cache) return COTI_E_NOMEM;
         }
     }
     if (q->has_mtp) {
-        q->mtp.blk.k_cache = be->alloc(be, sizeof(uint16_t) * cells * kvd);
-        q->mtp.blk.v_cache = be->alloc(be, sizeof(uint16_t) * cells * kvd);
+        q->mtp.blk.k_cache = be->alloc(be, kv_bytes);
+        q->mtp.blk.v_cache = be->alloc(be, kv_bytes);
         if (!q->mtp.blk.k_cache || !q->mtp.blk.v_cache) return COTI_E_NOMEM;
     }
     m->seq_len = calloc((size_t)m->n_seq, sizeof(int32_t));
@@ -508,7 +534,7 @@ int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
     struct qwen35_hparams *hp = &q->hp;
     int rc = read_hparams(&L, hp);
     if (rc) { free(q); return rc; }
-    m->gguf = g; /* owned from here on: qwen35_free closes it */
+    m->gguf = g; /* owned once loading succeeds: qwen35_free closes it */
 
     const struct gguf_tensor *te = gguf_find_tensor(g, "token_embd.weight");
     if (!te || te->n_dims != 2 || te->ne[0] != hp->n_embd || te->ne[1] < 1 || te->ne[1] > (1 << 24)) {
@@ -543,6 +569,7 @@ int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
     *out = m;
     return 0;
 fail:
+    m->gguf = NULL; /* on failure the caller keeps the file (model_load closes it) */
     qwen35_free(m);
     return rc;
 }

@@ -1,0 +1,168 @@
+/* test_load_errors.c — a model file that parses as GGUF but is not a loadable qwen35 (a
+ * missing tensor, a tensor of the wrong shape or type, absurd hparams, a KV cache that cannot
+ * be allocated) is refused by model_load with the reason, and nothing is freed twice (the
+ * ASan run of the suite catches that). The files are made by `coti mkmodel` and edited in
+ * place: renaming a tensor, shrinking a dimension or retyping a tensor only shortens the data
+ * the header describes, so the GGUF reader still accepts the file and the loader must judge. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model.h"
+
+struct blob {
+    uint8_t *p;
+    size_t n;
+};
+
+static struct blob read_all(const char *path) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "open %s", path);
+    fseek(f, 0, SEEK_END);
+    struct blob b = {NULL, (size_t)ftell(f)};
+    fseek(f, 0, SEEK_SET);
+    b.p = malloc(b.n);
+    cr_assert_not_null(b.p);
+    cr_assert_eq(fread(b.p, 1, b.n, f), b.n);
+    fclose(f);
+    return b;
+}
+
+static void write_all(const char *path, struct blob b) {
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(b.p, 1, b.n, f), b.n);
+    fclose(f);
+}
+
+/* A small random qwen35 (one delta-net layer, a NextN layer), written once per test. */
+static struct blob make_model(const char *path) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "./coti mkmodel --arch qwen35 -o %s --vocab-from none --n-vocab 300 --n-embd 64 --n-layer 1 "
+             "--n-ff 128 --nextn 1 --seed 7 > /dev/null 2>&1", path);
+    cr_assert_eq(system(cmd), 0, "mkmodel failed");
+    return read_all(path);
+}
+
+/* Where a GGUF string (u64 length, then bytes) with this text starts its bytes. */
+static uint8_t *find_gguf_string(struct blob b, const char *text) {
+    const size_t n = strlen(text);
+    for (uint8_t *at = b.p + 8; (at = memmem(at, b.n - (size_t)(at - b.p), text, n)) != NULL; at++) {
+        uint64_t len;
+        memcpy(&len, at - 8, 8);
+        if (len == n) return at;
+    }
+    cr_assert_fail("string %s not found in the model", text);
+    return NULL;
+}
+
+/* A tensor's info: its name, then n_dims (u32), ne[n_dims] (u64), type (u32). */
+static uint8_t *tensor_ne(struct blob b, const char *name) { return find_gguf_string(b, name) + strlen(name) + 4; }
+static uint8_t *tensor_type(struct blob b, const char *name) {
+    uint32_t n_dims;
+    memcpy(&n_dims, find_gguf_string(b, name) + strlen(name), 4);
+    return tensor_ne(b, name) + 8 * n_dims;
+}
+
+/* Load the edited file; it must fail with a message containing want. */
+static void expect_refused(const char *path, struct blob b, const char *want, int n_seq, int n_ctx) {
+    write_all(path, b);
+    struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+    cr_assert_not_null(be);
+    struct model_params p = {n_seq, n_ctx, 16, 4};
+    struct model *m = (struct model *)&p; /* must be cleared by a failing load */
+    char err[512] = "";
+    int rc = model_load(&m, path, be, &p, err, sizeof err);
+    cr_assert_neq(rc, 0, "the edited model loaded");
+    cr_assert_null(m, "a failed load left a model behind");
+    cr_expect_not_null(strstr(err, want), "error '%s' does not say '%s'", err, want);
+    backend_free(be);
+    unlink(path);
+}
+
+#define SCRATCH "/tmp/coti-test-load-errors"
+
+static char *scratch(const char *what) {
+    static char path[128];
+    snprintf(path, sizeof path, SCRATCH "-%d-%s.gguf", (int)getpid(), what);
+    return path;
+}
+
+Test(load_errors, the_unedited_model_loads) {
+    char *path = scratch("ok");
+    struct blob b = make_model(path);
+    struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+    struct model_params p = {1, 64, 16, 4};
+    struct model *m = NULL;
+    char err[512];
+    cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);
+    model_free(m);
+    backend_free(be);
+    free(b.p);
+    unlink(path);
+}
+
+Test(load_errors, missing_tensor) {
+    char *path = scratch("missing");
+    struct blob b = make_model(path);
+    find_gguf_string(b, "blk.0.ffn_up.weight")[strlen("blk.0.ffn_up.weight") - 1] = 'X';
+    expect_refused(path, b, "blk.0.ffn_up.weight", 1, 64);
+    free(b.p);
+}
+
+Test(load_errors, tensor_of_wrong_shape) {
+    char *path = scratch("shape");
+    struct blob b = make_model(path);
+    uint64_t ne0;
+    uint8_t *at = tensor_ne(b, "blk.0.ffn_down.weight");
+    memcpy(&ne0, at, 8);
+    ne0 /= 2;
+    memcpy(at, &ne0, 8);
+    expect_refused(path, b, "blk.0.ffn_down.weight", 1, 64);
+    free(b.p);
+}
+
+Test(load_errors, norm_of_wrong_type) {
+    char *path = scratch("type");
+    struct blob b = make_model(path);
+    const uint32_t f16 = 1; /* F32 -> F16: half the bytes, still inside the file */
+    memcpy(tensor_type(b, "output_norm.weight"), &f16, 4);
+    expect_refused(path, b, "output_norm.weight", 1, 64);
+    free(b.p);
+}
+
+Test(load_errors, hparams_that_disagree_with_tensors) {
+    char *path = scratch("disagree");
+    struct blob b = make_model(path);
+    /* the key's u32 value follows its name and the value type */
+    uint8_t *at = find_gguf_string(b, "qwen35.feed_forward_length") + strlen("qwen35.feed_forward_length") + 4;
+    const uint32_t n_ff = 96;
+    memcpy(at, &n_ff, 4);
+    expect_refused(path, b, "ffn_", 1, 64);
+    free(b.p);
+}
+
+Test(load_errors, absurd_hparams) {
+    char *path = scratch("absurd");
+    struct blob b = make_model(path);
+    /* 2^30 heads: 2 * heads * head_dim overflows an int; the loader must refuse, not wrap */
+    uint8_t *at = find_gguf_string(b, "qwen35.attention.head_count") + strlen("qwen35.attention.head_count") + 4;
+    const uint32_t heads = 1u << 30;
+    memcpy(at, &heads, 4);
+    at = find_gguf_string(b, "qwen35.attention.head_count_kv") + strlen("qwen35.attention.head_count_kv") + 4;
+    memcpy(at, &heads, 4);
+    expect_refused(path, b, "out of range", 1, 64);
+    free(b.p);
+}
+
+Test(load_errors, kv_cache_that_cannot_be_allocated) {
+    char *path = scratch("kv");
+    struct blob b = make_model(path);
+    /* the file is fine; 1024 sequences of 2^30 positions are not */
+    expect_refused(path, b, "out of memory", 1024, 1 << 30);
+    free(b.p);
+}
