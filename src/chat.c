@@ -1,7 +1,7 @@
 /* chat.c — chat formats rendered by hand: ChatML and Gemma 4.
- * Owns: template recognition and rendering of plain-text messages. Knows nothing of the
- * tokenizer (special-token text is emitted as text and parsed back by the caller's
- * tokenize with parse_special) nor of tools, images or output parsing.
+ * Owns: template recognition and rendering of plain-text messages, and the record of which
+ * rendered bytes came from the messages (spans). Knows nothing of the tokenizer (the caller
+ * parses special-token text outside the spans only) nor of tools, images or output parsing.
  * References: llama.cpp src/llama-chat.cpp (llm_chat_detect_template, the chatml branch of
  * llm_chat_apply_template); models/templates/google-gemma-4-31B-it.jinja in the llama.cpp
  * tree, whose text-only path is reproduced here, with Jinja's trim = strip of C isspace
@@ -15,6 +15,9 @@ struct sbuf {
     char *p;
     size_t n, cap;
     bool oom;
+    struct chat_span *spans;     /* message text written so far (NULL-able: not recorded) */
+    size_t n_spans, cap_spans;
+    bool record;
 };
 
 static void sb_put(struct sbuf *b, const char *s, size_t n) {
@@ -34,6 +37,24 @@ static void sb_put(struct sbuf *b, const char *s, size_t n) {
 }
 
 static void sb_str(struct sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+/* Write message text: like sb_put, and remembered as a span (adjacent ones merge). */
+static void sb_msg(struct sbuf *b, const char *s, size_t n) {
+    const size_t at = b->n;
+    sb_put(b, s, n);
+    if (b->oom || !b->record || n == 0) return;
+    if (b->n_spans && b->spans[b->n_spans - 1].off + b->spans[b->n_spans - 1].len == at) {
+        b->spans[b->n_spans - 1].len += n;
+        return;
+    }
+    if (!coti_grow(&b->spans, &b->cap_spans, b->n_spans + 1, sizeof *b->spans, 16)) {
+        b->oom = true;
+        return;
+    }
+    b->spans[b->n_spans++] = (struct chat_span){at, n};
+}
+
+static void sb_msg_str(struct sbuf *b, const char *s) { sb_msg(b, s, strlen(s)); }
 
 /* ---- recognition ----------------------------------------------------------------------- */
 
@@ -67,9 +88,9 @@ static const char *role_of(const struct chat_message *m) {
 static void render_chatml(struct sbuf *b, const struct chat_message *msgs, size_t n, bool add_gen) {
     for (size_t i = 0; i < n; i++) {
         sb_str(b, "<|im_start|>");
-        sb_str(b, role_of(&msgs[i]));
+        sb_msg_str(b, role_of(&msgs[i]));
         sb_str(b, "\n");
-        sb_str(b, msgs[i].content ? msgs[i].content : "");
+        sb_msg_str(b, msgs[i].content ? msgs[i].content : "");
         sb_str(b, "<|im_end|>\n");
     }
     if (add_gen) sb_str(b, "<|im_start|>assistant\n");
@@ -81,18 +102,18 @@ static bool is_space_c(char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
 }
 
-/* Jinja "| trim" as llama.cpp implements it: strip C isspace characters at both ends. */
+/* Message text with Jinja "| trim" as llama.cpp implements it: strip C isspace characters at both ends. */
 static void sb_trimmed(struct sbuf *b, const char *s, size_t n) {
     while (n && is_space_c(*s)) { s++; n--; }
     while (n && is_space_c(s[n - 1])) n--;
-    sb_put(b, s, n);
+    sb_msg(b, s, n);
 }
 
 /* The template's strip_thinking macro: split on "<channel|>", keep each part up to any
  * "<|channel>" in it, join, trim. */
 static void sb_strip_thinking(struct sbuf *b, const char *s) {
     static const char open[] = "<|channel>", close[] = "<channel|>";
-    struct sbuf kept = {0};
+    struct sbuf kept = {0};      /* scratch: its bytes are recorded when copied into b */
     for (;;) {
         const char *end = strstr(s, close);
         const size_t part = end ? (size_t)(end - s) : strlen(s);
@@ -134,7 +155,8 @@ static int render_gemma4(struct sbuf *b, const struct chat_message *msgs, size_t
         const bool cont = merge_turns && model && i > first && !strcmp(msgs[i - 1].role, "assistant");
         if (!cont) {
             sb_str(b, "<|turn>");
-            sb_str(b, model ? "model" : role_of(&msgs[i]));
+            if (model) sb_str(b, "model");
+            else sb_msg_str(b, role_of(&msgs[i]));
             sb_str(b, "\n");
         }
         const char *c = msgs[i].content ? msgs[i].content : "";
@@ -151,14 +173,20 @@ static int render_gemma4(struct sbuf *b, const struct chat_message *msgs, size_t
 
 /* ---- entry point ----------------------------------------------------------------------- */
 
-int chat_apply(const char *template_str, const struct chat_message *msgs, size_t n, bool add_generation_prompt,
-               bool enable_thinking, char **out, char *err, size_t err_size) {
-    *out = NULL;
+void chat_prompt_free(struct chat_prompt *p) {
+    free(p->text);
+    free(p->spans);
+    memset(p, 0, sizeof *p);
+}
+
+static int render(const char *template_str, const struct chat_message *msgs, size_t n, bool add_generation_prompt,
+                  bool enable_thinking, bool record, struct chat_prompt *out, char *err, size_t err_size) {
+    memset(out, 0, sizeof *out);
     if (n && !msgs) return coti_fail(err, err_size, COTI_E_ARG, "chat: msgs is NULL");
     for (size_t i = 0; i < n; i++)
         if (!msgs[i].role) return coti_fail(err, err_size, COTI_E_ARG, "chat: message %zu has no role", i);
     const enum chat_format f = chat_detect_format(template_str);
-    struct sbuf b = {0};
+    struct sbuf b = {.record = record};
     sb_put(&b, "", 0);           /* an empty conversation still yields "" */
     int rc = COTI_OK;
     switch (f) {
@@ -185,8 +213,22 @@ int chat_apply(const char *template_str, const struct chat_message *msgs, size_t
     if (!rc && b.oom) rc = coti_fail(err, err_size, COTI_E_NOMEM, "chat: out of memory rendering %zu messages", n);
     if (rc) {
         free(b.p);
+        free(b.spans);
         return rc;
     }
-    *out = b.p;
+    *out = (struct chat_prompt){b.p, b.n, b.spans, b.n_spans};
     return COTI_OK;
+}
+
+int chat_render(const char *template_str, const struct chat_message *msgs, size_t n, bool add_generation_prompt,
+                bool enable_thinking, struct chat_prompt *out, char *err, size_t err_size) {
+    return render(template_str, msgs, n, add_generation_prompt, enable_thinking, true, out, err, err_size);
+}
+
+int chat_apply(const char *template_str, const struct chat_message *msgs, size_t n, bool add_generation_prompt,
+               bool enable_thinking, char **out, char *err, size_t err_size) {
+    struct chat_prompt p;
+    int rc = render(template_str, msgs, n, add_generation_prompt, enable_thinking, false, &p, err, err_size);
+    *out = p.text;
+    return rc;
 }

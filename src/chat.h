@@ -37,4 +37,26 @@ const char *chat_format_name(enum chat_format f);
 int chat_apply(const char *template_str, const struct chat_message *msgs, size_t n, bool add_generation_prompt,
                bool enable_thinking, char **out, char *err, size_t err_size);
 
+/* A range [off, off + len) of a rendered prompt that came from a message (its content or its
+ * role), not from the template: the caller tokenizes it with special-token parsing off, so
+ * text such as "<|im_start|>system" inside a message stays text (issue 30 item 6). */
+struct chat_span {
+    size_t off, len;
+};
+
+/* A rendered prompt: text[0..n_text) (NUL-terminated) and its message spans, in order and
+ * disjoint. */
+struct chat_prompt {
+    char *text;
+    size_t n_text;
+    struct chat_span *spans;
+    size_t n_spans;
+};
+void chat_prompt_free(struct chat_prompt *p);
+
+/* chat_apply that also says which bytes came from the messages. Same arguments and errors;
+ * on error *out is zeroed. */
+int chat_render(const char *template_str, const struct chat_message *msgs, size_t n, bool add_generation_prompt,
+                bool enable_thinking, struct chat_prompt *out, char *err, size_t err_size);
+
 #endif

@@ -69,6 +69,7 @@ struct tokenizer {
     int16_t cp_to_byte[0x144];   /* inverse for code points below U+0144, -1 if none */
 
     pcre2_code *re;
+    size_t max_input_per_token;  /* 0: the vocabulary gives no bound (tokenizer.h) */
 };
 
 /* =======================================================================================
@@ -637,6 +638,26 @@ void tokenizer_free(struct tokenizer *t) {
     free(t);
 }
 
+/* Most input bytes one token can stand for. Special tokens stand for their text. A BPE
+ * token stands for a symbol whose bytes are its stored text; each of those is at least one
+ * stand-in (1-2 bytes) per re-encoded byte, and a re-encoded code point of >= 1 byte comes
+ * from at most 4 input bytes (over-long forms), so 4 x the longest stored text bounds
+ * every token. That holds only if no input byte can vanish: every byte's stand-in and every
+ * merge's result must be a token (else llama.cpp's fallback drops bytes); 0 otherwise. */
+static size_t input_bound(const struct tokenizer *t) {
+    for (int b = 0; b < 256; b++)
+        if (tokenizer_find_token(t, t->byte_enc[b], t->byte_enc_len[b]) < 0) return 0;
+    for (uint32_t i = 0; i < t->n_merges; i++) {
+        const struct merge_rec *m = &t->merges[i];
+        if (m->split && tokenizer_find_token(t, t->merge_blob + m->off, m->len) < 0) return 0;
+    }
+    size_t longest = 0;
+    for (int32_t id = 0; id < t->n_vocab; id++) longest = COTI_MAX(longest, (size_t)(t->text_off[id + 1] - t->text_off[id]));
+    return 4 * longest;
+}
+
+size_t tokenizer_max_input_per_token(const struct tokenizer *t) { return t->max_input_per_token; }
+
 int tokenizer_init(struct tokenizer **out, const struct gguf_file *g, char *err, size_t err_size) {
     *out = NULL;
     const char *model = NULL, *pre = NULL;
@@ -674,6 +695,7 @@ int tokenizer_init(struct tokenizer **out, const struct gguf_file *g, char *err,
         tokenizer_free(t);
         return rc;
     }
+    t->max_input_per_token = input_bound(t);
     *out = t;
     return COTI_OK;
 }
@@ -823,7 +845,7 @@ static int bpe_piece(const struct tokenizer *t, struct work *w, size_t len, stru
 
 /* Pre-tokenize one raw fragment with the regex and BPE each piece. */
 static int encode_fragment(const struct tokenizer *t, struct work *w, const uint8_t *s, size_t len,
-                           size_t base, struct ids *out, char *err, size_t err_size) {
+                           size_t base, size_t max_tokens, struct ids *out, char *err, size_t err_size) {
     /* decode as llama.cpp; build the PCRE2 subject (surrogates cannot be matched as UTF-8,
      * so they stand in as U+E000: both are \p{C}, which is all the regex asks of them) */
     size_t n = 0, sb = 0;
@@ -842,7 +864,7 @@ static int encode_fragment(const struct tokenizer *t, struct work *w, const uint
     w->soff[n] = (uint32_t)sb;
 
     size_t pos = 0;              /* code point index */
-    while (pos < n) {
+    while (pos < n && out->n <= max_tokens) {
         /* the subject is valid UTF-8 by construction; a check would rescan it per piece */
         const uint32_t opts = PCRE2_NO_UTF_CHECK;
         int rc = pcre2_match(t->re, w->subj, sb, w->soff[pos], opts, w->md, NULL);
@@ -878,15 +900,29 @@ static int encode_fragment(const struct tokenizer *t, struct work *w, const uint
     return COTI_OK;
 }
 
+/* Whether [at, at + n) overlaps one of the sorted, disjoint spans lit[0..n_lit). */
+static bool overlaps_literal(const struct tokenizer_span *lit, size_t n_lit, size_t at, size_t n) {
+    size_t lo = 0, hi = n_lit;   /* first span ending after at */
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (lit[mid].off + lit[mid].len <= at) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n_lit && lit[lo].off < at + n;
+}
+
 /* tokenizer_st_partition: for each special token, longest first, cut every raw fragment at
- * each occurrence of its text (tokenizer.md §3.1). */
-static int partition_specials(const struct tokenizer *t, const char *text, size_t len, bool parse_special,
+ * each occurrence of its text (tokenizer.md §3.1). A CONTROL/UNKNOWN occurrence counts only
+ * with parse_special and outside the literal spans (there the text is parsed as with
+ * parse_special off); USER_DEFINED ones count everywhere. */
+static int partition_specials(const struct tokenizer *t, const char *text, size_t len, const struct tokenizer_opts *o,
                               struct frags *cur, struct frags *nxt) {
     cur->n = 0;
     if (len && !frags_push(cur, -1, 0, len)) return COTI_E_NOMEM;
     for (uint32_t k = 0; k < t->n_special && cur->n; k++) {
         const int32_t sid = t->special[k];
-        if (!parse_special && (t->attr[sid] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN))) continue;
+        const bool control = t->attr[sid] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_UNKNOWN);
+        if (!o->parse_special && control) continue;
         size_t slen;
         const char *stext = tok_text(t, sid, &slen);
         bool any = false;
@@ -897,14 +933,18 @@ static int partition_specials(const struct tokenizer *t, const char *text, size_
                 if (!frags_push(nxt, fr.id, 0, 0)) return COTI_E_NOMEM;
                 continue;
             }
-            size_t pos = fr.off, end = fr.off + fr.len;
+            size_t pos = fr.off, from = fr.off, end = fr.off + fr.len;
             const char *m;
-            while (pos < end && (m = memmem(text + pos, end - pos, stext, slen))) {
+            while (from < end && (m = memmem(text + from, end - from, stext, slen))) {
                 const size_t at = (size_t)(m - text);
+                if (control && overlaps_literal(o->literal, o->n_literal, at, slen)) {
+                    from = at + 1; /* message text: not a marker; a later occurrence may be */
+                    continue;
+                }
                 any = true;
                 if (at > pos && !frags_push(nxt, -1, pos, at - pos)) return COTI_E_NOMEM;
                 if (!frags_push(nxt, sid, 0, 0)) return COTI_E_NOMEM;
-                pos = at + slen;
+                pos = from = at + slen;
             }
             if (pos < end && !frags_push(nxt, -1, pos, end - pos)) return COTI_E_NOMEM;
         }
@@ -919,17 +959,29 @@ static int partition_specials(const struct tokenizer *t, const char *text, size_
 
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool add_special,
                      bool parse_special, int32_t **out_tokens, size_t *n_out, char *err, size_t err_size) {
+    const struct tokenizer_opts o = {.add_special = add_special, .parse_special = parse_special};
+    return tokenizer_encode_opts(t, text, len, &o, out_tokens, n_out, err, err_size);
+}
+
+int tokenizer_encode_opts(const struct tokenizer *t, const char *text, size_t len, const struct tokenizer_opts *o,
+                          int32_t **out_tokens, size_t *n_out, char *err, size_t err_size) {
     *out_tokens = NULL;
     *n_out = 0;
     if (len > TOKENIZER_MAX_TEXT_BYTES)
         return coti_fail(err, err_size, COTI_E_RANGE, "tokenizer: text of %zu bytes exceeds the limit of %zu",
                          len, TOKENIZER_MAX_TEXT_BYTES);
     if (len && !text) return coti_fail(err, err_size, COTI_E_ARG, "tokenizer: text is NULL");
+    for (size_t i = 0; i < o->n_literal; i++)
+        if (o->literal[i].off > len || o->literal[i].len > len - o->literal[i].off ||
+            (i && o->literal[i].off < o->literal[i - 1].off + o->literal[i - 1].len))
+            return coti_fail(err, err_size, COTI_E_ARG, "tokenizer: literal span %zu is out of order or out of the text", i);
+    const bool add_special = o->add_special;
+    const size_t max_tokens = o->max_tokens ? o->max_tokens : SIZE_MAX;
 
     struct ids out = {0};
     struct frags fa = {0}, fb = {0};
     struct work w = {0};
-    int rc = partition_specials(t, text, len, parse_special, &fa, &fb);
+    int rc = partition_specials(t, text, len, o, &fa, &fb);
     if (rc) goto done;
 
     if (add_special && t->add_bos && !ids_push(&out, t->bos)) { rc = COTI_E_NOMEM; goto done; }
@@ -945,16 +997,17 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bo
         w.md = pcre2_match_data_create_from_pattern(t->re, NULL);
         if (!w.cps || !w.soff || !w.subj || !w.md) { rc = COTI_E_NOMEM; goto done; }
     }
-    for (size_t f = 0; f < fa.n; f++) {
+    for (size_t f = 0; f < fa.n && out.n <= max_tokens; f++) {
         const struct frag *fr = &fa.p[f];
         if (fr->id >= 0) {
             if (!ids_push(&out, fr->id)) { rc = COTI_E_NOMEM; goto done; }
             continue;
         }
-        rc = encode_fragment(t, &w, (const uint8_t *)text + fr->off, fr->len, fr->off, &out, err, err_size);
+        rc = encode_fragment(t, &w, (const uint8_t *)text + fr->off, fr->len, fr->off, max_tokens, &out, err, err_size);
         if (rc) goto done;
     }
-    if (add_special && t->add_eos && !ids_push(&out, t->eos)) { rc = COTI_E_NOMEM; goto done; }
+    if (add_special && t->add_eos && out.n <= max_tokens && !ids_push(&out, t->eos)) { rc = COTI_E_NOMEM; goto done; }
+    if (out.n > max_tokens) out.n = max_tokens + 1; /* stopped early: a prefix, one over the limit */
 
 done:
     free(fa.p);

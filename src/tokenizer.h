@@ -40,6 +40,35 @@ void tokenizer_free(struct tokenizer *t);
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool add_special,
                      bool parse_special, int32_t **out_tokens, size_t *n_out, char *err, size_t err_size);
 
+/* A range of the input text [off, off + len) (tokenizer_opts.literal). */
+struct tokenizer_span {
+    size_t off, len;
+};
+
+struct tokenizer_opts {
+    bool add_special, parse_special;   /* as for tokenizer_encode */
+    /* with parse_special: ranges, sorted and disjoint, in which CONTROL/UNKNOWN token texts
+     * stay text (a chat message inside a rendered template); a marker overlapping one is
+     * text too. USER_DEFINED tokens are found everywhere, as with parse_special off. */
+    const struct tokenizer_span *literal;
+    size_t n_literal;
+    /* 0: no limit. Else encoding stops once more than max_tokens tokens are out: *n_out is
+     * then max_tokens + 1 (a prefix of the full result), so the caller sees "too long"
+     * without paying for the whole text's tokens. */
+    size_t max_tokens;
+};
+
+/* tokenizer_encode with the options above; the same results and errors, and COTI_E_ARG for
+ * literal spans out of order or outside text[0..len). */
+int tokenizer_encode_opts(const struct tokenizer *t, const char *text, size_t len, const struct tokenizer_opts *o,
+                          int32_t **out_tokens, size_t *n_out, char *err, size_t err_size);
+
+/* Most input bytes a single token of t can stand for, or 0 when the vocabulary gives no such
+ * bound (a byte or a merge result without a token of its own, which tokenize drops). A text of
+ * len bytes then yields at least ceil(len / this) tokens: a prompt can be refused as too long
+ * for a context before it is tokenized. */
+size_t tokenizer_max_input_per_token(const struct tokenizer *t);
+
 /* The bytes of one token, borrowed from t (no NUL terminator; may be partial UTF-8).
  * CONTROL/UNKNOWN tokens give their text only when render_special, otherwise "" (length 0);
  * USER_DEFINED gives its text; NORMAL the byte-decoded text; BYTE its byte; others "".

@@ -8,6 +8,7 @@
 #include "server/openai.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,11 @@
 #include <time.h>
 
 #include "chat.h"
+
+/* chat_span and tokenizer_span are the same (off, len) pair: spans pass through as they are */
+_Static_assert(sizeof(struct chat_span) == sizeof(struct tokenizer_span) &&
+                   offsetof(struct chat_span, len) == offsetof(struct tokenizer_span, len),
+               "chat_span and tokenizer_span must match");
 
 /* ------------------------------------------------------------------------------------------
  * Errors */
@@ -304,21 +310,45 @@ static int parse_params(const struct openai_ctx *c, const cJSON *o, struct opena
 struct tokv {
     int32_t *p;
     size_t n, cap;
+    long limit;                  /* most tokens wanted (< 0: any number) */
+    bool over;                   /* more than limit: the prompt cannot be served */
+    size_t n_least;              /* with over: tokens the prompt has at least */
 };
 
 static bool tokv_push(struct tokv *v, const int32_t *ids, size_t n) {
     if (!coti_grow(&v->p, &v->cap, v->n + n, sizeof *v->p, 64)) return false;
     if (n) memcpy(v->p + v->n, ids, n * sizeof *ids);
     v->n += n;
+    if (v->limit >= 0 && v->n > (size_t)v->limit && !v->over) {
+        v->over = true;
+        v->n_least = v->n;
+    }
     return true;
 }
 
-static int encode_text(const struct openai_ctx *c, const char *s, bool add_special, bool parse_special, struct tokv *v,
-                       struct openai_error *e) {
+/* Tokenize s[0..len) onto v; lit[0..n_lit) are message spans (tokenizer_opts.literal). With
+ * a limit, a text that must yield more tokens than are left is refused by its length before
+ * any work (tokenizer_max_input_per_token), and the tokenizer stops one token past the limit,
+ * so a prompt that cannot fit costs neither the time nor the memory of its full tokenization. */
+static int encode_text(const struct openai_ctx *c, const char *s, size_t len, const struct tokenizer_span *lit,
+                       size_t n_lit, bool add_special, bool parse_special, struct tokv *v, struct openai_error *e) {
+    if (v->over) return 0;
+    struct tokenizer_opts o = {.add_special = add_special, .parse_special = parse_special, .literal = lit, .n_literal = n_lit};
+    if (v->limit >= 0) {
+        const size_t per = tokenizer_max_input_per_token(c->tok);
+        const size_t least = per ? len / per + (len % per != 0) : 0;
+        const size_t left = (size_t)v->limit - v->n;
+        if (least > left) {
+            v->over = true;
+            v->n_least = v->n + least;
+            return 0;
+        }
+        o.max_tokens = left ? left : 1; /* 0 would mean "no limit"; one over is over either way */
+    }
     int32_t *ids = NULL;
     size_t n = 0;
     char err[256];
-    int rc = tokenizer_encode(c->tok, s, strlen(s), add_special, parse_special, &ids, &n, err, sizeof err);
+    int rc = tokenizer_encode_opts(c->tok, s, len, &o, &ids, &n, err, sizeof err);
     if (rc == COTI_E_NOMEM) return out_of_memory(e);
     if (rc) return bad_request(e, "cannot tokenize the prompt: %s", err);
     bool ok = tokv_push(v, ids, n);
@@ -326,28 +356,37 @@ static int encode_text(const struct openai_ctx *c, const char *s, bool add_speci
     return ok ? 0 : out_of_memory(e);
 }
 
+static int too_long(const struct openai_ctx *c, size_t n_least, struct openai_error *e) {
+    openai_error_set(e, 400, "exceed_context_size_error",
+                     "the request exceeds the available context size (at least %zu tokens in the prompt, %d in the "
+                     "context), try increasing it", n_least, c->n_ctx);
+    e->n_prompt_tokens = n_least > INT32_MAX ? INT32_MAX : (int)n_least;
+    e->n_ctx = c->n_ctx;
+    return 400;
+}
+
 int openai_tokenize_prompt(const struct openai_ctx *c, const cJSON *v, const char *name, bool add_special,
-                           bool parse_special, int32_t **out, int *n_out, struct openai_error *e) {
-    struct tokv tv = {0};
+                           bool parse_special, long max_tokens, int32_t **out, int *n_out, struct openai_error *e) {
+    struct tokv tv = {.limit = max_tokens};
     int rc = 0;
     *out = NULL;
     *n_out = 0;
     if (cJSON_IsString(v)) {
-        rc = encode_text(c, v->valuestring, add_special, parse_special, &tv, e);
+        rc = encode_text(c, v->valuestring, strlen(v->valuestring), NULL, 0, add_special, parse_special, &tv, e);
     } else if (cJSON_IsArray(v)) {
         /* one-element batch [[...]] / ["..."] is that prompt; a batch of several is not served */
         int n = cJSON_GetArraySize(v);
         bool all_strings = n > 0;
         for (const cJSON *it = v->child; it; it = it->next) all_strings = all_strings && cJSON_IsString(it);
         if (n == 1 && cJSON_IsArray(v->child))
-            return openai_tokenize_prompt(c, v->child, name, add_special, parse_special, out, n_out, e);
+            return openai_tokenize_prompt(c, v->child, name, add_special, parse_special, max_tokens, out, n_out, e);
         if (all_strings && n > 1 && strcmp(name, "content") != 0)
             return bad_request(e, "Field '%s': several prompts in one request are not supported", name);
         int i = 0;
-        for (const cJSON *it = v->child; it && !rc; it = it->next, i++) {
+        for (const cJSON *it = v->child; it && !rc && !tv.over; it = it->next, i++) {
             if (cJSON_IsString(it)) {
                 /* BOS only in front, and only when the prompt starts with text (llama.cpp) */
-                rc = encode_text(c, it->valuestring, add_special && i == 0, parse_special, &tv, e);
+                rc = encode_text(c, it->valuestring, strlen(it->valuestring), NULL, 0, add_special && i == 0, parse_special, &tv, e);
             } else if (cJSON_IsNumber(it)) {
                 double d = it->valuedouble;
                 if (d != floor(d) || d < 0 || d >= c->n_vocab) {
@@ -365,6 +404,7 @@ int openai_tokenize_prompt(const struct openai_ctx *c, const cJSON *v, const cha
     } else {
         rc = bad_request(e, "Field '%s': expected a string or an array of tokens", name);
     }
+    if (!rc && tv.over) rc = too_long(c, tv.n_least, e);
     if (!rc && tv.n > (size_t)INT32_MAX / 2) rc = bad_request(e, "Field '%s': too many tokens", name);
     if (rc) {
         free(tv.p);
@@ -375,8 +415,8 @@ int openai_tokenize_prompt(const struct openai_ctx *c, const cJSON *v, const cha
     return 0;
 }
 
-int openai_render_chat(const struct openai_ctx *c, const cJSON *body, char **out, struct openai_error *e) {
-    *out = NULL;
+int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct chat_prompt *out, struct openai_error *e) {
+    memset(out, 0, sizeof *out);
     const cJSON *msgs = field(body, "messages");
     if (!msgs) return bad_request(e, "'messages' is required");
     if (!cJSON_IsArray(msgs)) return bad_request(e, "Field 'messages': expected an array");
@@ -436,7 +476,7 @@ int openai_render_chat(const struct openai_ctx *c, const cJSON *body, char **out
     }
     if (!rc) {
         char err[256];
-        int crc = chat_apply(c->chat_template, cm, (size_t)n, add_gen, thinking, out, err, sizeof err);
+        int crc = chat_render(c->chat_template, cm, (size_t)n, add_gen, thinking, out, err, sizeof err);
         if (crc == COTI_E_NOMEM) rc = out_of_memory(e);
         else if (crc) rc = bad_request(e, "cannot apply the chat template: %s", err);
     }
@@ -468,28 +508,32 @@ int openai_parse_request(const struct openai_ctx *c, enum openai_api api, const 
     if (!cJSON_IsObject(body)) return bad_request(e, "the request body must be a JSON object");
     int rc = parse_params(c, body, r, e);
     if (!rc) {
+        /* a prompt must leave room for one generated token: n_ctx - 1 tokens at most */
+        const long limit = c->n_ctx - 1;
         if (api == OPENAI_API_CHAT) {
-            char *text = NULL;
-            rc = openai_render_chat(c, body, &text, e);
+            struct chat_prompt cp;
+            rc = openai_render_chat(c, body, &cp, e);
             if (!rc) {
-                cJSON tmp = {.type = cJSON_String, .valuestring = text};
-                rc = openai_tokenize_prompt(c, &tmp, "messages", true, true, &r->prompt, &r->n_prompt, e);
+                /* the template's markers are special tokens, the messages' text never is
+                 * (chat_span); the vocabulary adds BOS where it asks for one */
+                struct tokv tv = {.limit = limit};
+                rc = encode_text(c, cp.text, cp.n_text, (const struct tokenizer_span *)cp.spans, cp.n_spans, true, true, &tv, e);
+                if (!rc && tv.over) rc = too_long(c, tv.n_least, e);
+                if (rc) {
+                    free(tv.p);
+                } else {
+                    r->prompt = tv.p;
+                    r->n_prompt = (int)tv.n;
+                }
             }
-            free(text);
+            chat_prompt_free(&cp);
         } else {
             const cJSON *p = field(body, "prompt");
             if (!p) rc = bad_request(e, "'prompt' is required");
-            else rc = openai_tokenize_prompt(c, p, "prompt", tokenizer_add_bos(c->tok), true, &r->prompt, &r->n_prompt, e);
+            else rc = openai_tokenize_prompt(c, p, "prompt", tokenizer_add_bos(c->tok), true, limit, &r->prompt, &r->n_prompt, e);
         }
     }
     if (!rc && r->n_prompt == 0) rc = bad_request(e, "the prompt is empty");
-    if (!rc && r->n_prompt >= c->n_ctx) {
-        rc = openai_error_set(e, 400, "exceed_context_size_error",
-                              "the request exceeds the available context size (%d tokens in the prompt, %d in the context), "
-                              "try increasing it", r->n_prompt, c->n_ctx);
-        e->n_prompt_tokens = r->n_prompt;
-        e->n_ctx = c->n_ctx;
-    }
     if (rc) openai_request_free(r);
     return rc;
 }

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "chat.h"
 #include "server/slots.h"
 #include "spec.h"
 #include "tokenizer.h"
@@ -72,13 +73,16 @@ int openai_parse_request(const struct openai_ctx *c, enum openai_api api, const 
                          struct openai_request *r, struct openai_error *e);
 
 /* Render a chat request's messages into a prompt (the shared part of /apply-template and
- * /v1/chat/completions); *out malloc'ed. Returns 0 or the HTTP status with e filled. */
-int openai_render_chat(const struct openai_ctx *c, const cJSON *body, char **out, struct openai_error *e);
+ * /v1/chat/completions); *out owned by the caller (chat_prompt_free). Returns 0 or the HTTP
+ * status with e filled. */
+int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct chat_prompt *out, struct openai_error *e);
 
 /* The prompt from /tokenize's `content` (string, or mixed array of strings and ids) or a
- * completion's `prompt`. Returns 0 or the status with e filled. *out malloc'ed. */
+ * completion's `prompt`. max_tokens >= 0: more tokens than that is a 400
+ * exceed_context_size_error, found without tokenizing the whole prompt; < 0: no limit.
+ * Returns 0 or the status with e filled. *out malloc'ed. */
 int openai_tokenize_prompt(const struct openai_ctx *c, const cJSON *v, const char *field, bool add_special,
-                           bool parse_special, int32_t **out, int *n_out, struct openai_error *e);
+                           bool parse_special, long max_tokens, int32_t **out, int *n_out, struct openai_error *e);
 
 /* Add text[0..len) to obj under key as a JSON string, with invalid UTF-8 and NUL bytes replaced
  * by U+FFFD (what the client would see anyway; cJSON needs valid, NUL-free strings).

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "server/http.h"
 
@@ -25,6 +26,18 @@ static cJSON *parse_body(struct routes *r, struct http_exchange *x, struct opena
     if (strlen(x->body) != x->n_body) {
         openai_error_set(e, 400, "invalid_request_error", "malformed JSON: the body contains a NUL byte");
         return NULL;
+    }
+    /* cJSON keeps strings NUL-terminated, without their length: "\u0000" would cut a string
+     * short without a word, so it is refused (a backslash outside a string is malformed
+     * JSON anyway, and skipping each escape's second byte keeps "\\u0000" legal) */
+    for (size_t i = 0; i + 1 < x->n_body; i++) {
+        if (x->body[i] != '\\') continue;
+        if (x->body[i + 1] == 'u' && x->n_body - i >= 6 && !memcmp(x->body + i + 2, "0000", 4)) {
+            openai_error_set(e, 400, "invalid_request_error",
+                             "the request body has a \"\\u0000\" escape at byte %zu: NUL characters in strings are not supported", i);
+            return NULL;
+        }
+        i++;
     }
     const char *end = NULL;
     pthread_mutex_lock(&r->json_mu);
@@ -173,7 +186,9 @@ static enum MHD_Result route_props(struct routes *r, struct http_exchange *x) {
     const struct gguf_tensor *emb = gguf_find_tensor(r->m->gguf, "token_embd.weight");
     const struct ggml_type_traits *tt = emb ? ggml_type_traits_get(emb->type) : NULL;
     cJSON_AddStringToObject(o, "model_ftype", tt ? tt->name : "");
-    cJSON_AddStringToObject(o, "model_path", r->p->model_path);
+    /* the file name only: the server's directory layout is none of the client's business */
+    const char *slash = strrchr(r->p->model_path, '/');
+    cJSON_AddStringToObject(o, "model_path", slash ? slash + 1 : r->p->model_path);
     cJSON *mod = cJSON_AddObjectToObject(o, "modalities");
     if (mod) {
         cJSON_AddBoolToObject(mod, "vision", false);
@@ -281,7 +296,7 @@ static enum MHD_Result route_tokenize(struct routes *r, struct http_exchange *x)
     int rc = 0;
     if (bad) rc = openai_error_set(&e, 400, "invalid_request_error", "Field '%s': expected a boolean", bad);
     else if (!content || cJSON_IsNull(content)) rc = openai_error_set(&e, 400, "invalid_request_error", "'content' is required");
-    else rc = openai_tokenize_prompt(&r->oc, content, "content", add_special, parse_special, &ids, &n, &e);
+    else rc = openai_tokenize_prompt(&r->oc, content, "content", add_special, parse_special, -1, &ids, &n, &e);
     cJSON_Delete(b);
     if (rc) return http_send_error(x, &e);
     cJSON *o = cJSON_CreateObject();
@@ -361,13 +376,13 @@ static enum MHD_Result route_apply_template(struct routes *r, struct http_exchan
     struct openai_error e;
     cJSON *b = parse_object_body(r, x, &e);
     if (!b) return http_send_error(x, &e);
-    char *prompt = NULL;
+    struct chat_prompt prompt;
     int rc = openai_render_chat(&r->oc, b, &prompt, &e);
     cJSON_Delete(b);
     if (rc) return http_send_error(x, &e);
     cJSON *o = cJSON_CreateObject();
-    bool ok = o && openai_add_text(o, "prompt", prompt, strlen(prompt));
-    free(prompt);
+    bool ok = o && openai_add_text(o, "prompt", prompt.text, prompt.n_text);
+    chat_prompt_free(&prompt);
     if (!ok) { cJSON_Delete(o); o = NULL; }
     return send_cjson(x, 200, o);
 }
@@ -605,28 +620,81 @@ static enum MHD_Result route_native(struct routes *r, struct http_exchange *x) {
 
 typedef enum MHD_Result (*route_fn)(struct routes *r, struct http_exchange *x);
 
+enum route_flags {
+    ROUTE_OPEN = 1 << 0,         /* answered without the API key (health checks) */
+    ROUTE_JSON = 1 << 1,         /* takes a JSON body: Content-Type application/json required */
+};
+
 static const struct route {
     const char *path;
     const char *method;
     route_fn fn;
+    unsigned flags;
 } route_table[] = {
-    {"/health", "GET", route_health},
-    {"/v1/health", "GET", route_health},
-    {"/models", "GET", route_models},
-    {"/v1/models", "GET", route_models},
-    {"/props", "GET", route_props},
-    {"/props", "POST", route_props_post},
-    {"/slots", "GET", route_slots},
-    {"/metrics", "GET", route_metrics},
-    {"/tokenize", "POST", route_tokenize},
-    {"/detokenize", "POST", route_detokenize},
-    {"/apply-template", "POST", route_apply_template},
-    {"/completion", "POST", route_native},
-    {"/completions", "POST", route_native},
-    {"/v1/completions", "POST", route_completions},
-    {"/chat/completions", "POST", route_chat},
-    {"/v1/chat/completions", "POST", route_chat},
+    {"/health", "GET", route_health, ROUTE_OPEN},
+    {"/v1/health", "GET", route_health, ROUTE_OPEN},
+    {"/models", "GET", route_models, 0},
+    {"/v1/models", "GET", route_models, 0},
+    {"/props", "GET", route_props, 0},
+    {"/props", "POST", route_props_post, 0},
+    {"/slots", "GET", route_slots, 0},
+    {"/metrics", "GET", route_metrics, 0},
+    {"/tokenize", "POST", route_tokenize, ROUTE_JSON},
+    {"/detokenize", "POST", route_detokenize, ROUTE_JSON},
+    {"/apply-template", "POST", route_apply_template, ROUTE_JSON},
+    {"/completion", "POST", route_native, ROUTE_JSON},
+    {"/completions", "POST", route_native, ROUTE_JSON},
+    {"/v1/completions", "POST", route_completions, ROUTE_JSON},
+    {"/chat/completions", "POST", route_chat, ROUTE_JSON},
+    {"/v1/chat/completions", "POST", route_chat, ROUTE_JSON},
 };
+
+/* a == b in time that depends on their lengths only, not on where they differ */
+static bool equal_const_time(const char *a, const char *b) {
+    const size_t na = strlen(a), nb = strlen(b);
+    unsigned char diff = na != nb;
+    for (size_t i = 0; i < nb; i++) diff |= (unsigned char)((i < na ? a[i] : 0) ^ b[i]);
+    return diff == 0;
+}
+
+/* "Authorization: Bearer <key>" with the server's key (the scheme is case-insensitive,
+ * RFC 9110 §11.1). */
+static bool authorized(const struct routes *r, struct http_exchange *x) {
+    const char *h = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
+    h += 7;
+    while (*h == ' ') h++;
+    return equal_const_time(h, r->p->api_key);
+}
+
+/* The media type is application/json (any case), with parameters allowed after ';' as long
+ * as a charset, if given, is UTF-8 (RFC 8259 §8.1: JSON is UTF-8). A page in a browser can
+ * send text/plain across origins without a preflight; it cannot send this. */
+static bool json_content_type(struct http_exchange *x) {
+    const char *ct = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!ct) return false;
+    while (*ct == ' ' || *ct == '\t') ct++;
+    static const char want[] = "application/json";
+    if (strncasecmp(ct, want, sizeof want - 1)) return false;
+    const char *p = ct + sizeof want - 1;
+    while (*p == ' ' || *p == '\t') p++;
+    if (!*p) return true;
+    if (*p != ';') return false;
+    for (const char *cs = p; (cs = strchr(cs, ';'));) {
+        cs++;
+        while (*cs == ' ' || *cs == '\t') cs++;
+        if (strncasecmp(cs, "charset=", 8)) continue;
+        cs += 8;
+        const bool quoted = *cs == '"';
+        cs += quoted;
+        if (strncasecmp(cs, "utf-8", 5)) return false;
+        cs += 5;
+        cs += quoted && *cs == '"';
+        while (*cs == ' ' || *cs == '\t') cs++;
+        if (*cs && *cs != ';') return false;
+    }
+    return true;
+}
 
 enum MHD_Result routes_handle(struct routes *r, struct http_exchange *x) {
     const char *method = !strcmp(x->method, "HEAD") ? "GET" : x->method;
@@ -634,7 +702,19 @@ enum MHD_Result routes_handle(struct routes *r, struct http_exchange *x) {
     for (size_t i = 0; i < COTI_ARRAY_LEN(route_table); i++) {
         const struct route *rt = &route_table[i];
         if (strcmp(rt->path, x->url)) continue;
-        if (!strcmp(rt->method, method)) return rt->fn(r, x);
+        if (!strcmp(rt->method, method)) {
+            struct openai_error e;
+            /* OpenAI's answer to a missing or wrong key (browsers send preflights without one) */
+            if (r->p->api_key && !(rt->flags & ROUTE_OPEN) && !authorized(r, x)) {
+                openai_error_set(&e, 401, "authentication_error", "Invalid API Key");
+                return http_send_error(x, &e);
+            }
+            if ((rt->flags & ROUTE_JSON) && !json_content_type(x)) {
+                openai_error_set(&e, 415, "invalid_request_error", "the request body must be sent as Content-Type: application/json");
+                return http_send_error(x, &e);
+            }
+            return rt->fn(r, x);
+        }
         size_t n = strlen(allow);
         snprintf(allow + n, sizeof allow - n, "%s%s", n ? ", " : "", rt->method);
     }

@@ -35,6 +35,7 @@ struct server_params {
     struct sampler_params sampling; /* request defaults */
     bool seed_fixed;             /* --seed given: requests without a seed use it, else random */
     struct spec_params spec;     /* default speculation of every slot */
+    const char *api_key;         /* --api-key: "Authorization: Bearer <key>" required (NULL: open) */
 };
 
 /* Serve until SIGINT or SIGTERM. m must have n_seq == p->n_parallel; tok and eng belong to m.

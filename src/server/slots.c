@@ -60,7 +60,7 @@ static bool chunk_append(struct task_chunk *c, int32_t id, const char *text, siz
     if (!coti_grow(&c->text, &c->cap_text, c->n_text + len + 1, 1, 256) ||
         !coti_grow(&c->pieces, &c->cap_pieces, c->n_pieces + 1, sizeof *c->pieces, 16))
         return false;
-    memcpy(c->text + c->n_text, text, len);
+    if (len) memcpy(c->text + c->n_text, text, len); /* text may be NULL when len == 0 */
     c->pieces[c->n_pieces++] = (struct task_piece){id, c->n_text, len};
     c->n_text += len;
     c->text[c->n_text] = 0;
@@ -282,7 +282,8 @@ static void slot_view_update(struct slots *s, struct slot *sl) {
         v->n_prompt_processed = sl->begun ? sl->t->n_prompt - sl->cache_n : 0;
         v->n_decoded = sl->n_decoded;
         v->n_predict = sl->t->g.n_predict;
-        v->has_new_line = memchr(sl->text, '\n', sl->n_text) != NULL;
+        /* sl->text is NULL until the first token's text: nothing generated yet */
+        v->has_new_line = sl->n_text && memchr(sl->text, '\n', sl->n_text) != NULL;
         v->sp = sl->t->g.sp;
         v->spec = sl->t->g.spec;
         v->ignore_eos = sl->t->g.ignore_eos;
@@ -338,7 +339,8 @@ static void slot_fail(struct slots *s, struct slot *sl, int status, const char *
 
 /* Release generated text [n_sent, upto) as the piece of token id. */
 static bool slot_release(struct slot *sl, int32_t id, size_t upto) {
-    bool ok = task_emit(sl->t, id, sl->text + sl->n_sent, upto - sl->n_sent);
+    /* no pointer arithmetic on a NULL text (nothing generated yet) */
+    bool ok = task_emit(sl->t, id, upto > sl->n_sent ? sl->text + sl->n_sent : "", upto - sl->n_sent);
     sl->n_sent = upto;
     return ok;
 }

@@ -16,6 +16,8 @@ static void usage(void) {
                     "  -n, --n-predict N    default max tokens of a request (default -1 = until EOG / context)\n"
                     "  -a, --alias NAME     model name in /v1/models and answers (default: the file name)\n"
                     "  --max-body BYTES     largest request body (default %zu; 413 beyond)\n"
+                    "  --api-key KEY        require \"Authorization: Bearer KEY\" on every endpoint but /health\n"
+                    "                       (default: $COTI_API_KEY when set, else no key)\n"
                     "  --no-warmup          skip recording every slot's decode and speculative steps at\n"
                     "                       start (a device with graphs; else the first request per slot pays)\n"
                     "Request defaults come from the sampling options below (temperature 0.8 unless --temp);\n"
@@ -53,6 +55,9 @@ int tool_serve_main(int argc, char **argv) {
         } else if (!strcmp(a, "-a") || !strcmp(a, "--alias")) {
             if (!v) { usage(); return 1; }
             p.model_alias = v;
+        } else if (!strcmp(a, "--api-key")) {
+            if (!v || !*v) { usage(); return 1; }
+            p.api_key = v;
         } else if (!strcmp(a, "--max-body")) {
             if (cli_parse_int(a, v, 1024, 1L << 30, &l)) return 1;
             p.max_body_bytes = (size_t)l;
@@ -70,6 +75,9 @@ int tool_serve_main(int argc, char **argv) {
         fprintf(stderr, "error: --spec-n-min (%d) exceeds --spec-n-max (%d)\n", c.spec.n_min, c.spec.n_max);
         return 1;
     }
+    /* the environment keeps the key out of `ps` */
+    const char *env_key = getenv("COTI_API_KEY");
+    if (!p.api_key && env_key && *env_key) p.api_key = env_key;
     p.model_path = c.model_path;
     p.n_ctx = c.n_ctx;
     p.n_threads = c.n_threads;

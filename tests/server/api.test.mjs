@@ -116,7 +116,8 @@ describe('chat', () => {
 
   test('raw SSE framing ends with [DONE]', async () => {
     const r = await fetch(`${srv.base}/v1/chat/completions`, {
-      method: 'POST', body: JSON.stringify({ messages: MESSAGES, max_tokens: 4, stream: true, ...greedy }),
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ messages: MESSAGES, max_tokens: 4, stream: true, ...greedy }),
     });
     assert.equal(r.status, 200);
     assert.match(r.headers.get('content-type'), /^text\/event-stream/);
@@ -167,7 +168,8 @@ describe('completions', () => {
     const det = await postJson(srv.base, '/detokenize', { tokens: j.tokens });
     assert.equal(det.json.content, j.content);
     const s = await fetch(`${srv.base}/completion`, {
-      method: 'POST', body: JSON.stringify({ prompt: PROMPT, n_predict: 8, stream: true, ...greedy }),
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: PROMPT, n_predict: 8, stream: true, ...greedy }),
     });
     const ev = await readSse(s);
     assert.notEqual(ev.at(-1), '[DONE]', 'the native stream has no [DONE]');

@@ -134,7 +134,7 @@ async function main() {
       // a client that gives up before a non-streamed answer
       const ac = new AbortController();
       const p = fetch(`${srv.base}/v1/completions`, {
-        method: 'POST', signal: ac.signal,
+        method: 'POST', signal: ac.signal, headers: { 'content-type': 'application/json' },
         body: JSON.stringify({ prompt: PROMPTS[pi], max_tokens: 200, ignore_eos: true, temperature: 0 }),
       });
       setTimeout(() => ac.abort(), 50 + (n % 7) * 30);

@@ -15,6 +15,7 @@ after(async () => {
 
 const LONG = { model: 'm', prompt: 'int main(', max_tokens: 100000, ignore_eos: true, temperature: 0 };
 const SHORT = { model: 'm', prompt: 'int main(', max_tokens: 4, temperature: 0 };
+const JSON_TYPE = { 'content-type': 'application/json' }; // the server answers 415 to anything else
 
 async function waitIdle() {
   for (let i = 0; i < 200; i++) {
@@ -62,7 +63,7 @@ test('a streaming client that aborts frees its slot', async () => {
 test('a non-streaming client that aborts frees its slot', async () => {
   const cancelled = await metric(srv.base, 'requests_cancelled_total');
   const ac = new AbortController();
-  const p = fetch(`${srv.base}/v1/completions`, { method: 'POST', body: JSON.stringify(LONG), signal: ac.signal });
+  const p = fetch(`${srv.base}/v1/completions`, { method: 'POST', headers: JSON_TYPE, body: JSON.stringify(LONG), signal: ac.signal });
   await sleep(400);
   ac.abort();
   await assert.rejects(p);
@@ -77,7 +78,7 @@ test('a queued client that aborts never occupies a slot', async () => {
   const ac2 = new AbortController();
   const busy = srv.client.completions.create({ ...LONG, stream: true }, { signal: ac1.signal });
   const s = await busy;
-  const queued = fetch(`${srv.base}/v1/completions`, { method: 'POST', body: JSON.stringify(SHORT), signal: ac2.signal });
+  const queued = fetch(`${srv.base}/v1/completions`, { method: 'POST', headers: JSON_TYPE, body: JSON.stringify(SHORT), signal: ac2.signal });
   await sleep(200);
   ac2.abort();
   await assert.rejects(queued);
