@@ -36,7 +36,7 @@ CFLAGS    += -DCOTI_CUDA
 LDLIBS    += -L/usr/local/cuda/lib64 -lcudart -lstdc++
 endif
 
-.PHONY: all test test-server asan cuda cuda-trace clean setup bench
+.PHONY: all test test-server asan cuda cuda-trace clean setup bench fuzz fuzz-run
 all: coti
 
 coti: $(BUILD)/coti
@@ -81,10 +81,15 @@ test-server: coti
 	node --test tests/server/
 
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its own build folder.
+# The server tests see a sanitizer report as a non-zero exit of the server (helpers.mjs stop()).
+# allocator_may_return_null: a load asking for more memory than exists must see NULL and refuse.
 asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 SAN=address,undefined build-asan/test_coti build-asan/coti
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 build-asan/test_coti -j2
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 LSAN_OPTIONS=suppressions=tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 build-asan/test_coti -j2
 	ASAN_OPTIONS=detect_leaks=1 bash tests/cli.sh build-asan/coti
+	[ -d node_modules ] || npm ci --no-audit --no-fund
+	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 \
+	    COTI_BIN=build-asan/coti node --test tests/server/
 
 # The CUDA build in its own folder, leaving ./coti alone: build-cuda/coti and the GPU op test
 # program build-cuda/test_cuda_ops (run on a GPU machine; docs/bench-gpu.md). CI builds it to
@@ -101,14 +106,34 @@ cuda-trace:
 $(BUILD)/test_cuda_ops: tests/cuda/test_cuda_ops.c $(BUILD)/libcoti.a
 	$(CC) $(CFLAGS) -I/usr/local/cuda/include -o $@ $^ $(LDLIBS)
 
+# libFuzzer targets fuzz/fuzz_<name>.c -> build-fuzz/fuzz_<name>, with the library built by clang
+# with coverage, AddressSanitizer and UBSan; seeds in fuzz/corpus/<name>/ (each target says what it covers).
+# `make fuzz-run FUZZ_SECONDS=60` runs each for that long, new inputs going to a scratch folder.
+FUZZ_SRC     := $(wildcard fuzz/fuzz_*.c)
+FUZZ_BIN     := $(FUZZ_SRC:fuzz/%.c=build-fuzz/%)
+FUZZ_SECONDS ?= 60
+fuzz:
+	$(MAKE) CC=clang BUILD=build-fuzz OPT=-O1 SAN=address,undefined,fuzzer-no-link $(FUZZ_BIN)
+
+$(BUILD)/fuzz_%: fuzz/fuzz_%.c $(BUILD)/libcoti.a
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+
+fuzz-run: fuzz
+	set -e; for f in $(FUZZ_BIN); do \
+	    t=$$(basename $$f); t=$${t#fuzz_}; scratch=$$(mktemp -d); \
+	    $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -print_final_stats=1 $$scratch fuzz/corpus/$$t \
+	        2>build-fuzz/$$t.log || { tail -60 build-fuzz/$$t.log; rm -rf $$scratch; exit 1; }; \
+	    grep -E '^stat::number_of_executed_units|^Done' build-fuzz/$$t.log | sed "s/^/$$t: /"; rm -rf $$scratch; \
+	done
+
 # Debian packages the build and the tests need (run as root on a fresh machine).
 setup:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential libcriterion-dev \
-	    libcjson-dev libmicrohttpd-dev libpcre2-dev
+	    libcjson-dev libmicrohttpd-dev libpcre2-dev clang
 	command -v node >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm
 
 clean:
 	rm -rf build build-asan build-cuda build-cuda-trace coti
 
--include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CUDA_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(FUZZ_SRC:fuzz/%.c=$(BUILD)/%.d)

@@ -1,14 +1,7 @@
 /* fuzz_gguf.c — libFuzzer target for the GGUF reader (gguf_open_memory on arbitrary bytes),
- * then every getter and lookup on whatever it accepted. Not built by `make`. Build and run
- * from the repo root (libcoti.a supplies quant.c & co.; gguf.c is compiled instrumented):
- *
- *   make build/libcoti.a
- *   clang -std=c11 -g -O1 -D_GNU_SOURCE -Isrc -fsanitize=fuzzer,address,undefined \
- *       fuzz/fuzz_gguf.c src/gguf.c build/libcoti.a -lm -pthread -o build/fuzz_gguf
- *   mkdir -p build/fuzz_gguf_corpus && build/fuzz_gguf -max_len=65536 build/fuzz_gguf_corpus
- *
- * Good seeds: small writer-made files (e.g. `coti mkmodel ... --n-vocab 300 --n-embd 32
- * --n-layer 1 --vocab-from none`) and the first ~64 KB of a real model. */
+ * then every getter and lookup on whatever it accepted. Built by `make fuzz` into build-fuzz/
+ * (`make fuzz-run` runs it); seeds in fuzz/corpus/gguf/ (a small `coti mkmodel` file).
+ * fuzz_load.c goes on from the reader to the whole model load. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>

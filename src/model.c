@@ -1,6 +1,7 @@
 /* model.c — architecture registry and the generic load entry point. */
 #include "model.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,31 +13,39 @@ static const struct {
     {"qwen35", qwen35_load},
 };
 
+int model_load_gguf(struct model **out, struct gguf_file *g, struct backend *be,
+                    const struct model_params *p, char *err, size_t err_size) {
+    *out = NULL;
+    int rc;
+    const char *arch = NULL;
+    if (p->n_seq < 1 || p->n_ctx < 1 || p->n_batch < 1 || p->n_keep_states < 0) {
+        rc = coti_fail(err, err_size, COTI_E_ARG, "model params out of range (n_seq %d, n_ctx %d, n_batch %d)",
+                       p->n_seq, p->n_ctx, p->n_batch);
+    } else if (gguf_get_str(g, "general.architecture", &arch, err, err_size) != 0) {
+        rc = coti_fail(err, err_size, COTI_E_FORMAT, "missing general.architecture");
+    } else {
+        rc = coti_fail(err, err_size, COTI_E_UNSUPPORTED, "architecture '%s' is not supported", arch);
+        for (size_t i = 0; i < COTI_ARRAY_LEN(model_archs); i++)
+            if (strcmp(arch, model_archs[i].arch) == 0) rc = model_archs[i].load(out, g, be, p, err, err_size);
+    }
+    /* the architecture loader took g only on success */
+    if (rc) gguf_close(g);
+    return rc;
+}
+
 int model_load(struct model **out, const char *path, struct backend *be,
                const struct model_params *p, char *err, size_t err_size) {
     struct gguf_file *g = NULL;
     *out = NULL;
-    if (p->n_seq < 1 || p->n_ctx < 1 || p->n_batch < 1 || p->n_keep_states < 0)
-        return coti_fail(err, err_size, COTI_E_ARG, "model params out of range (n_seq %d, n_ctx %d, n_batch %d)",
-                         p->n_seq, p->n_ctx, p->n_batch);
     int rc = gguf_open(&g, path, err, err_size);
     if (rc) return rc;
-    const char *arch = NULL;
-    if (gguf_get_str(g, "general.architecture", &arch, err, err_size) != 0) {
-        gguf_close(g);
-        return coti_fail(err, err_size, COTI_E_FORMAT, "%s: missing general.architecture", path);
+    rc = model_load_gguf(out, g, be, p, err, err_size);
+    if (rc && err && err_size) {
+        /* name the file: the loaders' messages are about its contents */
+        char reason[512];
+        snprintf(reason, sizeof reason, "%s", err);
+        snprintf(err, err_size, "%s: %s", path, reason);
     }
-    for (size_t i = 0; i < COTI_ARRAY_LEN(model_archs); i++) {
-        if (strcmp(arch, model_archs[i].arch) == 0) {
-            /* an architecture's loader owns g only when it succeeds: on failure it has freed
-             * what it built but not g */
-            rc = model_archs[i].load(out, g, be, p, err, err_size);
-            if (rc) gguf_close(g);
-            return rc;
-        }
-    }
-    rc = coti_fail(err, err_size, COTI_E_UNSUPPORTED, "%s: architecture '%s' is not supported", path, arch);
-    gguf_close(g);
     return rc;
 }
 

@@ -105,6 +105,10 @@ struct model_params {
 /* Load `path` onto `be`. Returns 0 or a negative coti_err with a message. */
 int model_load(struct model **out, const char *path, struct backend *be,
                const struct model_params *p, char *err, size_t err_size);
+/* The same from an opened GGUF, which it always takes: on success the model owns g (model_free
+ * closes it), on failure g is already closed. */
+int model_load_gguf(struct model **out, struct gguf_file *g, struct backend *be,
+                    const struct model_params *p, char *err, size_t err_size);
 void model_free(struct model *m);
 
 static inline int model_forward(struct model *m, const struct model_batch *b,
@@ -115,7 +119,8 @@ static inline void model_seq_reset(struct model *m, int s) { m->vt->seq_reset(m,
 static inline int model_seq_rollback(struct model *m, int s, int n_drop) { return m->vt->seq_rollback(m, s, n_drop); }
 static inline int model_seq_copy(struct model *m, int dst, int src) { return m->vt->seq_copy(m, dst, src); }
 
-/* Architecture loaders (one per src/models/<arch>.c). */
+/* Architecture loaders (one per src/models/<arch>.c). On success the model owns g; on failure
+ * g stays the caller's (model_load_gguf closes it) and nothing else is left allocated. */
 int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
                 const struct model_params *p, char *err, size_t err_size);
 

@@ -379,36 +379,31 @@ static int bind_mtp(struct loader *L, const struct qwen35_hparams *hp, struct mt
 
 static void free_vec(struct backend *be, float *p) { if (p) be->free(be, p); }
 
+/* Everything a layer may hold; fields never bound are NULL (the layers are calloc'ed). */
+static void free_layer(struct backend *be, struct layer *ly) {
+    free_vec(be, ly->attn_norm); free_vec(be, ly->post_norm);
+    free_vec(be, ly->at.q_norm); free_vec(be, ly->at.k_norm);
+    free_vec(be, ly->dn.conv); free_vec(be, ly->dn.dt_bias); free_vec(be, ly->dn.a); free_vec(be, ly->dn.norm);
+    if (ly->k_cache) be->free(be, ly->k_cache);
+    if (ly->v_cache) be->free(be, ly->v_cache);
+    free_vec(be, ly->conv_state); free_vec(be, ly->ssm_state);
+    free_vec(be, ly->conv_snap); free_vec(be, ly->ssm_snap);
+    struct bweight *ws[] = {&ly->at.q, &ly->at.k, &ly->at.v, &ly->at.o, &ly->dn.qkv, &ly->dn.gate,
+                            &ly->dn.beta, &ly->dn.alpha, &ly->dn.out, &ly->ffn_gate, &ly->ffn_up, &ly->ffn_down};
+    for (size_t i = 0; i < COTI_ARRAY_LEN(ws); i++) if (ws[i]->data) be->weight_free(be, ws[i]);
+}
+
 static void qwen35_free(struct model *m) {
     struct qwen35 *q = q35(m);
     struct backend *be = m->be;
     if (q->layers) {
-        for (int il = 0; il < q->hp.n_layer; il++) {
-            struct layer *ly = &q->layers[il];
-            free_vec(be, ly->attn_norm); free_vec(be, ly->post_norm);
-            free_vec(be, ly->at.q_norm); free_vec(be, ly->at.k_norm);
-            free_vec(be, ly->dn.conv); free_vec(be, ly->dn.dt_bias); free_vec(be, ly->dn.a); free_vec(be, ly->dn.norm);
-            if (ly->k_cache) be->free(be, ly->k_cache);
-            if (ly->v_cache) be->free(be, ly->v_cache);
-            free_vec(be, ly->conv_state); free_vec(be, ly->ssm_state);
-            free_vec(be, ly->conv_snap); free_vec(be, ly->ssm_snap);
-            struct bweight *ws[] = {&ly->at.q, &ly->at.k, &ly->at.v, &ly->at.o, &ly->dn.qkv, &ly->dn.gate,
-                                    &ly->dn.beta, &ly->dn.alpha, &ly->dn.out, &ly->ffn_gate, &ly->ffn_up, &ly->ffn_down};
-            for (size_t i = 0; i < COTI_ARRAY_LEN(ws); i++) if (ws[i]->data) be->weight_free(be, ws[i]);
-        }
+        for (int il = 0; il < q->hp.n_layer; il++) free_layer(be, &q->layers[il]);
         free(q->layers);
     }
-    if (q->has_mtp) {
-        struct layer *ly = &q->mtp.blk;
-        free_vec(be, ly->attn_norm); free_vec(be, ly->post_norm);
-        free_vec(be, ly->at.q_norm); free_vec(be, ly->at.k_norm);
-        if (ly->k_cache) be->free(be, ly->k_cache);
-        if (ly->v_cache) be->free(be, ly->v_cache);
-        struct bweight *ws[] = {&ly->at.q, &ly->at.k, &ly->at.v, &ly->at.o, &ly->ffn_gate, &ly->ffn_up,
-                                &ly->ffn_down, &q->mtp.eh_proj};
-        for (size_t i = 0; i < COTI_ARRAY_LEN(ws); i++) if (ws[i]->data) be->weight_free(be, ws[i]);
-        free_vec(be, q->mtp.enorm); free_vec(be, q->mtp.hnorm); free_vec(be, q->mtp.head_norm);
-    }
+    /* also when has_mtp is still false: a NextN layer that failed half-way is partly bound */
+    free_layer(be, &q->mtp.blk);
+    if (q->mtp.eh_proj.data) be->weight_free(be, &q->mtp.eh_proj);
+    free_vec(be, q->mtp.enorm); free_vec(be, q->mtp.hnorm); free_vec(be, q->mtp.head_norm);
     if (q->draft_head_host) {
         if (q->draft_head.data) be->weight_free(be, &q->draft_head);
         free(q->draft_head_host);
