@@ -1,7 +1,7 @@
 /* server.c — server_run: wires the model to the slots, the routes and the HTTP daemon, then
- * waits for SIGINT/SIGTERM and shuts down in the order that lets every waiting handler
- * return: engine first (its tasks end with 503), then the daemon (joins the connection
- * threads), then the memory. */
+ * waits for SIGINT/SIGTERM and shuts down in the order that answers every request in flight:
+ * the daemon stops accepting (new requests get 503), the engine stops (its tasks end with
+ * 503), the daemon waits for the answers to go out and stops, then the memory. */
 #include "server/server.h"
 
 #include <pthread.h>
@@ -66,7 +66,8 @@ int server_run(const struct server_params *p, struct model *m, const struct toke
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
-    if (http_start(&h, p->host, p->port, p->max_body_bytes, &r, &bound_port, err, sizeof err)) {
+    struct http_options ho = {.host = p->host, .port = p->port, .max_body = p->max_body_bytes, .cors_origin = p->cors_origin};
+    if (http_start(&h, &ho, &r, &bound_port, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
@@ -76,6 +77,9 @@ int server_run(const struct server_params *p, struct model *m, const struct toke
     int sig = 0;
     sigwait(&stop_set, &sig);
     coti_log(COTI_LOG_INFO, "server", "signal %d: shutting down", sig);
+    /* refuse new work first, so every request that got in is answered (503 by the engine's
+     * stop at worst) before the daemon closes its connections */
+    http_drain(h);
     rc = 0;
 done:
     slots_stop(r.slots);

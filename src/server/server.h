@@ -35,6 +35,7 @@ struct server_params {
     struct sampler_params sampling; /* request defaults */
     bool seed_fixed;             /* --seed given: requests without a seed use it, else random */
     struct spec_params spec;     /* default speculation of every slot */
+    const char *cors_origin;     /* --cors: the one browser origin allowed (NULL: no CORS headers) */
     const char *api_key;         /* --api-key: "Authorization: Bearer <key>" required (NULL: open) */
 };
 

@@ -18,6 +18,8 @@ static void usage(void) {
                     "  --max-body BYTES     largest request body (default %zu; 413 beyond)\n"
                     "  --api-key KEY        require \"Authorization: Bearer KEY\" on every endpoint but /health\n"
                     "                       (default: $COTI_API_KEY when set, else no key)\n"
+                    "  --cors ORIGIN        let pages of this browser origin (e.g. http://localhost:3000)\n"
+                    "                       call the server (default: no CORS headers, browsers refuse)\n"
                     "  --no-warmup          skip recording every slot's decode and speculative steps at\n"
                     "                       start (a device with graphs; else the first request per slot pays)\n"
                     "Request defaults come from the sampling options below (temperature 0.8 unless --temp);\n"
@@ -58,6 +60,12 @@ int tool_serve_main(int argc, char **argv) {
         } else if (!strcmp(a, "--api-key")) {
             if (!v || !*v) { usage(); return 1; }
             p.api_key = v;
+        } else if (!strcmp(a, "--cors")) {
+            /* it becomes a response header: no control characters */
+            bool ok = v && *v;
+            for (const char *q = v; ok && *q; q++) ok = (unsigned char)*q >= 0x20 && *q != 0x7F;
+            if (!ok) { fprintf(stderr, "error: --cors needs an origin such as http://localhost:3000\n"); return 1; }
+            p.cors_origin = v;
         } else if (!strcmp(a, "--max-body")) {
             if (cli_parse_int(a, v, 1024, 1L << 30, &l)) return 1;
             p.max_body_bytes = (size_t)l;
