@@ -116,7 +116,7 @@ fuzz:
 	$(MAKE) CC=clang BUILD=build-fuzz OPT=-O1 SAN=address,undefined,fuzzer-no-link $(FUZZ_BIN)
 
 $(BUILD)/fuzz_%: fuzz/fuzz_%.c $(BUILD)/libcoti.a
-	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.a,$^) $(LDLIBS)
 
 fuzz-run: fuzz
 	set -e; for f in $(FUZZ_BIN); do \
