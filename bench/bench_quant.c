@@ -16,10 +16,10 @@
  * Reported: median and 10th/90th percentile of the run time in µs, and GB/s of weight bytes
  * at the median and at the 10th percentile (the better guide on a machine shared with other
  * work); a memcpy measured in the same run (from DRAM, L3 and L2) gives the scale.
- * Where the level has a packed layout (quant_packed.c; what the CPU backend runs), it is timed
+ * Where the level has a packed layout (packed.c; what the CPU backend runs), it is timed
  * too, as level "+pk". Shapes are n_in x n_out; a shape whose n_in is not a
  * multiple of the type's block is skipped (K-quants need n_in % 256 == 0). */
-#include "quant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -11,7 +11,7 @@
 #define COTI_BACKEND_H
 
 #include "common.h"
-#include "quant.h"
+#include "quant/quant.h"
 
 #define BACKEND_N_MARKS 4
 

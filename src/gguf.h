@@ -5,7 +5,7 @@
 #define COTI_GGUF_H
 
 #include "common.h"
-#include "quant.h"
+#include "quant/quant.h"
 
 enum gguf_type {
     GGUF_TYPE_UINT8 = 0, GGUF_TYPE_INT8 = 1, GGUF_TYPE_UINT16 = 2, GGUF_TYPE_INT16 = 3,

@@ -18,7 +18,7 @@
  * the zero path on purpose); a failure message names type, level and shape. */
 #include <criterion/criterion.h>
 
-#include "quant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <stdio.h>

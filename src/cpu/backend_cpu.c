@@ -57,7 +57,7 @@ static void cpu_copy_n_at(struct backend *be, void *const *dst, const void *cons
 static void cpu_sync(struct backend *be) {}
 
 /* Weights are used in place from the mapping, unless the kernels of this CPU level have a
- * packed layout for the type (quant_packed.c): then the backend keeps a repacked copy. */
+ * packed layout for the type (packed.c): then the backend keeps a repacked copy. */
 static int cpu_weight_init(struct backend *be, struct bweight *w, enum ggml_type type,
                            int64_t n_in, int64_t n_out, const void *host_data) {
     if (!cpu(be)->have_kernels[type]) return COTI_E_UNSUPPORTED;

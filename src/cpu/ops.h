@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "quant.h"
+#include "quant/quant.h"
 
 #define CPU_ATTN_MAX_HEAD_DIM 512
 #define CPU_GDN_MAX_DIM 256

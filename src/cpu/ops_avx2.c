@@ -7,7 +7,7 @@
  * call's length puts it. */
 #include <immintrin.h>
 #include "cpu/ops.h"
-#include "quant.h"
+#include "quant/quant.h"
 
 #define UNROLL8 _Pragma("GCC unroll 8")   /* keeps per-row accumulators in registers */
 

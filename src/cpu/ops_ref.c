@@ -1,6 +1,6 @@
 /* ops_ref.c — the reference (plain C) instance of ops_body.h. */
 #include "cpu/ops.h"
-#include "quant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 

@@ -1,4 +1,4 @@
-/* quant_avx512.c — AVX-512 (F, BW, VL, DQ, VNNI) kernels: activation conversion (from_float)
+/* kernels_avx512.c — AVX-512 (F, BW, VL, DQ, VNNI) kernels: activation conversion (from_float)
  * and tiled gemm for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
  * Compiled with the AVX-512 flags (Makefile: *_avx512.c) and only called when
  * quant_cpu_level_detect() found all of them. Types not handled here keep the AVX2 kernels.
@@ -6,7 +6,7 @@
  * Integer dot products (quant-formats.md §5.2) are exact: the int32 lanes hold partial block
  * sums, converted to f32 once per block and accumulated with FMA into 16 f32 lanes per output;
  * one fixed horizontal sum at the end. Only that f32 accumulation differs from the reference
- * (summation order), and it is the same for every tile shape (see quant_internal.h).
+ * (summation order), and it is the same for every tile shape (see internal.h).
  *
  * VNNI's vpdpbusd multiplies unsigned by signed bytes. 32-element formats use it with an offset
  * instead of the sign trick: for weight codes c in [0, 255] meaning c - k (Q8_0: k = 128 after
@@ -20,7 +20,7 @@
  * round half away from zero like roundf (truncate, then step by the sign when the fraction is
  * >= 0.5), Q8_K rounds to nearest-even like llama.cpp's nearest_int, and scales are computed in
  * scalar f32 exactly as the reference does. */
-#include "quant_internal.h"
+#include "quant/internal.h"
 
 #include <immintrin.h>
 

@@ -1,4 +1,4 @@
-/* quant.h — tensor element types (ggml ids), block layouts, conversions and dot kernels.
+/* quant/quant.h — tensor element types (ggml ids), block layouts, conversions and dot kernels.
  * Knows nothing of models. Every format has a scalar reference (*_ref, the spec) and fast
  * AVX2 / AVX-512 paths chosen once at run time; tests compare fast paths with the reference.
  * Reference: ../shared/docs/quant-formats.md. */
@@ -69,7 +69,7 @@ struct quant_kernels {
                  const void *x, size_t x_row_bytes, int64_t n_tok, float *y, int64_t ldy);
     void (*dequantize_row)(const void *src, float *dst, int64_t n);
     /* Optional (NULL where this level has none): a repacked weight layout for a faster gemm,
-     * built once at load (quant_packed.c describes it). packed_size is 0 when W cannot be
+     * built once at load (packed.c describes it). packed_size is 0 when W cannot be
      * packed (n_out not a multiple of QUANT_PACK_ROWS, rows too long). packed_gemm has gemm's
      * contract with wp the packed bytes of output rows [0, n_out), n_out a multiple of
      * QUANT_PACK_ROWS; packed_row dequantizes row o. */

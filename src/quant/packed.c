@@ -1,4 +1,4 @@
-/* quant_packed.c — the packed Q8_0 and Q4_0 weight layouts (the scalar half: size, pack, row
+/* packed.c — the packed Q8_0 and Q4_0 weight layouts (the scalar half: size, pack, row
  * lookup).
  *
  * Why: in a row-major Q8_0 matrix one output is one row, so a SIMD dot product ends in a
@@ -21,7 +21,7 @@
  *                 r in the low nibble and element 4(m+4) + i in the high nibble, as the raw
  *                 code (0..15, meaning code - 8; the kernel subtracts 8 * Σ activation codes)
  * so masking and shifting one load gives the byte vectors of two groups of 4 elements. */
-#include "quant_internal.h"
+#include "quant/internal.h"
 
 size_t quant_q8_0_packed_size(int64_t n, int64_t n_out) {
     if (n <= 0 || n % QK8_0 || n > QUANT_PACKED_MAX_N || n_out <= 0 || n_out % QUANT_PACK_ROWS)

@@ -1,4 +1,4 @@
-/* quant_packed_avx512.c — gemm over packed Q8_0 and Q4_0 weights (layouts: quant_packed.c)
+/* packed_avx512.c — gemm over packed Q8_0 and Q4_0 weights (layouts: packed.c)
  * with AVX-512 VNNI, activations in Q8_0.
  *
  * Per activation row and block, 8 vpdpbusd (64-byte weight vector x 4 activation bytes
@@ -11,7 +11,7 @@
  * integer block sum, then sumf += (dw * dx) * (float)sumi in block order, as a separate
  * multiply and add. Results are therefore bit-identical to quant_vec_dot_ref, whatever the
  * batch size or the split of the outputs (tested). */
-#include "quant_internal.h"
+#include "quant/internal.h"
 
 #include <immintrin.h>
 

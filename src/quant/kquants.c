@@ -1,4 +1,4 @@
-/* quant_k.c — plain-C reference for the 256-element "K" formats Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+/* kquants.c — plain-C reference for the 256-element "K" formats Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
  * and the Q8_K activation format (quant-formats.md §4, §5.1, §5.2).
  *
  * Each format has three parts: unpacking a block's integer codes (the bit layout, written once
@@ -12,8 +12,8 @@
  * a per-block f16 scale, then requantize the values with the rounded scales. Float expressions
  * keep llama.cpp's evaluation order so our files come out the same; that is a convenience (the
  * test-model generator), not a requirement. Q8_K is the activation quantizer and must match. */
-#include "quant.h"
-#include "quant_internal.h"
+#include "quant/quant.h"
+#include "quant/internal.h"
 
 #include <math.h>
 #include <string.h>

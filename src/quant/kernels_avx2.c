@@ -1,4 +1,4 @@
-/* quant_avx2.c — AVX2 + FMA + F16C kernels: activation conversion (from_float) and tiled gemm
+/* kernels_avx2.c — AVX2 + FMA + F16C kernels: activation conversion (from_float) and tiled gemm
  * for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K. Compiled with the AVX2
  * flags (Makefile: *_avx2.c) and only called when quant_cpu_level_detect() found them.
  * The AVX-512 file replaces most of these on CPUs that have it; this is the path for the
@@ -11,10 +11,10 @@
  * |pair| <= 2 * 128 * 127 = 32512. Signed 4- and 5-bit codes c - k are handled by subtracting
  * the int16 pair sums of k * x, computed once per activation block for the whole tile.
  * Block results are converted to f32 and accumulated with FMA in 8 lanes per output; one
- * fixed horizontal sum per output, the same in every tile shape (quant_internal.h).
+ * fixed horizontal sum per output, the same in every tile shape (internal.h).
  *
- * from_float writes the reference bytes for finite input (see quant_avx512.c). */
-#include "quant_internal.h"
+ * from_float writes the reference bytes for finite input (see kernels_avx512.c). */
+#include "quant/internal.h"
 
 #include <immintrin.h>
 

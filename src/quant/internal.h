@@ -1,5 +1,5 @@
-/* quant_internal.h — block layouts and helpers shared by quant.c (reference), quant_k.c
- * (K-quant reference) and the SIMD files quant_avx2.c / quant_avx512.c. Not for other modules:
+/* internal.h — block layouts and helpers shared by quant.c (reference), kquants.c
+ * (K-quant reference) and the SIMD files kernels_avx2.c / kernels_avx512.c. Not for other modules:
  * they see only quant.h. Layouts follow ggml-common.h byte for byte (quant-formats.md §3-4);
  * every struct is packed by construction (only uint8_t/uint16_t/float members in an order that
  * leaves no padding) and its size is checked below. Weight data comes from an mmap at any
@@ -7,7 +7,7 @@
 #ifndef COTI_QUANT_INTERNAL_H
 #define COTI_QUANT_INTERNAL_H
 
-#include "quant.h"
+#include "quant/quant.h"
 
 #include <string.h>
 
@@ -107,7 +107,7 @@ typedef void (*quant_gemm_fn)(int64_t n, const void *w, size_t row_bytes, int64_
                               const void *x, size_t x_row_bytes, int64_t n_tok, float *y,
                               int64_t ldy);
 
-/* K-quant references (quant_k.c); n is a multiple of QK_K. */
+/* K-quant references (kquants.c); n is a multiple of QK_K. */
 #define QUANT_K_REF_DECL(name)                                                                 \
     void quant_dequantize_##name##_ref(const void *src, float *dst, int64_t n);                \
     void quant_quantize_##name##_ref(const float *src, void *dst, int64_t n);                  \
@@ -179,8 +179,8 @@ static inline void quant_gemm_drive(const quant_tile_fn *tiles, int rmax, int tm
         quant_gemm_drive(NAME##_tiles, RMAX, TMAX, n, w, rb, n_out, x, xrb, n_tok, y, ldy);    \
     }
 
-/* Packed Q8_0 / Q4_0 weights (layouts in quant_packed.c): the scalar half there, the gemms
- * in quant_packed_avx512.c. */
+/* Packed Q8_0 / Q4_0 weights (layouts in packed.c): the scalar half there, the gemms
+ * in packed_avx512.c. */
 #define QUANT_PACKED_BLOCK (32 + QUANT_PACK_ROWS * 32)      /* Q8_0 bytes per block of 16 rows */
 #define QUANT_PACKED_BLOCK_Q4 (32 + QUANT_PACK_ROWS * 16)   /* Q4_0 */
 #define QUANT_PACKED_MAX_N 32768   /* longer rows stay unpacked: bounds the kernel's scratch */
@@ -199,7 +199,7 @@ void quant_q4_0_packed_gemm_avx512(int64_t n, const void *wp, int64_t n_out, con
 
 /* q8_0_from_float and q8_1_from_float around a level's block quantizer
  * float BLOCK(const float *x, int8_t *qs, int *sum) (codes into qs, returns d, sum of codes):
- * the block layouts live here once, the arithmetic per ISA in quant_avx2.c / quant_avx512.c. */
+ * the block layouts live here once, the arithmetic per ISA in kernels_avx2.c / kernels_avx512.c. */
 #define QUANT_Q8_FROM_FLOAT(BLOCK)                                                             \
     static void q8_0_from_float(const float *x, void *y, int64_t n) {                          \
         uint8_t *out = y;                                                                      \
@@ -220,8 +220,8 @@ void quant_q4_0_packed_gemm_avx512(int64_t n, const void *wp, int64_t n_out, con
     }
 
 /* Per-level kernel tables. Each overwrites only the members it implements for type t and
- * leaves the others (filled by the lower level) alone. Defined in quant_avx2.c and
- * quant_avx512.c; must only be called when the CPU supports that level. */
+ * leaves the others (filled by the lower level) alone. Defined in kernels_avx2.c and
+ * kernels_avx512.c; must only be called when the CPU supports that level. */
 void quant_kernels_fill_avx2(enum ggml_type t, struct quant_kernels *k);
 void quant_kernels_fill_avx512(enum ggml_type t, struct quant_kernels *k);
 

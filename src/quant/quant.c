@@ -7,13 +7,13 @@
  * quantizers follow llama.cpp's quantize_row_*_ref rules (the activation quantizers decide how
  * closely our logits agree with llama.cpp's, §5.1); dot products compute the exact integer
  * block sums of §5.2 and accumulate blocks in f32 in row order.
- * K-quants live in quant_k.c, the SIMD kernels in quant_avx2.c / quant_avx512.c.
+ * K-quants live in kquants.c, the SIMD kernels in kernels_avx2.c / kernels_avx512.c.
  *
  * Degenerate inputs (NaN, inf, values so small that 1/d overflows) never cause UB: every
  * float -> int conversion goes through a clamp. For such blocks the stored scale is 0 or
  * non-finite, so the codes carry no information and may differ from llama.cpp's. */
-#include "quant.h"
-#include "quant_internal.h"
+#include "quant/quant.h"
+#include "quant/internal.h"
 #include "common.h"
 
 #include <math.h>
