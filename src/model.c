@@ -29,8 +29,18 @@ int model_load_gguf(struct model **out, struct gguf_file *g, struct backend *be,
             if (strcmp(arch, model_archs[i].arch) == 0) rc = model_archs[i].load(out, g, be, p, err, err_size);
     }
     /* the architecture loader took g only on success */
-    if (rc) gguf_close(g);
-    return rc;
+    if (rc) { gguf_close(g); return rc; }
+    struct model_info *in = &(*out)->info;
+    const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    in->weight_type = emb ? emb->type : GGML_TYPE_F32;
+    in->n_params = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const struct gguf_tensor *t = &g->tensors[i];
+        in->n_params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    }
+    in->n_bytes = g->size;
+    if (gguf_get_str(g, "tokenizer.chat_template", &in->chat_template, NULL, 0)) in->chat_template = NULL;
+    return 0;
 }
 
 int model_load(struct model **out, const char *path, struct backend *be,

@@ -16,6 +16,11 @@ struct model_info {
     int n_ctx_train;
     bool has_mtp;                /* carries a NextN head usable for self-speculation */
     bool has_recurrent;          /* rollback needs state snapshots, not only KV truncation */
+    /* what a server reports about the file, so that it never reads the GGUF itself */
+    enum ggml_type weight_type;  /* the token embedding's type (llama.cpp's "ftype" of a file) */
+    long long n_params;          /* elements of every tensor in the file */
+    uint64_t n_bytes;            /* the file's size */
+    const char *chat_template;   /* tokenizer.chat_template, or NULL (the model owns the text) */
 };
 
 /* A batch: tokens of the same sequence are contiguous and at consecutive positions that
@@ -75,14 +80,22 @@ struct model_vtable {
      * ask) or a negative coti_err. Tests compare states with it. */
     long (*seq_state_read)(struct model *m, int s, float *dst, size_t n);
 
-    /* NextN draft head (NULL when the model has none). Row i is (tokens[i] at pos[i] of
-     * seq[i], h_in row i) where h_in is the target's post-norm hidden of the previous
-     * position (or the head's own output when chaining drafts); rows append to the head's
-     * own KV cache, whose length per sequence is mtp_len[s] (first pos of a run must equal
-     * it). out->hidden gets the head's post-shared_head_norm hidden, out->logits the rows
-     * that want them. */
-    int (*mtp_forward)(struct model *m, const struct model_batch *b, const float *h_in,
-                       struct model_output *out, char *err, size_t err_size);
+    /* The draft head built into the file, or NULL (an architecture without one). */
+    const struct model_nextn *nextn;
+};
+
+/* A NextN (MTP) draft head carried by the model file, reached through model_nextn(m). Its rows
+ * append to the head's own KV cache, which holds seq_len(m, s) positions of sequence s. */
+struct model_nextn {
+    /* Row i is (tokens[i] at pos[i] of seq[i], h_in row i) where h_in is the target's post-norm
+     * hidden of the previous position (or the head's own output when chaining drafts); the
+     * first pos of a sequence's run must equal the head's seq_len. out->hidden gets the head's
+     * post-shared_head_norm hidden, out->logits the rows that want them. */
+    int (*forward)(struct model *m, const struct model_batch *b, const float *h_in, struct model_output *out,
+                   char *err, size_t err_size);
+    int (*seq_len)(const struct model *m, int s);
+    /* Keep the first n positions of the head's cache for s (n <= seq_len). */
+    void (*seq_truncate)(struct model *m, int s, int n);
 };
 
 struct model {
@@ -91,8 +104,7 @@ struct model {
     struct backend *be;
     struct gguf_file *gguf;      /* owned; weights may point into its mapping */
     int n_seq, n_ctx, n_batch, n_keep_states;
-    int32_t *seq_len;            /* host: positions held per sequence */
-    int32_t *mtp_len;            /* host: positions held by the NextN head's cache per sequence */
+    int32_t *seq_len;            /* host: positions held per sequence (model_seq_len) */
 };
 
 struct model_params {
@@ -114,6 +126,11 @@ void model_free(struct model *m);
 static inline int model_forward(struct model *m, const struct model_batch *b,
                                 struct model_output *out, char *err, size_t err_size) {
     return m->vt->forward(m, b, out, err, err_size);
+}
+static inline int model_seq_len(const struct model *m, int s) { return m->seq_len[s]; }
+/* The model's NextN draft head, or NULL when the file carries none. */
+static inline const struct model_nextn *model_nextn(const struct model *m) {
+    return m->info.has_mtp ? m->vt->nextn : NULL;
 }
 static inline void model_seq_reset(struct model *m, int s) { m->vt->seq_reset(m, s); }
 static inline int model_seq_rollback(struct model *m, int s, int n_drop) { return m->vt->seq_rollback(m, s, n_drop); }

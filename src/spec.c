@@ -182,7 +182,7 @@ int spec_seq_begin_cached(struct spec_engine *e, int s, const int32_t *prompt, i
      * cut back, so only a prefix that is the whole held state is reusable, and the drafter
      * state is only continuable by the same drafter */
     const int n_have = q->n_hist - 1;
-    bool reuse = q->smp && n_have > 0 && n_have < n_prompt && e->m->seq_len[s] == n_have && q->p.type == p->type &&
+    bool reuse = q->smp && n_have > 0 && n_have < n_prompt && model_seq_len(e->m, s) == n_have && q->p.type == p->type &&
                  memcmp(q->hist, prompt, sizeof(int32_t) * (size_t)n_have) == 0;
     int rc = seq_start(e, s, prompt, n_prompt, reuse ? n_have : 0, sp, p, first, err, err_size);
     if (!rc) *n_cached = reuse ? n_have : 0;

@@ -259,10 +259,21 @@ Test(model, seq_copy_continues_like_the_source) {
     random_tokens(next, 3, V, 42);
     feed(&f, 1, next, 3, 0, false, NULL); /* something to overwrite in the destination */
     feed(&f, 0, prompt, 20, 0, false, NULL);
-    f.m->mtp_len[0] = 7; /* the head's length travels with the copy */
+    /* the head's length travels with the copy: give it 7 rows of sequence 0 */
+    const struct model_nextn *head = model_nextn(f.m);
+    cr_assert(head);
+    float *h_in = f.m->be->alloc(f.m->be, sizeof(float) * 7 * (size_t)f.m->info.n_embd);
+    int32_t pos7[7], seq7[7] = {0};
+    for (int i = 0; i < 7; i++) pos7[i] = i;
+    struct model_batch hb = {.n = 7, .tokens = prompt, .pos = pos7, .seq = seq7};
+    struct model_output ho;
+    char err[256];
+    cr_assert_eq(head->forward(f.m, &hb, h_in, &ho, err, sizeof err), 0, "%s", err);
+    f.m->be->free(f.m->be, h_in);
+    cr_assert_eq(head->seq_len(f.m, 0), 7);
     cr_assert_eq(model_seq_copy(f.m, 1, 0), 0);
-    cr_assert_eq(f.m->seq_len[1], 20);
-    cr_assert_eq(f.m->mtp_len[1], 7);
+    cr_assert_eq(model_seq_len(f.m, 1), 20);
+    cr_assert_eq(head->seq_len(f.m, 1), 7);
     cr_assert(same_state(f.m, 0, 1), "recurrent state differs after the copy");
     float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
     feed(&f, 0, next, 3, 20, false, a);

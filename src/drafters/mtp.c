@@ -4,7 +4,7 @@
  * the target has accepted. Chained drafts feed the head's own output hidden back.
  *
  * Per sequence the drafter stages the target hidden rows it has not consumed yet:
- * staged row r = hn at position mtp_len-1+r (row 0 = zeros before the first token). A draft
+ * staged row r = hn at position len-1+r (len: the head's seq_len) (row 0 = zeros before the first token). A draft
  * call runs every pending catch-up row AND the first draft row in one batch of the head —
  * after a verify that accepted a drafts that is a+1 rows for the price of about one — then
  * chains single rows for further drafts, and finally truncates the head's cache to the
@@ -24,6 +24,7 @@ struct mtp_seq {
 struct mtp {
     struct drafter base;
     struct model *m;
+    const struct model_nextn *head;
     int cap;                     /* staged rows per sequence = n_batch of the model */
     int E;
     struct mtp_seq *seqs;
@@ -51,19 +52,19 @@ static void mtp_free(struct drafter *d) {
 static void mtp_reset(struct drafter *d, int s) {
     struct mtp *t = mtp_of(d);
     struct backend *be = t->m->be;
-    t->m->mtp_len[s] = 0;
+    t->head->seq_truncate(t->m, s, 0);
     /* hn_{-1} = 0: the first row of a sequence sees a zero hidden */
     be->copy(be, t->seqs[s].staged, t->h_zero, sizeof(float) * t->E);
     t->seqs[s].n_staged = 1;
 }
 
-/* Run the head over staged rows [0, n_rows) (positions mtp_len..), logits on the last row if
+/* Run the head over staged rows [0, n_rows) (positions from the head's seq_len), logits on the last row if
  * want_last (and its argmax into argmax_out, backend memory, unless NULL). Consumes those rows
  * from the stage. */
 static int mtp_run_rows(struct mtp *t, int s, const int32_t *history, int n_rows, bool want_last,
                         int32_t *argmax_out, struct model_output *o, char *err, size_t err_size) {
     struct model *m = t->m;
-    const int q0 = m->mtp_len[s];
+    const int q0 = t->head->seq_len(m, s);
     for (int i = 0; i < n_rows; i++) {
         t->pos[i] = q0 + i;
         t->tok[i] = history[q0 + i];
@@ -72,7 +73,7 @@ static int mtp_run_rows(struct mtp *t, int s, const int32_t *history, int n_rows
     for (int i = 0; i < n_rows; i++) t->seqv[i] = s;
     struct model_batch b = {.n = n_rows, .tokens = t->tok, .pos = t->pos, .seq = t->seqv, .want_logits = t->want,
                             .draft_head = true, .argmax_out = argmax_out};
-    return m->vt->mtp_forward(m, &b, t->seqs[s].staged, o, err, err_size);
+    return t->head->forward(m, &b, t->seqs[s].staged, o, err, err_size);
 }
 
 static int mtp_observe(struct drafter *d, int s, const int32_t *history, int pos0, int n,
@@ -81,7 +82,7 @@ static int mtp_observe(struct drafter *d, int s, const int32_t *history, int pos
     struct backend *be = t->m->be;
     struct mtp_seq *sq = &t->seqs[s];
     const size_t row = sizeof(float) * (size_t)t->E;
-    if (pos0 != t->m->mtp_len[s] - 1 + sq->n_staged)
+    if (pos0 != t->head->seq_len(t->m, s) - 1 + sq->n_staged)
         return coti_fail(err, err_size, COTI_E_ARG, "mtp: observed position %d does not follow the staged rows", pos0);
     while (n > 0) {
         float *dst = sq->staged + (size_t)sq->n_staged * t->E;
@@ -111,10 +112,10 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
     struct backend *be = m->be;
     struct mtp_seq *sq = &t->seqs[s];
     out->n = 0;
-    /* the stage must reach hn_{L-1}: rows mtp_len..L are then computable */
-    if (m->mtp_len[s] - 1 + sq->n_staged != rq->L)
+    /* the stage must reach hn_{L-1}: rows len..L are then computable */
+    if (t->head->seq_len(m, s) - 1 + sq->n_staged != rq->L)
         return coti_fail(err, err_size, COTI_E_ARG, "mtp: staged hidden rows end at %d, expected %d",
-                         m->mtp_len[s] - 1 + sq->n_staged, rq->L);
+                         t->head->seq_len(m, s) - 1 + sq->n_staged, rq->L);
     /* greedy drafts stay on the device: draft i is the argmax written into dev_tokens[i],
      * which the next chained row and the verify batch read there; without a p_min check the
      * argmax is part of the head's forward (its probability costs a softmax pass and a sync) */
@@ -157,11 +158,11 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
                                 .argmax_out = pick_in_forward ? rq->dev_tokens + i + 1 : NULL};
         if (out->on_device) b.tokens_dev = rq->dev_tokens + i;
         else b.tokens = &out->tokens[i];
-        rc = m->vt->mtp_forward(m, &b, h_prev, &o, err, err_size);
+        rc = t->head->forward(m, &b, h_prev, &o, err, err_size);
         if (rc) return rc;
     }
     /* keep the pending token's row (computed from the true hidden); drop the chained ones */
-    m->mtp_len[s] = L + 1;
+    t->head->seq_truncate(m, s, L + 1);
     sq->n_staged = 0;
     return 0;
 }
@@ -170,19 +171,21 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
 static float *mtp_hidden_dest(struct drafter *d, int s, int pos0, int n) {
     struct mtp *t = mtp_of(d);
     struct mtp_seq *sq = &t->seqs[s];
-    if (pos0 != t->m->mtp_len[s] - 1 + sq->n_staged || sq->n_staged + n > t->cap) return NULL;
+    if (pos0 != t->head->seq_len(t->m, s) - 1 + sq->n_staged || sq->n_staged + n > t->cap) return NULL;
     return sq->staged + (size_t)sq->n_staged * t->E;
 }
 
 static const struct drafter_vtable mtp_vtable = {"mtp", mtp_free, mtp_reset, mtp_observe, mtp_draft, mtp_hidden_dest};
 
 int drafter_mtp_init(struct drafter **out, struct model *m, char *err, size_t err_size) {
-    if (!m->info.has_mtp || !m->vt->mtp_forward)
+    const struct model_nextn *head = model_nextn(m);
+    if (!head)
         return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "the model has no NextN (MTP) head: use --spec ngram or off");
     struct mtp *t = calloc(1, sizeof *t);
     if (!t) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     t->base.vt = &mtp_vtable;
     t->m = m;
+    t->head = head;
     t->E = m->info.n_embd;
     t->cap = m->n_batch + 1;
     t->base.n_vocab = m->info.n_vocab;

@@ -117,6 +117,7 @@ struct qwen35 {
     float *out_norm;
     bool has_mtp;
     struct mtp_weights mtp;
+    int32_t *mtp_len;                    /* host: positions the NextN head's cache holds per seq */
     /* The NextN head's drafts use a Q4_0 copy of the LM head when the LM head has more bits:
      * the head's logits are read once per draft token and a draft only has to be probable,
      * not exact (the target verifies it). draft_head_host holds its bytes. */
@@ -418,7 +419,7 @@ static void qwen35_free(struct model *m) {
     free(q->h_meta);
     free(q->last_run_len); free(q->last_run_kept); free(q->last_run_restored);
     free(q->rg_dst); free(q->rg_src); free(q->rg_step); free(q->rg_bytes);
-    free(m->seq_len); free(m->mtp_len);
+    free(m->seq_len); free(q->mtp_len);
     gguf_close(m->gguf);
     free(q);
 }
@@ -497,7 +498,7 @@ static int alloc_memory(struct qwen35 *q) {
         if (!q->mtp.blk.k_cache || !q->mtp.blk.v_cache) return COTI_E_NOMEM;
     }
     m->seq_len = calloc((size_t)m->n_seq, sizeof(int32_t));
-    m->mtp_len = calloc((size_t)m->n_seq, sizeof(int32_t));
+    q->mtp_len = calloc((size_t)m->n_seq, sizeof(int32_t));
     q->last_run_len = calloc((size_t)m->n_seq, sizeof(int32_t));
     q->last_run_kept = calloc((size_t)m->n_seq, sizeof(bool));
     q->last_run_restored = calloc((size_t)m->n_seq, sizeof(bool));
@@ -506,7 +507,7 @@ static int alloc_memory(struct qwen35 *q) {
     q->rg_src = calloc(nrg, sizeof *q->rg_src);
     q->rg_step = calloc(nrg, sizeof *q->rg_step);
     q->rg_bytes = calloc(nrg, sizeof *q->rg_bytes);
-    return (m->seq_len && m->mtp_len && q->last_run_len && q->last_run_kept && q->last_run_restored && q->rg_dst &&
+    return (m->seq_len && q->mtp_len && q->last_run_len && q->last_run_kept && q->last_run_restored && q->rg_dst &&
             q->rg_src && q->rg_step && q->rg_bytes)
                ? 0
                : COTI_E_NOMEM;
@@ -560,7 +561,8 @@ int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
                        m->n_seq, m->n_ctx, m->n_batch);
         goto fail;
     }
-    m->info = (struct model_info){"qwen35", hp->n_vocab, hp->n_embd, hp->n_layer, hp->n_ctx_train, q->has_mtp, true};
+    m->info = (struct model_info){.arch = "qwen35", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .n_layer = hp->n_layer,
+                                  .n_ctx_train = hp->n_ctx_train, .has_mtp = q->has_mtp, .has_recurrent = true};
     *out = m;
     return 0;
 fail:
@@ -954,7 +956,7 @@ static int qwen35_mtp_forward(struct model *m, const struct model_batch *b, cons
         return coti_fail(err, err_size, COTI_E_ARG, "the NextN head verifies nothing and keeps its hidden rows");
     struct slice sl;
     slice_take(&sl, b, 0, b->n);
-    int rc = slice_check(q, &sl, m->mtp_len, err, err_size);
+    int rc = slice_check(q, &sl, q->mtp_len, err, err_size);
     if (rc) return rc;
     slice_upload(q, &sl);
     const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits, .last_only = true, .logits = q->s.logits,
@@ -962,7 +964,7 @@ static int qwen35_mtp_forward(struct model *m, const struct model_batch *b, cons
                                      .ids = sl.tokens_dev ? sl.tokens_dev : q->s.tokens, .argmax_out = b->argmax_out,
                                      .hn = q->s.hn};
     slice_ops(q, true, &a);
-    for (int r = 0; r < sl.n_runs; r++) m->mtp_len[sl.runs[r].seq] += sl.runs[r].len;
+    for (int r = 0; r < sl.n_runs; r++) q->mtp_len[sl.runs[r].seq] += sl.runs[r].len;
     out->n = sl.n;
     out->hidden = q->s.hn;
     out->n_logits = 0;
@@ -992,7 +994,7 @@ static void qwen35_seq_reset(struct model *m, int s) {
         free(z);
     }
     m->seq_len[s] = 0;
-    m->mtp_len[s] = 0;
+    q->mtp_len[s] = 0;
     q->last_run_len[s] = 0;
     q->last_run_restored[s] = false;
 }
@@ -1013,7 +1015,7 @@ static int qwen35_seq_rollback(struct model *m, int s, int n_drop) {
         be->copy_n(be, q->rg_dst, q->rg_src, q->rg_bytes, n);
     }
     m->seq_len[s] -= n_drop;
-    if (m->mtp_len[s] > m->seq_len[s]) m->mtp_len[s] = m->seq_len[s];
+    if (q->mtp_len[s] > m->seq_len[s]) q->mtp_len[s] = m->seq_len[s];
     q->last_run_len[s] = keep_idx + 1;
     q->last_run_kept[s] = false;
     q->last_run_restored[s] = false;
@@ -1046,13 +1048,13 @@ static int qwen35_seq_copy(struct model *m, int dst, int src) {
         }
     }
     if (q->has_mtp) {
-        REGION(q->mtp.blk.k_cache, cells, kvd * (size_t)m->mtp_len[src]);
-        REGION(q->mtp.blk.v_cache, cells, kvd * (size_t)m->mtp_len[src]);
+        REGION(q->mtp.blk.k_cache, cells, kvd * (size_t)q->mtp_len[src]);
+        REGION(q->mtp.blk.v_cache, cells, kvd * (size_t)q->mtp_len[src]);
     }
 #undef REGION
     be->copy_n(be, q->rg_dst, q->rg_src, q->rg_bytes, n);
     m->seq_len[dst] = m->seq_len[src];
-    m->mtp_len[dst] = m->mtp_len[src];
+    q->mtp_len[dst] = q->mtp_len[src];
     q->last_run_len[dst] = 0;
     q->last_run_kept[dst] = false;
     q->last_run_restored[dst] = false;
@@ -1078,6 +1080,15 @@ static long qwen35_seq_state_read(struct model *m, int s, float *dst, size_t n) 
     return (long)need;
 }
 
+static int qwen35_mtp_seq_len(const struct model *m, int s) { return ((const struct qwen35 *)m)->mtp_len[s]; }
+
+static void qwen35_mtp_seq_truncate(struct model *m, int s, int n) {
+    struct qwen35 *q = q35(m);
+    if (s >= 0 && s < m->n_seq && n >= 0 && n < q->mtp_len[s]) q->mtp_len[s] = n;
+}
+
+static const struct model_nextn qwen35_nextn = {qwen35_mtp_forward, qwen35_mtp_seq_len, qwen35_mtp_seq_truncate};
+
 static const struct model_vtable qwen35_vtable = {
     .seq_state_read = qwen35_seq_state_read,
     .free = qwen35_free,
@@ -1085,5 +1096,5 @@ static const struct model_vtable qwen35_vtable = {
     .seq_reset = qwen35_seq_reset,
     .seq_rollback = qwen35_seq_rollback,
     .seq_copy = qwen35_seq_copy,
-    .mtp_forward = qwen35_mtp_forward,
+    .nextn = &qwen35_nextn,
 };

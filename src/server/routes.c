@@ -103,8 +103,7 @@ static enum MHD_Result route_health(struct routes *r, struct http_exchange *x) {
 
 static enum MHD_Result route_models(struct routes *r, struct http_exchange *x) {
     const char *name = r->oc.model_name;
-    const struct gguf_tensor *emb = gguf_find_tensor(r->m->gguf, "token_embd.weight");
-    const struct ggml_type_traits *tt = emb ? ggml_type_traits_get(emb->type) : NULL;
+    const struct ggml_type_traits *tt = ggml_type_traits_get(r->m->info.weight_type);
     char ftype[16] = "";
     for (size_t i = 0; tt && tt->name[i] && i + 1 < sizeof ftype; i++) ftype[i] = (char)toupper((unsigned char)tt->name[i]);
     cJSON *o = cJSON_CreateObject();
@@ -183,8 +182,7 @@ static enum MHD_Result route_props(struct routes *r, struct http_exchange *x) {
     }
     cJSON_AddNumberToObject(o, "total_slots", slots_count(r->slots));
     cJSON_AddStringToObject(o, "model_alias", c->model_name);
-    const struct gguf_tensor *emb = gguf_find_tensor(r->m->gguf, "token_embd.weight");
-    const struct ggml_type_traits *tt = emb ? ggml_type_traits_get(emb->type) : NULL;
+    const struct ggml_type_traits *tt = ggml_type_traits_get(r->m->info.weight_type);
     cJSON_AddStringToObject(o, "model_ftype", tt ? tt->name : "");
     /* the file name only: the server's directory layout is none of the client's business */
     const char *slash = strrchr(r->p->model_path, '/');

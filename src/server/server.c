@@ -26,8 +26,7 @@ int server_run(const struct server_params *p, struct model *m, const struct toke
     pthread_sigmask(SIG_BLOCK, &stop_set, &old_set);
     signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an error return, not a death */
 
-    const char *tmpl = NULL;
-    if (gguf_get_str(m->gguf, "tokenizer.chat_template", &tmpl, NULL, 0)) tmpl = NULL;
+    const char *tmpl = m->info.chat_template;
     const char *chat_template = tmpl;
     if (tmpl && chat_detect_format(tmpl) == CHAT_FORMAT_UNKNOWN) {
         coti_log(COTI_LOG_WARN, "server", "chat template not recognised: using ChatML");
@@ -37,11 +36,6 @@ int server_run(const struct server_params *p, struct model *m, const struct toke
     if (!name) {
         const char *slash = strrchr(p->model_path, '/');
         name = slash ? slash + 1 : p->model_path;
-    }
-    long n_params = 0;
-    for (uint64_t i = 0; i < m->gguf->n_tensors; i++) {
-        const struct gguf_tensor *t = &m->gguf->tensors[i];
-        n_params += (long)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]);
     }
 
     struct metrics mx;
@@ -54,8 +48,8 @@ int server_run(const struct server_params *p, struct model *m, const struct toke
         .m = m,
         .mx = &mx,
         .chat_template_text = tmpl ? tmpl : "",
-        .model_size_bytes = (long)m->gguf->size,
-        .n_params = n_params,
+        .model_size_bytes = (long)m->info.n_bytes,
+        .n_params = (long)m->info.n_params,
         .t_start_unix = mx.t_start_unix,
     };
     pthread_mutex_init(&r.json_mu, NULL);

@@ -125,7 +125,7 @@ int tool_logits_main(int argc, char **argv) {
                 frc = model_forward(m, &b, &out, err, sizeof err);
             } else {
                 be->upload(be, h_in_dev, hidden + i0 * E, sizeof(float) * (size_t)E * cnt);
-                frc = m->vt->mtp_forward(m, &b, h_in_dev, &out, err, sizeof err);
+                frc = model_nextn(m)->forward(m, &b, h_in_dev, &out, err, sizeof err);
             }
             if (frc) { fprintf(stderr, "error: %s\n", err); free(want); goto done; }
             if (pass == 0) be->download(be, hidden + (i0 + 1) * E, out.hidden, sizeof(float) * (size_t)E * cnt);
