@@ -5,6 +5,7 @@
  * NextN (MTP) draft head. Written against backend.h only: nothing here runs arithmetic, except
  * the load-time requantization of the LM head the NextN drafts read (make_draft_head).
  * Reference: ../shared/docs/arch-qwen35.md; llama.cpp src/models/qwen35.cpp (behaviour). */
+#include "memory/memory.h"
 #include "model.h"
 #include "threadpool.h"
 
@@ -51,10 +52,7 @@ struct layer {
     struct attn_weights at;
     struct gdn_weights dn;
     struct bweight ffn_gate, ffn_up, ffn_down;
-    /* memory: attention KV [n_seq*n_ctx][n_head_kv*head_dim] f16, or recurrent state per seq */
-    uint16_t *k_cache, *v_cache;
-    float *conv_state, *ssm_state;       /* [n_seq][...] */
-    float *conv_snap, *ssm_snap;         /* [n_seq][n_keep_states][...] */
+    int mem_il;                          /* its layer in the memory's KV cache or recurrent state */
 };
 
 struct mtp_weights {
@@ -117,7 +115,7 @@ struct qwen35 {
     float *out_norm;
     bool has_mtp;
     struct mtp_weights mtp;
-    int32_t *mtp_len;                    /* host: positions the NextN head's cache holds per seq */
+    struct memory mem;                   /* the NextN head's cache is mem.head */
     /* The NextN head's drafts use a Q4_0 copy of the LM head when the LM head has more bits:
      * the head's logits are read once per draft token and a draft only has to be probable,
      * not exact (the target verifies it). draft_head_host holds its bytes. */
@@ -129,16 +127,6 @@ struct qwen35 {
      * QWEN35_META_SMALL apart for a slice of at most that many rows (slice_upload) */
     int32_t *h_meta, *meta;
     size_t meta_stride;
-    int32_t *last_run_len;               /* per seq: tokens of its run in the last forward */
-    bool *last_run_kept;
-    bool *last_run_restored;             /* per seq: its last forward was a greedy verify that
-                                            restored the accepted prefix's state on the device */
-    /* copy regions of one sequence's memory (state_regions, seq_copy): 2 per layer, 2 for the
-     * NextN head */
-    void **rg_dst;
-    const void **rg_src;
-    size_t *rg_step, *rg_bytes;
-    size_t conv_elems, ssm_elems;        /* per sequence, per layer */
     struct graph_slot *graphs;           /* [n_seq][QWEN35_GRAPHS_PER_SEQ] recorded small-batch forwards */
     int n_graphs;
     uint64_t graph_tick;
@@ -385,10 +373,6 @@ static void free_layer(struct backend *be, struct layer *ly) {
     free_vec(be, ly->attn_norm); free_vec(be, ly->post_norm);
     free_vec(be, ly->at.q_norm); free_vec(be, ly->at.k_norm);
     free_vec(be, ly->dn.conv); free_vec(be, ly->dn.dt_bias); free_vec(be, ly->dn.a); free_vec(be, ly->dn.norm);
-    if (ly->k_cache) be->free(be, ly->k_cache);
-    if (ly->v_cache) be->free(be, ly->v_cache);
-    free_vec(be, ly->conv_state); free_vec(be, ly->ssm_state);
-    free_vec(be, ly->conv_snap); free_vec(be, ly->ssm_snap);
     struct bweight *ws[] = {&ly->at.q, &ly->at.k, &ly->at.v, &ly->at.o, &ly->dn.qkv, &ly->dn.gate,
                             &ly->dn.beta, &ly->dn.alpha, &ly->dn.out, &ly->ffn_gate, &ly->ffn_up, &ly->ffn_down};
     for (size_t i = 0; i < COTI_ARRAY_LEN(ws); i++) if (ws[i]->data) be->weight_free(be, ws[i]);
@@ -417,9 +401,7 @@ static void qwen35_free(struct model *m) {
     for (int i = 0; q->graphs && i < q->n_graphs; i++) if (q->graphs[i].graph) be->graph_free(be, q->graphs[i].graph);
     free(q->graphs);
     free(q->h_meta);
-    free(q->last_run_len); free(q->last_run_kept); free(q->last_run_restored);
-    free(q->rg_dst); free(q->rg_src); free(q->rg_step); free(q->rg_bytes);
-    free(m->seq_len); free(q->mtp_len);
+    memory_free(&q->mem);
     gguf_close(m->gguf);
     free(q);
 }
@@ -459,58 +441,28 @@ static int alloc_scratch(struct qwen35 *q) {
     return (q->h_meta && q->graphs) ? 0 : COTI_E_NOMEM;
 }
 
-/* a * b * c bytes, or SIZE_MAX (which no allocator grants) when the product overflows */
-static size_t bytes_of(size_t a, size_t b, size_t c) {
-    size_t ab, abc;
-    if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc)) return SIZE_MAX;
-    return abc;
-}
-
+/* The memory of the trunk's layers (attention KV or delta-net state) and the NextN head's KV. */
 static int alloc_memory(struct qwen35 *q) {
     struct model *m = &q->base;
-    struct backend *be = m->be;
     const struct qwen35_hparams *hp = &q->hp;
-    const size_t n_seq = (size_t)m->n_seq, cells = (size_t)m->n_seq * (size_t)m->n_ctx;
-    const size_t kvd = (size_t)hp->n_head_kv * hp->head_dim, kv_bytes = bytes_of(sizeof(uint16_t), cells, kvd);
-    const size_t keep = (size_t)COTI_MAX(m->n_keep_states, 1);
-    q->conv_elems = (size_t)(hp->ssm_k - 1) * hp->ssm_ch;
-    q->ssm_elems = (size_t)hp->ssm_nv * hp->ssm_dk * hp->ssm_dv;
-    const size_t conv_bytes = bytes_of(sizeof(float), n_seq, q->conv_elems);
-    const size_t conv_snap_bytes = bytes_of(sizeof(float) * keep, n_seq, q->conv_elems);
-    if (conv_bytes == SIZE_MAX || conv_snap_bytes == SIZE_MAX) return COTI_E_NOMEM;
+    struct kv_layer_spec *kv = calloc((size_t)hp->n_layer + 1, sizeof *kv);
+    if (!kv) return COTI_E_NOMEM;
+    int n_kv = 0, n_rec = 0;
     for (int il = 0; il < hp->n_layer; il++) {
         struct layer *ly = &q->layers[il];
-        if (ly->is_gdn) {
-            ly->conv_state = be->alloc(be, conv_bytes + 4);
-            ly->ssm_state = be->alloc(be, bytes_of(sizeof(float), n_seq, q->ssm_elems));
-            ly->conv_snap = be->alloc(be, conv_snap_bytes + 4);
-            ly->ssm_snap = be->alloc(be, bytes_of(sizeof(float) * keep, n_seq, q->ssm_elems));
-            if (!ly->conv_state || !ly->ssm_state || !ly->conv_snap || !ly->ssm_snap) return COTI_E_NOMEM;
-        } else {
-            ly->k_cache = be->alloc(be, kv_bytes);
-            ly->v_cache = be->alloc(be, kv_bytes);
-            if (!ly->k_cache || !ly->v_cache) return COTI_E_NOMEM;
-        }
+        if (ly->is_gdn) ly->mem_il = n_rec++;
+        else kv[ly->mem_il = n_kv++] = (struct kv_layer_spec){hp->n_head_kv, hp->head_dim, -1};
     }
-    if (q->has_mtp) {
-        q->mtp.blk.k_cache = be->alloc(be, kv_bytes);
-        q->mtp.blk.v_cache = be->alloc(be, kv_bytes);
-        if (!q->mtp.blk.k_cache || !q->mtp.blk.v_cache) return COTI_E_NOMEM;
-    }
-    m->seq_len = calloc((size_t)m->n_seq, sizeof(int32_t));
-    q->mtp_len = calloc((size_t)m->n_seq, sizeof(int32_t));
-    q->last_run_len = calloc((size_t)m->n_seq, sizeof(int32_t));
-    q->last_run_kept = calloc((size_t)m->n_seq, sizeof(bool));
-    q->last_run_restored = calloc((size_t)m->n_seq, sizeof(bool));
-    const size_t nrg = 2 * (size_t)q->hp.n_layer + 2;
-    q->rg_dst = calloc(nrg, sizeof *q->rg_dst);
-    q->rg_src = calloc(nrg, sizeof *q->rg_src);
-    q->rg_step = calloc(nrg, sizeof *q->rg_step);
-    q->rg_bytes = calloc(nrg, sizeof *q->rg_bytes);
-    return (m->seq_len && q->mtp_len && q->last_run_len && q->last_run_kept && q->last_run_restored && q->rg_dst &&
-            q->rg_src && q->rg_step && q->rg_bytes)
-               ? 0
-               : COTI_E_NOMEM;
+    const struct kv_layer_spec head = {hp->n_head_kv, hp->head_dim, -1};
+    const struct memory_params p = {.n_seq = m->n_seq, .n_ctx = m->n_ctx, .n_keep = m->n_keep_states,
+                                    .kv = kv, .n_kv = n_kv, .n_rec = n_rec,
+                                    .conv_elems = (size_t)(hp->ssm_k - 1) * hp->ssm_ch,
+                                    .ssm_elems = (size_t)hp->ssm_nv * hp->ssm_dk * hp->ssm_dv,
+                                    .head_kv = &head, .n_head_kv = q->has_mtp ? 1 : 0};
+    int rc = memory_init(&q->mem, m->be, &p);
+    free(kv);
+    m->seq_len = q->mem.seq_len;
+    return rc;
 }
 
 static const struct model_vtable qwen35_vtable;
@@ -607,8 +559,9 @@ static void ffn_block(struct qwen35 *q, const struct layer *ly, const struct blo
     be->swiglu_matmul(be, &ly->ffn_down, q->s.fg, q->s.fu, n, q->s.m);
 }
 
-/* Gated full attention → s.m, using cache rows s.cells / s.cell0 / s.nctx. */
-static void attn_block(struct qwen35 *q, const struct layer *ly, const struct block_in *in, int n) {
+/* Gated full attention → s.m, using cache rows s.cells / s.cell0 / s.nctx of kv. */
+static void attn_block(struct qwen35 *q, const struct layer *ly, const struct kv_view *kv, const struct block_in *in,
+                       int n) {
     struct backend *be = q->base.be;
     const struct qwen35_hparams *hp = &q->hp;
     const int D = hp->head_dim, H = hp->n_head, KV = hp->n_head_kv * D;
@@ -617,8 +570,8 @@ static void attn_block(struct qwen35 *q, const struct layer *ly, const struct bl
     block_matmul_n(q, in, ws, ys, 3, n);
     /* q rows hold [q_h ; gate_h] per head: per-head norm over the first D of every 2D */
     be->attn_prep(be, q->s.qg, 2 * H * D, 2 * D, ly->at.q_norm, q->s.k, KV, ly->at.k_norm, q->s.v, KV, hp->eps, n, H,
-                  hp->n_head_kv, D, hp->n_rot, q->s.pos, hp->rope_base, q->s.cells, ly->k_cache, ly->v_cache);
-    be->attention(be, q->s.qg, 2 * H * D, 2 * D, ly->k_cache, ly->v_cache, q->s.cell0, q->s.nctx, n, H,
+                  hp->n_head_kv, D, hp->n_rot, q->s.pos, hp->rope_base, q->s.cells, kv->k, kv->v);
+    be->attention(be, q->s.qg, 2 * H * D, 2 * D, kv->k, kv->v, q->s.cell0, q->s.nctx, n, H,
                   hp->n_head_kv, D, 1.0f / sqrtf((float)D), q->s.att);
     be->mul_sigmoid_matmul(be, q->s.att, q->s.qg + D, H, D, 2 * H * D, 2 * D, &ly->at.o, n, q->s.m);
 }
@@ -632,25 +585,26 @@ static void gdn_block(struct qwen35 *q, const struct layer *ly, const struct blo
     const struct bweight *ws[4] = {&ly->dn.qkv, &ly->dn.gate, &ly->dn.beta, &ly->dn.alpha};
     float *ys[4] = {q->s.qkv, q->s.z, q->s.bet, q->s.alp};
     block_matmul_n(q, in, ws, ys, 4, n);
-    const size_t keep_n = (size_t)COTI_MAX(q->base.n_keep_states, 1);
+    const struct rec_state *rec = &q->mem.rec;
     for (int r = 0; r < sl->n_runs; r++) {
         const struct run *ru = &sl->runs[r];
-        const size_t s = (size_t)ru->seq;
+        const int s = ru->seq;
         /* the state after the run's last token is the live state: snapshot the others only */
-        const int n_snap = keep ? COTI_MIN(ru->len - 1, q->base.n_keep_states) : 0;
-        float *conv_snap = n_snap ? ly->conv_snap + s * keep_n * q->conv_elems : NULL;
-        float *ssm_snap = n_snap ? ly->ssm_snap + s * keep_n * q->ssm_elems : NULL;
+        const int n_snap = keep ? COTI_MIN(ru->len - 1, rec->n_keep) : 0;
+        float *conv_snap = n_snap ? rec_conv_snap(rec, ly->mem_il, s) : NULL;
+        float *ssm_snap = n_snap ? rec_ssm_snap(rec, ly->mem_il, s) : NULL;
+        float *ssm_state = rec_ssm(rec, ly->mem_il, s);
         be->ssm_conv(be, q->s.qkv + (size_t)ru->start * hp->ssm_ch, ru->len, hp->ssm_ch, hp->ssm_k, ly->dn.conv,
-                     ly->conv_state + s * q->conv_elems, q->s.y + (size_t)ru->start * hp->ssm_ch, conv_snap, n_snap);
+                     rec_conv(rec, ly->mem_il, s), q->s.y + (size_t)ru->start * hp->ssm_ch, conv_snap, n_snap);
         const float *y = q->s.y + (size_t)ru->start * hp->ssm_ch;
         const struct gdn_gates gates = {q->s.alp + (size_t)ru->start * hp->ssm_nv, q->s.bet + (size_t)ru->start * hp->ssm_nv,
                                         ly->dn.dt_bias, ly->dn.a, hp->ssm_nv, hp->ssm_nv};
         float *o = q->s.o + (size_t)ru->start * NVD;
         if (ru->len >= QWEN35_CHUNKED_MIN_RUN && !n_snap)
-            be->gdn_chunked(be, y, hp->ssm_ch, &gates, ly->ssm_state + s * q->ssm_elems, ru->len, hp->ssm_nk,
+            be->gdn_chunked(be, y, hp->ssm_ch, &gates, ssm_state, ru->len, hp->ssm_nk,
                             hp->ssm_nv, hp->ssm_dk, hp->ssm_dv, hp->eps, o);
         else
-            be->gdn(be, y, hp->ssm_ch, &gates, ly->ssm_state + s * q->ssm_elems, ru->len, hp->ssm_nk,
+            be->gdn(be, y, hp->ssm_ch, &gates, ssm_state, ru->len, hp->ssm_nk,
                     hp->ssm_nv, hp->ssm_dk, hp->ssm_dv, hp->eps, o, ssm_snap, n_snap);
     }
     be->rmsnorm_gated_matmul(be, q->s.o, ly->dn.norm, q->s.z, hp->ssm_dv, hp->eps, q->s.og, &ly->dn.out, n, q->s.m);
@@ -751,27 +705,6 @@ static int head_rows(struct qwen35 *q, const struct bweight *head, const float *
     return n_out;
 }
 
-/* Sequence s's recurrent state as copy regions: rg_dst[i] is a live conv or delta state,
- * rg_src[i] its snapshot after token 0 of the last kept run, rg_step[i] bytes per further
- * token. Returns the number of regions. */
-static int state_regions(struct qwen35 *q, int s) {
-    const size_t keep_n = (size_t)COTI_MAX(q->base.n_keep_states, 1);
-    int n = 0;
-    for (int il = 0; il < q->hp.n_layer; il++) {
-        struct layer *ly = &q->layers[il];
-        if (!ly->is_gdn) continue;
-        q->rg_dst[n] = ly->conv_state + (size_t)s * q->conv_elems;
-        q->rg_src[n] = ly->conv_snap + (size_t)s * keep_n * q->conv_elems;
-        q->rg_step[n] = q->rg_bytes[n] = sizeof(float) * q->conv_elems;
-        n++;
-        q->rg_dst[n] = ly->ssm_state + (size_t)s * q->ssm_elems;
-        q->rg_src[n] = ly->ssm_snap + (size_t)s * keep_n * q->ssm_elems;
-        q->rg_step[n] = q->rg_bytes[n] = sizeof(float) * q->ssm_elems;
-        n++;
-    }
-    return n;
-}
-
 /* What the ops of one slice's forward read besides device memory. */
 struct slice_ops_args {
     const struct slice *sl;
@@ -806,7 +739,7 @@ static void trunk_ops(struct qwen35 *q, const struct slice_ops_args *a) {
         const struct layer *ly = &q->layers[il];
         const struct block_in in = {x, il ? q->s.m : NULL, ly->attn_norm, x_next};
         if (ly->is_gdn) gdn_block(q, ly, &in, a->sl, a->keep);
-        else attn_block(q, ly, &in, n);
+        else attn_block(q, ly, &q->mem.kv.layers[ly->mem_il], &in, n);
         if (il) { float *t = x; x = x_next; x_next = t; }
         const struct block_in ffn_in = {x, q->s.m, ly->post_norm, x_next};
         ffn_block(q, ly, &ffn_in, n);
@@ -817,8 +750,9 @@ static void trunk_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     if (a->accept_out && a->keep) {
         /* the rollback of the rejected drafts, here rather than after the host has read the
          * count: the state after the last accepted row (accept_out[0]) becomes the live one */
-        const int n_rg = state_regions(q, a->sl->runs[0].seq);
-        be->copy_n_at(be, q->rg_dst, q->rg_src, q->rg_step, q->rg_bytes, n_rg, a->accept_out, n - 1);
+        const struct mem_regions *g = &q->mem.rg;
+        const int n_rg = memory_restore_regions(&q->mem, a->sl->runs[0].seq);
+        be->copy_n_at(be, g->dst, g->src, g->step, g->bytes, n_rg, a->accept_out, n - 1);
     }
 }
 
@@ -831,7 +765,7 @@ static void mtp_ops(struct qwen35 *q, const struct slice_ops_args *a) {
     be->get_rows(be, &q->tok_embd, a->ids, n, q->s.x2);
     be->norm2_matmul(be, q->s.x2, mt->enorm, a->h_in, mt->hnorm, E, hp->eps, q->s.cat, &mt->eh_proj, n, q->s.x);
     const struct block_in in = {q->s.x, NULL, mt->blk.attn_norm, NULL};
-    attn_block(q, &mt->blk, &in, n);
+    attn_block(q, &mt->blk, &q->mem.head.layers[0], &in, n);
     const struct block_in ffn_in = {q->s.x, q->s.m, mt->blk.post_norm, q->s.x2};
     ffn_block(q, &mt->blk, &ffn_in, n);
     be->add_rmsnorm(be, q->s.x2, q->s.m, mt->head_norm ? mt->head_norm : q->out_norm, n, E, hp->eps, a->hn);
@@ -928,12 +862,8 @@ static int qwen35_forward(struct model *m, const struct model_batch *b, struct m
                                          .argmax_out = b->argmax_out ? b->argmax_out + n_logits : NULL,
                                          .accept_out = b->accept_out, .hn = b->hidden_out ? b->hidden_out : q->s.hn};
         slice_ops(q, false, &a);
-        for (int r = 0; r < sl.n_runs; r++) {
-            m->seq_len[sl.runs[r].seq] += sl.runs[r].len;
-            q->last_run_len[sl.runs[r].seq] = sl.runs[r].len;
-            q->last_run_kept[sl.runs[r].seq] = b->keep_states;
-            q->last_run_restored[sl.runs[r].seq] = b->keep_states && b->accept_out;
-        }
+        for (int r = 0; r < sl.n_runs; r++)
+            memory_note_run(&q->mem, sl.runs[r].seq, sl.runs[r].len, b->keep_states, b->keep_states && b->accept_out);
         for (int i = 0; i < sl.n; i++) n_logits += row_wants_logits(a.want, a.last_only, sl.n, i);
     }
     /* hidden rows of the last slice only: callers needing every row keep batches <= n_batch */
@@ -956,7 +886,7 @@ static int qwen35_mtp_forward(struct model *m, const struct model_batch *b, cons
         return coti_fail(err, err_size, COTI_E_ARG, "the NextN head verifies nothing and keeps its hidden rows");
     struct slice sl;
     slice_take(&sl, b, 0, b->n);
-    int rc = slice_check(q, &sl, q->mtp_len, err, err_size);
+    int rc = slice_check(q, &sl, q->mem.head_len, err, err_size);
     if (rc) return rc;
     slice_upload(q, &sl);
     const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits, .last_only = true, .logits = q->s.logits,
@@ -964,7 +894,7 @@ static int qwen35_mtp_forward(struct model *m, const struct model_batch *b, cons
                                      .ids = sl.tokens_dev ? sl.tokens_dev : q->s.tokens, .argmax_out = b->argmax_out,
                                      .hn = q->s.hn};
     slice_ops(q, true, &a);
-    for (int r = 0; r < sl.n_runs; r++) q->mtp_len[sl.runs[r].seq] += sl.runs[r].len;
+    for (int r = 0; r < sl.n_runs; r++) q->mem.head_len[sl.runs[r].seq] += sl.runs[r].len;
     out->n = sl.n;
     out->hidden = q->s.hn;
     out->n_logits = 0;
@@ -975,117 +905,14 @@ static int qwen35_mtp_forward(struct model *m, const struct model_batch *b, cons
 
 /* ---- memory ----------------------------------------------------------------------------- */
 
-static void qwen35_seq_reset(struct model *m, int s) {
-    struct qwen35 *q = q35(m);
-    struct backend *be = m->be;
-    if (s < 0 || s >= m->n_seq) return;
-    /* attention cells need no clearing: a position is always written before it is read */
-    /* zero the recurrent state through a host buffer (reset is rare: once per request) */
-    size_t n = COTI_MAX(q->conv_elems, q->ssm_elems);
-    float *z = calloc(n ? n : 1, sizeof(float));
-    if (z) {
-        for (int il = 0; il < q->hp.n_layer; il++) {
-            struct layer *ly = &q->layers[il];
-            if (!ly->is_gdn) continue;
-            be->upload(be, ly->conv_state + (size_t)s * q->conv_elems, z, sizeof(float) * q->conv_elems);
-            be->upload(be, ly->ssm_state + (size_t)s * q->ssm_elems, z, sizeof(float) * q->ssm_elems);
-        }
-        be->sync(be);
-        free(z);
-    }
-    m->seq_len[s] = 0;
-    q->mtp_len[s] = 0;
-    q->last_run_len[s] = 0;
-    q->last_run_restored[s] = false;
-}
-
-static int qwen35_seq_rollback(struct model *m, int s, int n_drop) {
-    struct qwen35 *q = q35(m);
-    struct backend *be = m->be;
-    if (s < 0 || s >= m->n_seq || n_drop < 0) return COTI_E_ARG;
-    if (n_drop == 0) return 0;
-    const int r = q->last_run_len[s];
-    const int keep_idx = r - 1 - n_drop;  /* state after this token of the last run survives */
-    if (!q->last_run_kept[s] || keep_idx < 0 || keep_idx >= COTI_MIN(r - 1, m->n_keep_states)) return COTI_E_RANGE;
-    /* a greedy verify restored the state on the device already (its accepted count is n_drop's
-     * complement: the caller drops exactly the rejected drafts) */
-    if (!q->last_run_restored[s]) {
-        const int n = state_regions(q, s);
-        for (int i = 0; i < n; i++) q->rg_src[i] = (const uint8_t *)q->rg_src[i] + (size_t)keep_idx * q->rg_step[i];
-        be->copy_n(be, q->rg_dst, q->rg_src, q->rg_bytes, n);
-    }
-    m->seq_len[s] -= n_drop;
-    if (q->mtp_len[s] > m->seq_len[s]) q->mtp_len[s] = m->seq_len[s];
-    q->last_run_len[s] = keep_idx + 1;
-    q->last_run_kept[s] = false;
-    q->last_run_restored[s] = false;
-    return 0;
-}
-
-static int qwen35_seq_copy(struct model *m, int dst, int src) {
-    struct qwen35 *q = q35(m);
-    struct backend *be = m->be;
-    if (dst < 0 || dst >= m->n_seq || src < 0 || src >= m->n_seq) return COTI_E_ARG;
-    if (dst == src) return 0;
-    /* every region in one copy_n: the recurrent states, the attention cells the source holds,
-     * and the NextN head's */
-    const size_t kvd = (size_t)q->hp.n_head_kv * q->hp.head_dim, cells = (size_t)m->n_ctx * kvd;
-    int n = 0;
-#define REGION(base, stride, len)                                                                  \
-    do {                                                                                           \
-        q->rg_dst[n] = (base) + (size_t)dst * (stride);                                            \
-        q->rg_src[n] = (base) + (size_t)src * (stride);                                            \
-        q->rg_bytes[n++] = sizeof(*(base)) * (len);                                                \
-    } while (0)
-    for (int il = 0; il < q->hp.n_layer; il++) {
-        struct layer *ly = &q->layers[il];
-        if (ly->is_gdn) {
-            REGION(ly->conv_state, q->conv_elems, q->conv_elems);
-            REGION(ly->ssm_state, q->ssm_elems, q->ssm_elems);
-        } else {
-            REGION(ly->k_cache, cells, kvd * (size_t)m->seq_len[src]);
-            REGION(ly->v_cache, cells, kvd * (size_t)m->seq_len[src]);
-        }
-    }
-    if (q->has_mtp) {
-        REGION(q->mtp.blk.k_cache, cells, kvd * (size_t)q->mtp_len[src]);
-        REGION(q->mtp.blk.v_cache, cells, kvd * (size_t)q->mtp_len[src]);
-    }
-#undef REGION
-    be->copy_n(be, q->rg_dst, q->rg_src, q->rg_bytes, n);
-    m->seq_len[dst] = m->seq_len[src];
-    q->mtp_len[dst] = q->mtp_len[src];
-    q->last_run_len[dst] = 0;
-    q->last_run_kept[dst] = false;
-    q->last_run_restored[dst] = false;
-    return 0;
-}
-
+static void qwen35_seq_reset(struct model *m, int s) { memory_seq_reset(&q35(m)->mem, s); }
+static int qwen35_seq_rollback(struct model *m, int s, int n_drop) { return memory_seq_rollback(&q35(m)->mem, s, n_drop); }
+static int qwen35_seq_copy(struct model *m, int dst, int src) { return memory_seq_copy(&q35(m)->mem, dst, src); }
 static long qwen35_seq_state_read(struct model *m, int s, float *dst, size_t n) {
-    struct qwen35 *q = q35(m);
-    if (s < 0 || s >= m->n_seq) return COTI_E_ARG;
-    size_t need = 0;
-    for (int il = 0; il < q->hp.n_layer; il++)
-        if (q->layers[il].is_gdn) need += q->conv_elems + q->ssm_elems;
-    if (n == 0) return (long)need;
-    if (n < need) return COTI_E_ARG;
-    for (int il = 0; il < q->hp.n_layer; il++) {
-        const struct layer *ly = &q->layers[il];
-        if (!ly->is_gdn) continue;
-        m->be->download(m->be, dst, ly->conv_state + (size_t)s * q->conv_elems, sizeof(float) * q->conv_elems);
-        dst += q->conv_elems;
-        m->be->download(m->be, dst, ly->ssm_state + (size_t)s * q->ssm_elems, sizeof(float) * q->ssm_elems);
-        dst += q->ssm_elems;
-    }
-    return (long)need;
+    return rec_state_read(&q35(m)->mem.rec, s, dst, n);
 }
-
-static int qwen35_mtp_seq_len(const struct model *m, int s) { return ((const struct qwen35 *)m)->mtp_len[s]; }
-
-static void qwen35_mtp_seq_truncate(struct model *m, int s, int n) {
-    struct qwen35 *q = q35(m);
-    if (s >= 0 && s < m->n_seq && n >= 0 && n < q->mtp_len[s]) q->mtp_len[s] = n;
-}
+static int qwen35_mtp_seq_len(const struct model *m, int s) { return ((const struct qwen35 *)m)->mem.head_len[s]; }
+static void qwen35_mtp_seq_truncate(struct model *m, int s, int n) { memory_head_truncate(&q35(m)->mem, s, n); }
 
 static const struct model_nextn qwen35_nextn = {qwen35_mtp_forward, qwen35_mtp_seq_len, qwen35_mtp_seq_truncate};
 

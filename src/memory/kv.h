@@ -1,0 +1,57 @@
+/* kv.h — attention KV caches: for each layer of a cache, K and V rows of one element type for
+ * every cell, and the cell rule that places a sequence's positions. A backend attention op reads
+ * and writes a layer through its struct kv_view, never through raw cache pointers of a model.
+ *
+ * Cells: sequence s owns cells [s·n_ctx, (s+1)·n_ctx), position p of s is cell s·n_ctx + p. A
+ * cell is always written before it is read, so dropping positions is only a length change (the
+ * lengths live in memory.h, which owns the per-sequence policy). */
+#ifndef COTI_KV_H
+#define COTI_KV_H
+
+#include "backend.h"
+
+/* The K/V storage of one attention layer as an op sees it. */
+struct kv_view {
+    enum ggml_type type;         /* element type of K and V rows (F16 today) */
+    int n_head_kv, head_dim;
+    size_t row_bytes;            /* one cell's K (or V) row: n_head_kv·head_dim elements */
+    void *k, *v;                 /* backend memory, [n_seq·n_ctx] rows each */
+    bool read_only;              /* a drafter reading its target's cache must not store */
+};
+
+/* What a layer of a cache needs: its width, and whether it reuses an earlier layer's storage. */
+struct kv_layer_spec {
+    int n_head_kv, head_dim;
+    int shared_from;             /* index of an earlier layer of the same cache whose K/V this
+                                    layer reads, or -1 for storage of its own */
+};
+
+struct kv_cache {
+    struct backend *be;
+    int n_layer, n_seq, n_ctx;
+    struct kv_view *layers;
+    bool *owns;                  /* per layer: its storage is its own (not shared) */
+};
+
+/* Allocate a cache of n_layer layers for n_seq sequences of n_ctx positions, K and V in type
+ * (GGML_TYPE_F16). Returns 0 or COTI_E_NOMEM / COTI_E_UNSUPPORTED; kv_cache_free is safe after
+ * a failure. */
+int kv_cache_init(struct kv_cache *kv, struct backend *be, const struct kv_layer_spec *specs, int n_layer,
+                  int n_seq, int n_ctx, enum ggml_type type);
+void kv_cache_free(struct kv_cache *kv);
+
+static inline int32_t kv_cell(int n_ctx, int s, int pos) { return (int32_t)(s * n_ctx + pos); }
+
+/* A read-only view of layer il, for a reader that must not change the cache. */
+static inline struct kv_view kv_view_read_only(const struct kv_cache *kv, int il) {
+    struct kv_view v = kv->layers[il];
+    v.read_only = true;
+    return v;
+}
+
+/* Copy regions (memory.h's struct mem_regions) that copy the first n_pos positions of sequence
+ * src onto dst in every layer with storage of its own. */
+struct mem_regions;
+void kv_copy_regions(const struct kv_cache *kv, int dst, int src, int n_pos, struct mem_regions *r);
+
+#endif

@@ -1,0 +1,93 @@
+/* recurrent.c — allocation of recurrent-layer state and its snapshots, and the copy regions
+ * that restore or copy a sequence's state on the device. */
+#include "memory/recurrent.h"
+#include "memory/memory.h"
+
+#include <stdlib.h>
+
+/* a * b * c floats in bytes, or SIZE_MAX (which no allocator grants) when it overflows */
+static size_t float_bytes(size_t a, size_t b, size_t c) {
+    size_t ab, abc, bytes;
+    if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc) ||
+        __builtin_mul_overflow(abc, sizeof(float), &bytes))
+        return SIZE_MAX;
+    return bytes;
+}
+
+int rec_state_init(struct rec_state *r, struct backend *be, int n_layer, int n_seq, int n_keep, size_t conv_elems,
+                   size_t ssm_elems) {
+    *r = (struct rec_state){.be = be, .n_layer = n_layer, .n_seq = n_seq, .n_keep = n_keep, .n_slots = COTI_MAX(n_keep, 1),
+                           
+                            .conv_elems = conv_elems, .ssm_elems = ssm_elems};
+    if (!n_layer) return 0;
+    r->layers = calloc((size_t)n_layer, sizeof *r->layers);
+    if (!r->layers) return COTI_E_NOMEM;
+    const size_t ns = (size_t)n_seq, keep = (size_t)r->n_slots;
+    const size_t conv = float_bytes(ns, 1, conv_elems), conv_snap = float_bytes(ns, keep, conv_elems);
+    const size_t ssm = float_bytes(ns, 1, ssm_elems), ssm_snap = float_bytes(ns, keep, ssm_elems);
+    if (conv == SIZE_MAX || conv_snap == SIZE_MAX || ssm == SIZE_MAX || ssm_snap == SIZE_MAX) return COTI_E_NOMEM;
+    for (int il = 0; il < n_layer; il++) {
+        struct rec_layer *ly = &r->layers[il];
+        /* the conv buffers get one float more: the backends' conv kernels may read a vector
+         * past the last state row */
+        ly->conv = be->alloc(be, conv + 4);
+        ly->ssm = be->alloc(be, ssm);
+        ly->conv_snap = be->alloc(be, conv_snap + 4);
+        ly->ssm_snap = be->alloc(be, ssm_snap);
+        if (!ly->conv || !ly->ssm || !ly->conv_snap || !ly->ssm_snap) return COTI_E_NOMEM;
+    }
+    return 0;
+}
+
+void rec_state_free(struct rec_state *r) {
+    for (int il = 0; r->layers && il < r->n_layer; il++) {
+        float *p[] = {r->layers[il].conv, r->layers[il].ssm, r->layers[il].conv_snap, r->layers[il].ssm_snap};
+        for (size_t i = 0; i < COTI_ARRAY_LEN(p); i++) if (p[i]) r->be->free(r->be, p[i]);
+    }
+    free(r->layers);
+    *r = (struct rec_state){0};
+}
+
+void rec_seq_zero(struct rec_state *r, int s) {
+    if (!r->n_layer) return;
+    /* through a host buffer: a reset is rare (once per request) */
+    const size_t n = COTI_MAX(r->conv_elems, r->ssm_elems);
+    float *z = calloc(n ? n : 1, sizeof(float));
+    if (!z) return;
+    for (int il = 0; il < r->n_layer; il++) {
+        r->be->upload(r->be, rec_conv(r, il, s), z, sizeof(float) * r->conv_elems);
+        r->be->upload(r->be, rec_ssm(r, il, s), z, sizeof(float) * r->ssm_elems);
+    }
+    r->be->sync(r->be);
+    free(z);
+}
+
+void rec_restore_regions(const struct rec_state *r, int s, struct mem_regions *g) {
+    const size_t cb = sizeof(float) * r->conv_elems, sb = sizeof(float) * r->ssm_elems;
+    for (int il = 0; il < r->n_layer; il++) {
+        mem_regions_add(g, rec_conv(r, il, s), rec_conv_snap(r, il, s), cb, cb);
+        mem_regions_add(g, rec_ssm(r, il, s), rec_ssm_snap(r, il, s), sb, sb);
+    }
+}
+
+void rec_copy_regions(const struct rec_state *r, int dst, int src, struct mem_regions *g) {
+    const size_t cb = sizeof(float) * r->conv_elems, sb = sizeof(float) * r->ssm_elems;
+    for (int il = 0; il < r->n_layer; il++) {
+        mem_regions_add(g, rec_conv(r, il, dst), rec_conv(r, il, src), cb, cb);
+        mem_regions_add(g, rec_ssm(r, il, dst), rec_ssm(r, il, src), sb, sb);
+    }
+}
+
+long rec_state_read(const struct rec_state *r, int s, float *dst, size_t n) {
+    if (s < 0 || s >= r->n_seq) return COTI_E_ARG;
+    const size_t need = (size_t)r->n_layer * (r->conv_elems + r->ssm_elems);
+    if (n == 0) return (long)need;
+    if (n < need) return COTI_E_ARG;
+    for (int il = 0; il < r->n_layer; il++) {
+        r->be->download(r->be, dst, rec_conv(r, il, s), sizeof(float) * r->conv_elems);
+        dst += r->conv_elems;
+        r->be->download(r->be, dst, rec_ssm(r, il, s), sizeof(float) * r->ssm_elems);
+        dst += r->ssm_elems;
+    }
+    return (long)need;
+}

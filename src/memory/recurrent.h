@@ -1,0 +1,56 @@
+/* recurrent.h — the state of recurrent layers (a causal conv's last k-1 inputs and a
+ * delta-net's matrix state) per sequence, and per-token snapshots of it that make a verify
+ * batch's rejected tokens undoable: after a kept run of r tokens, the state after token
+ * i < min(r-1, n_keep) is in the snapshot slots, the state after the last token is live.
+ * A rollback copies a snapshot back into the live state, on the device. */
+#ifndef COTI_RECURRENT_H
+#define COTI_RECURRENT_H
+
+#include "backend.h"
+
+struct rec_layer {
+    float *conv, *ssm;           /* live: [n_seq][conv_elems], [n_seq][ssm_elems] */
+    float *conv_snap, *ssm_snap; /* [n_seq][n_slots][...] */
+};
+
+struct rec_state {
+    struct backend *be;
+    int n_layer, n_seq;
+    int n_keep;                  /* longest run whose per-token states a forward may keep */
+    int n_slots;                 /* snapshot slots per sequence: max(n_keep, 1) */
+    size_t conv_elems, ssm_elems;/* per sequence and layer */
+    struct rec_layer *layers;
+};
+
+int rec_state_init(struct rec_state *r, struct backend *be, int n_layer, int n_seq, int n_keep, size_t conv_elems,
+                   size_t ssm_elems);
+void rec_state_free(struct rec_state *r);
+
+static inline float *rec_conv(const struct rec_state *r, int il, int s) {
+    return r->layers[il].conv + (size_t)s * r->conv_elems;
+}
+static inline float *rec_ssm(const struct rec_state *r, int il, int s) {
+    return r->layers[il].ssm + (size_t)s * r->ssm_elems;
+}
+/* Where the snapshots of sequence s start (slot i is i·elems further). */
+static inline float *rec_conv_snap(const struct rec_state *r, int il, int s) {
+    return r->layers[il].conv_snap + (size_t)s * r->n_slots * r->conv_elems;
+}
+static inline float *rec_ssm_snap(const struct rec_state *r, int il, int s) {
+    return r->layers[il].ssm_snap + (size_t)s * r->n_slots * r->ssm_elems;
+}
+
+/* Zero sequence s's live state (a new sequence starts from zeros). Waits for the device. */
+void rec_seq_zero(struct rec_state *r, int s);
+
+struct mem_regions;
+/* Regions live <- snapshot slot 0 of sequence s, with step[i] the bytes from one slot to the
+ * next: a restore to slot k adds k·step[i] to every source. */
+void rec_restore_regions(const struct rec_state *r, int s, struct mem_regions *g);
+/* Regions that copy sequence src's live state onto dst. */
+void rec_copy_regions(const struct rec_state *r, int dst, int src, struct mem_regions *g);
+/* Sequence s's live state, layer by layer (conv then delta state), to host dst of n floats;
+ * returns the floats it needs (n = 0 asks) or COTI_E_ARG. */
+long rec_state_read(const struct rec_state *r, int s, float *dst, size_t n);
+
+#endif
