@@ -1,7 +1,8 @@
 /* model.h — the architecture-independent face of a loaded model: load from a GGUF file onto
  * a backend, run a batch of tokens of one or more sequences, expose logits and the hidden
  * states drafters need, and manage per-sequence memory (KV cache, recurrent state).
- * One file per architecture implements struct model_vtable (src/models/<arch>.c). */
+ * One file per architecture implements struct model_vtable (src/models/<arch>.c), mostly
+ * with the engine's entries (src/engine/engine.h). */
 #ifndef COTI_MODEL_H
 #define COTI_MODEL_H
 
@@ -103,6 +104,7 @@ struct model {
     struct model_info info;
     struct backend *be;
     struct gguf_file *gguf;      /* owned; weights may point into its mapping */
+    struct engine *engine;       /* the machinery under the architecture (engine/engine.h) */
     int n_seq, n_ctx, n_batch, n_keep_states;
     int32_t *seq_len;            /* host: positions held per sequence (model_seq_len) */
 };

@@ -2,8 +2,8 @@
  * metadata and tensor layout (arch-qwen35.md §2 keys, §4 tensor names and shapes, the
  * converter's F32 rule for 1-D tensors, ssm_conv1d and ssm_a), for tests and benchmarks.
  *
- * Owns: the hyper-parameter presets (default tiny, coti-tiny, 9b), the tensor list of a
- * qwen35 model, deterministic random initialisation (each tensor seeded from the run seed and
+ * Owns: the hyper-parameter presets (default tiny, coti-tiny, 9b), the model's tensor list
+ * built from the architecture's own table (models/qwen35.h), deterministic random initialisation (each tensor seeded from the run seed and
  * a hash of its name, each row from that and its index, so values depend neither on creation
  * order nor on the thread count), type selection with llama-quantize's fallback, and the
  * tokenizer metadata (copied from --vocab-from, truncated/padded to --n-vocab, or synthetic).
@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "models/qwen35.h"
 #include "tools.h"
 
 /* Bounds on the options: they keep every size product far from overflow and refuse
@@ -51,14 +52,12 @@ struct mk_hparams {
     bool tied;
 };
 
-enum mk_init { MK_INIT_MATRIX, MK_INIT_NORM, MK_INIT_SSM_A, MK_INIT_DT_BIAS, MK_INIT_CONV };
-
 struct mk_tensor {
     char name[64];
     uint32_t n_dims;
     int64_t ne[2];
     enum ggml_type type;
-    enum mk_init init;
+    enum weight_init init;
 };
 
 struct mk_model {
@@ -97,21 +96,21 @@ static void gen_row(const struct mk_model *m, const struct mk_tensor *t, int64_t
     uint64_t st = splitmix64(&s) + (uint64_t)row * 0xD1B54A32D192ED03ull;
     int64_t n = t->ne[0];
     switch (t->init) {
-    case MK_INIT_MATRIX: {   /* uniform with std 1/sqrt(n_in): activations keep their scale */
+    case WEIGHT_INIT_MATRIX: {   /* uniform with std 1/sqrt(n_in): activations keep their scale */
         float a = sqrtf(3.0f / (float)n);
         for (int64_t i = 0; i < n; i++) dst[i] = a * uniform_pm1(&st);
         break;
     }
-    case MK_INIT_NORM:   /* around 1 (the +1 of Qwen's norms is baked in) */
+    case WEIGHT_INIT_NORM:   /* around 1 (the +1 of Qwen's norms is baked in) */
         for (int64_t i = 0; i < n; i++) dst[i] = 1.0f + 0.1f * uniform_pm1(&st);
         break;
-    case MK_INIT_SSM_A:   /* -exp(A_log), strictly negative: the state decays */
+    case WEIGHT_INIT_DECAY:   /* -exp(A_log), strictly negative: the state decays */
         for (int64_t i = 0; i < n; i++) dst[i] = -expf(uniform_pm1(&st));
         break;
-    case MK_INIT_DT_BIAS:
+    case WEIGHT_INIT_BIAS:
         for (int64_t i = 0; i < n; i++) dst[i] = 0.1f * uniform_pm1(&st);
         break;
-    case MK_INIT_CONV: {   /* taps with std 0.5/sqrt(k) */
+    case WEIGHT_INIT_CONV: {   /* taps with std 0.5/sqrt(k) */
         float a = sqrtf(3.0f) * 0.5f / sqrtf((float)n);
         for (int64_t i = 0; i < n; i++) dst[i] = a * uniform_pm1(&st);
         break;
@@ -120,7 +119,7 @@ static void gen_row(const struct mk_model *m, const struct mk_tensor *t, int64_t
 }
 
 /* ---------------------------------------------------------------------------------------
- * Tensor list (arch-qwen35.md §4) and type selection
+ * Tensor list (the architecture's table, models/qwen35.h) and type selection
  * ------------------------------------------------------------------------------------- */
 
 /* --type for 2-D matrices; rows that are not whole blocks fall back to q8_0, then f16, as
@@ -132,8 +131,7 @@ static enum ggml_type pick_type(enum ggml_type want, int64_t n_in) {
     return GGML_TYPE_F32;
 }
 
-static int add_tensor(struct mk_model *m, enum mk_init init, uint32_t n_dims, int64_t ne0, int64_t ne1,
-                      const char *fmt, long layer, const char *suffix) {
+static int add_tensor(struct mk_model *m, const struct weight_desc *d, int layer, const int64_t *widths) {
     if (m->n_t == m->cap_t) {
         size_t cap = m->cap_t ? 2 * m->cap_t : 256;
         struct mk_tensor *t = realloc(m->t, cap * sizeof *t);
@@ -143,81 +141,43 @@ static int add_tensor(struct mk_model *m, enum mk_init init, uint32_t n_dims, in
     }
     struct mk_tensor *t = &m->t[m->n_t++];
     memset(t, 0, sizeof *t);
-    if (layer >= 0) snprintf(t->name, sizeof t->name, fmt, layer, suffix);
-    else snprintf(t->name, sizeof t->name, "%s", fmt);
-    t->n_dims = n_dims;
-    t->ne[0] = ne0;
-    t->ne[1] = n_dims > 1 ? ne1 : 1;
-    t->init = init;
-    /* the converter keeps 1-D tensors and ssm_conv1d in F32 */
-    t->type = (n_dims == 1 || init == MK_INIT_CONV) ? GGML_TYPE_F32 : pick_type(m->wtype, ne0);
+    weight_name(d, layer, t->name, sizeof t->name);
+    /* a vector of one width is 1-D; ssm_conv1d is a 2-D vector (kept F32 by the converter,
+     * like every 1-D tensor) */
+    t->n_dims = d->kind == WEIGHT_VECTOR && d->out == WEIGHT_WIDTH_ONE ? 1 : 2;
+    t->ne[0] = widths[d->in];
+    t->ne[1] = widths[d->out];
+    t->init = d->init;
+    t->type = d->kind == WEIGHT_VECTOR ? GGML_TYPE_F32 : pick_type(m->wtype, t->ne[0]);
     return 0;
 }
 
-#define BLK "blk.%ld.%s"
-#define VEC(L, name, n, init) rc = rc ? rc : add_tensor(m, init, 1, n, 1, BLK, L, name)
-#define MAT(L, name, n_in, n_out) rc = rc ? rc : add_tensor(m, MK_INIT_MATRIX, 2, n_in, n_out, BLK, L, name)
-
-static int add_attention_block(struct mk_model *m, long L) {
-    const struct mk_hparams *h = &m->hp;
-    long E = h->n_embd, D = h->head_dim;
-    int rc = 0;
-    VEC(L, "attn_norm.weight", E, MK_INIT_NORM);
-    MAT(L, "attn_q.weight", E, 2 * h->n_head * D);   /* query and gate, interleaved per head */
-    MAT(L, "attn_k.weight", E, h->n_head_kv * D);
-    MAT(L, "attn_v.weight", E, h->n_head_kv * D);
-    MAT(L, "attn_output.weight", h->n_head * D, E);
-    VEC(L, "attn_q_norm.weight", D, MK_INIT_NORM);
-    VEC(L, "attn_k_norm.weight", D, MK_INIT_NORM);
-    return rc;
+/* The architecture's hparams from the options (dv == dk: llama.cpp requires it). */
+static struct qwen35_hparams arch_hparams(const struct mk_hparams *h) {
+    struct qwen35_hparams hp = {
+        .n_layer_all = (int)(h->n_layer + h->nextn), .n_layer = (int)h->n_layer, .n_mtp = (int)h->nextn,
+        .n_embd = (int)h->n_embd, .n_ff = (int)h->n_ff, .n_head = (int)h->n_head, .n_head_kv = (int)h->n_head_kv,
+        .head_dim = (int)h->head_dim, .n_vocab = (int)h->n_vocab, .ssm_k = (int)h->conv, .ssm_dk = (int)h->d_state,
+        .ssm_dv = (int)h->d_state, .ssm_nk = (int)h->n_group, .ssm_nv = (int)h->dt_rank, .interval = (int)h->interval,
+    };
+    hp.ssm_ch = 2 * hp.ssm_nk * hp.ssm_dk + hp.ssm_nv * hp.ssm_dv;
+    return hp;
 }
 
-static int add_deltanet_block(struct mk_model *m, long L) {
-    const struct mk_hparams *h = &m->hp;
-    long E = h->n_embd, dk = h->d_state, nk = h->n_group, nv = h->dt_rank;
-    long Cc = 2 * nk * dk + nv * dk;   /* dv == dk (llama.cpp requires it) */
-    int rc = 0;
-    VEC(L, "attn_norm.weight", E, MK_INIT_NORM);
-    MAT(L, "attn_qkv.weight", E, Cc);
-    MAT(L, "attn_gate.weight", E, nv * dk);
-    rc = rc ? rc : add_tensor(m, MK_INIT_CONV, 2, h->conv, Cc, BLK, L, "ssm_conv1d.weight");
-    VEC(L, "ssm_dt.bias", nv, MK_INIT_DT_BIAS);
-    VEC(L, "ssm_a", nv, MK_INIT_SSM_A);
-    MAT(L, "ssm_beta.weight", E, nv);
-    MAT(L, "ssm_alpha.weight", E, nv);
-    VEC(L, "ssm_norm.weight", dk, MK_INIT_NORM);
-    MAT(L, "ssm_out.weight", nv * dk, E);
-    return rc;
-}
-
-static int add_ffn(struct mk_model *m, long L) {
-    const struct mk_hparams *h = &m->hp;
-    int rc = 0;
-    VEC(L, "post_attention_norm.weight", h->n_embd, MK_INIT_NORM);
-    MAT(L, "ffn_gate.weight", h->n_embd, h->n_ff);
-    MAT(L, "ffn_up.weight", h->n_embd, h->n_ff);
-    MAT(L, "ffn_down.weight", h->n_ff, h->n_embd);
-    return rc;
-}
-
-/* The tensor list in the order the converter writes it (cf. the shipped model). */
+/* The architecture's tensor table, in its (the converter's) order: globals, then each block. */
 static int build_tensor_list(struct mk_model *m) {
-    const struct mk_hparams *h = &m->hp;
+    const struct qwen35_hparams hp = arch_hparams(&m->hp);
+    int64_t widths[QWEN35_N_WIDTHS];
+    qwen35_widths(&hp, widths);
     int rc = 0;
-    rc = rc ? rc : add_tensor(m, MK_INIT_MATRIX, 2, h->n_embd, h->n_vocab, "token_embd.weight", -1, NULL);
-    rc = rc ? rc : add_tensor(m, MK_INIT_NORM, 1, h->n_embd, 1, "output_norm.weight", -1, NULL);
-    if (!h->tied)
-        rc = rc ? rc : add_tensor(m, MK_INIT_MATRIX, 2, h->n_embd, h->n_vocab, "output.weight", -1, NULL);
-    for (long L = 0; L < h->n_layer + h->nextn && !rc; L++) {
-        bool full = L >= h->n_layer || (L + 1) % h->interval == 0;   /* arch-qwen35.md §3 */
-        rc = full ? add_attention_block(m, L) : add_deltanet_block(m, L);
-        rc = rc ? rc : add_ffn(m, L);
-        if (!rc && L >= h->n_layer) {   /* NextN head (§4.6) */
-            MAT(L, "nextn.eh_proj.weight", 2 * h->n_embd, h->n_embd);
-            VEC(L, "nextn.enorm.weight", h->n_embd, MK_INIT_NORM);
-            VEC(L, "nextn.hnorm.weight", h->n_embd, MK_INIT_NORM);
-            VEC(L, "nextn.shared_head_norm.weight", h->n_embd, MK_INIT_NORM);
-        }
+    for (int i = 0; i < qwen35_n_tensors && !rc; i++) {
+        const struct weight_desc *d = &qwen35_tensors[i];
+        if (!d->layers && !(d->presence == WEIGHT_TIED && m->hp.tied)) rc = add_tensor(m, d, -1, widths);
+    }
+    for (int L = 0; L < hp.n_layer_all && !rc; L++) {
+        const unsigned kind = qwen35_layer_kind(&hp, L);
+        for (int i = 0; i < qwen35_n_tensors && !rc; i++)
+            if (qwen35_tensors[i].layers & kind) rc = add_tensor(m, &qwen35_tensors[i], L, widths);
     }
     return rc;
 }

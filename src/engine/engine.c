@@ -1,0 +1,168 @@
+/* engine.c — engine set-up and the forward driver: batch validation, slicing, one pass per
+ * slice (eager or through the graph cache), and the memory's bookkeeping after it. */
+#include "engine/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int engine_init(struct engine *e, struct model *m, const struct engine_params *p) {
+    *e = (struct engine){.m = m, .n_vocab = p->n_vocab, .n_embd = p->n_embd, .lm_head = p->lm_head,
+                         .draft_head = p->draft_head};
+    memcpy(e->passes, p->passes, sizeof e->passes);
+    m->engine = e;
+    struct arena_slot *slots = calloc((size_t)p->n_slots + 4, sizeof *slots);
+    if (!slots) return COTI_E_NOMEM;
+    memcpy(slots, p->slots, sizeof *slots * (size_t)p->n_slots);
+    const size_t nb = (size_t)m->n_batch;
+    int n = p->n_slots;
+    slots[n++] = (struct arena_slot){(void **)&e->hn, sizeof(float) * nb * (size_t)p->n_embd};
+    slots[n++] = (struct arena_slot){(void **)&e->lm_in, sizeof(float) * nb * (size_t)p->n_embd};
+    slots[n++] = (struct arena_slot){(void **)&e->logits, sizeof(float) * nb * (size_t)p->n_vocab};
+    slots[n++] = (struct arena_slot){(void **)&e->meta.dev, batch_meta_bytes(m->n_batch)};
+    e->arena = arena_alloc(m->be, slots, n);
+    free(slots);
+    int rc = e->arena ? 0 : COTI_E_NOMEM;
+    if (!rc) rc = batch_meta_init(&e->meta, m->n_batch);
+    if (!rc) rc = graph_cache_init(&e->graphs, m->be, m->n_seq);
+    if (!rc) rc = memory_init(&e->mem, m->be, p->mem);
+    m->seq_len = e->mem.seq_len;
+    return rc;
+}
+
+void engine_free(struct engine *e) {
+    if (!e->m) return;
+    struct backend *be = e->m->be;
+    if (e->arena) be->free(be, e->arena);
+    graph_cache_free(&e->graphs);
+    batch_meta_free(&e->meta);
+    memory_free(&e->mem);
+    e->m->seq_len = NULL;
+    *e = (struct engine){0};
+}
+
+struct pass_call {
+    struct engine *e;
+    enum engine_pass pass;
+    const struct slice_ops_args *a;
+};
+
+static void pass_ops(void *ctx) {
+    const struct pass_call *c = ctx;
+    struct engine *e = c->e;
+    const struct slice_ops_args *a = c->a;
+    e->passes[c->pass](e->m, a);
+    if (c->pass == ENGINE_TRUNK && a->accept_out && a->keep) {
+        /* the rollback of the rejected drafts, here rather than after the host has read the
+         * count: the state after the last accepted row (accept_out[0]) becomes the live one */
+        struct backend *be = e->m->be;
+        const struct mem_regions *g = &e->mem.rg;
+        const int n_rg = memory_restore_regions(&e->mem, a->sl->runs[0].seq);
+        be->copy_n_at(be, g->dst, g->src, g->step, g->bytes, n_rg, a->accept_out, a->sl->n - 1);
+    }
+}
+
+/* Queue one slice's pass (metadata already uploaded): a small single-sequence slice on a
+ * backend with graphs goes through the graph cache. */
+static void run_pass(struct engine *e, enum engine_pass pass, const struct slice_ops_args *a) {
+    struct backend *be = e->m->be;
+    const struct slice *sl = a->sl;
+    struct pass_call c = {e, pass, a};
+    if (!be->capture_begin || sl->n_runs != 1 || sl->n > GRAPH_MAX_ROWS) {
+        pass_ops(&c);
+        return;
+    }
+    struct graph_key key = {.pass = pass, .n = sl->n, .seq = sl->runs[0].seq, .keep = a->keep,
+                            .ptr = {a->h_in, a->logits, a->head, a->ids, a->argmax_out, a->accept_out, a->hn}};
+    for (int i = 0; i < sl->n; i++) key.want |= (uint32_t)row_wants_logits(a->want, a->last_only, sl->n, i) << i;
+    graph_cache_run(&e->graphs, &key, pass_ops, &c);
+}
+
+int engine_forward(struct model *m, const struct model_batch *b, struct model_output *out, char *err, size_t err_size) {
+    struct engine *e = m->engine;
+    if (b->n < 1) return coti_fail(err, err_size, COTI_E_ARG, "empty batch");
+    /* the logits buffer holds n_batch rows */
+    int want_total = 0;
+    for (int i = 0; i < b->n; i++) want_total += b->want_logits ? b->want_logits[i] : (i == b->n - 1);
+    if (want_total > m->n_batch)
+        return coti_fail(err, err_size, COTI_E_ARG, "batch wants %d logit rows, at most %d", want_total, m->n_batch);
+    if (b->accept_out && (!b->argmax_out || !b->tokens_dev || want_total != b->n || b->n > m->n_batch))
+        return coti_fail(err, err_size, COTI_E_ARG, "a verify batch needs argmax_out, device tokens and logits on "
+                         "every row, in one step of at most %d rows", m->n_batch);
+    if (b->hidden_out && b->n > m->n_batch)
+        return coti_fail(err, err_size, COTI_E_ARG, "hidden_out takes one step of at most %d rows", m->n_batch);
+    /* All slices are validated before any state changes, so a bad batch leaves memory intact. */
+    int32_t *len = malloc(sizeof(int32_t) * (size_t)m->n_seq);
+    if (!len) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    memcpy(len, m->seq_len, sizeof(int32_t) * (size_t)m->n_seq);
+    struct slice sl;
+    for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
+        slice_take(&sl, b, i0, COTI_MIN(m->n_batch, b->n - i0));
+        int rc = slice_check(&sl, len, m->n_seq, m->n_ctx, e->n_vocab, err, err_size);
+        if (!rc && b->accept_out && (sl.n_runs != 1 || (b->keep_states && b->n - 1 > m->n_keep_states)))
+            rc = coti_fail(err, err_size, COTI_E_ARG, "a verify batch is one sequence's run of at most %d drafts",
+                           m->n_keep_states);
+        if (rc) { free(len); return rc; }
+        for (int r = 0; r < sl.n_runs; r++) len[sl.runs[r].seq] += sl.runs[r].len;
+    }
+    free(len);
+
+    int n_logits = 0;
+    for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
+        slice_take(&sl, b, i0, COTI_MIN(m->n_batch, b->n - i0));
+        slice_check(&sl, m->seq_len, m->n_seq, m->n_ctx, e->n_vocab, NULL, 0);
+        slice_upload(m->be, &e->meta, &sl, m->n_ctx);
+        const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits ? b->want_logits + i0 : NULL,
+                                         .last_only = i0 + sl.n == b->n, .keep = b->keep_states,
+                                         .logits = e->logits + (size_t)n_logits * e->n_vocab, .head = e->lm_head,
+                                         .ids = sl.tokens_dev ? sl.tokens_dev : e->meta.tokens,
+                                         .argmax_out = b->argmax_out ? b->argmax_out + n_logits : NULL,
+                                         .accept_out = b->accept_out, .hn = b->hidden_out ? b->hidden_out : e->hn};
+        run_pass(e, ENGINE_TRUNK, &a);
+        for (int r = 0; r < sl.n_runs; r++)
+            memory_note_run(&e->mem, sl.runs[r].seq, sl.runs[r].len, b->keep_states, b->keep_states && b->accept_out);
+        for (int i = 0; i < sl.n; i++) n_logits += row_wants_logits(a.want, a.last_only, sl.n, i);
+    }
+    /* hidden rows of the last slice only: callers needing every row keep batches <= n_batch */
+    out->n = sl.n;
+    out->hidden = b->hidden_out ? b->hidden_out : e->hn;
+    out->n_logits = n_logits;
+    out->logits = e->logits;
+    return 0;
+}
+
+static int head_forward(struct model *m, const struct model_batch *b, const float *h_in, struct model_output *out,
+                        char *err, size_t err_size) {
+    struct engine *e = m->engine;
+    if (!e->passes[ENGINE_DRAFT_HEAD]) return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "model has no NextN head");
+    if (b->n < 1 || b->n > m->n_batch)
+        return coti_fail(err, err_size, COTI_E_ARG, "NextN batch of %d rows outside [1, %d]", b->n, m->n_batch);
+    if (b->accept_out || b->hidden_out)
+        return coti_fail(err, err_size, COTI_E_ARG, "the NextN head verifies nothing and keeps its hidden rows");
+    struct slice sl;
+    slice_take(&sl, b, 0, b->n);
+    int rc = slice_check(&sl, e->mem.head_len, m->n_seq, m->n_ctx, e->n_vocab, err, err_size);
+    if (rc) return rc;
+    slice_upload(m->be, &e->meta, &sl, m->n_ctx);
+    const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits, .last_only = true, .logits = e->logits,
+                                     .head = b->draft_head ? e->draft_head : e->lm_head, .h_in = h_in,
+                                     .ids = sl.tokens_dev ? sl.tokens_dev : e->meta.tokens, .argmax_out = b->argmax_out,
+                                     .hn = e->hn};
+    run_pass(e, ENGINE_DRAFT_HEAD, &a);
+    for (int r = 0; r < sl.n_runs; r++) e->mem.head_len[sl.runs[r].seq] += sl.runs[r].len;
+    out->n = sl.n;
+    out->hidden = e->hn;
+    out->n_logits = 0;
+    for (int i = 0; i < sl.n; i++) out->n_logits += row_wants_logits(a.want, a.last_only, sl.n, i);
+    out->logits = e->logits;
+    return 0;
+}
+
+void engine_seq_reset(struct model *m, int s) { memory_seq_reset(&m->engine->mem, s); }
+int engine_seq_rollback(struct model *m, int s, int n_drop) { return memory_seq_rollback(&m->engine->mem, s, n_drop); }
+int engine_seq_copy(struct model *m, int dst, int src) { return memory_seq_copy(&m->engine->mem, dst, src); }
+long engine_seq_state_read(struct model *m, int s, float *dst, size_t n) { return rec_state_read(&m->engine->mem.rec, s, dst, n); }
+
+static int head_seq_len(const struct model *m, int s) { return m->engine->mem.head_len[s]; }
+static void head_seq_truncate(struct model *m, int s, int n) { memory_head_truncate(&m->engine->mem, s, n); }
+
+const struct model_nextn engine_nextn = {head_forward, head_seq_len, head_seq_truncate};

@@ -1,0 +1,51 @@
+/* graphs.c — the LRU cache of recorded small-slice forwards (graphs.h). */
+#include "engine/graphs.h"
+
+#include <stdlib.h>
+
+int graph_cache_init(struct graph_cache *c, struct backend *be, int n_seq) {
+    *c = (struct graph_cache){.be = be, .n_slots = GRAPHS_PER_SEQ * n_seq};
+    c->slots = calloc((size_t)c->n_slots, sizeof *c->slots);
+    return c->slots ? 0 : COTI_E_NOMEM;
+}
+
+void graph_cache_free(struct graph_cache *c) {
+    for (int i = 0; c->slots && i < c->n_slots; i++)
+        if (c->slots[i].graph) c->be->graph_free(c->be, c->slots[i].graph);
+    free(c->slots);
+    c->slots = NULL;
+}
+
+static bool key_eq(const struct graph_key *x, const struct graph_key *y) {
+    if (x->pass != y->pass || x->n != y->n || x->seq != y->seq || x->want != y->want || x->keep != y->keep) return false;
+    for (int i = 0; i < GRAPH_KEY_PTRS; i++)
+        if (x->ptr[i] != y->ptr[i]) return false;
+    return true;
+}
+
+void graph_cache_run(struct graph_cache *c, const struct graph_key *key, void (*ops)(void *ctx), void *ctx) {
+    struct backend *be = c->be;
+    struct graph_slot *g = NULL;
+    struct graph_slot *tab = c->slots + (size_t)key->seq * GRAPHS_PER_SEQ, *lru = tab;
+    for (int i = 0; i < GRAPHS_PER_SEQ && !g; i++) {
+        if (tab[i].used && key_eq(&tab[i].key, key)) g = &tab[i];
+        else if (tab[i].last_use < lru->last_use) lru = &tab[i];
+    }
+    if (g) g->last_use = ++c->tick;
+    if (!g) { /* first sighting */
+        g = lru;
+        if (g->graph) be->graph_free(be, g->graph);
+        *g = (struct graph_slot){.used = true, .last_use = ++c->tick, .key = *key};
+        ops(ctx);
+        return;
+    }
+    if (g->graph) {
+        if (be->graph_launch(be, g->graph)) return;
+        be->graph_free(be, g->graph); /* stale: record it again */
+        g->graph = NULL;
+    }
+    be->capture_begin(be);
+    ops(ctx);
+    g->graph = be->capture_end(be);
+    if (!g->graph || !be->graph_launch(be, g->graph)) ops(ctx);
+}

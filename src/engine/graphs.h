@@ -1,0 +1,50 @@
+/* graphs.h — recorded forwards of small single-sequence slices (decode, draft rows, verify)
+ * on backends that have graphs. A shape is recorded the second time it is seen (the first run,
+ * eager, also grows the backend's scratch to it) and replayed from then on, which turns a
+ * launch-bound step of a few hundred kernel launches into one.
+ *
+ * The key is everything the recorded ops depend on besides device memory contents: the pass
+ * (trunk, draft head), rows, sequence (its state is baked into the graph), which rows want
+ * logits, whether states are kept, and the buffers the pass reads and writes. */
+#ifndef COTI_GRAPHS_H
+#define COTI_GRAPHS_H
+
+#include "backend.h"
+
+#define GRAPH_MAX_ROWS 16
+/* Graph slots per sequence. A sequence's speculative cycle uses ~3·(n_max + 1) shapes (verify
+ * rows, the head's catch-up rows, its chained row after each accepted count), and every short
+ * prompt adds shapes seen once; the least recently used slot of the sequence is replaced, so
+ * one-off shapes push out each other, not the cycle's. Every miss is an eager forward (hundreds
+ * of launches) and the next sighting a recording. */
+#define GRAPHS_PER_SEQ 48
+#define GRAPH_KEY_PTRS 8
+
+struct graph_key {
+    int pass;
+    int n, seq;
+    uint32_t want;               /* rows that want logits, bit i = row i */
+    bool keep;
+    const void *ptr[GRAPH_KEY_PTRS];
+};
+
+struct graph_slot {
+    bool used;
+    uint64_t last_use;           /* tick when last looked up */
+    struct graph_key key;
+    void *graph;                 /* NULL: seen once, not recorded yet */
+};
+
+struct graph_cache {
+    struct backend *be;
+    struct graph_slot *slots;    /* [n_seq][GRAPHS_PER_SEQ] */
+    int n_slots;
+    uint64_t tick;
+};
+
+int graph_cache_init(struct graph_cache *c, struct backend *be, int n_seq);
+void graph_cache_free(struct graph_cache *c);
+/* Run ops(ctx) for the slice the key describes: replayed, recorded, or eager. */
+void graph_cache_run(struct graph_cache *c, const struct graph_key *key, void (*ops)(void *ctx), void *ctx);
+
+#endif

@@ -1,0 +1,145 @@
+/* weights.c — binding a GGUF file's tensors to backend weights through an architecture's
+ * tensor table, metadata getters, and the load-time Q4_0 requantization of a matrix. */
+#include "engine/weights.h"
+#include "threadpool.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void weight_name(const struct weight_desc *d, int il, char *out, size_t size) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+    if (d->layers) snprintf(out, size, d->name, il);
+    else snprintf(out, size, "%s", d->name);
+#pragma GCC diagnostic pop
+}
+
+int weights_bind_matrix(const struct weight_loader *L, struct bweight *w, const char *name, int64_t n_in, int64_t n_out) {
+    const struct gguf_tensor *t = gguf_find_tensor(L->g, name);
+    if (!t) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing tensor %s", name);
+    if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                         "tensor %s has shape {%lld, %lld} (%u dims), expected {%lld, %lld}", name,
+                         (long long)t->ne[0], (long long)t->ne[1], t->n_dims, (long long)n_in, (long long)n_out);
+    if (!ggml_type_supported(t->type))
+        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "tensor %s has unsupported type %d", name, (int)t->type);
+    int rc = L->be->weight_init(L->be, w, t->type, n_in, n_out, t->data);
+    if (rc) return coti_fail(L->err, L->err_size, rc, "backend cannot hold tensor %s", name);
+    return 0;
+}
+
+int weights_bind_vector(const struct weight_loader *L, float **out, const char *name, int64_t n) {
+    const struct gguf_tensor *t = gguf_find_tensor(L->g, name);
+    if (!t) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing tensor %s", name);
+    int64_t count = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    if (t->type != GGML_TYPE_F32 || count != n)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "tensor %s must be F32 with %lld elements (type %d, %lld elements)",
+                         name, (long long)n, (int)t->type, (long long)count);
+    *out = L->be->alloc(L->be, sizeof(float) * (size_t)n);
+    if (!*out) return coti_fail(L->err, L->err_size, COTI_E_NOMEM, "out of memory for %s", name);
+    L->be->upload(L->be, *out, t->data, sizeof(float) * (size_t)n);
+    return 0;
+}
+
+int weights_bind(const struct weight_loader *L, const struct weight_desc *table, int n, unsigned kind, int il,
+                 void *base, const int64_t *widths) {
+    char name[128];
+    for (int i = 0; i < n; i++) {
+        const struct weight_desc *d = &table[i];
+        if (kind ? !(d->layers & kind) : d->layers != 0) continue;
+        weight_name(d, il, name, sizeof name);
+        if (d->presence != WEIGHT_REQUIRED && !gguf_find_tensor(L->g, name)) continue;
+        void *field = (uint8_t *)base + d->offset;
+        int rc = d->kind == WEIGHT_MATRIX
+                     ? weights_bind_matrix(L, field, name, widths[d->in], widths[d->out])
+                     : weights_bind_vector(L, field, name, widths[d->in] * widths[d->out]);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+void weights_unbind(struct backend *be, const struct weight_desc *table, int n, unsigned kind, void *base) {
+    for (int i = 0; i < n; i++) {
+        if (kind ? !(table[i].layers & kind) : table[i].layers != 0) continue;
+        void *field = (uint8_t *)base + table[i].offset;
+        if (table[i].kind == WEIGHT_MATRIX) {
+            struct bweight *w = field;
+            if (w->data) be->weight_free(be, w);
+            *w = (struct bweight){0};
+        } else {
+            float **p = field;
+            if (*p) be->free(be, *p);
+            *p = NULL;
+        }
+    }
+}
+
+int weights_get_u32(const struct weight_loader *L, const char *key, int *out) {
+    char k[256];
+    uint32_t v;
+    snprintf(k, sizeof k, "%s.%s", L->arch, key);
+    int rc = gguf_get_u32(L->g, k, &v, L->err, L->err_size);
+    if (rc == COTI_E_ARG) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing metadata key %s", k);
+    if (rc) return rc;
+    if (v > (1u << 30)) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "%s = %u is out of range", k, v);
+    *out = (int)v;
+    return 0;
+}
+
+int weights_get_u32_opt(const struct weight_loader *L, const char *key, int *out, int def) {
+    *out = def;
+    int rc = weights_get_u32(L, key, out);
+    if (rc == COTI_E_FORMAT && strncmp(L->err, "missing", 7) == 0) { *out = def; return 0; }
+    return rc;
+}
+
+int weights_get_f32_opt(const struct weight_loader *L, const char *key, float *out, float def) {
+    char k[256];
+    snprintf(k, sizeof k, "%s.%s", L->arch, key);
+    int rc = gguf_get_f32(L->g, k, out, L->err, L->err_size);
+    if (rc == COTI_E_ARG) { *out = def; return 0; }
+    return rc;
+}
+
+/* Rows [row0, row1) of a requantization split over a temporary thread pool. */
+struct requant_job {
+    const uint8_t *src;
+    enum ggml_type src_type;
+    size_t src_rb, dst_rb;
+    uint8_t *dst;
+    int64_t n, rows;
+    atomic_bool oom;                     /* a worker could not get its row buffer */
+};
+
+static void requant_rows(void *arg, int ith, int nth) {
+    struct requant_job *j = arg;
+    float *row = malloc(sizeof(float) * (size_t)j->n);
+    if (!row) { atomic_store(&j->oom, true); return; }
+    for (int64_t r = j->rows * ith / nth; r < j->rows * (ith + 1) / nth; r++) {
+        quant_dequantize_row_ref(j->src_type, j->src + (size_t)r * j->src_rb, row, j->n);
+        quant_quantize_row_ref(GGML_TYPE_Q4_0, row, j->dst + (size_t)r * j->dst_rb, j->n);
+    }
+    free(row);
+}
+
+/* Above this many weights the requantization runs on every core: a 9B head (248320 x 4096)
+ * takes ~5 s on one, and every load of an MTP model pays it. */
+#define REQUANT_PARALLEL_MIN (1 << 24)
+
+int weights_requant_q4_0(const struct weight_loader *L, const struct gguf_tensor *t, int64_t n_in, int64_t n_out,
+                         struct bweight *out, void **host) {
+    struct requant_job j = {(const uint8_t *)t->data, t->type, ggml_row_size(t->type, n_in),
+                            ggml_row_size(GGML_TYPE_Q4_0, n_in), NULL, n_in, n_out, false};
+    *host = j.dst = malloc(j.dst_rb * (size_t)n_out);
+    long ncpu = n_in * n_out >= REQUANT_PARALLEL_MIN ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
+    struct threadpool *tp = j.dst ? threadpool_init((int)COTI_MAX(1, COTI_MIN(ncpu, 64))) : NULL;
+    if (tp) threadpool_run(tp, requant_rows, &j);
+    threadpool_free(tp);
+    if (!tp || atomic_load(&j.oom)) return coti_fail(L->err, L->err_size, COTI_E_NOMEM, "out of memory for a Q4_0 copy of %s", t->name);
+    struct bweight w = {0};
+    if (L->be->weight_init(L->be, &w, GGML_TYPE_Q4_0, n_in, n_out, *host) == 0) *out = w;
+    return 0;
+}

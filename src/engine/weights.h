@@ -1,0 +1,82 @@
+/* weights.h — an architecture's tensors as a table, and the binding of a GGUF file's tensors
+ * to backend weights through it. The same table tells `coti mkmodel` which tensors a model of
+ * the architecture has, in the converter's order, with their shapes and how to initialise
+ * them, so the loader and the generator cannot disagree.
+ *
+ * A tensor's shape is given by width ids into the architecture's widths array (computed from
+ * its hparams); a per-layer tensor's name has a %d for the layer and belongs to the layer kinds
+ * in its mask. Where a bound weight lives is an offset into the architecture's per-layer (or
+ * global) struct. */
+#ifndef COTI_WEIGHTS_H
+#define COTI_WEIGHTS_H
+
+#include "backend.h"
+#include "gguf.h"
+
+enum weight_kind {
+    WEIGHT_MATRIX,               /* a struct bweight: {n_in, n_out} of any supported type */
+    WEIGHT_VECTOR,               /* a float * on the backend: F32 of width[in]·width[out] elements */
+};
+
+enum weight_presence {
+    WEIGHT_REQUIRED,
+    WEIGHT_OPTIONAL,             /* may be absent; the generator writes it */
+    WEIGHT_TIED,                 /* absent when the LM head is tied to the embedding */
+};
+
+/* How the generator fills a tensor (random, deterministic, with the statistics of a trained
+ * model's tensor of that role, so that activations keep their scale). */
+enum weight_init {
+    WEIGHT_INIT_MATRIX,          /* uniform, std 1/sqrt(n_in) */
+    WEIGHT_INIT_NORM,            /* around 1 */
+    WEIGHT_INIT_DECAY,           /* strictly negative (a state decay: the delta net's A) */
+    WEIGHT_INIT_BIAS,            /* small around 0 */
+    WEIGHT_INIT_CONV,            /* conv taps, std 0.5/sqrt(k) */
+};
+
+#define WEIGHT_WIDTH_ONE 0       /* width id 0 is 1 in every architecture (a 1-D tensor's out) */
+
+struct weight_desc {
+    const char *name;            /* "output_norm.weight", or "blk.%d.attn_q.weight" */
+    enum weight_kind kind;
+    unsigned layers;             /* layer kinds (architecture bits) it belongs to; 0: global */
+    int in, out;                 /* width ids: ne[0], ne[1] */
+    size_t offset;               /* of its struct bweight / float * in the layer (global) struct */
+    enum weight_presence presence;
+    enum weight_init init;
+};
+
+struct weight_loader {
+    struct gguf_file *g;
+    struct backend *be;
+    const char *arch;            /* metadata key prefix */
+    char *err;
+    size_t err_size;
+};
+
+/* Bind the tensors of `table` that belong to layer kind `kind` (0: the global ones) of layer il
+ * into the struct at base. A missing optional tensor leaves its field zero. */
+int weights_bind(const struct weight_loader *L, const struct weight_desc *table, int n, unsigned kind, int il,
+                 void *base, const int64_t *widths);
+/* Free the fields weights_bind binds for kind (0: the global ones) in the struct at base that
+ * are bound (safe on a struct bound half-way: fields are zero until bound). */
+void weights_unbind(struct backend *be, const struct weight_desc *table, int n, unsigned kind, void *base);
+/* The tensor's GGUF name for layer il. */
+void weight_name(const struct weight_desc *d, int il, char *out, size_t size);
+
+int weights_bind_matrix(const struct weight_loader *L, struct bweight *w, const char *name, int64_t n_in, int64_t n_out);
+/* A small F32 tensor of n elements (any shape with that count) copied to the backend. */
+int weights_bind_vector(const struct weight_loader *L, float **out, const char *name, int64_t n);
+
+/* Metadata "<arch>.<key>": a required / optional u32 (at most 2^30) and an optional f32. */
+int weights_get_u32(const struct weight_loader *L, const char *key, int *out);
+int weights_get_u32_opt(const struct weight_loader *L, const char *key, int *out, int def);
+int weights_get_f32_opt(const struct weight_loader *L, const char *key, float *out, float def);
+
+/* A Q4_0 copy of the matrix in tensor t (n_in x n_out) on the backend, requantized through f32
+ * with the reference rounding, on every core when it is large; *host keeps its bytes (free()
+ * after weight_free). Returns 0 with out->data NULL when the backend cannot hold it. */
+int weights_requant_q4_0(const struct weight_loader *L, const struct gguf_tensor *t, int64_t n_in, int64_t n_out,
+                         struct bweight *out, void **host);
+
+#endif

@@ -1,0 +1,99 @@
+/* blocks.c — the shared blocks (blocks.h): which backend ops, in which order, on which rows. */
+#include "models/blocks.h"
+
+#include <math.h>
+
+/* Runs at least this long (prompts) use the chunked delta rule; shorter ones (decode,
+ * verify) the per-token recurrence, so spec-on and spec-off decode share one path. */
+#define DELTA_NET_CHUNKED_MIN_RUN 64
+
+static void block_matmul_n(const struct block_ctx *c, const struct block_in *in, const struct bweight *const *ws,
+                           float *const *ys, int n_w, int n) {
+    c->be->norm_matmul_n(c->be, in->x, in->m, in->x_out, in->norm, c->eps, c->s->a, ws, ys, n_w, n);
+}
+
+void block_glu_ffn(const struct block_ctx *c, const struct glu_ffn_weights *w, const struct block_in *in, int n,
+                   float *out) {
+    const struct bweight *ws[2] = {&w->gate, &w->up};
+    float *ys[2] = {c->s->fg, c->s->fu};
+    block_matmul_n(c, in, ws, ys, 2, n);
+    c->be->swiglu_matmul(c->be, &w->down, c->s->fg, c->s->fu, n, out);
+}
+
+void block_gated_attn(const struct block_ctx *c, const struct gated_attn_weights *w, const struct attn_shape *sh,
+                      const struct kv_view *kv, const struct block_in *in, int n, float *out) {
+    struct backend *be = c->be;
+    const struct block_scratch *s = c->s;
+    const int D = sh->head_dim, H = sh->n_head, KV = sh->n_head_kv * D;
+    const struct bweight *ws[3] = {&w->q, &w->k, &w->v};
+    float *ys[3] = {s->qg, s->k, s->v};
+    block_matmul_n(c, in, ws, ys, 3, n);
+    /* q rows hold [q_h ; gate_h] per head: per-head norm over the first D of every 2D */
+    be->attn_prep(be, s->qg, 2 * H * D, 2 * D, w->q_norm, s->k, KV, w->k_norm, s->v, KV, c->eps, n, H,
+                  sh->n_head_kv, D, sh->n_rot, c->meta->pos, sh->rope_base, c->meta->cells, kv->k, kv->v);
+    be->attention(be, s->qg, 2 * H * D, 2 * D, kv->k, kv->v, c->meta->cell0, c->meta->nctx, n, H,
+                  sh->n_head_kv, D, 1.0f / sqrtf((float)D), s->att);
+    be->mul_sigmoid_matmul(be, s->att, s->qg + D, H, D, 2 * H * D, 2 * D, &w->o, n, out);
+}
+
+void block_delta_net(const struct block_ctx *c, const struct delta_net_weights *w, const struct delta_net_shape *sh,
+                     const struct rec_state *rec, int il, const struct block_in *in, const struct slice *sl, bool keep,
+                     float *out) {
+    struct backend *be = c->be;
+    const struct block_scratch *s = c->s;
+    const int n = sl->n, NVD = sh->nv * sh->dv, ch = sh->n_ch;
+    const struct bweight *ws[4] = {&w->qkv, &w->gate, &w->beta, &w->alpha};
+    float *ys[4] = {s->qkv, s->z, s->bet, s->alp};
+    block_matmul_n(c, in, ws, ys, 4, n);
+    for (int r = 0; r < sl->n_runs; r++) {
+        const struct run *ru = &sl->runs[r];
+        const int sq = ru->seq;
+        /* the state after the run's last token is the live state: snapshot the others only */
+        const int n_snap = keep ? COTI_MIN(ru->len - 1, rec->n_keep) : 0;
+        float *conv_snap = n_snap ? rec_conv_snap(rec, il, sq) : NULL;
+        float *ssm_snap = n_snap ? rec_ssm_snap(rec, il, sq) : NULL;
+        float *state = rec_ssm(rec, il, sq);
+        be->ssm_conv(be, s->qkv + (size_t)ru->start * ch, ru->len, ch, sh->conv_k, w->conv, rec_conv(rec, il, sq),
+                     s->y + (size_t)ru->start * ch, conv_snap, n_snap);
+        const float *y = s->y + (size_t)ru->start * ch;
+        const struct gdn_gates gates = {s->alp + (size_t)ru->start * sh->nv, s->bet + (size_t)ru->start * sh->nv,
+                                        w->dt_bias, w->a, sh->nv, sh->nv};
+        float *o = s->o + (size_t)ru->start * NVD;
+        if (ru->len >= DELTA_NET_CHUNKED_MIN_RUN && !n_snap)
+            be->gdn_chunked(be, y, ch, &gates, state, ru->len, sh->nk, sh->nv, sh->dk, sh->dv, c->eps, o);
+        else
+            be->gdn(be, y, ch, &gates, state, ru->len, sh->nk, sh->nv, sh->dk, sh->dv, c->eps, o, ssm_snap, n_snap);
+    }
+    be->rmsnorm_gated_matmul(be, s->o, w->norm, s->z, sh->dv, c->eps, s->og, &w->out, n, out);
+}
+
+/* lm_head over the rows of hidden that want logits: straight from hidden when they are
+ * consecutive (the last row, a verify batch), else gathered first. */
+int block_lm_head(struct engine *e, const struct slice_ops_args *a) {
+    struct backend *be = e->m->be;
+    const int E = e->n_embd, n = a->sl->n;
+    int n_out = 0, first = -1, last = -1;
+    for (int i = 0; i < n; i++) {
+        if (!row_wants_logits(a->want, a->last_only, n, i)) continue;
+        if (first < 0) first = i;
+        last = i;
+        n_out++;
+    }
+    if (!n_out) return 0;
+    if (last - first + 1 == n_out) {
+        be->matmul(be, a->head, a->hn + (size_t)first * E, n_out, a->logits);
+    } else {
+        n_out = 0;
+        for (int i = 0; i < n; i++) {
+            if (!row_wants_logits(a->want, a->last_only, n, i)) continue;
+            be->copy(be, e->lm_in + (size_t)n_out * E, a->hn + (size_t)i * E, sizeof(float) * E);
+            n_out++;
+        }
+        be->matmul(be, a->head, e->lm_in, n_out, a->logits);
+    }
+    if (a->argmax_out) {
+        be->argmax(be, a->logits, n_out, e->n_vocab, a->argmax_out, NULL);
+        if (a->accept_out) be->accept_greedy(be, a->ids + 1, a->argmax_out, n - 1, a->accept_out);
+    }
+    return n_out;
+}

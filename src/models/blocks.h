@@ -1,0 +1,62 @@
+/* blocks.h — the blocks architectures are built from, written against backend.h: the GLU
+ * feed-forward, gated full attention over a KV view, the gated delta net over a recurrent
+ * state, and the LM head with its greedy picks. An architecture chooses their order and
+ * sizes; each block reads its input through the residual step that opens it (block_in) and
+ * writes its output rows to `out`. Room beside the dense FFN for a routed (MoE) one. */
+#ifndef COTI_BLOCKS_H
+#define COTI_BLOCKS_H
+
+#include "engine/engine.h"
+
+/* The residual step that opens a block: its input is rmsnorm(x + m) ⊙ norm (m NULL: of x),
+ * and x + m goes to x_out, the next residual (fused into the block's first matmul). */
+struct block_in {
+    const float *x, *m, *norm;
+    float *x_out;
+};
+
+struct glu_ffn_weights { struct bweight gate, up, down; };
+
+struct gated_attn_weights {
+    struct bweight q, k, v, o;               /* q rows hold [q_h ; gate_h] per head */
+    float *q_norm, *k_norm;
+};
+
+struct delta_net_weights {
+    struct bweight qkv, gate, beta, alpha, out;
+    float *conv, *dt_bias, *a, *norm;
+};
+
+struct attn_shape { int n_head, n_head_kv, head_dim, n_rot; float rope_base; };
+struct delta_net_shape { int conv_k, n_ch, nk, nv, dk, dv; };
+
+/* Activation buffers the blocks use, [n_batch] rows each (sized by the architecture). */
+struct block_scratch {
+    float *a;                                /* normed block input */
+    float *qg, *k, *v, *att;                 /* attention */
+    float *qkv, *z, *bet, *alp, *y, *o, *og; /* delta net */
+    float *fg, *fu;                          /* FFN */
+};
+
+struct block_ctx {
+    struct backend *be;
+    const struct block_scratch *s;
+    const struct batch_meta *meta;           /* the slice's positions and cells */
+    float eps;                               /* rms norm epsilon */
+};
+
+/* SwiGLU FFN. */
+void block_glu_ffn(const struct block_ctx *c, const struct glu_ffn_weights *w, const struct block_in *in, int n,
+                   float *out);
+/* Gated full attention over kv, at the slice's cells. */
+void block_gated_attn(const struct block_ctx *c, const struct gated_attn_weights *w, const struct attn_shape *sh,
+                      const struct kv_view *kv, const struct block_in *in, int n, float *out);
+/* Gated delta net over layer il of rec, per run of the slice; keep: per-token snapshots. */
+void block_delta_net(const struct block_ctx *c, const struct delta_net_weights *w, const struct delta_net_shape *sh,
+                     const struct rec_state *rec, int il, const struct block_in *in, const struct slice *sl, bool keep,
+                     float *out);
+/* The LM head over the slice's final-normed hidden rows a->hn that want logits, then the
+ * greedy picks (argmax, accept_greedy) the args ask for. Returns the logits rows written. */
+int block_lm_head(struct engine *e, const struct slice_ops_args *a);
+
+#endif
