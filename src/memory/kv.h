@@ -8,7 +8,9 @@
 #ifndef COTI_KV_H
 #define COTI_KV_H
 
-#include "backend.h"
+#include "quant/quant.h"
+
+struct backend;
 
 /* The K/V storage of one attention layer as an op sees it. */
 struct kv_view {

@@ -1,0 +1,106 @@
+/* test_memory.c — the memory layer on the CPU backend: KV layers with shared storage, a
+ * sequence copy moving exactly the cells and state the source holds, a rollback restoring the
+ * snapshot of the last accepted token, and the rules that refuse a rollback it cannot do. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "memory/memory.h"
+
+#define N_SEQ 3
+#define N_CTX 8
+#define CONV 5
+#define SSM 7
+#define KEEP 4
+
+static const struct kv_layer_spec kv_specs[3] = {{2, 4, -1}, {1, 8, -1}, {2, 4, 0}}; /* layer 2 reads layer 0 */
+static const struct kv_layer_spec head_spec = {2, 4, -1};
+
+static void mem_make(struct memory *mem, struct backend *be) {
+    const struct memory_params p = {.n_seq = N_SEQ, .n_ctx = N_CTX, .n_keep = KEEP, .kv = kv_specs, .n_kv = 3,
+                                    .n_rec = 2, .conv_elems = CONV, .ssm_elems = SSM, .head_kv = &head_spec,
+                                    .n_head_kv = 1};
+    cr_assert_eq(memory_init(mem, be, &p), 0);
+}
+
+/* Fill n floats at dst (backend memory) with values that say where they are. */
+static void fill(struct backend *be, void *dst, size_t n, float tag) {
+    float *h = malloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) h[i] = tag + (float)i * 0.001f;
+    be->upload(be, dst, h, n * sizeof *h);
+    free(h);
+}
+
+static float at(struct backend *be, const void *src, size_t i) {
+    float v;
+    be->download(be, &v, (const float *)src + i, sizeof v);
+    return v;
+}
+
+Test(memory, shared_layers_have_no_storage_of_their_own) {
+    struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+    struct memory mem;
+    mem_make(&mem, be);
+    cr_assert(mem.kv.owns[0] && mem.kv.owns[1] && !mem.kv.owns[2]);
+    cr_assert_eq(mem.kv.layers[2].k, mem.kv.layers[0].k);
+    cr_assert_eq(mem.kv.layers[1].row_bytes, 8 * sizeof(uint16_t));
+    struct kv_view ro = kv_view_read_only(&mem.kv, 1);
+    cr_assert(ro.read_only && !mem.kv.layers[1].read_only && ro.k == mem.kv.layers[1].k);
+    memory_free(&mem);
+    backend_free(be);
+}
+
+Test(memory, copy_moves_the_cells_the_source_holds) {
+    struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+    struct memory mem;
+    mem_make(&mem, be);
+    const struct kv_view *l1 = &mem.kv.layers[1];
+    const size_t row = l1->row_bytes / sizeof(float); /* f16 rows seen as floats: any bytes do */
+    fill(be, l1->k, N_SEQ * N_CTX * row, 1.0f);
+    fill(be, rec_ssm(&mem.rec, 1, 0), SSM, 2.0f);
+    fill(be, rec_ssm(&mem.rec, 1, 2), SSM, 3.0f);
+    memory_note_run(&mem, 0, 5, false, false);
+    mem.head_len[0] = 4;
+    cr_assert_eq(memory_seq_copy(&mem, 2, 0), 0);
+    cr_assert_eq(mem.seq_len[2], 5);
+    cr_assert_eq(mem.head_len[2], 4);
+    const size_t d0 = (size_t)kv_cell(N_CTX, 2, 0) * row, s0 = (size_t)kv_cell(N_CTX, 0, 0) * row;
+    cr_assert_eq(at(be, l1->k, d0 + 5 * row - 1), at(be, l1->k, s0 + 5 * row - 1), "the last held cell is copied");
+    cr_assert_neq(at(be, l1->k, d0 + 5 * row), at(be, l1->k, s0 + 5 * row), "cells past the source's length are not");
+    for (size_t i = 0; i < SSM; i++) cr_assert_eq(at(be, rec_ssm(&mem.rec, 1, 2), i), at(be, rec_ssm(&mem.rec, 1, 0), i));
+    cr_assert_eq(memory_seq_copy(&mem, 2, N_SEQ), COTI_E_ARG);
+    memory_free(&mem);
+    backend_free(be);
+}
+
+Test(memory, rollback_restores_the_snapshot_of_the_last_kept_token) {
+    struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+    struct memory mem;
+    mem_make(&mem, be);
+    const int s = 1;
+    for (int il = 0; il < 2; il++) {
+        fill(be, rec_conv(&mem.rec, il, s), CONV, 9.0f);
+        for (int k = 0; k < KEEP; k++) fill(be, rec_conv_snap(&mem.rec, il, s) + (size_t)k * CONV, CONV, 10.0f * (float)(k + 1));
+        for (int k = 0; k < KEEP; k++) fill(be, rec_ssm_snap(&mem.rec, il, s) + (size_t)k * SSM, SSM, 100.0f * (float)(k + 1));
+    }
+    memory_note_run(&mem, s, 3, false, false);
+    memory_note_run(&mem, s, 4, true, false); /* a verify of 4 rows on top of 3 positions */
+    mem.head_len[s] = 7;
+    cr_assert_eq(memory_seq_rollback(&mem, s, 2), 0); /* keep rows 0 and 1: the state after row 1 */
+    cr_assert_eq(mem.seq_len[s], 5);
+    cr_assert_eq(mem.head_len[s], 5, "the head never holds more than the trunk");
+    for (int il = 0; il < 2; il++) {
+        cr_assert_eq(at(be, rec_conv(&mem.rec, il, s), 0), 20.0f);
+        cr_assert_eq(at(be, rec_ssm(&mem.rec, il, s), SSM - 1), at(be, rec_ssm_snap(&mem.rec, il, s), 2 * SSM - 1));
+    }
+    cr_assert_eq(memory_seq_rollback(&mem, s, 1), COTI_E_RANGE, "the run's states are spent");
+    memory_note_run(&mem, s, 4, true, false);
+    cr_assert_eq(memory_seq_rollback(&mem, s, 4), COTI_E_RANGE, "at least the run's first token stays");
+    cr_assert_eq(memory_seq_rollback(&mem, s, 0), 0);
+    memory_seq_reset(&mem, s);
+    cr_assert_eq(mem.seq_len[s], 0);
+    cr_assert_eq(at(be, rec_conv(&mem.rec, 0, s), 0), 0.0f, "a reset sequence starts from zeros");
+    memory_free(&mem);
+    backend_free(be);
+}
