@@ -33,7 +33,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     struct tokenizer *tok = NULL;
     struct spec_engine *eng = NULL;
     if (!be || model_load(&m, FUZZ_HTTP_MODEL, be, &p, err, sizeof err) || tokenizer_init(&tok, m->gguf, err, sizeof err) ||
-        spec_engine_init(&eng, m, err, sizeof err)) {
+        spec_engine_init(&eng, m, NULL, err, sizeof err)) {
         fprintf(stderr, "fuzz_http: cannot set up on %s: %s\n", FUZZ_HTTP_MODEL, err);
         abort();
     }

@@ -16,7 +16,7 @@ struct spec_seq {
 
 struct spec_engine {
     struct model *m;
-    struct drafter *mtp, *ngram;
+    struct drafter **drafters;   /* [i]: drafter_kinds[i]'s, NULL where not available */
     struct spec_seq *seqs;
     int V;
     float *row;                  /* host [V]: one logits row for host-side sampling */
@@ -30,19 +30,7 @@ struct spec_engine {
 };
 
 struct spec_params spec_params_default(void) {
-    return (struct spec_params){SPEC_OFF, 3, 0, 0.0f, false};
-}
-
-const char *spec_type_name(enum spec_type t) {
-    return t == SPEC_MTP ? "mtp" : t == SPEC_NGRAM ? "ngram" : "off";
-}
-
-int spec_type_parse(const char *s, enum spec_type *out) {
-    if (!strcmp(s, "off") || !strcmp(s, "none")) *out = SPEC_OFF;
-    else if (!strcmp(s, "mtp") || !strcmp(s, "draft-mtp")) *out = SPEC_MTP;
-    else if (!strcmp(s, "ngram")) *out = SPEC_NGRAM;
-    else return COTI_E_ARG;
-    return 0;
+    return (struct spec_params){NULL, 3, 0, 0.0f, false};
 }
 
 void spec_engine_free(struct spec_engine *e) {
@@ -52,16 +40,16 @@ void spec_engine_free(struct spec_engine *e) {
         sampler_free(e->seqs[s].smp);
         sampler_free(e->seqs[s].dsmp);
     }
-    if (e->mtp) e->mtp->vt->free(e->mtp);
-    if (e->ngram) e->ngram->vt->free(e->ngram);
+    for (int i = 0; e->drafters && i < n_drafter_kinds; i++)
+        if (e->drafters[i]) e->drafters[i]->vt->free(e->drafters[i]);
     if (e->d_ids) e->m->be->free(e->m->be, e->d_ids);
     if (e->d_toks) e->m->be->free(e->m->be, e->d_toks);
     if (e->d_acc) e->m->be->free(e->m->be, e->d_acc);
-    free(e->seqs); free(e->row); free(e->qdense); free(e->resid); free(e->pos); free(e->seqv); free(e->want);
+    free(e->drafters); free(e->seqs); free(e->row); free(e->qdense); free(e->resid); free(e->pos); free(e->seqv); free(e->want);
     free(e);
 }
 
-int spec_engine_init(struct spec_engine **out, struct model *m, char *err, size_t err_size) {
+int spec_engine_init(struct spec_engine **out, struct model *m, const char *draft_path, char *err, size_t err_size) {
     if (m->n_keep_states < SPEC_MAX_DRAFT + 1)
         return coti_fail(err, err_size, COTI_E_ARG, "model must keep %d states for speculation (has %d)",
                          SPEC_MAX_DRAFT + 1, m->n_keep_states);
@@ -70,6 +58,7 @@ int spec_engine_init(struct spec_engine **out, struct model *m, char *err, size_
     e->m = m;
     e->V = m->info.n_vocab;
     e->seqs = calloc((size_t)m->n_seq, sizeof *e->seqs);
+    e->drafters = calloc((size_t)n_drafter_kinds, sizeof *e->drafters);
     e->row = malloc(sizeof(float) * (size_t)e->V);
     e->qdense = calloc((size_t)e->V, sizeof(float));
     e->resid = malloc(sizeof(struct sampler_cand) * (size_t)e->V);
@@ -79,22 +68,29 @@ int spec_engine_init(struct spec_engine **out, struct model *m, char *err, size_
     e->d_ids = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT));
     e->d_toks = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT));
     e->d_acc = m->be->alloc(m->be, sizeof(int32_t) * (2 + SPEC_MAX_DRAFT));
-    bool ok = e->seqs && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_toks && e->d_acc;
+    bool ok = e->seqs && e->drafters && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_toks && e->d_acc;
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
     if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
-    int rc = drafter_ngram_init(&e->ngram, m->n_seq, err, err_size);
-    if (!rc && m->info.has_mtp) rc = drafter_mtp_init(&e->mtp, m, err, err_size);
-    if (rc) { spec_engine_free(e); return rc; }
+    /* every available drafter exists from here on: a request only picks one */
+    const struct drafter_config dc = {.m = m, .n_seq = m->n_seq, .draft_path = draft_path};
+    for (int i = 0; i < n_drafter_kinds; i++) {
+        const struct drafter_kind *k = drafter_kinds[i];
+        int rc = k->available(&dc) ? k->init(&e->drafters[i], &dc, err, err_size) : 0;
+        if (rc) { spec_engine_free(e); return rc; }
+    }
     *out = e;
     return 0;
 }
 
-bool spec_engine_supports(const struct spec_engine *e, enum spec_type t) {
-    return t == SPEC_OFF || (t == SPEC_MTP && e->mtp) || (t == SPEC_NGRAM && e->ngram);
+/* The engine's drafter of kind k; NULL for off or a kind not available. */
+static struct drafter *drafter_for(const struct spec_engine *e, const struct drafter_kind *k) {
+    for (int i = 0; k && i < n_drafter_kinds; i++)
+        if (drafter_kinds[i] == k) return e->drafters[i];
+    return NULL;
 }
 
-static struct drafter *drafter_for(struct spec_engine *e, enum spec_type t) {
-    return t == SPEC_MTP ? e->mtp : t == SPEC_NGRAM ? e->ngram : NULL;
+bool spec_engine_supports(const struct spec_engine *e, const struct drafter_kind *k) {
+    return !k || drafter_for(e, k);
 }
 
 const struct spec_stats *spec_seq_stats(const struct spec_engine *e, int s) { return &e->seqs[s].st; }
@@ -116,10 +112,11 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
     if (p->n_max < 1 || p->n_max > SPEC_MAX_DRAFT || p->n_min < 0 || p->n_min > p->n_max || !(p->p_min >= 0.0f && p->p_min <= 1.0f))
         return coti_fail(err, err_size, COTI_E_ARG, "speculative parameters out of range (n_max in [1, %d], 0 <= n_min <= n_max, p_min in [0, 1])",
                          SPEC_MAX_DRAFT);
-    if (!spec_engine_supports(e, p->type))
-        return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "speculation '%s' is not available for this model", spec_type_name(p->type));
+    if (!spec_engine_supports(e, p->drafter))
+        return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "speculation '%s' is not available for this model",
+                         drafter_kind_name(p->drafter));
     struct spec_seq *q = &e->seqs[s];
-    struct drafter *d = drafter_for(e, p->type);
+    struct drafter *d = drafter_for(e, p->drafter);
     int rc;
     if (q->smp) rc = sampler_reset(q->smp, sp, err, err_size);
     else rc = sampler_init(&q->smp, sp, e->V, err, err_size);
@@ -182,7 +179,7 @@ int spec_seq_begin_cached(struct spec_engine *e, int s, const int32_t *prompt, i
      * cut back, so only a prefix that is the whole held state is reusable, and the drafter
      * state is only continuable by the same drafter */
     const int n_have = q->n_hist - 1;
-    bool reuse = q->smp && n_have > 0 && n_have < n_prompt && model_seq_len(e->m, s) == n_have && q->p.type == p->type &&
+    bool reuse = q->smp && n_have > 0 && n_have < n_prompt && model_seq_len(e->m, s) == n_have && q->p.drafter == p->drafter &&
                  memcmp(q->hist, prompt, sizeof(int32_t) * (size_t)n_have) == 0;
     int rc = seq_start(e, s, prompt, n_prompt, reuse ? n_have : 0, sp, p, first, err, err_size);
     if (!rc) *n_cached = reuse ? n_have : 0;
@@ -231,7 +228,7 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     struct model *m = e->m;
     struct backend *be = m->be;
     struct spec_seq *q = &e->seqs[s];
-    struct drafter *d = drafter_for(e, q->p.type);
+    struct drafter *d = drafter_for(e, q->p.drafter);
     *n_out = 0;
     if (max_new < 1) return 0;
     const int L = q->n_hist - 1;
@@ -330,8 +327,10 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
         }
     }
     if (probe) probe->n_used += a + 1;
-    if (k - a > 0 && (rc = model_seq_rollback(m, s, k - a)))
-        return coti_fail(err, err_size, rc, "rollback of %d positions failed", k - a);
+    if (k - a > 0) {
+        if ((rc = model_seq_rollback(m, s, k - a))) return coti_fail(err, err_size, rc, "rollback of %d positions failed", k - a);
+        if (d->vt->rollback) d->vt->rollback(d, s, L + 1 + a);
+    }
     if (d && (rc = d->vt->observe(d, s, q->hist, L, a + 1, o.hidden, err, err_size))) return rc;
 
     for (int i = 0; i < a; i++) q->hist[q->n_hist++] = dr.tokens[i];

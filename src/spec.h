@@ -4,20 +4,19 @@
  *   accept (greedy: longest prefix where the target's argmax equals the draft, then the
  *           target's own token; temperature > 0: exact — sample-and-match for greedy drafts,
  *           min(1, p/q) rejection sampling with resampling from (p - q)+ for sampled drafts)
- *   roll back (target KV + recurrent state to the accepted prefix; drafter catches up).
+ *   roll back (target KV + recurrent state to the accepted prefix, the drafter's own state
+ *              with them (its rollback hook); the drafter catches up).
  * With speculation off the same object runs plain decoding, so callers have one loop.
  * Knows nothing of HTTP or text. */
 #ifndef COTI_SPEC_H
 #define COTI_SPEC_H
 
-#include "drafters/drafter.h"
+#include "drafters/registry.h"
 #include "model.h"
 #include "sample.h"
 
-enum spec_type { SPEC_OFF = 0, SPEC_MTP, SPEC_NGRAM };
-
 struct spec_params {
-    enum spec_type type;
+    const struct drafter_kind *drafter; /* NULL: speculation off (plain decoding) */
     int n_max;                   /* drafts per cycle, 1..SPEC_MAX_DRAFT */
     int n_min;
     float p_min;                 /* MTP: stop drafting under this top probability */
@@ -26,8 +25,6 @@ struct spec_params {
 };
 
 struct spec_params spec_params_default(void);
-const char *spec_type_name(enum spec_type t);
-int spec_type_parse(const char *s, enum spec_type *out); /* "off" "mtp" "ngram" */
 
 struct spec_stats {
     long n_prompt, n_gen;        /* prompt tokens processed, tokens emitted */
@@ -49,11 +46,12 @@ struct spec_probe {
 
 struct spec_engine;
 
-/* Engine over a loaded model: owns the drafters (the MTP drafter only when the model has a
- * NextN head). */
-int spec_engine_init(struct spec_engine **out, struct model *m, char *err, size_t err_size);
+/* Engine over a loaded model: owns one drafter of every registered kind available for it
+ * (draft_path: a drafter's own model file, or NULL). */
+int spec_engine_init(struct spec_engine **out, struct model *m, const char *draft_path, char *err, size_t err_size);
 void spec_engine_free(struct spec_engine *e);
-bool spec_engine_supports(const struct spec_engine *e, enum spec_type t);
+/* Whether sequences may use drafter kind k (NULL, off, always). */
+bool spec_engine_supports(const struct spec_engine *e, const struct drafter_kind *k);
 
 /* Start sequence s on a prompt (resets it, prefills, samples the first token into *first).
  * Returns 0 or a negative coti_err (bad params, prompt too long for the context). */
@@ -61,7 +59,7 @@ int spec_seq_begin(struct spec_engine *e, int s, const int32_t *prompt, int n_pr
                    const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
                    char *err, size_t err_size);
 /* spec_seq_begin that keeps what sequence s already holds when that is a prefix of the prompt:
- * when the last call on s succeeded, used the same speculation type, and the tokens held in
+ * when the last call on s succeeded, used the same drafter kind, and the tokens held in
  * the target (spec_seq_tokens without the pending one) are prompt[0, n) with n < n_prompt,
  * only prompt[n, n_prompt) is prefilled and *n_cached = n (stats count the prefilled part);
  * otherwise it is spec_seq_begin and *n_cached = 0. Same results as spec_seq_begin up to the

@@ -28,7 +28,7 @@ static struct env env_open(const char *path) {
     v.be = backend_cpu_init(1, quant_cpu_level_detect());
     struct model_params p = {1, 1024, 128, SPEC_MAX_DRAFT + 1};
     cr_assert_eq(model_load(&v.m, path, v.be, &p, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(spec_engine_init(&v.e, v.m, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(spec_engine_init(&v.e, v.m, NULL, err, sizeof err), 0, "%s", err);
     return v;
 }
 
@@ -57,29 +57,29 @@ static void generate_with(struct env *v, const int32_t *prompt, int np, const st
 }
 
 /* Greedy generation of n tokens with the given speculation. */
-static void generate(struct env *v, const int32_t *prompt, int np, enum spec_type t, int n_max, int32_t *out, int n) {
+static void generate(struct env *v, const int32_t *prompt, int np, const struct drafter_kind *k, int n_max, int32_t *out,
+                     int n) {
     struct sampler_params sp = {0.0f, 0, 1.0f, 0.0f, 0, 1};
     struct spec_params p = spec_params_default();
-    p.type = t;
+    p.drafter = k;
     p.n_max = n_max;
     generate_with(v, prompt, np, &sp, &p, out, n);
 }
 
-/* Every prompt, every depth 1..4, both drafters: the tokens equal plain decoding. Returns
+/* Every prompt, every depth 1..4, every drafter: the tokens equal plain decoding. Returns
  * the number of accepted drafts, so callers can check speculation really happened. */
 static long check_lossless(struct env *v, int32_t **prompts, const int *np, int n_prompts) {
     long accepted = 0;
     int32_t ref[N_GEN], got[N_GEN];
     for (int i = 0; i < n_prompts; i++) {
-        generate(v, prompts[i], np[i], SPEC_OFF, 1, ref, N_GEN);
+        generate(v, prompts[i], np[i], NULL, 1, ref, N_GEN);
         for (int n_max = 1; n_max <= 4; n_max++) {
-            enum spec_type types[2] = {SPEC_MTP, SPEC_NGRAM};
-            for (int t = 0; t < 2; t++) {
-                if (!spec_engine_supports(v->e, types[t])) continue;
-                generate(v, prompts[i], np[i], types[t], n_max, got, N_GEN);
+            for (int t = 0; t < n_drafter_kinds; t++) {
+                if (!spec_engine_supports(v->e, drafter_kinds[t])) continue;
+                generate(v, prompts[i], np[i], drafter_kinds[t], n_max, got, N_GEN);
                 for (int k = 0; k < N_GEN; k++)
                     cr_assert_eq(got[k], ref[k], "prompt %d, %s n_max %d: token %d is %d, plain decoding gave %d", i,
-                                 spec_type_name(types[t]), n_max, k, got[k], ref[k]);
+                                 drafter_kinds[t]->name, n_max, k, got[k], ref[k]);
                 accepted += spec_seq_stats(v->e, 0)->n_accepted;
             }
         }
@@ -129,16 +129,16 @@ Test(spec, sampled_and_p_min_paths_match_plain_decoding, .timeout = 120) {
     struct sampler_params hot = {0.8f, 40, 0.95f, 0.0f, 0, 7};
     struct spec_params p = spec_params_default();
     generate_with(&v, prompt, np, &hot, &p, ref, 48);
-    p.type = SPEC_MTP;
+    p.drafter = &drafter_kind_mtp;
     for (p.n_max = 1; p.n_max <= 3; p.n_max++) {
         generate_with(&v, prompt, np, &hot, &p, got, 48);
         for (int k = 0; k < 48; k++) cr_assert_eq(got[k], ref[k], "temperature 0.8, n_max %d: token %d differs", p.n_max, k);
         cr_assert_gt(spec_seq_stats(v.e, 0)->n_accepted, 0, "no draft was accepted at n_max %d", p.n_max);
     }
     struct sampler_params greedy = {0.0f, 0, 1.0f, 0.0f, 0, 1};
-    p.type = SPEC_OFF;
+    p.drafter = NULL;
     generate_with(&v, prompt, np, &greedy, &p, ref, 48);
-    p.type = SPEC_MTP;
+    p.drafter = &drafter_kind_mtp;
     p.n_max = 4;
     double per_verify[2];
     for (int i = 0; i < 2; i++) {
@@ -186,9 +186,10 @@ Test(spec, warmup_leaves_every_sequence_as_new, .timeout = 120) {
     char err[512];
     int32_t warm[6] = {300, 301, 302, 303, 304, 305}, prompt[9] = {11, 220, 1500, 42, 901, 17, 5, 660, 8};
     struct sampler_params sp = {0.0f, 0, 1.0f, 0.0f, 0, 7};
-    for (enum spec_type t = SPEC_OFF; t <= SPEC_NGRAM; t++) {
+    for (int t = -1; t < n_drafter_kinds; t++) { /* -1: off */
+        const struct drafter_kind *k = t < 0 ? NULL : drafter_kinds[t];
         struct spec_params p = spec_params_default();
-        p.type = t;
+        p.drafter = k;
         p.n_max = 3;
         cr_assert_eq(spec_engine_warmup(v.e, warm, 6, &sp, &p, 24, err, sizeof err), 0, "%s", err);
         int n_hist = -1;
@@ -196,9 +197,9 @@ Test(spec, warmup_leaves_every_sequence_as_new, .timeout = 120) {
         cr_assert_eq(n_hist, 0, "warmup left %d tokens", n_hist);
         cr_assert_eq(v.m->seq_len[0], 0);
         int32_t a[N_GEN], b[N_GEN];
-        generate(&v, prompt, 9, t, 3, a, N_GEN);
-        generate(&w, prompt, 9, t, 3, b, N_GEN);
-        cr_assert_eq(memcmp(a, b, sizeof a), 0, "%s: decoding after the warmup differs", spec_type_name(t));
+        generate(&v, prompt, 9, k, 3, a, N_GEN);
+        generate(&w, prompt, 9, k, 3, b, N_GEN);
+        cr_assert_eq(memcmp(a, b, sizeof a), 0, "%s: decoding after the warmup differs", drafter_kind_name(k));
     }
     env_close(&v);
     env_close(&w);

@@ -1,6 +1,7 @@
-/* drafter.h — what the speculative driver asks of a drafter. A drafter proposes tokens; it
- * never decides what is emitted (the target's verify pass does), so a bad drafter costs
- * speed, never correctness. One file per drafter in src/drafters/. */
+/* drafter.h — what the speculative driver asks of a drafter, and what a drafter declares of
+ * itself (struct drafter_kind). A drafter proposes tokens; it never decides what is emitted
+ * (the target's verify pass does), so a bad drafter costs speed, never correctness. One file
+ * per drafter in src/drafters/, each listed once in registry.c. */
 #ifndef COTI_DRAFTER_H
 #define COTI_DRAFTER_H
 
@@ -40,7 +41,6 @@ struct draft_result {
 struct drafter;
 
 struct drafter_vtable {
-    const char *name;
     void (*free)(struct drafter *d);
     /* Sequence s starts over (new request). */
     void (*reset)(struct drafter *d, int s);
@@ -54,6 +54,9 @@ struct drafter_vtable {
      * sequence s before observe is given them (backend memory), so that observe need not copy
      * them; NULL (or no function): the target writes them anywhere. */
     float *(*hidden_dest)(struct drafter *d, int s, int pos0, int n);
+    /* The target dropped the rejected drafts of sequence s: it now holds positions [0, n_keep).
+     * A drafter that keeps state for positions past that drops it; NULL: it keeps none there. */
+    void (*rollback)(struct drafter *d, int s, int n_keep);
 };
 
 struct drafter {
@@ -61,9 +64,25 @@ struct drafter {
     int n_vocab;                 /* size of the distributions it samples from (draft sampler) */
 };
 
-/* NextN self-speculation on the target's own MTP head. */
-int drafter_mtp_init(struct drafter **out, struct model *m, char *err, size_t err_size);
-/* Prompt lookup: continue the most recent earlier occurrence of the last few tokens. */
-int drafter_ngram_init(struct drafter **out, int n_seq, char *err, size_t err_size);
+/* What a drafter is made for. */
+struct drafter_config {
+    struct model *m;             /* the target */
+    int n_seq;                   /* sequences it drafts for (the target's) */
+    const char *draft_path;      /* a model file of the drafter's own, or NULL (a drafter that
+                                    loads one; the target's own drafters ignore it) */
+};
+
+/* A kind of drafter, as it declares itself; registry.c lists every kind. */
+struct drafter_kind {
+    const char *name;            /* coti's name: --spec, "speculative.type", /props, stats */
+    const char *aliases[2];      /* further spellings parsed as this kind; unused ones NULL */
+    const char *llama_name;      /* what llama-server calls it ("speculative.types") */
+    /* Whether it can draft for c's target (the engine creates it only then). */
+    bool (*available)(const struct drafter_config *c);
+    int (*init)(struct drafter **out, const struct drafter_config *c, char *err, size_t err_size);
+};
+
+extern const struct drafter_kind drafter_kind_mtp;   /* NextN self-speculation (mtp.c) */
+extern const struct drafter_kind drafter_kind_ngram; /* prompt lookup (ngram.c) */
 
 #endif

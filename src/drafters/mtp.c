@@ -175,9 +175,16 @@ static float *mtp_hidden_dest(struct drafter *d, int s, int pos0, int n) {
     return sq->staged + (size_t)sq->n_staged * t->E;
 }
 
-static const struct drafter_vtable mtp_vtable = {"mtp", mtp_free, mtp_reset, mtp_observe, mtp_draft, mtp_hidden_dest};
+/* No rollback hook: once a draft returns, the head holds no position past the pending token
+ * (mtp_draft truncates its chained rows), and the target never drops that one. */
+static const struct drafter_vtable mtp_vtable = {
+    .free = mtp_free, .reset = mtp_reset, .observe = mtp_observe, .draft = mtp_draft, .hidden_dest = mtp_hidden_dest,
+};
 
-int drafter_mtp_init(struct drafter **out, struct model *m, char *err, size_t err_size) {
+static bool mtp_available(const struct drafter_config *c) { return model_nextn(c->m) != NULL; }
+
+static int mtp_init(struct drafter **out, const struct drafter_config *c, char *err, size_t err_size) {
+    struct model *m = c->m;
     const struct model_nextn *head = model_nextn(m);
     if (!head)
         return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "the model has no NextN (MTP) head: use --spec ngram or off");
@@ -209,3 +216,7 @@ int drafter_mtp_init(struct drafter **out, struct model *m, char *err, size_t er
     *out = &t->base;
     return 0;
 }
+
+const struct drafter_kind drafter_kind_mtp = {
+    .name = "mtp", .aliases = {"draft-mtp"}, .llama_name = "draft-mtp", .available = mtp_available, .init = mtp_init,
+};

@@ -41,9 +41,13 @@ static int ngram_draft(struct drafter *d, int s, const struct draft_request *rq,
     return 0;
 }
 
-static const struct drafter_vtable ngram_vtable = {"ngram", ngram_free, ngram_reset, ngram_observe, ngram_draft, NULL};
+static const struct drafter_vtable ngram_vtable = {
+    .free = ngram_free, .reset = ngram_reset, .observe = ngram_observe, .draft = ngram_draft,
+};
 
-int drafter_ngram_init(struct drafter **out, int n_seq, char *err, size_t err_size) {
+static bool ngram_available(const struct drafter_config *c) { return true; }
+
+static int ngram_init(struct drafter **out, const struct drafter_config *c, char *err, size_t err_size) {
     struct ngram *g = calloc(1, sizeof *g);
     if (!g) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     g->base.vt = &ngram_vtable;
@@ -51,3 +55,7 @@ int drafter_ngram_init(struct drafter **out, int n_seq, char *err, size_t err_si
     *out = &g->base;
     return 0;
 }
+
+const struct drafter_kind drafter_kind_ngram = {
+    .name = "ngram", .llama_name = "ngram-simple", .available = ngram_available, .init = ngram_init,
+};

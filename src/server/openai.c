@@ -195,9 +195,11 @@ static int get_spec(const struct openai_ctx *c, const cJSON *o, struct spec_para
         if (!srcs[k]) continue;
         const cJSON *t = field(srcs[k], names[k][0]);
         if (t) {
-            if (!cJSON_IsString(t) || spec_type_parse(t->valuestring, &p->type))
-                return bad_request(e, "Field '%s': expected \"off\", \"mtp\" or \"ngram\"", names[k][0]);
-            if (!spec_engine_supports(c->eng, p->type))
+            if (!cJSON_IsString(t) || drafter_kind_parse(t->valuestring, &p->drafter)) {
+                char choices[128];
+                return bad_request(e, "Field '%s': expected %s", names[k][0], drafter_kind_choices(choices, sizeof choices, true, "\""));
+            }
+            if (!spec_engine_supports(c->eng, p->drafter))
                 return bad_request(e, "Field '%s': speculation '%s' is not available for this model", names[k][0], t->valuestring);
         }
         double d = p->n_max;
@@ -623,7 +625,7 @@ static cJSON *native_object(const struct openai_ctx *c, const struct openai_requ
         cJSON_AddBoolToObject(gs, "stream", r->stream);
         cJSON *stop = cJSON_AddArrayToObject(gs, "stop");
         for (int i = 0; stop && i < r->g.n_stop; i++) openai_add_text(stop, "", r->g.stop[i], strlen(r->g.stop[i]));
-        cJSON_AddStringToObject(gs, "speculative.type", spec_type_name(r->g.spec.type));
+        cJSON_AddStringToObject(gs, "speculative.type", drafter_kind_name(r->g.spec.drafter));
         cJSON_AddNumberToObject(gs, "speculative.n_max", r->g.spec.n_max);
         cJSON_AddNumberToObject(gs, "speculative.n_min", r->g.spec.n_min);
         cJSON_AddNumberToObject(gs, "speculative.p_min", r->g.spec.p_min);

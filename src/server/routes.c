@@ -67,10 +67,6 @@ static enum MHD_Result send_cjson(struct http_exchange *x, int status, cJSON *o)
     return http_send_json(x, status, s);
 }
 
-static const char *spec_types_name(enum spec_type t) {
-    return t == SPEC_MTP ? "draft-mtp" : t == SPEC_NGRAM ? "ngram-simple" : "none";
-}
-
 /* The short `params` object of /props and /slots (server-api.md §3.4, the fields coti has). */
 static cJSON *params_json(const struct sampler_params *sp, const struct spec_params *spec, int n_predict, bool ignore_eos) {
     cJSON *o = cJSON_CreateObject();
@@ -87,7 +83,7 @@ static cJSON *params_json(const struct sampler_params *sp, const struct spec_par
     cJSON *s = cJSON_AddArrayToObject(o, "samplers");
     static const char *chain[] = {"top_k", "top_p", "min_p", "temperature"};
     for (size_t i = 0; s && i < COTI_ARRAY_LEN(chain); i++) cJSON_AddItemToArray(s, cJSON_CreateString(chain[i]));
-    cJSON_AddStringToObject(o, "speculative.types", spec_types_name(spec->type));
+    cJSON_AddStringToObject(o, "speculative.types", drafter_kind_llama_name(spec->drafter));
     cJSON_AddNumberToObject(o, "speculative.n_max", spec->n_max);
     cJSON_AddNumberToObject(o, "speculative.n_min", spec->n_min);
     cJSON_AddNumberToObject(o, "speculative.p_min", spec->p_min);
@@ -207,9 +203,9 @@ static enum MHD_Result route_props(struct routes *r, struct http_exchange *x) {
     cJSON *spec = cJSON_AddObjectToObject(o, "speculative");
     if (spec) {
         /* coti extra: what a request may ask for in its speculative fields */
-        cJSON_AddStringToObject(spec, "type", spec_type_name(c->spec.type));
-        cJSON_AddBoolToObject(spec, "mtp", spec_engine_supports(c->eng, SPEC_MTP));
-        cJSON_AddBoolToObject(spec, "ngram", spec_engine_supports(c->eng, SPEC_NGRAM));
+        cJSON_AddStringToObject(spec, "type", drafter_kind_name(c->spec.drafter));
+        for (int i = 0; i < n_drafter_kinds; i++)
+            cJSON_AddBoolToObject(spec, drafter_kinds[i]->name, spec_engine_supports(c->eng, drafter_kinds[i]));
         cJSON_AddNumberToObject(spec, "n_max_limit", SPEC_MAX_DRAFT);
     }
     return send_cjson(x, 200, o);
@@ -244,7 +240,7 @@ static enum MHD_Result route_slots(struct routes *r, struct http_exchange *x) {
         cJSON_AddItemToArray(a, s);
         cJSON_AddNumberToObject(s, "id", v[i].id);
         cJSON_AddNumberToObject(s, "n_ctx", r->m->n_ctx);
-        cJSON_AddBoolToObject(s, "speculative", v[i].id_task >= 0 ? v[i].spec.type != SPEC_OFF : r->oc.spec.type != SPEC_OFF);
+        cJSON_AddBoolToObject(s, "speculative", v[i].id_task >= 0 ? v[i].spec.drafter != NULL : r->oc.spec.drafter != NULL);
         cJSON_AddBoolToObject(s, "is_processing", v[i].processing);
         if (v[i].id_task < 0) continue;
         cJSON_AddNumberToObject(s, "id_task", (double)v[i].id_task);

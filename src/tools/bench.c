@@ -165,10 +165,10 @@ int tool_bench_main(int argc, char **argv) {
         double pm = c.spec.p_min;
         if (colon2) { *colon2 = 0; if (cli_parse_float("--spec p_min", colon2 + 1, 0.0, 1.0, &pm)) return 1; }
         if (colon) { *colon = 0; if (cli_parse_int("--spec n_max", colon + 1, 1, SPEC_MAX_DRAFT, &nm)) return 1; }
-        if (spec_type_parse(t, &k->sp.type)) { fprintf(stderr, "error: unknown speculation '%s'\n", t); return 1; }
+        if (drafter_kind_parse(t, &k->sp.drafter)) { fprintf(stderr, "error: unknown speculation '%s'\n", t); return 1; }
         k->sp.n_max = (int)nm;
         k->sp.p_min = (float)pm;
-        if (k->sp.type == SPEC_OFF) snprintf(k->name, sizeof k->name, "off");
+        if (!k->sp.drafter) snprintf(k->name, sizeof k->name, "off");
         else if (colon2) snprintf(k->name, sizeof k->name, "%s:%ld:%g", t, nm, pm);
         else snprintf(k->name, sizeof k->name, "%s:%ld", t, nm);
         n_cfg++;
@@ -190,12 +190,12 @@ int tool_bench_main(int argc, char **argv) {
     double *tmp = malloc(sizeof(double) * (size_t)repeat);
     for (int k = 0; k < n_cfg; k++) { cfg[k].tps = calloc((size_t)repeat, sizeof(double)); cfg[k].same_as_first = true; }
     if (!ptoks || !np || !ref || !gen || !tmp) { fprintf(stderr, "error: out of memory\n"); goto done; }
-    if (tokenizer_init(&tok, m->gguf, err, sizeof err) || spec_engine_init(&eng, m, err, sizeof err)) {
+    if (tokenizer_init(&tok, m->gguf, err, sizeof err) || spec_engine_init(&eng, m, NULL, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
     for (int k = 0; k < n_cfg; k++)
-        if (!spec_engine_supports(eng, cfg[k].sp.type)) { fprintf(stderr, "error: '%s' is not available for this model\n", cfg[k].name); goto done; }
+        if (!spec_engine_supports(eng, cfg[k].sp.drafter)) { fprintf(stderr, "error: '%s' is not available for this model\n", cfg[k].name); goto done; }
     for (size_t p = 0; p < pl.n; p++) {
         if (tokenizer_encode(tok, pl.items[p], strlen(pl.items[p]), true, true, &ptoks[p], &np[p], err, sizeof err) || np[p] == 0) {
             fprintf(stderr, "error: prompt %zu: cannot tokenize\n", p);

@@ -112,7 +112,11 @@ int cli_parse_common(struct cli_common *c, int argc, char **argv, int *i) {
         if (!v || errno || *end || v[0] == '-') { fprintf(stderr, "error: --seed expects a non-negative integer\n"); return -1; }
         c->seed = s;
     } else if (IS("--spec")) {
-        if (!v || spec_type_parse(v, &c->spec.type)) { fprintf(stderr, "error: --spec expects off, mtp or ngram\n"); return -1; }
+        if (!v || drafter_kind_parse(v, &c->spec.drafter)) {
+            char choices[128];
+            fprintf(stderr, "error: --spec expects %s\n", drafter_kind_choices(choices, sizeof choices, true, ""));
+            return -1;
+        }
     } else if (IS("--spec-n-max") || IS("--spec-draft-n-max")) {
         if (cli_parse_int(a, v, 1, SPEC_MAX_DRAFT, &l)) return -1;
         c->spec.n_max = (int)l;

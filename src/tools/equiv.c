@@ -47,7 +47,7 @@ static void on_row(void *user, int pos, const float *logits, int n_vocab) {
 int tool_equiv_main(int argc, char **argv) {
     struct cli_common c;
     cli_common_defaults(&c);
-    c.spec.type = SPEC_MTP;
+    c.spec.drafter = &drafter_kind_mtp;
     const char *prompts_path = NULL, *prompt = NULL;
     long n_gen = 64, top = 10, inject = -1;
     double tie = 0.05;
@@ -68,7 +68,11 @@ int tool_equiv_main(int argc, char **argv) {
         else { fprintf(stderr, "error: unknown option '%s'\n", a); usage(); return 2; }
     }
     if (!prompts_path == !prompt) { fprintf(stderr, "error: give one of --prompts and -p\n"); return 2; }
-    if (c.spec.type == SPEC_OFF) { fprintf(stderr, "error: --spec must be mtp or ngram\n"); return 2; }
+    if (!c.spec.drafter) {
+        char choices[128];
+        fprintf(stderr, "error: --spec must be %s\n", drafter_kind_choices(choices, sizeof choices, false, ""));
+        return 2;
+    }
     struct prompt_list pl = {0};
     char *one[1] = {(char *)prompt};
     if (prompts_path) { if (prompts_load(prompts_path, &pl)) return 2; }
@@ -83,7 +87,7 @@ int tool_equiv_main(int argc, char **argv) {
     struct spec_engine *eng = NULL;
     struct collect plain = {0}, spec = {0};
     int32_t *seq = NULL;
-    if (tokenizer_init(&tok, m->gguf, err, sizeof err) || spec_engine_init(&eng, m, err, sizeof err)) {
+    if (tokenizer_init(&tok, m->gguf, err, sizeof err) || spec_engine_init(&eng, m, NULL, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
@@ -98,7 +102,7 @@ int tool_equiv_main(int argc, char **argv) {
     equiv_stats_init(&st);
     struct sampler_params greedy = {0.0f, 0, 1.0f, 0.0f, 0, c.seed};
     struct spec_params off = c.spec;
-    off.type = SPEC_OFF;
+    off.drafter = NULL;
     long free_diff_prompts = 0;
     for (size_t pi = 0; pi < pl.n; pi++) {
         int32_t *pt = NULL;
@@ -153,7 +157,7 @@ int tool_equiv_main(int argc, char **argv) {
         free(pt);
     }
     printf("# equiv spec %s n_max %d: positions %ld, top-1 agreement %ld/%ld (%.4f), near-ties %ld, real disagreements %ld, mean |dlogprob top-1| %.3g, max %.3g",
-           spec_type_name(c.spec.type), c.spec.n_max, st.n_rows, st.n_agree, st.n_rows, st.n_rows ? (double)st.n_agree / st.n_rows : 0.0,
+           drafter_kind_name(c.spec.drafter), c.spec.n_max, st.n_rows, st.n_agree, st.n_rows, st.n_rows ? (double)st.n_agree / st.n_rows : 0.0,
            st.n_near_tie, st.n_real, st.n_rows ? st.sum_d_top1 / st.n_rows : 0.0, st.max_d_top1);
     if (free_run) printf(", free-running texts differing: %ld/%zu", free_diff_prompts, pl.n);
     printf("\n");

@@ -97,7 +97,7 @@ int tool_logits_main(int argc, char **argv) {
     if (n == 0 || (long)n > c.n_ctx) { fprintf(stderr, "error: %zu tokens (need 1..%d)\n", n, c.n_ctx); goto done; }
     for (size_t i = 0; i < n; i++)
         if (toks[i] >= V) { fprintf(stderr, "error: token %d out of range [0, %d)\n", toks[i], V); goto done; }
-    if (mtp && !m->info.has_mtp) { fprintf(stderr, "error: the model has no NextN head\n"); goto done; }
+    if (mtp && !model_nextn(m)) { fprintf(stderr, "error: the model has no NextN head\n"); goto done; }
 
     const int nb = c.n_batch;
     logits = malloc(sizeof(float) * (size_t)V * nb);

@@ -86,7 +86,7 @@ int tool_run_main(int argc, char **argv) {
     if (sampler_init(&smp, &sp, m->info.n_vocab, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
 
     struct spec_engine *eng = NULL;
-    if (spec_engine_init(&eng, m, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
+    if (spec_engine_init(&eng, m, NULL, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
     fputs(prompt, stdout);
     fflush(stdout);
     int32_t first, buf[SPEC_MAX_DRAFT + 1];
@@ -123,7 +123,7 @@ int tool_run_main(int argc, char **argv) {
     double pp_s = (t1 - t0) / 1e6, tg_s = (t2 - t1) / 1e6;
     fprintf(stderr, "# prompt %zu tokens %.1f ms %.1f tok/s | decode %ld tokens %.1f ms %.1f tok/s | spec %s n_max %d: drafted %ld accepted %ld (%.3f) | threads %d | cpu %s\n",
             n_toks, pp_s * 1e3, n_toks / (pp_s > 0 ? pp_s : 1e-9), n_gen, tg_s * 1e3,
-            n_gen > 1 ? (n_gen - 1) / (tg_s > 0 ? tg_s : 1e-9) : 0.0, spec_type_name(c.spec.type), c.spec.n_max,
+            n_gen > 1 ? (n_gen - 1) / (tg_s > 0 ? tg_s : 1e-9) : 0.0, drafter_kind_name(c.spec.drafter), c.spec.n_max,
             st->n_drafted, st->n_accepted, st->n_drafted ? (double)st->n_accepted / st->n_drafted : 0.0, c.n_threads,
             c.cpu_level == QUANT_CPU_AVX512 ? "avx512" : c.cpu_level == QUANT_CPU_AVX2 ? "avx2" : "ref");
     spec_engine_free(eng);
