@@ -300,10 +300,10 @@ Test(backend_ops, add_rmsnorm_equals_add_then_rmsnorm) {
     backend_free(be);
 }
 
-/* norm_matmul_n, swiglu_matmul, rmsnorm_gated_matmul and mul_sigmoid_matmul on the CPU are the
- * separate ops in sequence, bit for bit: x_out = x + m, a = rmsnorm(x_out) ⊙ w, y = W·a;
- * y = W·(silu(g) ⊙ u); y = W·(rmsnorm per group ⊙ w ⊙ silu(z)); y = W·(x ⊙ sigmoid(gate)). */
-Test(backend_ops, fused_matmuls_equal_their_separate_ops) {
+/* Every matmul input kind on the CPU is the separate ops in sequence, bit for bit: x_out = x + m,
+ * a = rmsnorm(x_out) ⊙ w, y = W·a; y = W·(silu(g) ⊙ u); y = W·(rmsnorm per group ⊙ w ⊙ silu(z));
+ * y = W·[rmsnorm(x1) ⊙ w1, rmsnorm(x2) ⊙ w2]; y = W·(x ⊙ sigmoid(gate)). */
+Test(backend_ops, matmul_inputs_equal_their_separate_ops) {
     struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
     enum { NT = 3, N_IN = 256, N_OUT = 48 };
     static float x[NT * N_IN], m[NT * N_IN], w[N_IN], xo[NT * N_IN], a[NT * N_IN], y[NT * N_OUT];
@@ -318,41 +318,100 @@ Test(backend_ops, fused_matmuls_equal_their_separate_ops) {
     struct bweight W = {0};
     cr_assert_eq(be->weight_init(be, &W, GGML_TYPE_Q8_0, N_IN, N_OUT, wq), 0);
     const struct bweight *ws[1] = {&W};
-    float *ys[1] = {y}, *ys2[1] = {y2};
+    float *ys[1] = {y};
+    const struct matmul_in plain = {.kind = MATMUL_PLAIN, .x = a2};
 
-    be->norm_matmul_n(be, x, m, xo, w, 1e-6f, a, ws, ys, 1, NT);
+    be->matmul(be, ws, ys, 1, &(struct matmul_in){.kind = MATMUL_RMSNORM, .x = x, .m = m, .x_out = xo, .w = w,
+                                                   .eps = 1e-6f, .a = a}, NT);
     be->add(be, x, m, NT * N_IN, x2);
     be->rmsnorm(be, x2, N_IN, w, NT, N_IN, 1e-6f, a2, N_IN);
-    be->matmul_n(be, ws, ys2, 1, a2, NT);
+    backend_matmul(be, &W, &plain, NT, y2);
     cr_assert(memcmp(xo, x2, sizeof xo) == 0 && memcmp(a, a2, sizeof a) == 0 && memcmp(y, y2, sizeof y) == 0,
-              "norm_matmul_n with m");
-    be->norm_matmul_n(be, x, NULL, NULL, w, 1e-6f, a, ws, ys, 1, NT);
+              "rmsnorm input with m");
+    backend_matmul(be, &W, &(struct matmul_in){.kind = MATMUL_RMSNORM, .x = x, .w = w, .eps = 1e-6f, .a = a}, NT, y);
     be->rmsnorm(be, x, N_IN, w, NT, N_IN, 1e-6f, a2, N_IN);
-    be->matmul_n(be, ws, ys2, 1, a2, NT);
-    cr_assert(memcmp(a, a2, sizeof a) == 0 && memcmp(y, y2, sizeof y) == 0, "norm_matmul_n without m");
+    backend_matmul(be, &W, &plain, NT, y2);
+    cr_assert(memcmp(a, a2, sizeof a) == 0 && memcmp(y, y2, sizeof y) == 0, "rmsnorm input without m");
 
     memcpy(x2, x, sizeof x);
-    be->swiglu_matmul(be, &W, x2, m, NT, y);
+    backend_matmul(be, &W, &(struct matmul_in){.kind = MATMUL_SWIGLU, .x = x2, .m = m, .a = x2}, NT, y);
     be->swiglu(be, x, m, NT * N_IN, a2);
-    be->matmul(be, &W, a2, NT, y2);
-    cr_assert(memcmp(y, y2, sizeof y) == 0, "swiglu_matmul");
+    backend_matmul(be, &W, &plain, NT, y2);
+    cr_assert(memcmp(y, y2, sizeof y) == 0, "swiglu input");
 
     /* the gated norm over groups of 64 (m as the gate), then W */
-    be->rmsnorm_gated_matmul(be, x, w, m, 64, 1e-6f, a, &W, NT, y);
+    backend_matmul(be, &W,
+                   &(struct matmul_in){.kind = MATMUL_GATED_NORM, .x = x, .m = m, .w = w, .dim = 64, .eps = 1e-6f, .a = a},
+                   NT, y);
     be->rmsnorm_gated(be, x, w, m, NT * N_IN / 64, 64, 1e-6f, a2);
-    be->matmul(be, &W, a2, NT, y2);
-    cr_assert(memcmp(y, y2, sizeof y) == 0, "rmsnorm_gated_matmul");
+    backend_matmul(be, &W, &plain, NT, y2);
+    cr_assert(memcmp(y, y2, sizeof y) == 0, "gated norm input");
 
-    /* x ⊙ sigmoid(gate) per head (4 heads of 64, the gate m with strides of its own), then W */
+    /* two halves of 128, x and m rows 128 wide, w's halves as their weights */
+    backend_matmul(be, &W,
+                   &(struct matmul_in){.kind = MATMUL_NORM2, .x = x, .m = m, .w = w, .w2 = w + N_IN / 2,
+                                       .dim = N_IN / 2, .eps = 1e-6f, .a = a},
+                   NT, y);
+    be->rmsnorm(be, x, N_IN / 2, w, NT, N_IN / 2, 1e-6f, a2, N_IN);
+    be->rmsnorm(be, m, N_IN / 2, w + N_IN / 2, NT, N_IN / 2, 1e-6f, a2 + N_IN / 2, N_IN);
+    backend_matmul(be, &W, &plain, NT, y2);
+    cr_assert(memcmp(y, y2, sizeof y) == 0, "norm2 input");
+
+    /* x ⊙ sigmoid(gate) per head (4 heads of 64, the gate m with strides of its own), then W;
+     * formed in place (a = x, as qwen35 calls it) and into a buffer of its own */
     memcpy(x2, x, sizeof x);
-    be->mul_sigmoid_matmul(be, x2, m, 4, 64, N_IN, 64, &W, NT, y);
+    backend_matmul(be, &W,
+                   &(struct matmul_in){.kind = MATMUL_SIGMOID_GATE, .x = x2, .m = m, .dim = 64, .gate_stride = N_IN,
+                                       .gate_head_stride = 64, .a = x2},
+                   NT, y);
     memcpy(a2, x, sizeof x);
     be->mul_sigmoid(be, a2, m, NT, 4, 64, N_IN, 64);
-    be->matmul(be, &W, a2, NT, y2);
-    cr_assert(memcmp(y, y2, sizeof y) == 0, "mul_sigmoid_matmul");
+    backend_matmul(be, &W, &plain, NT, y2);
+    cr_assert(memcmp(y, y2, sizeof y) == 0, "sigmoid gate input in place");
+    backend_matmul(be, &W,
+                   &(struct matmul_in){.kind = MATMUL_SIGMOID_GATE, .x = x, .m = m, .dim = 64, .gate_stride = N_IN,
+                                       .gate_head_stride = 64, .a = a},
+                   NT, y);
+    cr_assert(memcmp(y, y2, sizeof y) == 0 && memcmp(a, a2, sizeof a) == 0, "sigmoid gate input into a");
     cr_assert(fabsf(y[5]) > 0.0f, "a real output");
     be->weight_free(be, &W);
     backend_free(be);
+}
+
+/* The op list makes every table: each op has a distinct name, the CPU backend and the op-cost
+ * wrapper fill every op, and supports() says yes to exactly the weight types weight_init takes. */
+Test(backend_ops, every_listed_op_is_filled_and_supports_matches_weight_init) {
+    struct backend *cpu = backend_cpu_init(1, quant_cpu_level_detect()), *oc = opcost_wrap(backend_cpu_init(1, QUANT_CPU_REF));
+    for (int i = 0; i < BACKEND_OP_COUNT; i++) {
+        const char *name = backend_op_name((enum backend_op)i);
+        cr_assert(name && strcmp(name, "(none)") != 0, "op %d has a name", i);
+        for (int j = 0; j < i; j++) cr_assert_str_neq(name, backend_op_name((enum backend_op)j));
+    }
+    cr_assert_str_eq(backend_op_name(BACKEND_OP_matmul), "matmul");
+    cr_assert_str_eq(backend_op_name(BACKEND_OP_COUNT), "(none)");
+    const struct backend *bes[2] = {cpu, oc};
+    for (int b = 0; b < 2; b++) {
+#define BACKEND_OP(name, family, params, args) cr_assert(bes[b]->name, "%s: op " #name " missing", bes[b]->name);
+#include "backend_ops.h"
+#undef BACKEND_OP
+    }
+    static unsigned char zeros[4 * 256 * 8];
+    int n_types = 0;
+    for (int t = 0; t < GGML_TYPE_COUNT; t++) {
+        if (!ggml_type_supported((enum ggml_type)t)) continue;
+        struct bweight w = {0};
+        const bool taken = cpu->weight_init(cpu, &w, (enum ggml_type)t, 256, 4, zeros) == 0;
+        if (taken) cpu->weight_free(cpu, &w);
+        cr_assert_eq(cpu->supports(cpu, BACKEND_OP_matmul, (enum ggml_type)t), taken, "type %d", t);
+        cr_assert_eq(cpu->supports(cpu, BACKEND_OP_get_rows, (enum ggml_type)t), taken, "type %d", t);
+        cr_assert_eq(oc->supports(oc, BACKEND_OP_matmul, (enum ggml_type)t), taken, "type %d through opcost", t);
+        n_types += taken;
+    }
+    cr_assert_geq(n_types, 8, "the CPU computes the common weight types");
+    cr_assert(cpu->supports(cpu, BACKEND_OP_attention, GGML_TYPE_F16) && !cpu->supports(cpu, BACKEND_OP_attention, GGML_TYPE_Q8_0));
+    cr_assert(cpu->supports(cpu, BACKEND_OP_rmsnorm, GGML_TYPE_F32) && !cpu->supports(cpu, BACKEND_OP_rmsnorm, GGML_TYPE_F16));
+    backend_free(cpu);
+    backend_free(oc);
 }
 
 /* The op-cost decorator (coti bench --op-cost) forwards ops, except the skipped family's. */
@@ -401,15 +460,15 @@ Test(backend_ops, opcost_skips_only_the_chosen_family) {
     be->rmsnorm(be, x, N_IN, w, 1, N_IN, 1e-6f, y, N_IN);
     cr_assert_eq(y[0], 12345.0f, "a skipped norm writes nothing");
     ym[0] = 12345.0f;
-    be->matmul(be, &W, x, 1, ym);
+    backend_matmul(be, &W, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = x}, 1, ym);
     cr_assert_neq(ym[0], 12345.0f, "other families still run");
 
     opcost_skip(be, OPCOST_MATMUL_NARROW); /* N_OUT <= N_IN: the narrow family */
     ym[0] = 12345.0f;
-    be->matmul(be, &W, x, 1, ym);
+    backend_matmul(be, &W, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = x}, 1, ym);
     cr_assert_eq(ym[0], 12345.0f);
     opcost_skip(be, OPCOST_MATMUL_WIDE);
-    be->matmul(be, &W, x, 1, ym);
+    backend_matmul(be, &W, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = x}, 1, ym);
     cr_assert_neq(ym[0], 12345.0f);
 
     opcost_skip(be, -1);

@@ -58,9 +58,20 @@ static void cpu_sync(struct backend *be) {}
 
 /* Weights are used in place from the mapping, unless the kernels of this CPU level have a
  * packed layout for the type (packed.c): then the backend keeps a repacked copy. */
+static bool cpu_supports(struct backend *be, enum backend_op op, enum ggml_type type) {
+    switch (op) {
+    case BACKEND_OP_matmul:
+    case BACKEND_OP_get_rows: return (int)type >= 0 && type < GGML_TYPE_COUNT && cpu(be)->have_kernels[type];
+    case BACKEND_OP_attn_prep:
+    case BACKEND_OP_kv_store:
+    case BACKEND_OP_attention: return type == GGML_TYPE_F16;
+    default: return (int)op >= 0 && op < BACKEND_OP_COUNT && type == GGML_TYPE_F32;
+    }
+}
+
 static int cpu_weight_init(struct backend *be, struct bweight *w, enum ggml_type type,
                            int64_t n_in, int64_t n_out, const void *host_data) {
-    if (!cpu(be)->have_kernels[type]) return COTI_E_UNSUPPORTED;
+    if (!cpu_supports(be, BACKEND_OP_matmul, type)) return COTI_E_UNSUPPORTED;
     const struct quant_kernels *k = &cpu(be)->kernels[type];
     w->type = type;
     w->n_in = n_in;
@@ -177,10 +188,6 @@ static void cpu_matmul_n(struct backend *be, const struct bweight *const *ws, fl
     threadpool_run(c->tp, matmul_worker, &j);
 }
 
-static void cpu_matmul(struct backend *be, const struct bweight *w, const float *x, int n_tok, float *y) {
-    cpu_matmul_n(be, &w, &y, 1, x, n_tok);
-}
-
 static void cpu_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {
     const struct quant_kernels *k = &cpu(be)->kernels[w->type];
     for (int t = 0; t < n; t++) {
@@ -246,38 +253,6 @@ static void cpu_swiglu(struct backend *be, const float *g, const float *u, int64
     }
 }
 
-/* The unfused forms: the same values as the separate ops, so the CPU path is the yardstick. */
-static void cpu_norm_matmul_n(struct backend *be, const float *x, const float *m, float *x_out, const float *w,
-                              float eps, float *a, const struct bweight *const *ws, float *const *ys, int n_w,
-                              int n_tok) {
-    const int dim = (int)ws[0]->n_in;
-    if (m) {
-        cpu_add(be, x, m, (int64_t)n_tok * dim, x_out);
-        x = x_out;
-    }
-    cpu_rmsnorm(be, x, dim, w, n_tok, dim, eps, a, dim);
-    cpu_matmul_n(be, ws, ys, n_w, a, n_tok);
-}
-
-static void cpu_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok,
-                              float *y) {
-    cpu_swiglu(be, g, u, (int64_t)n_tok * w->n_in, g);
-    cpu_matmul_n(be, &w, &y, 1, g, n_tok);
-}
-
-static void cpu_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *w, const float *z, int dim,
-                                     float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
-    cpu_rmsnorm_gated(be, x, w, z, (int)(n_tok * wt->n_in / dim), dim, eps, a);
-    cpu_matmul_n(be, &wt, &y, 1, a, n_tok);
-}
-
-static void cpu_norm2_matmul(struct backend *be, const float *x1, const float *w1, const float *x2, const float *w2,
-                             int dim, float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
-    cpu_rmsnorm(be, x1, dim, w1, n_tok, dim, eps, a, 2 * dim);
-    cpu_rmsnorm(be, x2, dim, w2, n_tok, dim, eps, a + dim, 2 * dim);
-    cpu_matmul_n(be, &wt, &y, 1, a, n_tok);
-}
-
 static void cpu_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok, int n_head,
                             int dim, int gate_stride, int gate_head_stride) {
     const struct cpu_ops *ops = cpu(be)->ops;
@@ -294,14 +269,48 @@ static void cpu_mul_sigmoid(struct backend *be, float *x, const float *gate, int
         }
 }
 
-/* ---- rope and attention ------------------------------------------------------------ */
+/* ---- matmul over a formed input ---------------------------------------------------- */
 
-static void cpu_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, int n_head, int dim,
-                                   int gate_stride, int gate_head_stride, const struct bweight *wt, int n_tok,
-                                   float *y) {
-    cpu_mul_sigmoid(be, x, gate, n_tok, n_head, dim, gate_stride, gate_head_stride);
-    cpu_matmul_n(be, &wt, &y, 1, x, n_tok);
+/* The unfused forms: the separate ops, then the matmul of what they wrote, so the CPU path is
+ * the yardstick the fused kernels of other backends are held to. */
+static void cpu_matmul(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
+                       const struct matmul_in *in, int n_tok) {
+    const int n_in = (int)ws[0]->n_in;
+    const float *x = in->x;
+    switch (in->kind) {
+    case MATMUL_PLAIN: break;
+    case MATMUL_RMSNORM:
+        if (in->m) {
+            cpu_add(be, x, in->m, (int64_t)n_tok * n_in, in->x_out);
+            x = in->x_out;
+        }
+        cpu_rmsnorm(be, x, n_in, in->w, n_tok, n_in, in->eps, in->a, n_in);
+        x = in->a;
+        break;
+    case MATMUL_SWIGLU:
+        cpu_swiglu(be, x, in->m, (int64_t)n_tok * n_in, in->a);
+        x = in->a;
+        break;
+    case MATMUL_GATED_NORM:
+        cpu_rmsnorm_gated(be, x, in->w, in->m, (int)((int64_t)n_tok * n_in / in->dim), in->dim, in->eps, in->a);
+        x = in->a;
+        break;
+    case MATMUL_NORM2:
+        cpu_rmsnorm(be, x, in->dim, in->w, n_tok, in->dim, in->eps, in->a, 2 * in->dim);
+        cpu_rmsnorm(be, in->m, in->dim, in->w2, n_tok, in->dim, in->eps, in->a + in->dim, 2 * in->dim);
+        x = in->a;
+        break;
+    case MATMUL_SIGMOID_GATE:
+        if (in->a != x) memcpy(in->a, x, sizeof(float) * (size_t)n_tok * n_in);
+        cpu_mul_sigmoid(be, in->a, in->m, n_tok, n_in / in->dim, in->dim, in->gate_stride, in->gate_head_stride);
+        x = in->a;
+        break;
+    default: abort(); /* a caller bug */
+    }
+    cpu_matmul_n(be, ws, ys, n_w, x, n_tok);
 }
+
+/* ---- rope and attention ------------------------------------------------------------ */
 
 static void cpu_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
                           int head_stride, int n_rot, const int32_t *pos, float base) {
@@ -504,29 +513,10 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->sync = cpu_sync;
     be->weight_init = cpu_weight_init;
     be->weight_free = cpu_weight_free;
-    be->matmul = cpu_matmul;
-    be->matmul_n = cpu_matmul_n;
-    be->norm_matmul_n = cpu_norm_matmul_n;
-    be->swiglu_matmul = cpu_swiglu_matmul;
-    be->rmsnorm_gated_matmul = cpu_rmsnorm_gated_matmul;
-    be->norm2_matmul = cpu_norm2_matmul;
-    be->get_rows = cpu_get_rows;
-    be->rmsnorm = cpu_rmsnorm;
-    be->rmsnorm_gated = cpu_rmsnorm_gated;
-    be->add_rmsnorm = cpu_add_rmsnorm;
-    be->add = cpu_add;
-    be->swiglu = cpu_swiglu;
-    be->mul_sigmoid = cpu_mul_sigmoid;
-    be->rope_neox = cpu_rope_neox;
-    be->kv_store = cpu_kv_store;
-    be->attn_prep = cpu_attn_prep;
-    be->mul_sigmoid_matmul = cpu_mul_sigmoid_matmul;
-    be->attention = cpu_attention;
-    be->ssm_conv = cpu_ssm_conv;
-    be->gdn = cpu_gdn;
-    be->gdn_chunked = cpu_gdn_chunked;
-    be->argmax = cpu_argmax;
-    be->accept_greedy = cpu_accept_greedy;
+    be->supports = cpu_supports;
+#define BACKEND_OP(name, family, params, args) be->name = cpu_##name;
+#include "backend_ops.h"
+#undef BACKEND_OP
     be->mark = cpu_mark;
     be->mark_elapsed_us = cpu_mark_elapsed_us;
     be->destroy = cpu_destroy;

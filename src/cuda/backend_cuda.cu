@@ -1,6 +1,6 @@
 /* backend_cuda.cu — the CUDA backend object: device memory, one stream per backend, the upload
- * staging, weight upload, and the op table filled from the op-family files (matmul.cu,
- * attention.cu, deltanet.cu, ops.cu).
+ * staging, weight upload, supports(), and the op table filled from the op-family files
+ * (matmul_choose.cu, get_rows.cu, attention.cu, deltanet.cu, ops.cu).
  *
  * Every op is queued on the backend's stream and returns at once; download() and sync() are the
  * only calls that wait (upload() also waits when the host buffer is larger than half the pinned
@@ -205,12 +205,23 @@ static void cuda_graph_free(struct backend *be, void *graph) {
     free(g);
 }
 
+static bool cuda_supports(struct backend *be, enum backend_op op, enum ggml_type type) {
+    switch (op) {
+    case BACKEND_OP_matmul:
+    case BACKEND_OP_get_rows: return cuda_weight_type_supported(type);
+    case BACKEND_OP_attn_prep:
+    case BACKEND_OP_kv_store:
+    case BACKEND_OP_attention: return type == GGML_TYPE_F16;
+    default: return (int)op >= 0 && op < BACKEND_OP_COUNT && type == GGML_TYPE_F32;
+    }
+}
+
 /* The weight goes to device memory once, bytes unchanged (GGUF block layout, rows row_bytes
  * apart), plus CUDA_ALLOC_PAD readable bytes after the last row. */
 static int cuda_weight_init(struct backend *be, struct bweight *w, enum ggml_type type,
                             int64_t n_in, int64_t n_out, const void *host_data) {
     struct cuda_ctx *c = cuda_enter(be);
-    if (!cuda_weight_type_supported(type)) return COTI_E_UNSUPPORTED;
+    if (!cuda_supports(be, BACKEND_OP_matmul, type)) return COTI_E_UNSUPPORTED;
     size_t rb = ggml_row_size(type, n_in), bytes;
     if (!rb || n_out < 1 || n_out > INT32_MAX || n_in > INT32_MAX) return COTI_E_FORMAT;
     if (!coti_mul_size(rb, (size_t)n_out, &bytes)) return COTI_E_FORMAT;
@@ -315,29 +326,10 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->sync = cuda_sync;
     be->weight_init = cuda_weight_init;
     be->weight_free = cuda_weight_free;
-    be->matmul = cuda_matmul;
-    be->matmul_n = cuda_matmul_n;
-    be->norm_matmul_n = cuda_norm_matmul_n;
-    be->swiglu_matmul = cuda_swiglu_matmul;
-    be->rmsnorm_gated_matmul = cuda_rmsnorm_gated_matmul;
-    be->norm2_matmul = cuda_norm2_matmul;
-    be->mul_sigmoid_matmul = cuda_mul_sigmoid_matmul;
-    be->attn_prep = cuda_attn_prep;
-    be->get_rows = cuda_get_rows;
-    be->rmsnorm = cuda_rmsnorm;
-    be->rmsnorm_gated = cuda_rmsnorm_gated;
-    be->add_rmsnorm = cuda_add_rmsnorm;
-    be->add = cuda_add;
-    be->swiglu = cuda_swiglu;
-    be->mul_sigmoid = cuda_mul_sigmoid;
-    be->rope_neox = cuda_rope_neox;
-    be->kv_store = cuda_kv_store;
-    be->attention = cuda_attention;
-    be->ssm_conv = cuda_ssm_conv;
-    be->gdn = cuda_gdn;
-    be->gdn_chunked = cuda_gdn_chunked;
-    be->argmax = cuda_argmax;
-    be->accept_greedy = cuda_accept_greedy;
+    be->supports = cuda_supports;
+#define BACKEND_OP(name, family, params, args) be->name = cuda_##name;
+#include "backend_ops.h"
+#undef BACKEND_OP
     be->mark = cuda_mark;
     be->mark_elapsed_us = cuda_mark_elapsed_us;
     be->capture_begin = cuda_capture_begin;

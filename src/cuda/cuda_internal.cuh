@@ -1,6 +1,7 @@
 /* cuda_internal.cuh — what the CUDA backend's translation units share: the per-backend context,
  * the error macro, scratch growth, small device helpers, and the host entry points each op
- * family (matmul.cu, attention.cu, deltanet.cu, ops.cu) gives backend_cuda.cu's table.
+ * family (matmul_choose.cu and the files of matmul.cuh, attention.cu, deltanet.cu, ops.cu)
+ * gives backend_cuda.cu's table.
  * Not for other modules: they see backend_cuda.h only. */
 #ifndef COTI_CUDA_INTERNAL_CUH
 #define COTI_CUDA_INTERNAL_CUH
@@ -14,6 +15,7 @@
 extern "C" {
 #include "backend.h"
 }
+#include "backend_cuda.h"
 #include "trace.cuh"
 
 /* Everything a backend object owns. No file-scope state anywhere in src/cuda: two backends
@@ -41,9 +43,11 @@ struct cuda_ctx {
     /* device limits for sizing persistent grids */
     int smem_per_sm, smem_block_max, smem_reserved;
     /* registers of each matvec kernel (type slot, NT - 1, variant), read on first launch */
-    int mv_regs[16][8][4];        /* [type][NT - 1][FUSED: matmul.cu's MV_VARIANTS] */
+    int mv_regs[16][8][4];        /* [type][NT - 1][FUSED: matvec.cu's MV_VARIANTS] */
     int mv_smem_static[16][8][4];
     bool mmq_ready[16];        /* prefill kernel's shared-memory limit raised */
+    int mv_force;                         /* enum cuda_matvec: a test's choice, or CUDA_MV_AUTO */
+    long mv_launches[CUDA_MV_COUNT];      /* matmul launches by variant, for the tests */
 };
 
 static inline struct cuda_ctx *cuda_ctx_of(struct backend *be) { return (struct cuda_ctx *)be->ctx; }
@@ -221,63 +225,20 @@ __device__ __forceinline__ void cuda_group8(const float *x, const float *m, int 
     for (int i = 0; i < 8; i++) v[i] = e0 + i < dim ? (m ? x[e0 + i] + m[e0 + i] : x[e0 + i]) : 0.0f;
 }
 
-/* ---- host entry points of the op families (the struct backend members) ---- */
+/* ---- host entry points of the op families ---- */
 
-/* matmul.cu */
-void cuda_matmul(struct backend *be, const struct bweight *w, const float *x, int n_tok, float *y);
-void cuda_matmul_n(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
-                   const float *x, int n_tok);
-void cuda_norm_matmul_n(struct backend *be, const float *x, const float *m, float *x_out, const float *w, float eps,
-                        float *a, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok);
-void cuda_swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y);
-void cuda_rmsnorm_gated_matmul(struct backend *be, const float *x, const float *w, const float *z, int dim, float eps,
-                               float *a, const struct bweight *wt, int n_tok, float *y);
-void cuda_norm2_matmul(struct backend *be, const float *x1, const float *w1, const float *x2, const float *w2, int dim,
-                       float eps, float *a, const struct bweight *wt, int n_tok, float *y);
-void cuda_mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, int n_head, int dim, int gate_stride,
-                             int gate_head_stride, const struct bweight *wt, int n_tok, float *y);
-void cuda_attn_prep(struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
-                    int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok, int n_head,
-                    int n_head_kv, int head_dim, int n_rot, const int32_t *pos, float base, const int32_t *cells,
-                    uint16_t *k_cache, uint16_t *v_cache);
-void cuda_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out);
+/* the struct backend ops, cuda_<op> (matmul_choose.cu, get_rows.cu, ops.cu, attention.cu,
+ * deltanet.cu) */
+#define BACKEND_OP(name, family, params, args) void cuda_##name params;
+#include "backend_ops.h"
+#undef BACKEND_OP
+
+/* matmul_choose.cu: the weight types matmul and get_rows compute */
 bool cuda_weight_type_supported(enum ggml_type t);
 
-/* ops.cu */
-void cuda_rmsnorm(struct backend *be, const float *x, int x_stride, const float *w, int n_rows,
-                  int dim, float eps, float *y, int y_stride);
-void cuda_rmsnorm_gated(struct backend *be, const float *x, const float *w, const float *z,
-                        int n_rows, int dim, float eps, float *y);
-/* y = rmsnorm(x (+ m)) ⊙ w over n_rows rows of dim (contiguous), by cuda_row_sumsq; with m,
- * x_out = x + m (x_out may be x). The unfused form of a NORM matvec input. */
+/* ops.cu: y = rmsnorm(x (+ m)) ⊙ w over n_rows rows of dim (contiguous), by cuda_row_sumsq;
+ * with m, x_out = x + m (x_out may be x). The unfused form of a NORM matvec input. */
 void cuda_norm_rows(struct cuda_ctx *c, const float *x, const float *m, float *x_out, const float *w, int n_rows,
                     int dim, float eps, float *y);
-void cuda_add_rmsnorm(struct backend *be, float *x, const float *m, const float *w, int n_rows, int dim,
-                      float eps, float *y);
-void cuda_add(struct backend *be, const float *a, const float *b, int64_t n, float *y);
-void cuda_swiglu(struct backend *be, const float *g, const float *u, int64_t n, float *y);
-void cuda_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok, int n_head,
-                      int dim, int gate_stride, int gate_head_stride);
-void cuda_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
-                    int head_stride, int n_rot, const int32_t *pos, float base);
-void cuda_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
-                   int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache,
-                   uint16_t *v_cache);
-void cuda_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max);
-void cuda_accept_greedy(struct backend *be, const int32_t *draft, const int32_t *target, int n_draft, int32_t *out);
-
-/* attention.cu */
-void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head_stride,
-                    const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *cell0,
-                    const int32_t *n_ctx, int n_tok, int n_head, int n_head_kv, int head_dim,
-                    float scale, float *out);
-
-/* deltanet.cu */
-void cuda_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch, int k, const float *w,
-                   float *state, float *y, float *snap, int n_snap);
-void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, float *state,
-              int n_tok, int nk, int nv, int dk, int dv, float eps, float *out, float *snap, int n_snap);
-void cuda_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates,
-                      float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *out);
 
 #endif

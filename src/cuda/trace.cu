@@ -12,7 +12,10 @@ static const size_t trace_bytes =
 /* every translation unit's copy of the device symbol */
 static void trace_point_all(unsigned long long *p) {
     cuda_trace_set_backend(p);
-    cuda_trace_set_matmul(p);
+    cuda_trace_set_matmul_input(p);
+    cuda_trace_set_matvec(p);
+    cuda_trace_set_matmul_tiles(p);
+    cuda_trace_set_get_rows(p);
     cuda_trace_set_attention(p);
     cuda_trace_set_deltanet(p);
     cuda_trace_set_ops(p);

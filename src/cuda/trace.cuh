@@ -64,7 +64,10 @@ __device__ __forceinline__ void cuda_trace_end() {
 #define CUDA_TRACE_TU(name) \
     void cuda_trace_set_##name(unsigned long long *p) { cudaMemcpyToSymbol(cuda_trace_buf, &p, sizeof p); }
 void cuda_trace_set_backend(unsigned long long *p);
-void cuda_trace_set_matmul(unsigned long long *p);
+void cuda_trace_set_matmul_input(unsigned long long *p);
+void cuda_trace_set_matvec(unsigned long long *p);
+void cuda_trace_set_matmul_tiles(unsigned long long *p);
+void cuda_trace_set_get_rows(unsigned long long *p);
 void cuda_trace_set_attention(unsigned long long *p);
 void cuda_trace_set_deltanet(unsigned long long *p);
 void cuda_trace_set_ops(unsigned long long *p);

@@ -9,7 +9,10 @@
 
 static void block_matmul_n(const struct block_ctx *c, const struct block_in *in, const struct bweight *const *ws,
                            float *const *ys, int n_w, int n) {
-    c->be->norm_matmul_n(c->be, in->x, in->m, in->x_out, in->norm, c->eps, c->s->a, ws, ys, n_w, n);
+    c->be->matmul(c->be, ws, ys, n_w,
+                  &(struct matmul_in){.kind = MATMUL_RMSNORM, .x = in->x, .m = in->m, .x_out = in->x_out, .w = in->norm,
+                                      .eps = c->eps, .a = c->s->a},
+                  n);
 }
 
 void block_glu_ffn(const struct block_ctx *c, const struct glu_ffn_weights *w, const struct block_in *in, int n,
@@ -17,7 +20,8 @@ void block_glu_ffn(const struct block_ctx *c, const struct glu_ffn_weights *w, c
     const struct bweight *ws[2] = {&w->gate, &w->up};
     float *ys[2] = {c->s->fg, c->s->fu};
     block_matmul_n(c, in, ws, ys, 2, n);
-    c->be->swiglu_matmul(c->be, &w->down, c->s->fg, c->s->fu, n, out);
+    backend_matmul(c->be, &w->down, &(struct matmul_in){.kind = MATMUL_SWIGLU, .x = c->s->fg, .m = c->s->fu, .a = c->s->fg},
+                   n, out);
 }
 
 void block_gated_attn(const struct block_ctx *c, const struct gated_attn_weights *w, const struct attn_shape *sh,
@@ -33,7 +37,10 @@ void block_gated_attn(const struct block_ctx *c, const struct gated_attn_weights
                   sh->n_head_kv, D, sh->n_rot, c->meta->pos, sh->rope_base, c->meta->cells, kv->k, kv->v);
     be->attention(be, s->qg, 2 * H * D, 2 * D, kv->k, kv->v, c->meta->cell0, c->meta->nctx, n, H,
                   sh->n_head_kv, D, 1.0f / sqrtf((float)D), s->att);
-    be->mul_sigmoid_matmul(be, s->att, s->qg + D, H, D, 2 * H * D, 2 * D, &w->o, n, out);
+    backend_matmul(be, &w->o,
+                   &(struct matmul_in){.kind = MATMUL_SIGMOID_GATE, .x = s->att, .m = s->qg + D, .dim = D,
+                                       .gate_stride = 2 * H * D, .gate_head_stride = 2 * D, .a = s->att},
+                   n, out);
 }
 
 void block_delta_net(const struct block_ctx *c, const struct delta_net_weights *w, const struct delta_net_shape *sh,
@@ -64,7 +71,10 @@ void block_delta_net(const struct block_ctx *c, const struct delta_net_weights *
         else
             be->gdn(be, y, ch, &gates, state, ru->len, sh->nk, sh->nv, sh->dk, sh->dv, c->eps, o, ssm_snap, n_snap);
     }
-    be->rmsnorm_gated_matmul(be, s->o, w->norm, s->z, sh->dv, c->eps, s->og, &w->out, n, out);
+    backend_matmul(be, &w->out,
+                   &(struct matmul_in){.kind = MATMUL_GATED_NORM, .x = s->o, .m = s->z, .w = w->norm, .dim = sh->dv,
+                                       .eps = c->eps, .a = s->og},
+                   n, out);
 }
 
 /* lm_head over the rows of hidden that want logits: straight from hidden when they are
@@ -81,7 +91,8 @@ int block_lm_head(struct engine *e, const struct slice_ops_args *a) {
     }
     if (!n_out) return 0;
     if (last - first + 1 == n_out) {
-        be->matmul(be, a->head, a->hn + (size_t)first * E, n_out, a->logits);
+        backend_matmul(be, a->head, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = a->hn + (size_t)first * E}, n_out,
+                       a->logits);
     } else {
         n_out = 0;
         for (int i = 0; i < n; i++) {
@@ -89,7 +100,7 @@ int block_lm_head(struct engine *e, const struct slice_ops_args *a) {
             be->copy(be, e->lm_in + (size_t)n_out * E, a->hn + (size_t)i * E, sizeof(float) * E);
             n_out++;
         }
-        be->matmul(be, a->head, e->lm_in, n_out, a->logits);
+        backend_matmul(be, a->head, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = e->lm_in}, n_out, a->logits);
     }
     if (a->argmax_out) {
         be->argmax(be, a->logits, n_out, e->n_vocab, a->argmax_out, NULL);

@@ -381,7 +381,10 @@ static void nextn_pass(struct model *m, const struct slice_ops_args *a) {
     const int E = q->hp.n_embd, n = a->sl->n;
     /* u = eh_proj · [enorm(embed(x)) ; hnorm(h_in)] */
     be->get_rows(be, &q->g.tok_embd, a->ids, n, q->s.x2);
-    be->norm2_matmul(be, q->s.x2, ly->nx.enorm, a->h_in, ly->nx.hnorm, E, q->hp.eps, q->s.cat, &ly->nx.eh_proj, n, q->s.x);
+    backend_matmul(be, &ly->nx.eh_proj,
+                   &(struct matmul_in){.kind = MATMUL_NORM2, .x = q->s.x2, .m = a->h_in, .w = ly->nx.enorm,
+                                       .w2 = ly->nx.hnorm, .dim = E, .eps = q->hp.eps, .a = q->s.cat},
+                   n, q->s.x);
     const struct block_in in = {q->s.x, NULL, ly->attn_norm, NULL};
     block_gated_attn(&c, &ly->at, &q->attn, &q->eng.mem.head.layers[0], &in, n, q->s.m);
     const struct block_in ffn_in = {q->s.x, q->s.m, ly->post_norm, q->s.x2};

@@ -4,7 +4,9 @@
  *
  * Build: `make cuda` (build-cuda/test_cuda_ops, next to build-cuda/coti).
  * Run:
- *   build-cuda/test_cuda_ops [--seed N] [--only OP]     correctness; one line per case
+ *   build-cuda/test_cuda_ops [--seed N] [--only OP]     correctness; one line per case (OP: an op of
+ *                                                       backend_ops.h, or memory, supports, copy_n,
+ *                                                       copy_n_at, marks, graphs)
  *   build-cuda/test_cuda_ops --bench [--only formed|attention|matmul]  Q8_0 matvec GB/s against a D2D copy,
  *                                                       and the fused-input matmuls' µs per call
  *
@@ -26,7 +28,10 @@
  *   by expf / log1pf on both sides: 2e-5 absolute.
  * - argmax: the same index; p_max within 1e-6 relative (double sums on both sides).
  * - accept_greedy: bit-exact. mark: the time of 4 GiB of copies between two marks.
- * - graphs: a replay equals the op run eagerly, bit for bit. */
+ * - graphs: a replay equals the op run eagerly, bit for bit.
+ * Every op of backend_ops.h has an entry in op_tests (main fails for one without); the matmul's
+ * cases run under the variant rules and then with each kernel variant forced
+ * (backend_cuda_force_matvec), each checked against the CPU reference and seen to run. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -54,6 +59,7 @@ static void *xmalloc(size_t n) {
     return p;
 }
 static bool want(const char *op) { return !only || strcmp(only, op) == 0; }
+static int mv_forced = CUDA_MV_AUTO; /* the matmul variant the GPU backend is told to run */
 
 /* device helpers */
 static void *gdup(const void *h, size_t bytes) {
@@ -105,7 +111,46 @@ static bool check_bits(const char *op, const char *shape, const void *got, const
     return ok;
 }
 
-/* ---- matmul / matmul_n / get_rows ------------------------------------------------------ */
+/* ---- matmul / get_rows ----------------------------------------------------------------- */
+
+/* The matmul op with each input kind, in the shape of the separate ops that form the input. */
+static void matmul1(struct backend *be, const struct bweight *w, const float *x, int n_tok, float *y) {
+    backend_matmul(be, w, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = x}, n_tok, y);
+}
+static void matmul_n(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w, const float *x,
+                     int n_tok) {
+    be->matmul(be, ws, ys, n_w, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = x}, n_tok);
+}
+static void norm_matmul_n(struct backend *be, const float *x, const float *m, float *x_out, const float *w, float eps,
+                          float *a, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok) {
+    be->matmul(be, ws, ys, n_w,
+               &(struct matmul_in){.kind = MATMUL_RMSNORM, .x = x, .m = m, .x_out = x_out, .w = w, .eps = eps, .a = a},
+               n_tok);
+}
+static void swiglu_matmul(struct backend *be, const struct bweight *w, float *g, const float *u, int n_tok, float *y) {
+    backend_matmul(be, w, &(struct matmul_in){.kind = MATMUL_SWIGLU, .x = g, .m = u, .a = g}, n_tok, y);
+}
+static void rmsnorm_gated_matmul(struct backend *be, const float *x, const float *w, const float *z, int dim, float eps,
+                                 float *a, const struct bweight *wt, int n_tok, float *y) {
+    backend_matmul(be, wt,
+                   &(struct matmul_in){.kind = MATMUL_GATED_NORM, .x = x, .m = z, .w = w, .dim = dim, .eps = eps, .a = a},
+                   n_tok, y);
+}
+static void norm2_matmul(struct backend *be, const float *x1, const float *w1, const float *x2, const float *w2, int dim,
+                         float eps, float *a, const struct bweight *wt, int n_tok, float *y) {
+    backend_matmul(be, wt,
+                   &(struct matmul_in){.kind = MATMUL_NORM2, .x = x1, .m = x2, .w = w1, .w2 = w2, .dim = dim,
+                                       .eps = eps, .a = a},
+                   n_tok, y);
+}
+static void mul_sigmoid_matmul(struct backend *be, float *x, const float *gate, int n_head, int dim, int gate_stride,
+                               int gate_head_stride, const struct bweight *wt, int n_tok, float *y) {
+    (void)n_head; /* n_in / dim */
+    backend_matmul(be, wt,
+                   &(struct matmul_in){.kind = MATMUL_SIGMOID_GATE, .x = x, .m = gate, .dim = dim,
+                                       .gate_stride = gate_stride, .gate_head_stride = gate_head_stride, .a = x},
+                   n_tok, y);
+}
 
 static const enum ggml_type mm_types[] = {
     GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
@@ -224,27 +269,45 @@ static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
     dot_scale(&hw, x, max_tok, scale);
     float *dx = gdup(x, sizeof(float) * (size_t)max_tok * n_in), *dy = galloc(sizeof(float) * (size_t)max_tok * n_out);
     /* decode and verify batches (<= 8 rows) must reproduce the 8-row batch's rows bit for bit */
-    gpu->matmul(gpu, &wg, dx, ref_tok, dy);
+    matmul1(gpu, &wg, dx, ref_tok, dy);
     gget(yref, dy, sizeof(float) * (size_t)ref_tok * n_out);
     char shape[96];
     for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
         int nt = toks[k];
-        cpu->matmul(cpu, &wc, x, nt, yc);
-        gpu->matmul(gpu, &wg, dx, nt, dy);
+        matmul1(cpu, &wc, x, nt, yc);
+        matmul1(gpu, &wg, dx, nt, dy);
         gget(yg, dy, sizeof(float) * (size_t)nt * n_out);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
         check_scaled("matmul", shape, yg, yc, scale, (size_t)nt * n_out, MM_TOL);
         if (nt < ref_tok) check_bits("matmul-batch", shape, yg, yref, sizeof(float) * (size_t)nt * n_out);
-        /* prefill tiles sum every output's blocks in the CPU reference's order */
-        if (nt > ref_tok && quantized) check_bits("matmul-exact", shape, yg, yc, sizeof(float) * (size_t)nt * n_out);
+        /* the tiles (prefill, or forced) sum every output's blocks in the CPU reference's order */
+        if (quantized && (mv_forced == CUDA_MV_TILES || (nt > ref_tok && mv_forced != CUDA_MV_CONVERTED)))
+            check_bits("matmul-exact", shape, yg, yc, sizeof(float) * (size_t)nt * n_out);
     }
     /* a single row taken from the middle of the batch (x offset) */
-    gpu->matmul(gpu, &wg, dx + (size_t)5 * n_in, 1, dy);
+    matmul1(gpu, &wg, dx + (size_t)5 * n_in, 1, dy);
     gget(yg, dy, sizeof(float) * n_out);
     snprintf(shape, sizeof shape, "%s %dx%d row 5 alone", tn, n_in, n_out);
     check_bits("matmul-batch", shape, yg, yref + (size_t)5 * n_out, sizeof(float) * n_out);
 
-    /* get_rows: exact dequantization */
+    gpu->free(gpu, dx); gpu->free(gpu, dy);
+    cpu->weight_free(cpu, &wc);
+    gpu->weight_free(gpu, &wg);
+    free(x); free(yc); free(yg); free(yref); free(scale);
+    free_hweight(&hw);
+}
+
+/* get_rows: exact dequantization */
+static void test_get_rows_type(enum ggml_type t, int n_in, int n_out) {
+    char shape[96];
+    struct hweight hw = make_weight(t, n_in, n_out);
+    struct bweight wc = {0}, wg = {0};
+    if (cpu->weight_init(cpu, &wc, t, n_in, n_out, hw.data) || gpu->weight_init(gpu, &wg, t, n_in, n_out, hw.data)) {
+        printf("FAIL  get_rows %s: weight_init refused\n", ggml_type_traits_get(t)->name);
+        n_fail++;
+        free_hweight(&hw);
+        return;
+    }
     int32_t ids[5] = {0, n_out - 1, n_out / 2, 0, n_out / 3};
     float *rc = xmalloc(sizeof(float) * 5 * n_in), *rg = xmalloc(sizeof(float) * 5 * n_in);
     int32_t *dids = gdup(ids, sizeof ids);
@@ -252,41 +315,41 @@ static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
     cpu->get_rows(cpu, &wc, ids, 5, rc);
     gpu->get_rows(gpu, &wg, dids, 5, dr);
     gget(rg, dr, sizeof(float) * 5 * n_in);
-    snprintf(shape, sizeof shape, "%s %dx%d 5 ids", tn, n_in, n_out);
-    if (want("get_rows")) check_bits("get_rows", shape, rg, rc, sizeof(float) * 5 * n_in);
-
-    gpu->free(gpu, dx); gpu->free(gpu, dy); gpu->free(gpu, dids); gpu->free(gpu, dr);
+    snprintf(shape, sizeof shape, "%s %dx%d 5 ids", ggml_type_traits_get(t)->name, n_in, n_out);
+    check_bits("get_rows", shape, rg, rc, sizeof(float) * 5 * n_in);
+    gpu->free(gpu, dids); gpu->free(gpu, dr);
     cpu->weight_free(cpu, &wc);
     gpu->weight_free(gpu, &wg);
-    free(x); free(yc); free(yg); free(yref); free(scale); free(rc); free(rg);
+    free(rc); free(rg);
     free_hweight(&hw);
 }
 
-static void test_matmul(void) {
+/* each(type, n_in, n_out) over every weight type at the shapes that matter for it */
+static void for_weight_shapes(void (*each)(enum ggml_type, int, int)) {
     for (size_t i = 0; i < sizeof mm_types / sizeof mm_types[0]; i++) {
         enum ggml_type t = mm_types[i];
         int be = ggml_type_traits_get(t)->block_elems;
         if (be == 256) {
-            test_matmul_type(t, 256, 37);
-            test_matmul_type(t, 2304, 130);   /* 9 super-blocks: rows at every alignment */
+            each(t, 256, 37);
+            each(t, 2304, 130);   /* 9 super-blocks: rows at every alignment */
         } else if (be == 32) {
-            test_matmul_type(t, 384, 130);    /* the tiny model's width */
-            test_matmul_type(t, 4096, 67);
-            test_matmul_type(t, 96, 5);
+            each(t, 384, 130);    /* the tiny model's width */
+            each(t, 4096, 67);
+            each(t, 96, 5);
         } else {
-            test_matmul_type(t, 100, 37);     /* a partial 32-element unit, rows 8-byte aligned */
-            test_matmul_type(t, 1024, 70);
-            test_matmul_type(t, 33, 3);
+            each(t, 100, 37);     /* a partial 32-element unit, rows 8-byte aligned */
+            each(t, 1024, 70);
+            each(t, 33, 3);
         }
     }
     /* n_out not a multiple of the rows per block, n_in < 32 */
-    test_matmul_type(GGML_TYPE_F32, 7, 1);
+    each(GGML_TYPE_F32, 7, 1);
     /* wide rows whose quantized activations do not fit beside Q5_1's weight stages: 1-2 tokens
      * fall back to the unfused path instead of a launch over the shared-memory limit */
-    test_matmul_type(GGML_TYPE_Q5_1, 20480, 9);
+    each(GGML_TYPE_Q5_1, 20480, 9);
     /* wider than a matvec quantizes itself: converted rows, one token copied into shared memory */
-    test_matmul_type(GGML_TYPE_Q8_0, 8192, 70);
-    test_matmul_type(GGML_TYPE_Q4_K, 4608, 40);
+    each(GGML_TYPE_Q8_0, 8192, 70);
+    each(GGML_TYPE_Q4_K, 4608, 40);
 }
 
 /* Mixed types in one matmul_n (one conversion per vec_dot type, one launch per weight type). */
@@ -314,8 +377,8 @@ static void test_matmul_n(void) {
         dy[i] = galloc(sizeof(float) * n_tok * n_outs[i]);
         dot_scale(&hw[i], x, n_tok, scale[i]);
     }
-    cpu->matmul_n(cpu, pc, yc, 4, x, n_tok);
-    gpu->matmul_n(gpu, pg, dy, 4, dx, n_tok);
+    matmul_n(cpu, pc, yc, 4, x, n_tok);
+    matmul_n(gpu, pg, dy, 4, dx, n_tok);
     for (int i = 0; i < 4; i++) {
         char shape[96];
         gget(yg[i], dy[i], sizeof(float) * n_tok * n_outs[i]);
@@ -366,9 +429,9 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
     char shape[96];
     for (int with_m = 1; with_m >= 0; with_m--) {
         const float *hm = with_m ? m : NULL, *gm = with_m ? dm : NULL;
-        cpu->norm_matmul_n(cpu, x, hm, xo, w, eps, a, &pc, &yc, 1, NT);
+        norm_matmul_n(cpu, x, hm, xo, w, eps, a, &pc, &yc, 1, NT);
         dot_scale(&hw, a, NT, scale);
-        gpu->norm_matmul_n(gpu, dx, gm, dxo, dw, eps, da, &pg, &dy, 1, NT);
+        norm_matmul_n(gpu, dx, gm, dxo, dw, eps, da, &pg, &dy, 1, NT);
         gget(g5, dy, sizeof(float) * ny);
         gget(ga5, da, sizeof(float) * nx);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d%s", tn, n_in, n_out, NT, with_m ? " +m" : "");
@@ -381,7 +444,7 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
         for (int nt = 1; nt <= 2; nt++) {
             gpu->upload(gpu, dxo, poison, sizeof(float) * nx);
             gpu->upload(gpu, da, poison, sizeof(float) * nx);
-            gpu->norm_matmul_n(gpu, dx, gm, dxo, dw, eps, da, &pg, &dy, 1, nt);
+            norm_matmul_n(gpu, dx, gm, dxo, dw, eps, da, &pg, &dy, 1, nt);
             gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
             gget(ga, da, sizeof(float) * (size_t)nt * n_in);
             snprintf(shape, sizeof shape, "%s %dx%d tok %d%s", tn, n_in, n_out, nt, with_m ? " +m" : "");
@@ -395,16 +458,16 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
     }
     /* swiglu_matmul: g (x here) is clobbered, so it is uploaded before every call */
     memcpy(gx, x, sizeof(float) * nx);
-    cpu->swiglu_matmul(cpu, &wc, gx, m, NT, yc); /* gx now holds silu(x) ⊙ m */
+    swiglu_matmul(cpu, &wc, gx, m, NT, yc); /* gx now holds silu(x) ⊙ m */
     dot_scale(&hw, gx, NT, scale);
     gpu->upload(gpu, dx, x, sizeof(float) * nx);
-    gpu->swiglu_matmul(gpu, &wg, dx, dm, NT, dy);
+    swiglu_matmul(gpu, &wg, dx, dm, NT, dy);
     gget(g5, dy, sizeof(float) * ny);
     snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
     check_scaled_flips("swiglu_matmul", shape, g5, yc, scale, &hw, gx, NT);
     for (int nt = 1; nt <= 2; nt++) {
         gpu->upload(gpu, dx, x, sizeof(float) * nx);
-        gpu->swiglu_matmul(gpu, &wg, dx, dm, nt, dy);
+        swiglu_matmul(gpu, &wg, dx, dm, nt, dy);
         gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
         check_bits("swiglu_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
@@ -412,14 +475,14 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
     /* rmsnorm_gated_matmul, groups of 128 with m as the gate (w's first 128 as the norm weight) */
     if (n_in % 128 == 0) {
         gpu->upload(gpu, dx, x, sizeof(float) * nx); /* swiglu_matmul clobbered it */
-        cpu->rmsnorm_gated_matmul(cpu, x, w, m, 128, eps, a, &wc, NT, yc);
+        rmsnorm_gated_matmul(cpu, x, w, m, 128, eps, a, &wc, NT, yc);
         dot_scale(&hw, a, NT, scale);
-        gpu->rmsnorm_gated_matmul(gpu, dx, dw, dm, 128, eps, da, &wg, NT, dy);
+        rmsnorm_gated_matmul(gpu, dx, dw, dm, 128, eps, da, &wg, NT, dy);
         gget(g5, dy, sizeof(float) * ny);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
         check_scaled_flips("rmsnorm_gated_matmul", shape, g5, yc, scale, &hw, a, NT);
         for (int nt = 1; nt <= 2; nt++) {
-            gpu->rmsnorm_gated_matmul(gpu, dx, dw, dm, 128, eps, da, &wg, nt, dy);
+            rmsnorm_gated_matmul(gpu, dx, dw, dm, 128, eps, da, &wg, nt, dy);
             gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
             snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
             check_bits("rmsnorm_gated_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
@@ -431,14 +494,14 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
     if (n_in % 64 == 0) {
         const int half = n_in / 2;
         gpu->upload(gpu, dx, x, sizeof(float) * nx);
-        cpu->norm2_matmul(cpu, x, w, m, w + half, half, eps, a, &wc, NT, yc);
+        norm2_matmul(cpu, x, w, m, w + half, half, eps, a, &wc, NT, yc);
         dot_scale(&hw, a, NT, scale);
-        gpu->norm2_matmul(gpu, dx, dw, dm, dw + half, half, eps, da, &wg, NT, dy);
+        norm2_matmul(gpu, dx, dw, dm, dw + half, half, eps, da, &wg, NT, dy);
         gget(g5, dy, sizeof(float) * ny);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
         check_scaled("norm2_matmul", shape, g5, yc, scale, ny, MM_TOL);
         for (int nt = 1; nt < NT; nt++) {
-            gpu->norm2_matmul(gpu, dx, dw, dm, dw + half, half, eps, da, &wg, nt, dy);
+            norm2_matmul(gpu, dx, dw, dm, dw + half, half, eps, da, &wg, nt, dy);
             gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
             snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
             check_bits("norm2_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
@@ -448,16 +511,16 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
     if (n_in % 64 == 0) {
         const int nh = n_in / 64;
         memcpy(gx, x, sizeof(float) * nx);
-        cpu->mul_sigmoid_matmul(cpu, gx, m, nh, 64, n_in, 64, &wc, NT, yc); /* gx now holds x ⊙ sigmoid(m) */
+        mul_sigmoid_matmul(cpu, gx, m, nh, 64, n_in, 64, &wc, NT, yc); /* gx now holds x ⊙ sigmoid(m) */
         dot_scale(&hw, gx, NT, scale);
         gpu->upload(gpu, dx, x, sizeof(float) * nx);
-        gpu->mul_sigmoid_matmul(gpu, dx, dm, nh, 64, n_in, 64, &wg, NT, dy);
+        mul_sigmoid_matmul(gpu, dx, dm, nh, 64, n_in, 64, &wg, NT, dy);
         gget(g5, dy, sizeof(float) * ny);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
         check_scaled_flips("mul_sigmoid_matmul", shape, g5, yc, scale, &hw, gx, NT);
         for (int nt = 1; nt <= 2; nt++) {
             gpu->upload(gpu, dx, x, sizeof(float) * nx);
-            gpu->mul_sigmoid_matmul(gpu, dx, dm, nh, 64, n_in, 64, &wg, nt, dy);
+            mul_sigmoid_matmul(gpu, dx, dm, nh, 64, n_in, 64, &wg, nt, dy);
             gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
             snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
             check_bits("mul_sigmoid_matmul-batch", shape, gy, g5, sizeof(float) * (size_t)nt * n_out);
@@ -598,7 +661,7 @@ static void test_rmsnorm_gated(int n_rows, int dim) {
     free(x); free(z); free(w); free(yc); free(yg);
 }
 
-static void test_elementwise(int64_t n) {
+static void test_elementwise(int64_t n, bool swiglu) {
     char shape[96];
     float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
     float *yc = xmalloc(sizeof(float) * n), *yg = xmalloc(sizeof(float) * n);
@@ -606,20 +669,23 @@ static void test_elementwise(int64_t n) {
     fill(b, n, 2.0f);
     float *da = gdup(a, sizeof(float) * n), *db = gdup(b, sizeof(float) * n), *dy = galloc(sizeof(float) * n);
     snprintf(shape, sizeof shape, "n %lld", (long long)n);
-    cpu->add(cpu, a, b, n, yc);
-    gpu->add(gpu, da, db, n, dy);
-    gget(yg, dy, sizeof(float) * n);
-    check_bits("add", shape, yg, yc, sizeof(float) * n);
-    cpu->swiglu(cpu, a, b, n, yc);
-    gpu->swiglu(gpu, da, db, n, dy);
-    gget(yg, dy, sizeof(float) * n);
-    check("swiglu", shape, yg, yc, n, 1e-30, 2e-6);
-    /* in place, as the model calls it: y = g */
-    memcpy(yc, a, sizeof(float) * n);
-    cpu->swiglu(cpu, yc, b, n, yc);
-    gpu->swiglu(gpu, da, db, n, da);
-    gget(yg, da, sizeof(float) * n);
-    check("swiglu", "in place", yg, yc, n, 1e-30, 2e-6);
+    if (!swiglu) {
+        cpu->add(cpu, a, b, n, yc);
+        gpu->add(gpu, da, db, n, dy);
+        gget(yg, dy, sizeof(float) * n);
+        check_bits("add", shape, yg, yc, sizeof(float) * n);
+    } else {
+        cpu->swiglu(cpu, a, b, n, yc);
+        gpu->swiglu(gpu, da, db, n, dy);
+        gget(yg, dy, sizeof(float) * n);
+        check("swiglu", shape, yg, yc, n, 1e-30, 2e-6);
+        /* in place, as the model calls it: y = g */
+        memcpy(yc, a, sizeof(float) * n);
+        cpu->swiglu(cpu, yc, b, n, yc);
+        gpu->swiglu(gpu, da, db, n, da);
+        gget(yg, da, sizeof(float) * n);
+        check("swiglu", "in place", yg, yc, n, 1e-30, 2e-6);
+    }
     gpu->free(gpu, da); gpu->free(gpu, db); gpu->free(gpu, dy);
     free(a); free(b); free(yc); free(yg);
 }
@@ -1067,10 +1133,10 @@ static void bench_formed(cudaEvent_t e0, cudaEvent_t e1, int op, int n_in, int n
     /* one call first: it sizes the backend's scratch, which a capture cannot allocate */
     for (int i = -1; i < iters; i++) {
         if (i == 0) gpu->capture_begin(gpu);
-        if (op == 0) gpu->norm_matmul_n(gpu, dx, dm, dxo, dw, 1e-6f, da, &pw, &dy, 1, nt);
-        else if (op == 1) gpu->swiglu_matmul(gpu, &w, dx, dm, nt, dy);
-        else if (op == 2) gpu->rmsnorm_gated_matmul(gpu, dx, dw, dm, 64, 1e-6f, da, &w, nt, dy);
-        else gpu->mul_sigmoid_matmul(gpu, dx, dm, n_in / 64, 64, n_in, 64, &w, nt, dy);
+        if (op == 0) norm_matmul_n(gpu, dx, dm, dxo, dw, 1e-6f, da, &pw, &dy, 1, nt);
+        else if (op == 1) swiglu_matmul(gpu, &w, dx, dm, nt, dy);
+        else if (op == 2) rmsnorm_gated_matmul(gpu, dx, dw, dm, 64, 1e-6f, da, &w, nt, dy);
+        else mul_sigmoid_matmul(gpu, dx, dm, n_in / 64, 64, n_in, 64, &w, nt, dy);
     }
     printf("%-22s q8_0 %5d -> %5d rows %d graph: %7.2f us per call\n", names[op], n_in, n_out, nt,
            graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1));
@@ -1181,12 +1247,12 @@ static void bench(void) {
         for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
             const int nt = rows[ri];
             if ((double)nt * n_out > 2.6e7) continue; /* the 512-row LM head needs 0.5 GB of output */
-            for (int i = 0; i < 3; i++) gpu->matmul(gpu, &w[i % n_copies], dx, nt, dy);
+            for (int i = 0; i < 3; i++) matmul1(gpu, &w[i % n_copies], dx, nt, dy);
             double host_us = 1e30;
             for (int r = 0; r < reps; r++) {
                 BENCH_CHECK(cudaEventRecord(e0, s));
                 const int64_t h0 = coti_time_us();
-                for (int i = 0; i < iters; i++) gpu->matmul(gpu, &w[i % n_copies], dx, nt, dy);
+                for (int i = 0; i < iters; i++) matmul1(gpu, &w[i % n_copies], dx, nt, dy);
                 host_us = fmin(host_us, (double)(coti_time_us() - h0) / iters);
                 BENCH_CHECK(cudaEventRecord(e1, s));
                 BENCH_CHECK(cudaEventSynchronize(e1));
@@ -1200,7 +1266,7 @@ static void bench(void) {
                    ts[reps - 1] * 1e3 / iters, n_copies, host_us);
             if (nt <= 2) { /* the same calls recorded once as a graph and replayed: no host in the loop */
                 gpu->capture_begin(gpu);
-                for (int i = 0; i < iters; i++) gpu->matmul(gpu, &w[i % n_copies], dx, nt, dy);
+                for (int i = 0; i < iters; i++) matmul1(gpu, &w[i % n_copies], dx, nt, dy);
                 const double gus = graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1);
                 const double ggbps = bytes / (gus * 1e-6) / 1e9;
                 printf("matmul q8_0 %5d -> %6d rows %3d graph: %9.2f us %7.1f GB/s %5.1f%% of copy\n", n_in, n_out,
@@ -1215,6 +1281,159 @@ static void bench(void) {
     BENCH_CHECK(cudaEventDestroy(e0));
     BENCH_CHECK(cudaEventDestroy(e1));
 }
+
+/* ---- the registry: a test for every op of backend_ops.h (main fails for one without) ------ */
+
+static void test_fused_matmuls(void) {
+    test_fused_matmul(GGML_TYPE_Q8_0, 4096, 64);
+    test_fused_matmul(GGML_TYPE_Q8_0, 4096, 1000);  /* warps with two row sets */
+    test_fused_matmul(GGML_TYPE_Q4_1, 2112, 300);   /* Q8_1 codes, stride padding */
+    test_fused_matmul(GGML_TYPE_Q8_0, 12288, 40);   /* wider than a matvec quantizes: formed grid-wide */
+    test_fused_matmul(GGML_TYPE_Q4_1, 5120, 11);    /* the same with Q8_1 activations */
+    test_fused_matmul(GGML_TYPE_Q8_0, 384, 130);    /* the tiny model's width (stride padding) */
+    test_fused_matmul(GGML_TYPE_Q8_0, 768, 50);     /* the NextN head's eh_proj input (two halves of 384) */
+    test_fused_matmul(GGML_TYPE_Q4_0, 96, 5);
+    test_fused_matmul(GGML_TYPE_Q4_1, 256, 11);     /* Q8_1 activations */
+    test_fused_matmul(GGML_TYPE_Q4_K, 2304, 37);    /* Q8_K activations */
+    test_fused_matmul(GGML_TYPE_Q6_K, 256, 9);
+    test_fused_matmul(GGML_TYPE_F16, 1024, 20);     /* never fused: both paths unfused */
+}
+
+/* Every matmul input kind and weight type under the rules, then with each kernel variant
+ * forced (where it can run; elsewhere the rules choose): every variant against the CPU
+ * reference, and each one seen to run. */
+static void run_matmul(void) {
+    static const char *const names[CUDA_MV_COUNT] = {"auto", "converted", "staged", "fused", "direct", "tiles"};
+    for (int v = CUDA_MV_AUTO; v < CUDA_MV_COUNT; v++) {
+        printf("---- matmul variant %s\n", names[v]);
+        mv_forced = v;
+        backend_cuda_force_matvec(gpu, v);
+        const long before = backend_cuda_matvec_launches(gpu, v);
+        for_weight_shapes(test_matmul_type);
+        test_matmul_n();
+        test_fused_matmuls();
+        if (v != CUDA_MV_AUTO) {
+            const bool ran = backend_cuda_matvec_launches(gpu, v) > before;
+            printf("%-5s %-14s %-44s\n", ran ? "ok" : "FAIL", "matmul", ran ? "the forced variant ran" : "the forced variant never ran");
+            ran ? n_pass++ : n_fail++;
+        }
+    }
+    mv_forced = CUDA_MV_AUTO;
+    backend_cuda_force_matvec(gpu, CUDA_MV_AUTO);
+}
+static void run_get_rows(void) { for_weight_shapes(test_get_rows_type); }
+static void run_rmsnorm(void) {
+    test_rmsnorm(5, 384, 384, 384, false);
+    test_rmsnorm(3, 4096, 4096, 4096, false);
+    test_rmsnorm(4 * 16, 256, 512, 512, true);   /* per-head q norm over [q ; gate] rows */
+    test_rmsnorm(3, 384, 384, 768, false);       /* into half of a concatenated row */
+    test_rmsnorm(1, 5000, 5000, 5000, false);
+    test_rmsnorm(2, 9000, 9000, 9000, false);    /* past the registers of a block row */
+    test_rmsnorm(5, 300, 300, 300, false);       /* past the registers of a warp row */
+}
+static void run_rmsnorm_gated(void) { test_rmsnorm_gated(4 * 32, 128); test_rmsnorm_gated(3, 1500); }
+static void run_add_rmsnorm(void) { test_add_rmsnorm(1, 4096); test_add_rmsnorm(3, 9000); test_add_rmsnorm(5, 384); test_add_rmsnorm(9, 300); }
+static void run_add(void) { test_elementwise(1, false); test_elementwise(12289, false); test_elementwise(3 * 12288, false); }
+static void run_swiglu(void) { test_elementwise(1, true); test_elementwise(12289, true); test_elementwise(3 * 12288, true); }
+static void run_mul_sigmoid(void) { test_mul_sigmoid(1, 16, 256); test_mul_sigmoid(5, 3, 100); }
+static void run_rope_neox(void) {
+    test_rope(1, 16, 256, 64, 2 * 16 * 256, 2 * 256, 7);
+    test_rope(5, 4, 256, 64, 4 * 256, 256, 30000);
+    test_rope(3, 2, 128, 128, 2 * 128, 128, 100000);
+    test_rope(70, 8, 64, 32, 8 * 64, 64, 0);
+}
+static void run_attn_prep(void) {
+    test_attn_prep(1, 16, 4, 256, 64, 8);   /* the 9B's shape, decode */
+    test_attn_prep(5, 6, 2, 64, 64, 12);    /* the tiny model's, a verify batch */
+    test_attn_prep(3, 4, 2, 128, 96, 4);    /* rotation not a multiple of the warp */
+}
+static void run_kv_store(void) { test_kv_store(1, 1024, 10); test_kv_store(9, 512, 20); test_kv_store(3, 100, 5); }
+static void run_attention(void) {
+    test_attention(1, 0, 16, 4, 256, 0);     /* first token */
+    test_attention(1, 700, 16, 4, 256, 1);   /* decode, second sequence */
+    test_attention(4, 300, 16, 4, 256, 0);   /* verify batch */
+    test_attention(2, 40, 16, 4, 256, 0);    /* short cache: most slices empty */
+    test_attention(8, 5000, 8, 2, 128, 2);   /* verify batch, long cache */
+    test_attention(40, 0, 4, 1, 64, 0);      /* prefill */
+    test_attention(3, 50, 6, 3, 36, 0);      /* head dim not a multiple of 8 */
+    test_attention(12, 20, 4, 4, 512, 1);    /* widest head, no GQA */
+    test_attention(2, 10, 2, 1, 400, 0);     /* wide, scalar path */
+}
+static void run_ssm_conv(void) {
+    test_ssm_conv(1, 8192, 4, 1);
+    test_ssm_conv(5, 1000, 4, 3);
+    test_ssm_conv(70, 300, 4, 0);
+    test_ssm_conv(6, 100, 2, 6);
+    test_ssm_conv(4, 77, 16, 2);
+}
+static void run_gdn(void) {
+    test_gdn(false, 1, 16, 32, 128, 1);
+    test_gdn(false, 4, 2, 4, 128, 3);
+    test_gdn(false, 70, 2, 4, 16, 0);
+    test_gdn(false, 5, 1, 2, 256, 5);
+    test_gdn(false, 3, 2, 6, 40, 2);
+}
+static void run_gdn_chunked(void) { test_gdn(true, 150, 2, 4, 128, 0); test_gdn(true, 64, 2, 4, 16, 0); }
+static void run_argmax(void) { test_argmax(1, 248320); test_argmax(5, 1000); test_argmax(3, 4097); }
+static void run_accept_greedy(void) {
+    for (int n = 0; n <= 8; n += 4)
+        for (int miss = 0; miss <= n; miss++) test_accept_greedy(n, miss);
+}
+
+static const struct op_test {
+    enum backend_op op;
+    void (*run)(void);
+} op_tests[] = {
+    {BACKEND_OP_matmul, run_matmul},
+    {BACKEND_OP_get_rows, run_get_rows},
+    {BACKEND_OP_rmsnorm, run_rmsnorm},
+    {BACKEND_OP_rmsnorm_gated, run_rmsnorm_gated},
+    {BACKEND_OP_add_rmsnorm, run_add_rmsnorm},
+    {BACKEND_OP_add, run_add},
+    {BACKEND_OP_swiglu, run_swiglu},
+    {BACKEND_OP_mul_sigmoid, run_mul_sigmoid},
+    {BACKEND_OP_rope_neox, run_rope_neox},
+    {BACKEND_OP_attn_prep, run_attn_prep},
+    {BACKEND_OP_kv_store, run_kv_store},
+    {BACKEND_OP_attention, run_attention},
+    {BACKEND_OP_ssm_conv, run_ssm_conv},
+    {BACKEND_OP_gdn, run_gdn},
+    {BACKEND_OP_gdn_chunked, run_gdn_chunked},
+    {BACKEND_OP_argmax, run_argmax},
+    {BACKEND_OP_accept_greedy, run_accept_greedy},
+};
+
+/* supports() says yes to exactly the weight types weight_init takes, and to f16 caches only */
+static void test_supports(void) {
+    static unsigned char zeros[4 * 256 * 8];
+    bool ok = true;
+    int n_taken = 0;
+    for (int t = 0; t < GGML_TYPE_COUNT; t++) {
+        if (!ggml_type_supported((enum ggml_type)t)) continue;
+        struct bweight w = {0};
+        const bool taken = gpu->weight_init(gpu, &w, (enum ggml_type)t, 256, 4, zeros) == 0;
+        if (taken) gpu->weight_free(gpu, &w);
+        n_taken += taken;
+        ok &= gpu->supports(gpu, BACKEND_OP_matmul, (enum ggml_type)t) == taken;
+        ok &= gpu->supports(gpu, BACKEND_OP_get_rows, (enum ggml_type)t) == taken;
+    }
+    ok &= n_taken == (int)(sizeof mm_types / sizeof mm_types[0]);
+    ok &= gpu->supports(gpu, BACKEND_OP_attention, GGML_TYPE_F16) && !gpu->supports(gpu, BACKEND_OP_attention, GGML_TYPE_Q8_0);
+    ok &= gpu->supports(gpu, BACKEND_OP_rmsnorm, GGML_TYPE_F32);
+    printf("%-5s %-14s %-44s %d weight types\n", ok ? "ok" : "FAIL", "supports", "= weight_init, f16 caches", n_taken);
+    ok ? n_pass++ : n_fail++;
+}
+static void run_copy_n(void) { test_copy_n(1); test_copy_n(14); test_copy_n(70); }
+static void run_copy_n_at(void) { test_copy_n_at(12, 0, 3); test_copy_n_at(70, 2, 3); test_copy_n_at(12, 3, 3); }
+
+/* the members of struct backend that are not ops */
+static const struct {
+    const char *name;
+    void (*run)(void);
+} member_tests[] = {
+    {"memory", test_memory}, {"supports", test_supports}, {"copy_n", run_copy_n}, {"copy_n_at", run_copy_n_at},
+    {"marks", test_marks},   {"graphs", test_graphs},
+};
 
 int main(int argc, char **argv) {
     bool do_bench = false;
@@ -1235,84 +1454,20 @@ int main(int argc, char **argv) {
     cpu = backend_cpu_init(1, QUANT_CPU_REF);
     if (!cpu) { fprintf(stderr, "backend_cpu_init failed\n"); return 2; }
 
-    if (want("memory")) test_memory();
-    if (want("matmul")) test_matmul();
-    if (want("matmul_n")) test_matmul_n();
-    if (want("get_rows") && only) test_matmul(); /* get_rows runs inside the matmul cases */
-    if (want("rmsnorm")) {
-        test_rmsnorm(5, 384, 384, 384, false);
-        test_rmsnorm(3, 4096, 4096, 4096, false);
-        test_rmsnorm(4 * 16, 256, 512, 512, true);   /* per-head q norm over [q ; gate] rows */
-        test_rmsnorm(3, 384, 384, 768, false);       /* into half of a concatenated row */
-        test_rmsnorm(1, 5000, 5000, 5000, false);
-        test_rmsnorm(2, 9000, 9000, 9000, false);       /* past the registers of a block row */
-        test_rmsnorm(5, 300, 300, 300, false);          /* past the registers of a warp row */
+    for (int op = 0; op < BACKEND_OP_COUNT; op++) {
+        const char *name = backend_op_name((enum backend_op)op);
+        void (*run)(void) = NULL;
+        for (size_t k = 0; k < sizeof op_tests / sizeof op_tests[0]; k++)
+            if (op_tests[k].op == (enum backend_op)op) run = op_tests[k].run;
+        if (!run) {
+            printf("FAIL  %-14s has no entry in op_tests\n", name);
+            n_fail++;
+        } else if (want(name)) {
+            run();
+        }
     }
-    if (want("fused_matmul")) {
-        test_fused_matmul(GGML_TYPE_Q8_0, 4096, 64);
-        test_fused_matmul(GGML_TYPE_Q8_0, 4096, 1000);  /* warps with two row sets */
-        test_fused_matmul(GGML_TYPE_Q4_1, 2112, 300);   /* Q8_1 codes, stride padding */
-        test_fused_matmul(GGML_TYPE_Q8_0, 12288, 40);   /* wider than a matvec quantizes: formed grid-wide */
-        test_fused_matmul(GGML_TYPE_Q4_1, 5120, 11);    /* the same with Q8_1 activations */
-        test_fused_matmul(GGML_TYPE_Q8_0, 384, 130);    /* the tiny model's width (stride padding) */
-        test_fused_matmul(GGML_TYPE_Q8_0, 768, 50);     /* the NextN head's eh_proj input (two halves of 384) */
-        test_fused_matmul(GGML_TYPE_Q4_0, 96, 5);
-        test_fused_matmul(GGML_TYPE_Q4_1, 256, 11);     /* Q8_1 activations */
-        test_fused_matmul(GGML_TYPE_Q4_K, 2304, 37);    /* Q8_K activations */
-        test_fused_matmul(GGML_TYPE_Q6_K, 256, 9);
-        test_fused_matmul(GGML_TYPE_F16, 1024, 20);     /* never fused: both paths unfused */
-    }
-    if (want("add_rmsnorm")) { test_add_rmsnorm(1, 4096); test_add_rmsnorm(3, 9000); test_add_rmsnorm(5, 384); test_add_rmsnorm(9, 300); }
-    if (want("rmsnorm_gated")) { test_rmsnorm_gated(4 * 32, 128); test_rmsnorm_gated(3, 1500); }
-    if (want("add") || want("swiglu")) { test_elementwise(1); test_elementwise(12289); test_elementwise(3 * 12288); }
-    if (want("mul_sigmoid")) { test_mul_sigmoid(1, 16, 256); test_mul_sigmoid(5, 3, 100); }
-    if (want("rope_neox")) {
-        test_rope(1, 16, 256, 64, 2 * 16 * 256, 2 * 256, 7);
-        test_rope(5, 4, 256, 64, 4 * 256, 256, 30000);
-        test_rope(3, 2, 128, 128, 2 * 128, 128, 100000);
-        test_rope(70, 8, 64, 32, 8 * 64, 64, 0);
-    }
-    if (want("copy_n")) { test_copy_n(1); test_copy_n(14); test_copy_n(70); }
-    if (want("copy_n_at")) { test_copy_n_at(12, 0, 3); test_copy_n_at(70, 2, 3); test_copy_n_at(12, 3, 3); }
-    if (want("kv_store")) { test_kv_store(1, 1024, 10); test_kv_store(9, 512, 20); test_kv_store(3, 100, 5); }
-    if (want("attn_prep")) {
-        test_attn_prep(1, 16, 4, 256, 64, 8);   /* the 9B's shape, decode */
-        test_attn_prep(5, 6, 2, 64, 64, 12);    /* the tiny model's, a verify batch */
-        test_attn_prep(3, 4, 2, 128, 96, 4);    /* rotation not a multiple of the warp */
-    }
-    if (want("attention")) {
-        test_attention(1, 0, 16, 4, 256, 0);     /* first token */
-        test_attention(1, 700, 16, 4, 256, 1);   /* decode, second sequence */
-        test_attention(4, 300, 16, 4, 256, 0);   /* verify batch */
-        test_attention(2, 40, 16, 4, 256, 0);    /* short cache: most slices empty */
-        test_attention(8, 5000, 8, 2, 128, 2);   /* verify batch, long cache */
-        test_attention(40, 0, 4, 1, 64, 0);      /* prefill */
-        test_attention(3, 50, 6, 3, 36, 0);      /* head dim not a multiple of 8 */
-        test_attention(12, 20, 4, 4, 512, 1);    /* widest head, no GQA */
-        test_attention(2, 10, 2, 1, 400, 0);     /* wide, scalar path */
-    }
-    if (want("ssm_conv")) {
-        test_ssm_conv(1, 8192, 4, 1);
-        test_ssm_conv(5, 1000, 4, 3);
-        test_ssm_conv(70, 300, 4, 0);
-        test_ssm_conv(6, 100, 2, 6);
-        test_ssm_conv(4, 77, 16, 2);
-    }
-    if (want("gdn")) {
-        test_gdn(false, 1, 16, 32, 128, 1);
-        test_gdn(false, 4, 2, 4, 128, 3);
-        test_gdn(false, 70, 2, 4, 16, 0);
-        test_gdn(false, 5, 1, 2, 256, 5);
-        test_gdn(false, 3, 2, 6, 40, 2);
-    }
-    if (want("gdn_chunked")) { test_gdn(true, 150, 2, 4, 128, 0); test_gdn(true, 64, 2, 4, 16, 0); }
-    if (want("argmax")) { test_argmax(1, 248320); test_argmax(5, 1000); test_argmax(3, 4097); }
-    if (want("accept_greedy")) {
-        for (int n = 0; n <= 8; n += 4)
-            for (int miss = 0; miss <= n; miss++) test_accept_greedy(n, miss);
-    }
-    if (want("marks")) test_marks();
-    if (want("graphs")) test_graphs();
+    for (size_t k = 0; k < sizeof member_tests / sizeof member_tests[0]; k++)
+        if (want(member_tests[k].name)) member_tests[k].run();
 
     printf("%d passed, %d failed\n", n_pass, n_fail);
     backend_free(cpu);

@@ -1,0 +1,119 @@
+/* backend_ops.h — the compute ops of struct backend, listed once. Each entry is
+ *
+ *     BACKEND_OP(name, family, (parameters), (arguments after be))
+ *
+ * and a user defines BACKEND_OP, includes this file, and undefines it again, so one list makes
+ * the struct backend members (backend.h), enum backend_op and the op names (backend.h), the
+ * CPU and CUDA tables (be->name = cpu_name / cuda_name), the CUDA prototypes, the op-cost
+ * forwarders (opcost.c; family is the op's enum opcost_family without the OPCOST_ prefix,
+ * MATMUL meaning "by the weights' shape") and the op tests' registry (tests/cuda/test_cuda_ops.c
+ * fails for an op without a test). No include guard on purpose. Every op returns void.
+ *
+ * Adding an op: an entry here, cpu_<name> in cpu/backend_cpu.c, cuda_<name> in src/cuda, a
+ * test in test_cuda_ops.c's registry. The memory, weight, timing and graph members of struct
+ * backend are not ops and stay in backend.h. */
+
+/* ys[i][t][0..n_out) = ws[i] · (row t of the input `in` forms) for n_tok rows, every weight
+ * n_in wide (struct matmul_in: a plain input, or a norm / gate / activation formed on the way,
+ * which backends fuse into the matmul where they can). */
+BACKEND_OP(matmul, MATMUL,
+           (struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
+            const struct matmul_in *in, int n_tok),
+           (ws, ys, n_w, in, n_tok))
+/* out[t] = row ids[t] of w, dequantized (embedding lookup). */
+BACKEND_OP(get_rows, EMBED, (struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out),
+           (w, ids, n, out))
+
+/* y = x / sqrt(mean(x²) + eps) ⊙ w for n_rows rows of dim elements (strides per row). */
+BACKEND_OP(rmsnorm, NORMS,
+           (struct backend *be, const float *x, int x_stride, const float *w, int n_rows, int dim, float eps,
+            float *y, int y_stride),
+           (x, x_stride, w, n_rows, dim, eps, y, y_stride))
+/* y = rmsnorm(x) ⊙ w ⊙ silu(z) per row of dim (delta-net gated output norm). */
+BACKEND_OP(rmsnorm_gated, NORMS,
+           (struct backend *be, const float *x, const float *w, const float *z, int n_rows, int dim, float eps,
+            float *y),
+           (x, w, z, n_rows, dim, eps, y))
+/* x += m, then y = rmsnorm(x) ⊙ w (rows of dim, contiguous): a residual add and the norm that
+ * reads its result, in one op (one pass on devices where each op is a launch). */
+BACKEND_OP(add_rmsnorm, NORMS,
+           (struct backend *be, float *x, const float *m, const float *w, int n_rows, int dim, float eps, float *y),
+           (x, m, w, n_rows, dim, eps, y))
+BACKEND_OP(add, ELEMENTWISE, (struct backend *be, const float *a, const float *b, int64_t n, float *y), (a, b, n, y))
+/* y = silu(g) ⊙ u */
+BACKEND_OP(swiglu, ELEMENTWISE, (struct backend *be, const float *g, const float *u, int64_t n, float *y),
+           (g, u, n, y))
+/* x[t][h*dim + i] *= sigmoid(gate[t*gate_stride + h*gate_head_stride + i]) */
+BACKEND_OP(mul_sigmoid, ROPE_KV,
+           (struct backend *be, float *x, const float *gate, int n_tok, int n_head, int dim, int gate_stride,
+            int gate_head_stride),
+           (x, gate, n_tok, n_head, dim, gate_stride, gate_head_stride))
+
+/* NeoX rope on the first n_rot dims of each head, in place: head h of token t at
+ * x + t*tok_stride + h*head_stride; angle of pair d = pos[t] · base^(-2d/n_rot). */
+BACKEND_OP(rope_neox, ROPE_KV,
+           (struct backend *be, float *x, int n_tok, int tok_stride, int n_head, int head_stride, int n_rot,
+            const int32_t *pos, float base),
+           (x, n_tok, tok_stride, n_head, head_stride, n_rot, pos, base))
+/* An attention block's inputs in one op, equal to rmsnorm of every q head (n_head of
+ * head_dim, q_head_stride apart, q rows q_stride apart) with q_norm and of every k head
+ * (n_head_kv, contiguous, k rows k_stride apart) with k_norm, in place; rope_neox of both
+ * (n_rot, pos, base); then kv_store of k and v (v rows v_stride apart) into cells[t]. */
+BACKEND_OP(attn_prep, ROPE_KV,
+           (struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
+            int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok, int n_head,
+            int n_head_kv, int head_dim, int n_rot, const int32_t *pos, float base, const int32_t *cells,
+            uint16_t *k_cache, uint16_t *v_cache),
+           (q, q_stride, q_head_stride, q_norm, k, k_stride, k_norm, v, v_stride, eps, n_tok, n_head, n_head_kv,
+            head_dim, n_rot, pos, base, cells, k_cache, v_cache))
+/* Store K and V rows (n_kv_dim wide; k rows k_stride apart) as f16 into cache rows cells[t]. */
+BACKEND_OP(kv_store, ROPE_KV,
+           (struct backend *be, const float *k, int k_stride, const float *v, int v_stride, int n_tok,
+            int n_kv_dim, const int32_t *cells, uint16_t *k_cache, uint16_t *v_cache),
+           (k, k_stride, v, v_stride, n_tok, n_kv_dim, cells, k_cache, v_cache))
+/* Causal softmax attention with GQA (head h uses kv head h / (n_head/n_head_kv)): token t
+ * attends cache rows [cell0[t], cell0[t] + n_ctx[t]); q head h at q + t*q_stride +
+ * h*q_head_stride; out[t][h*head_dim + i]. */
+BACKEND_OP(attention, ATTENTION,
+           (struct backend *be, const float *q, int q_stride, int q_head_stride, const uint16_t *k_cache,
+            const uint16_t *v_cache, const int32_t *cell0, const int32_t *n_ctx, int n_tok, int n_head,
+            int n_head_kv, int head_dim, float scale, float *out),
+           (q, q_stride, q_head_stride, k_cache, v_cache, cell0, n_ctx, n_tok, n_head, n_head_kv, head_dim, scale,
+            out))
+
+/* Causal depthwise conv (kernel k) + SiLU over n_tok tokens of ONE sequence. x rows are
+ * n_ch wide; w[c][k] (tap k-1 multiplies the current token); state[c][k-1] (oldest
+ * first) is read and updated. If snap, the state after token t goes to
+ * snap + t*n_ch*(k-1) for t < n_snap. */
+BACKEND_OP(ssm_conv, DELTANET,
+           (struct backend *be, const float *x, int n_tok, int n_ch, int k, const float *w, float *state, float *y,
+            float *snap, int n_snap),
+           (x, n_tok, n_ch, k, w, state, y, snap, n_snap))
+/* Gated delta rule over n_tok tokens of ONE sequence (arch-qwen35.md §5.5). qkv rows
+ * (stride qkv_stride): q heads [0, nk·dk), k heads [nk·dk, 2nk·dk), v heads after; q and
+ * k are L2-normalised here (eps). The gates come raw (struct gdn_gates) and are formed
+ * here, per token and v-head. state[h][j][i] (dk fastest) is read and updated; v head h
+ * uses k head h % nk. out[t][h*dv + j]. If snap, the state after token t goes to
+ * snap + t*nv*dk*dv for t < n_snap. */
+BACKEND_OP(gdn, DELTANET,
+           (struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, float *state,
+            int n_tok, int nk, int nv, int dk, int dv, float eps, float *out, float *snap, int n_snap),
+           (qkv, qkv_stride, gates, state, n_tok, nk, nv, dk, dv, eps, out, snap, n_snap))
+/* The same rule in its chunked (parallel) form, for long runs without snapshots
+ * (prompt processing); equal to gdn up to f32 rounding (arch-qwen35.md §5.6). */
+BACKEND_OP(gdn_chunked, DELTANET,
+           (struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, float *state,
+            int n_tok, int nk, int nv, int dk, int dv, float eps, float *out),
+           (qkv, qkv_stride, gates, state, n_tok, nk, nv, dk, dv, eps, out))
+
+/* out[r] = index of the max of row r (lowest index on ties); if p_max, also the softmax
+ * probability of that max (drafters' p_min check) — only ids and scalars leave the op. */
+BACKEND_OP(argmax, ARGMAX, (struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max),
+           (x, n_rows, n, out, p_max))
+/* Greedy speculative acceptance, so a cycle needs one small download: a = the length of
+ * the longest prefix with draft[i] == target[i] (i < n_draft; target[i] is the target's
+ * choice after row i of the verify batch); out[0] = a and out[1 + i] = target[i] for
+ * i <= n_draft — the accepted tokens are out[1 .. a], the target's own token out[1 + a]. */
+BACKEND_OP(accept_greedy, ARGMAX,
+           (struct backend *be, const int32_t *draft, const int32_t *target, int n_draft, int32_t *out),
+           (draft, target, n_draft, out))
