@@ -12,6 +12,7 @@
 #define COTI_BACKEND_H
 
 #include "common.h"
+#include "memory/kv.h"
 #include "quant/quant.h"
 
 #define BACKEND_N_MARKS 4

@@ -55,31 +55,29 @@ BACKEND_OP(rope_neox, ROPE_KV,
            (struct backend *be, float *x, int n_tok, int tok_stride, int n_head, int head_stride, int n_rot,
             const int32_t *pos, float base),
            (x, n_tok, tok_stride, n_head, head_stride, n_rot, pos, base))
-/* An attention block's inputs in one op, equal to rmsnorm of every q head (n_head of
- * head_dim, q_head_stride apart, q rows q_stride apart) with q_norm and of every k head
- * (n_head_kv, contiguous, k rows k_stride apart) with k_norm, in place; rope_neox of both
- * (n_rot, pos, base); then kv_store of k and v (v rows v_stride apart) into cells[t]. */
+/* An attention block's inputs in one op, equal to rmsnorm of every q head (n_head of the
+ * view's head_dim, q_head_stride apart, q rows q_stride apart) with q_norm and of every k head
+ * (the view's n_head_kv, contiguous, k rows k_stride apart) with k_norm, in place; rope_neox of
+ * both (n_rot, pos, base); then kv_store of k and v (v rows v_stride apart) into cells[t]. */
 BACKEND_OP(attn_prep, ROPE_KV,
            (struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
             int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok, int n_head,
-            int n_head_kv, int head_dim, int n_rot, const int32_t *pos, float base, const int32_t *cells,
-            uint16_t *k_cache, uint16_t *v_cache),
-           (q, q_stride, q_head_stride, q_norm, k, k_stride, k_norm, v, v_stride, eps, n_tok, n_head, n_head_kv,
-            head_dim, n_rot, pos, base, cells, k_cache, v_cache))
-/* Store K and V rows (n_kv_dim wide; k rows k_stride apart) as f16 into cache rows cells[t]. */
+            int n_rot, const int32_t *pos, float base, const int32_t *cells, const struct kv_view *kv),
+           (q, q_stride, q_head_stride, q_norm, k, k_stride, k_norm, v, v_stride, eps, n_tok, n_head, n_rot, pos,
+            base, cells, kv))
+/* Store K and V rows (kv's n_head_kv · head_dim wide; k rows k_stride apart) into cells[t] of
+ * the layer kv views, converted to its type. */
 BACKEND_OP(kv_store, ROPE_KV,
            (struct backend *be, const float *k, int k_stride, const float *v, int v_stride, int n_tok,
-            int n_kv_dim, const int32_t *cells, uint16_t *k_cache, uint16_t *v_cache),
-           (k, k_stride, v, v_stride, n_tok, n_kv_dim, cells, k_cache, v_cache))
-/* Causal softmax attention with GQA (head h uses kv head h / (n_head/n_head_kv)): token t
- * attends cache rows [cell0[t], cell0[t] + n_ctx[t]); q head h at q + t*q_stride +
- * h*q_head_stride; out[t][h*head_dim + i]. */
+            const int32_t *cells, const struct kv_view *kv),
+           (k, k_stride, v, v_stride, n_tok, cells, kv))
+/* Causal softmax attention over the layer kv views, with GQA (head h uses kv head
+ * h / (n_head/kv->n_head_kv)): token t attends cells [cell0[t], cell0[t] + n_ctx[t]); q head h
+ * at q + t*q_stride + h*q_head_stride; out[t][h*head_dim + i]. */
 BACKEND_OP(attention, ATTENTION,
-           (struct backend *be, const float *q, int q_stride, int q_head_stride, const uint16_t *k_cache,
-            const uint16_t *v_cache, const int32_t *cell0, const int32_t *n_ctx, int n_tok, int n_head,
-            int n_head_kv, int head_dim, float scale, float *out),
-           (q, q_stride, q_head_stride, k_cache, v_cache, cell0, n_ctx, n_tok, n_head, n_head_kv, head_dim, scale,
-            out))
+           (struct backend *be, const float *q, int q_stride, int q_head_stride, const struct kv_view *kv,
+            const int32_t *cell0, const int32_t *n_ctx, int n_tok, int n_head, float scale, float *out),
+           (q, q_stride, q_head_stride, kv, cell0, n_ctx, n_tok, n_head, scale, out))
 
 /* Causal depthwise conv (kernel k) + SiLU over n_tok tokens of ONE sequence. x rows are
  * n_ch wide; w[c][k] (tap k-1 multiplies the current token); state[c][k-1] (oldest

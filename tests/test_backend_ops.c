@@ -96,10 +96,11 @@ static void check_attention(enum quant_cpu_level level, int n_ctx, int D) {
     fill(vf, (size_t)n_ctx * kvd, 1.0f);
     int32_t cells[512], cell0[3], nctx[3];
     for (int i = 0; i < n_ctx; i++) cells[i] = i;
-    be->kv_store(be, kf, kvd, vf, kvd, n_ctx, kvd, cells, kc, vc);
+    const struct kv_view kvv = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
+    be->kv_store(be, kf, kvd, vf, kvd, n_ctx, cells, &kvv);
     for (int t = 0; t < n_tok; t++) { cell0[t] = 0; nctx[t] = n_ctx - n_tok + 1 + t; }
     const float scale = 1.0f / sqrtf((float)D);
-    be->attention(be, q, H * D, D, kc, vc, cell0, nctx, n_tok, H, HKV, D, scale, out);
+    be->attention(be, q, H * D, D, &kvv, cell0, nctx, n_tok, H, scale, out);
     double worst = 0;
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < H; h++) {
@@ -430,12 +431,14 @@ Test(backend_ops, attn_prep_equals_its_separate_ops) {
     memcpy(q2, q, sizeof q);
     memcpy(q0, q, sizeof q);
     memcpy(k2, k, sizeof k);
-    be->attn_prep(be, q, QS, 2 * D, qn, k, KV, kn, v, KV, 1e-6f, NT, H, HKV, D, NROT, pos, 1e6f, cells, kc, vc);
+    const struct kv_view kvv = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
+    const struct kv_view kvv2 = kv_view_make(GGML_TYPE_F16, HKV, D, kc2, vc2);
+    be->attn_prep(be, q, QS, 2 * D, qn, k, KV, kn, v, KV, 1e-6f, NT, H, NROT, pos, 1e6f, cells, &kvv);
     be->rmsnorm(be, q2, 2 * D, qn, NT * H, D, 1e-6f, q2, 2 * D);
     be->rmsnorm(be, k2, D, kn, NT * HKV, D, 1e-6f, k2, D);
     be->rope_neox(be, q2, NT, QS, H, 2 * D, NROT, pos, 1e6f);
     be->rope_neox(be, k2, NT, KV, HKV, D, NROT, pos, 1e6f);
-    be->kv_store(be, k2, KV, v, KV, NT, KV, cells, kc2, vc2);
+    be->kv_store(be, k2, KV, v, KV, NT, cells, &kvv2);
     cr_assert(memcmp(q, q2, sizeof q) == 0 && memcmp(k, k2, sizeof k) == 0, "q and k in place");
     cr_assert(memcmp(kc, kc2, sizeof kc) == 0 && memcmp(vc, vc2, sizeof vc) == 0, "the cache rows");
     cr_assert(kc[6 * KV + 1] != 0 && q[1] != q0[1] && q[D + 1] == q0[D + 1], "real values, gate halves kept");

@@ -337,12 +337,13 @@ static void cpu_rope_neox(struct backend *be, float *x, int n_tok, int tok_strid
 }
 
 static void cpu_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
-                         int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache, uint16_t *v_cache);
+                         int n_tok, const int32_t *cells, const struct kv_view *kv);
 
 static void cpu_attn_prep(struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
                           int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok,
-                          int n_head, int n_head_kv, int head_dim, int n_rot, const int32_t *pos, float base,
-                          const int32_t *cells, uint16_t *k_cache, uint16_t *v_cache) {
+                          int n_head, int n_rot, const int32_t *pos, float base, const int32_t *cells,
+                          const struct kv_view *kv) {
+    const int n_head_kv = kv->n_head_kv, head_dim = kv->head_dim;
     /* per token, its heads as rmsnorm rows q_head_stride (k: head_dim) apart */
     for (int t = 0; t < n_tok; t++)
         cpu_rmsnorm(be, q + (size_t)t * q_stride, q_head_stride, q_norm, n_head, head_dim, eps,
@@ -352,12 +353,13 @@ static void cpu_attn_prep(struct backend *be, float *q, int q_stride, int q_head
                     head_dim);
     cpu_rope_neox(be, q, n_tok, q_stride, n_head, q_head_stride, n_rot, pos, base);
     cpu_rope_neox(be, k, n_tok, k_stride, n_head_kv, head_dim, n_rot, pos, base);
-    cpu_kv_store(be, k, k_stride, v, v_stride, n_tok, n_head_kv * head_dim, cells, k_cache, v_cache);
+    cpu_kv_store(be, k, k_stride, v, v_stride, n_tok, cells, kv);
 }
 
 static void cpu_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
-                         int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache,
-                         uint16_t *v_cache) {
+                         int n_tok, const int32_t *cells, const struct kv_view *kv) {
+    const int n_kv_dim = kv->n_head_kv * kv->head_dim;
+    uint16_t *k_cache = kv->k, *v_cache = kv->v; /* F16: supports() admits no other type */
     for (int t = 0; t < n_tok; t++) {
         cpu(be)->ops->to_f16(k + (size_t)t * k_stride, k_cache + (size_t)cells[t] * n_kv_dim, n_kv_dim);
         cpu(be)->ops->to_f16(v + (size_t)t * v_stride, v_cache + (size_t)cells[t] * n_kv_dim, n_kv_dim);
@@ -373,12 +375,11 @@ static void attn_worker(void *arg, int ith, int nth) {
 }
 
 static void cpu_attention(struct backend *be, const float *q, int q_stride, int q_head_stride,
-                          const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *cell0,
-                          const int32_t *n_ctx, int n_tok, int n_head, int n_head_kv, int head_dim,
-                          float scale, float *out) {
-    struct attn_task j = {{q, q_stride, q_head_stride, k_cache, v_cache, cell0, n_ctx,
-                           n_tok, n_head, n_head_kv, head_dim, scale, out}, cpu(be)->ops};
-    if (head_dim > CPU_ATTN_MAX_HEAD_DIM) abort(); /* model loading rejects such files */
+                          const struct kv_view *kv, const int32_t *cell0, const int32_t *n_ctx, int n_tok,
+                          int n_head, float scale, float *out) {
+    struct attn_task j = {{q, q_stride, q_head_stride, kv->k, kv->v, cell0, n_ctx,
+                           n_tok, n_head, kv->n_head_kv, kv->head_dim, scale, out}, cpu(be)->ops};
+    if (kv->head_dim > CPU_ATTN_MAX_HEAD_DIM) abort(); /* model loading rejects such files */
     threadpool_run(cpu(be)->tp, attn_worker, &j);
 }
 

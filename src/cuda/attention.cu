@@ -177,11 +177,11 @@ attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const 
     }
 }
 
-void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head_stride,
-                    const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *cell0,
-                    const int32_t *n_ctx, int n_tok, int n_head, int n_head_kv, int head_dim,
-                    float scale, float *out) {
+void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head_stride, const struct kv_view *kv,
+                    const int32_t *cell0, const int32_t *n_ctx, int n_tok, int n_head, float scale, float *out) {
     struct cuda_ctx *c = cuda_enter(be);
+    const int n_head_kv = kv->n_head_kv, head_dim = kv->head_dim;
+    const uint16_t *k_cache = (const uint16_t *)kv->k, *v_cache = (const uint16_t *)kv->v;
     if (n_tok < 1 || n_head < 1) return;
     if (head_dim > ATTN_MAX_D || n_head_kv < 1 || n_head % n_head_kv) abort(); /* model loading rejects these */
     const int n_split = n_tok <= ATTN_SMALL_BATCH ? ATTN_SPLIT : 1;

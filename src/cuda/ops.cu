@@ -238,16 +238,16 @@ attn_prep_kernel(float *q, int q_stride, int q_head_stride, const float *__restr
 
 void cuda_attn_prep(struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
                     int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok, int n_head,
-                    int n_head_kv, int head_dim, int n_rot, const int32_t *pos, float base, const int32_t *cells,
-                    uint16_t *k_cache, uint16_t *v_cache) {
+                    int n_rot, const int32_t *pos, float base, const int32_t *cells, const struct kv_view *kv) {
     struct cuda_ctx *c = cuda_enter(be);
+    const int n_head_kv = kv->n_head_kv, head_dim = kv->head_dim;
     const int half = n_rot / 2;
     if (n_tok < 1) return;
     if (half > ROPE_MAX_HALF) abort(); /* model loading rejects such files (head_dim <= 512) */
     const float theta_scale = powf(base, -2.0f / (float)n_rot); /* as cuda_rope_neox forms it */
     cuda_launch(c, dim3(n_head + n_head_kv, n_tok), 32, attn_prep_kernel, q, q_stride, q_head_stride, q_norm, k,
                 k_stride, k_norm, v, v_stride, eps, n_head, n_head_kv, head_dim, half, pos, theta_scale, cells,
-                k_cache, v_cache);
+                (uint16_t *)kv->k, (uint16_t *)kv->v);
 }
 
 /* ---- KV store ------------------------------------------------------------------------------------ */
@@ -266,13 +266,13 @@ __global__ void kv_store_kernel(const float *k, int ks, const float *v, int vs, 
 }
 
 void cuda_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
-                   int n_tok, int n_kv_dim, const int32_t *cells, uint16_t *k_cache,
-                   uint16_t *v_cache) {
+                   int n_tok, const int32_t *cells, const struct kv_view *kv) {
     struct cuda_ctx *c = cuda_enter(be);
+    const int n_kv_dim = kv->n_head_kv * kv->head_dim;
     const int64_t n = (int64_t)n_tok * n_kv_dim;
     if (n < 1) return;
-    cuda_launch(c, elem_grid(c, n), 256, kv_store_kernel, k, k_stride, v, v_stride, n_tok, n_kv_dim, cells, k_cache,
-                v_cache);
+    cuda_launch(c, elem_grid(c, n), 256, kv_store_kernel, k, k_stride, v, v_stride, n_tok, n_kv_dim, cells,
+                (uint16_t *)kv->k, (uint16_t *)kv->v);
 }
 
 /* ---- argmax -------------------------------------------------------------------------------------- */

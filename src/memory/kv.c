@@ -21,8 +21,7 @@ int kv_cache_init(struct kv_cache *kv, struct backend *be, const struct kv_layer
             *v = kv->layers[sp->shared_from];
             continue;
         }
-        *v = (struct kv_view){.type = type, .n_head_kv = sp->n_head_kv, .head_dim = sp->head_dim,
-                              .row_bytes = ggml_row_size(type, (int64_t)sp->n_head_kv * sp->head_dim)};
+        *v = kv_view_make(type, sp->n_head_kv, sp->head_dim, NULL, NULL);
         size_t bytes;
         if (__builtin_mul_overflow(cells, v->row_bytes, &bytes)) return COTI_E_NOMEM;
         kv->owns[il] = true;

@@ -42,6 +42,13 @@ int kv_cache_init(struct kv_cache *kv, struct backend *be, const struct kv_layer
                   int n_seq, int n_ctx, enum ggml_type type);
 void kv_cache_free(struct kv_cache *kv);
 
+/* A view of storage k, v for n_head_kv heads of head_dim elements of type (a cache's layer,
+ * or an op test's buffers). */
+static inline struct kv_view kv_view_make(enum ggml_type type, int n_head_kv, int head_dim, void *k, void *v) {
+    struct kv_view w = {type, n_head_kv, head_dim, ggml_row_size(type, (int64_t)n_head_kv * head_dim), k, v, false};
+    return w;
+}
+
 static inline int32_t kv_cell(int n_ctx, int s, int pos) { return (int32_t)(s * n_ctx + pos); }
 
 /* A read-only view of layer il, for a reader that must not change the cache. */

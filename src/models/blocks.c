@@ -33,10 +33,10 @@ void block_gated_attn(const struct block_ctx *c, const struct gated_attn_weights
     float *ys[3] = {s->qg, s->k, s->v};
     block_matmul_n(c, in, ws, ys, 3, n);
     /* q rows hold [q_h ; gate_h] per head: per-head norm over the first D of every 2D */
-    be->attn_prep(be, s->qg, 2 * H * D, 2 * D, w->q_norm, s->k, KV, w->k_norm, s->v, KV, c->eps, n, H,
-                  sh->n_head_kv, D, sh->n_rot, c->meta->pos, sh->rope_base, c->meta->cells, kv->k, kv->v);
-    be->attention(be, s->qg, 2 * H * D, 2 * D, kv->k, kv->v, c->meta->cell0, c->meta->nctx, n, H,
-                  sh->n_head_kv, D, 1.0f / sqrtf((float)D), s->att);
+    be->attn_prep(be, s->qg, 2 * H * D, 2 * D, w->q_norm, s->k, KV, w->k_norm, s->v, KV, c->eps, n, H, sh->n_rot,
+                  c->meta->pos, sh->rope_base, c->meta->cells, kv);
+    be->attention(be, s->qg, 2 * H * D, 2 * D, kv, c->meta->cell0, c->meta->nctx, n, H, 1.0f / sqrtf((float)D),
+                  s->att);
     backend_matmul(be, &w->o,
                    &(struct matmul_in){.kind = MATMUL_SIGMOID_GATE, .x = s->att, .m = s->qg + D, .dim = D,
                                        .gate_stride = 2 * H * D, .gate_head_stride = 2 * D, .a = s->att},

@@ -741,8 +741,10 @@ static void test_kv_store(int n_tok, int kvd, int n_cells) {
     uint16_t *dkc = gdup(kc, 2 * (size_t)n_cells * kvd), *dvc = gdup(vc, 2 * (size_t)n_cells * kvd);
     float *dk = gdup(k, sizeof(float) * n_tok * ks), *dv = gdup(v, sizeof(float) * n_tok * kvd);
     int32_t *dcells = gdup(cells, sizeof(int32_t) * n_tok);
-    cpu->kv_store(cpu, k, ks, v, kvd, n_tok, kvd, cells, kc, vc);
-    gpu->kv_store(gpu, dk, ks, dv, kvd, n_tok, kvd, dcells, dkc, dvc);
+    const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, 1, kvd, kc, vc);
+    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, 1, kvd, dkc, dvc);
+    cpu->kv_store(cpu, k, ks, v, kvd, n_tok, cells, &kvc);
+    gpu->kv_store(gpu, dk, ks, dv, kvd, n_tok, dcells, &kvg);
     gget(kg, dkc, 2 * (size_t)n_cells * kvd);
     gget(vg, dvc, 2 * (size_t)n_cells * kvd);
     snprintf(shape, sizeof shape, "%d tok kvd %d cells %d (K)", n_tok, kvd, n_cells);
@@ -778,8 +780,9 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     float *dqn = gdup(qn, sizeof(float) * D), *dkn = gdup(kn, sizeof(float) * D);
     uint16_t *dkc = gdup(kc, 2 * nc), *dvc = gdup(vc, 2 * nc);
     int32_t *dpos = gdup(pos, sizeof(int32_t) * n_tok), *dcells = gdup(cells, sizeof(int32_t) * n_tok);
-    gpu->attn_prep(gpu, dq, QS, 2 * D, dqn, dk, KV, dkn, dv, KV, 1e-6f, n_tok, H, HKV, D, n_rot, dpos, 1e7f, dcells,
-                   dkc, dvc);
+    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, HKV, D, dkc, dvc);
+    const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
+    gpu->attn_prep(gpu, dq, QS, 2 * D, dqn, dk, KV, dkn, dv, KV, 1e-6f, n_tok, H, n_rot, dpos, 1e7f, dcells, &kvg);
     gget(qg, dq, sizeof(float) * nq);
     gget(kg, dk, sizeof(float) * nk);
     gget(kcg, dkc, 2 * nc);
@@ -793,12 +796,12 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     gpu->rmsnorm(gpu, dk, D, dkn, n_tok * HKV, D, 1e-6f, dk, D);
     gpu->rope_neox(gpu, dq, n_tok, QS, H, 2 * D, n_rot, dpos, 1e7f);
     gpu->rope_neox(gpu, dk, n_tok, KV, HKV, D, n_rot, dpos, 1e7f);
-    gpu->kv_store(gpu, dk, KV, dv, KV, n_tok, KV, dcells, dkc, dvc);
+    gpu->kv_store(gpu, dk, KV, dv, KV, n_tok, dcells, &kvg);
     gget(qg2, dq, sizeof(float) * nq);
     gget(kg2, dk, sizeof(float) * nk);
     gget(kcg2, dkc, 2 * nc);
     gget(vcg2, dvc, 2 * nc);
-    cpu->attn_prep(cpu, q, QS, 2 * D, qn, k, KV, kn, v, KV, 1e-6f, n_tok, H, HKV, D, n_rot, pos, 1e7f, cells, kc, vc);
+    cpu->attn_prep(cpu, q, QS, 2 * D, qn, k, KV, kn, v, KV, 1e-6f, n_tok, H, n_rot, pos, 1e7f, cells, &kvc);
     snprintf(shape, sizeof shape, "%d tok %d/%d heads of %d rot %d", n_tok, H, HKV, D, n_rot);
     check("attn_prep q", shape, qg, q, nq, 2e-6 * 3.0, 4e-6);
     check("attn_prep k", shape, kg, k, nk, 2e-6 * 3.0, 4e-6);
@@ -838,15 +841,17 @@ static void test_attention(int n_tok, int len0, int n_head, int n_head_kv, int D
     int32_t *dc0 = gdup(cell0, sizeof(int32_t) * n_tok), *dn = gdup(nctx, sizeof(int32_t) * n_tok);
     float *dout = galloc(sizeof(float) * n_tok * n_head * D);
     const float scale = 1.0f / sqrtf((float)D);
-    cpu->attention(cpu, q, qs, qhs, kc, vc, cell0, nctx, n_tok, n_head, n_head_kv, D, scale, oc);
-    gpu->attention(gpu, dq, qs, qhs, dkc, dvc, dc0, dn, n_tok, n_head, n_head_kv, D, scale, dout);
+    const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, n_head_kv, D, kc, vc);
+    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, n_head_kv, D, dkc, dvc);
+    cpu->attention(cpu, q, qs, qhs, &kvc, cell0, nctx, n_tok, n_head, scale, oc);
+    gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
     gget(og, dout, sizeof(float) * n_tok * n_head * D);
     snprintf(shape, sizeof shape, "%d tok ctx %d..%d heads %d/%d dim %d", n_tok, len0 + 1, len0 + n_tok, n_head, n_head_kv, D);
     check("attention", shape, og, oc, (size_t)n_tok * n_head * D, 1e-5 * vmax, 0);
     if (n_tok > 1 && n_tok <= 8) { /* decode of each row alone = the verify batch's row */
         bool same = true;
         for (int t = 0; t < n_tok && same; t++) {
-            gpu->attention(gpu, dq + (size_t)t * qs, qs, qhs, dkc, dvc, dc0 + t, dn + t, 1, n_head, n_head_kv, D, scale, dout);
+            gpu->attention(gpu, dq + (size_t)t * qs, qs, qhs, &kvg, dc0 + t, dn + t, 1, n_head, scale, dout);
             gget(o1, dout, sizeof(float) * n_head * D);
             same = memcmp(o1, og + (size_t)t * n_head * D, sizeof(float) * n_head * D) == 0;
         }
@@ -1160,9 +1165,10 @@ static void bench_attention(cudaEvent_t e0, cudaEvent_t e1, int n_tok, int len) 
     float *dq = gdup(q, sizeof(float) * n_tok * qs), *dout = galloc(sizeof(float) * n_tok * n_head * D);
     uint16_t *dk = gdup(kv, 2 * nkv), *dv = gdup(kv, 2 * nkv);
     int32_t *dc0 = gdup(cell0, sizeof(int32_t) * n_tok), *dn = gdup(nctx, sizeof(int32_t) * n_tok);
+    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, n_head_kv, D, dk, dv);
     for (int i = -1; i < iters; i++) {
         if (i == 0) gpu->capture_begin(gpu);
-        gpu->attention(gpu, dq, qs, 2 * D, dk, dv, dc0, dn, n_tok, n_head, n_head_kv, D, 1.0f / 16.0f, dout);
+        gpu->attention(gpu, dq, qs, 2 * D, &kvg, dc0, dn, n_tok, n_head, 1.0f / 16.0f, dout);
     }
     printf("attention 16/4 heads of 256, rows %d, cache %5d graph: %7.2f us per call\n", n_tok, len,
            graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1));
