@@ -55,6 +55,7 @@ enum matmul_in_kind {
     MATMUL_PLAIN,
     MATMUL_RMSNORM,
     MATMUL_SWIGLU,
+    MATMUL_GEGLU,
     MATMUL_GATED_NORM,
     MATMUL_NORM2,
     MATMUL_SIGMOID_GATE,
@@ -63,13 +64,31 @@ enum matmul_in_kind {
 struct matmul_in {
     enum matmul_in_kind kind;
     const float *x;
-    const float *m;              /* RMSNORM: the residual (or NULL); SWIGLU: up; GATED_NORM,
+    const float *m;              /* RMSNORM: the residual (or NULL); SWIGLU, GEGLU: up; GATED_NORM,
                                     SIGMOID_GATE: the gate; NORM2: the second half's rows */
     const float *w, *w2;         /* norm weights (w2: NORM2's second half) */
     float *x_out, *a;
     float eps;
     int dim;                     /* GATED_NORM: per norm group; NORM2: per half; SIGMOID_GATE: per head */
     int gate_stride, gate_head_stride;
+};
+
+/* What attn_prep reads and writes besides the slice's positions and cells. */
+struct attn_prep_in {
+    float *q;
+    int q_stride, q_head_stride;   /* q rows; q heads within a row */
+    const float *q_norm;
+    float *k;
+    int k_stride;
+    const float *k_norm;
+    float *v;
+    int v_stride;
+    const float *v_norm;           /* NULL: v is stored as projected */
+    float eps;
+    int n_head;
+    int n_rot;
+    float rope_base;
+    const float *rope_freqs;       /* NULL: none (rope_neox's freqs) */
 };
 
 /* The compute ops by name: BACKEND_OP_matmul, ... (for supports() and the op tests). */

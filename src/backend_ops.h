@@ -43,6 +43,13 @@ BACKEND_OP(add, ELEMENTWISE, (struct backend *be, const float *a, const float *b
 /* y = silu(g) ⊙ u */
 BACKEND_OP(swiglu, ELEMENTWISE, (struct backend *be, const float *g, const float *u, int64_t n, float *y),
            (g, u, n, y))
+/* y = gelu(g) ⊙ u, gelu by its tanh approximation (GeGLU) */
+BACKEND_OP(geglu, ELEMENTWISE, (struct backend *be, const float *g, const float *u, int64_t n, float *y),
+           (g, u, n, y))
+/* x *= s, in place */
+BACKEND_OP(scale, ELEMENTWISE, (struct backend *be, float *x, int64_t n, float s), (x, n, s))
+/* x = c · tanh(x / c), in place (final logit soft-capping) */
+BACKEND_OP(softcap, ELEMENTWISE, (struct backend *be, float *x, int64_t n, float c), (x, n, c))
 /* x[t][h*dim + i] *= sigmoid(gate[t*gate_stride + h*gate_head_stride + i]) */
 BACKEND_OP(mul_sigmoid, ROPE_KV,
            (struct backend *be, float *x, const float *gate, int n_tok, int n_head, int dim, int gate_stride,
@@ -50,21 +57,20 @@ BACKEND_OP(mul_sigmoid, ROPE_KV,
            (x, gate, n_tok, n_head, dim, gate_stride, gate_head_stride))
 
 /* NeoX rope on the first n_rot dims of each head, in place: head h of token t at
- * x + t*tok_stride + h*head_stride; angle of pair d = pos[t] · base^(-2d/n_rot). */
+ * x + t*tok_stride + h*head_stride; angle of pair d = pos[t] · base^(-2d/n_rot) / freqs[d]
+ * (freqs NULL: 1; gemma4's partial rotation divides the unrotated pairs by ~1e30). */
 BACKEND_OP(rope_neox, ROPE_KV,
            (struct backend *be, float *x, int n_tok, int tok_stride, int n_head, int head_stride, int n_rot,
-            const int32_t *pos, float base),
-           (x, n_tok, tok_stride, n_head, head_stride, n_rot, pos, base))
-/* An attention block's inputs in one op, equal to rmsnorm of every q head (n_head of the
- * view's head_dim, q_head_stride apart, q rows q_stride apart) with q_norm and of every k head
- * (the view's n_head_kv, contiguous, k rows k_stride apart) with k_norm, in place; rope_neox of
- * both (n_rot, pos, base); then kv_store of k and v (v rows v_stride apart) into cells[t]. */
+            const int32_t *pos, float base, const float *freqs),
+           (x, n_tok, tok_stride, n_head, head_stride, n_rot, pos, base, freqs))
+/* An attention block's inputs in one op (struct attn_prep_in), equal to rmsnorm of every q
+ * head (n_head of the view's head_dim) with q_norm and of every k head (the view's n_head_kv)
+ * with k_norm, in place; rope_neox of both; rmsnorm of every v head with v_norm when it is
+ * given, in place; then kv_store of k and v into cells[t] of kv. */
 BACKEND_OP(attn_prep, ROPE_KV,
-           (struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
-            int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok, int n_head,
-            int n_rot, const int32_t *pos, float base, const int32_t *cells, const struct kv_view *kv),
-           (q, q_stride, q_head_stride, q_norm, k, k_stride, k_norm, v, v_stride, eps, n_tok, n_head, n_rot, pos,
-            base, cells, kv))
+           (struct backend *be, const struct attn_prep_in *in, int n_tok, const int32_t *pos, const int32_t *cells,
+            const struct kv_view *kv),
+           (in, n_tok, pos, cells, kv))
 /* Store K and V rows (kv's n_head_kv · head_dim wide; k rows k_stride apart) into cells[t] of
  * the layer kv views, converted to its type. */
 BACKEND_OP(kv_store, ROPE_KV,

@@ -433,11 +433,14 @@ Test(backend_ops, attn_prep_equals_its_separate_ops) {
     memcpy(k2, k, sizeof k);
     const struct kv_view kvv = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
     const struct kv_view kvv2 = kv_view_make(GGML_TYPE_F16, HKV, D, kc2, vc2);
-    be->attn_prep(be, q, QS, 2 * D, qn, k, KV, kn, v, KV, 1e-6f, NT, H, NROT, pos, 1e6f, cells, &kvv);
+    const struct attn_prep_in in = {.q = q, .q_stride = QS, .q_head_stride = 2 * D, .q_norm = qn, .k = k, .k_stride = KV,
+                                    .k_norm = kn, .v = v, .v_stride = KV, .eps = 1e-6f, .n_head = H, .n_rot = NROT,
+                                    .rope_base = 1e6f};
+    be->attn_prep(be, &in, NT, pos, cells, &kvv);
     be->rmsnorm(be, q2, 2 * D, qn, NT * H, D, 1e-6f, q2, 2 * D);
     be->rmsnorm(be, k2, D, kn, NT * HKV, D, 1e-6f, k2, D);
-    be->rope_neox(be, q2, NT, QS, H, 2 * D, NROT, pos, 1e6f);
-    be->rope_neox(be, k2, NT, KV, HKV, D, NROT, pos, 1e6f);
+    be->rope_neox(be, q2, NT, QS, H, 2 * D, NROT, pos, 1e6f, NULL);
+    be->rope_neox(be, k2, NT, KV, HKV, D, NROT, pos, 1e6f, NULL);
     be->kv_store(be, k2, KV, v, KV, NT, cells, &kvv2);
     cr_assert(memcmp(q, q2, sizeof q) == 0 && memcmp(k, k2, sizeof k) == 0, "q and k in place");
     cr_assert(memcmp(kc, kc2, sizeof kc) == 0 && memcmp(vc, vc2, sizeof vc) == 0, "the cache rows");
@@ -516,5 +519,73 @@ Test(backend_ops, copy_n_at_picks_the_selected_source) {
         cr_assert(memcmp(dst, src + 40 * sel, 40) == 0 && memcmp(dst + 50, src + 500 + 100 * sel, 30) == 0, "sel %d", sel);
         cr_assert(dst[40] == 0xAA && dst[49] == 0xAA && dst[80] == 0xAA, "nothing else written");
     }
+    backend_free(be);
+}
+
+/* gemma4's attention inputs: full rotation over the head with the unrotated pairs' angles
+ * divided by 1e30 (rope_freqs), and v rows normed (a weight of ones) before they are stored. */
+Test(backend_ops, attn_prep_with_freqs_and_v_norm_equals_its_separate_ops) {
+    struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
+    enum { NT = 3, H = 2, HKV = 1, D = 32, CELLS = 6, QS = H * D, KV = HKV * D, ROT = 4 };
+    static float q[NT * QS], k[NT * KV], v[NT * KV], q2[NT * QS], k2[NT * KV], v2[NT * KV], k0[NT * KV];
+    static float qn[D], kn[D], ones[D], freqs[D / 2];
+    static uint16_t kc[CELLS * KV], vc[CELLS * KV], kc2[CELLS * KV], vc2[CELLS * KV];
+    const int32_t pos[NT] = {0, 9, 40}, cells[NT] = {2, 5, 0};
+    fill(q, NT * QS, 3.0f);
+    fill(k, NT * KV, 3.0f);
+    fill(v, NT * KV, 2.0f);
+    for (int i = 0; i < D; i++) { qn[i] = 1.0f + 0.5f * frand(); kn[i] = 1.0f + 0.5f * frand(); ones[i] = 1.0f; }
+    for (int i = 0; i < D / 2; i++) freqs[i] = i < ROT ? 1.0f : 1e30f;
+    memcpy(q2, q, sizeof q);
+    memcpy(k2, k, sizeof k);
+    memcpy(v2, v, sizeof v);
+    const struct kv_view kvv = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
+    const struct kv_view kvv2 = kv_view_make(GGML_TYPE_F16, HKV, D, kc2, vc2);
+    const struct attn_prep_in in = {.q = q, .q_stride = QS, .q_head_stride = D, .q_norm = qn, .k = k, .k_stride = KV,
+                                    .k_norm = kn, .v = v, .v_stride = KV, .v_norm = ones, .eps = 1e-6f, .n_head = H,
+                                    .n_rot = D, .rope_base = 1e6f, .rope_freqs = freqs};
+    be->attn_prep(be, &in, NT, pos, cells, &kvv);
+    be->rmsnorm(be, q2, D, qn, NT * H, D, 1e-6f, q2, D);
+    be->rmsnorm(be, k2, D, kn, NT * HKV, D, 1e-6f, k2, D);
+    memcpy(k0, k2, sizeof k2);
+    be->rope_neox(be, q2, NT, QS, H, D, D, pos, 1e6f, freqs);
+    be->rope_neox(be, k2, NT, KV, HKV, D, D, pos, 1e6f, freqs);
+    be->rmsnorm(be, v2, D, ones, NT * HKV, D, 1e-6f, v2, D);
+    be->kv_store(be, k2, KV, v2, KV, NT, cells, &kvv2);
+    cr_assert(memcmp(q, q2, sizeof q) == 0 && memcmp(k, k2, sizeof k) == 0 && memcmp(v, v2, sizeof v) == 0);
+    cr_assert(memcmp(kc, kc2, sizeof kc) == 0 && memcmp(vc, vc2, sizeof vc) == 0, "the cache rows");
+    for (int t = 1; t < NT; t++) /* pairs past ROT stay where the norm put them; the first ones turn */
+        for (int d = 0; d < D / 2; d++) {
+            const bool still = k2[t * KV + d] == k0[t * KV + d] && k2[t * KV + d + D / 2] == k0[t * KV + d + D / 2];
+            cr_assert(d < ROT ? !still : still, "token %d pair %d", t, d);
+        }
+    double ss = 0;
+    for (int i = 0; i < D; i++) ss += (double)v[KV + i] * v[KV + i];
+    cr_assert_float_eq(ss / D, 1.0, 1e-4, "v rows are normed (mean square %g)", ss / D);
+    backend_free(be);
+}
+
+/* The elementwise ops gemma4 adds, against their formulas in double on random values. */
+Test(backend_ops, geglu_scale_softcap_follow_their_formulas) {
+    struct backend *be = backend_cpu_init(1, quant_cpu_level_detect());
+    enum { N = 1000 };
+    static float g[N], u[N], y[N], x[N], x0[N];
+    fill(g, N, 6.0f);
+    fill(u, N, 2.0f);
+    fill(x, N, 80.0f);
+    memcpy(x0, x, sizeof x);
+    be->geglu(be, g, u, N, y);
+    for (int i = 0; i < N; i++) {
+        const double a = g[i], gelu = 0.5 * a * (1.0 + tanh(sqrt(2.0 / M_PI) * (a + 0.044715 * a * a * a)));
+        cr_assert_float_eq(y[i], gelu * u[i], 1e-5 * (1.0 + fabs(gelu * u[i])), "geglu %d", i);
+    }
+    be->softcap(be, x, N, 30.0f);
+    for (int i = 0; i < N; i++) {
+        cr_assert(fabsf(x[i]) < 30.0f, "softcap bounds %g", x[i]);
+        cr_assert_float_eq(x[i], 30.0 * tanh(x0[i] / 30.0), 1e-5 * 30.0, "softcap %d", i);
+    }
+    memcpy(x, x0, sizeof x);
+    be->scale(be, x, N, 16.0f);
+    for (int i = 0; i < N; i++) cr_assert_eq(x[i], x0[i] * 16.0f, "scale %d", i);
     backend_free(be);
 }

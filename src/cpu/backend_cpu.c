@@ -253,6 +253,25 @@ static void cpu_swiglu(struct backend *be, const float *g, const float *u, int64
     }
 }
 
+/* The tanh form of gelu, in llama.cpp's constants and order. */
+static float gelu_tanh(float x) {
+    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+}
+
+static void cpu_geglu(struct backend *be, const float *g, const float *u, int64_t n, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = gelu_tanh(g[i]) * u[i];
+}
+
+static void cpu_scale(struct backend *be, float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static void cpu_softcap(struct backend *be, float *x, int64_t n, float c) {
+    const float inv = 1.0f / c;
+    for (int64_t i = 0; i < n; i++) x[i] = c * tanhf(x[i] * inv);
+}
+
 static void cpu_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok, int n_head,
                             int dim, int gate_stride, int gate_head_stride) {
     const struct cpu_ops *ops = cpu(be)->ops;
@@ -291,6 +310,10 @@ static void cpu_matmul(struct backend *be, const struct bweight *const *ws, floa
         cpu_swiglu(be, x, in->m, (int64_t)n_tok * n_in, in->a);
         x = in->a;
         break;
+    case MATMUL_GEGLU:
+        cpu_geglu(be, x, in->m, (int64_t)n_tok * n_in, in->a);
+        x = in->a;
+        break;
     case MATMUL_GATED_NORM:
         cpu_rmsnorm_gated(be, x, in->w, in->m, (int)((int64_t)n_tok * n_in / in->dim), in->dim, in->eps, in->a);
         x = in->a;
@@ -313,7 +336,7 @@ static void cpu_matmul(struct backend *be, const struct bweight *const *ws, floa
 /* ---- rope and attention ------------------------------------------------------------ */
 
 static void cpu_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
-                          int head_stride, int n_rot, const int32_t *pos, float base) {
+                          int head_stride, int n_rot, const int32_t *pos, float base, const float *freqs) {
     /* angles by repeated multiplication, as llama.cpp computes them */
     const float theta_scale = powf(base, -2.0f / (float)n_rot);
     const int half = n_rot / 2;
@@ -321,8 +344,9 @@ static void cpu_rope_neox(struct backend *be, float *x, int n_tok, int tok_strid
     for (int t = 0; t < n_tok; t++) {
         float theta = (float)pos[t];
         for (int d = 0; d < half; d++) {
-            cs[d] = cosf(theta);
-            sn[d] = sinf(theta);
+            const float th = freqs ? theta / freqs[d] : theta;
+            cs[d] = cosf(th);
+            sn[d] = sinf(th);
             theta *= theta_scale;
         }
         for (int h = 0; h < n_head; h++) {
@@ -339,21 +363,26 @@ static void cpu_rope_neox(struct backend *be, float *x, int n_tok, int tok_strid
 static void cpu_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
                          int n_tok, const int32_t *cells, const struct kv_view *kv);
 
-static void cpu_attn_prep(struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
-                          int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok,
-                          int n_head, int n_rot, const int32_t *pos, float base, const int32_t *cells,
-                          const struct kv_view *kv) {
-    const int n_head_kv = kv->n_head_kv, head_dim = kv->head_dim;
+static void cpu_attn_prep(struct backend *be, const struct attn_prep_in *in, int n_tok, const int32_t *pos,
+                          const int32_t *cells, const struct kv_view *kv) {
+    const int n_head_kv = kv->n_head_kv, head_dim = kv->head_dim, n_head = in->n_head, n_rot = in->n_rot;
+    float *q = in->q, *k = in->k, *v = in->v;
+    const int q_stride = in->q_stride, q_head_stride = in->q_head_stride, k_stride = in->k_stride;
+    const float eps = in->eps;
     /* per token, its heads as rmsnorm rows q_head_stride (k: head_dim) apart */
     for (int t = 0; t < n_tok; t++)
-        cpu_rmsnorm(be, q + (size_t)t * q_stride, q_head_stride, q_norm, n_head, head_dim, eps,
+        cpu_rmsnorm(be, q + (size_t)t * q_stride, q_head_stride, in->q_norm, n_head, head_dim, eps,
                     q + (size_t)t * q_stride, q_head_stride);
     for (int t = 0; t < n_tok; t++)
-        cpu_rmsnorm(be, k + (size_t)t * k_stride, head_dim, k_norm, n_head_kv, head_dim, eps, k + (size_t)t * k_stride,
+        cpu_rmsnorm(be, k + (size_t)t * k_stride, head_dim, in->k_norm, n_head_kv, head_dim, eps, k + (size_t)t * k_stride,
                     head_dim);
-    cpu_rope_neox(be, q, n_tok, q_stride, n_head, q_head_stride, n_rot, pos, base);
-    cpu_rope_neox(be, k, n_tok, k_stride, n_head_kv, head_dim, n_rot, pos, base);
-    cpu_kv_store(be, k, k_stride, v, v_stride, n_tok, cells, kv);
+    cpu_rope_neox(be, q, n_tok, q_stride, n_head, q_head_stride, n_rot, pos, in->rope_base, in->rope_freqs);
+    cpu_rope_neox(be, k, n_tok, k_stride, n_head_kv, head_dim, n_rot, pos, in->rope_base, in->rope_freqs);
+    if (in->v_norm)
+        for (int t = 0; t < n_tok; t++)
+            cpu_rmsnorm(be, v + (size_t)t * in->v_stride, head_dim, in->v_norm, n_head_kv, head_dim, eps,
+                        v + (size_t)t * in->v_stride, head_dim);
+    cpu_kv_store(be, k, k_stride, v, in->v_stride, n_tok, cells, kv);
 }
 
 static void cpu_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,

@@ -219,6 +219,8 @@ static bool one_q8_format(const struct bweight *const *ws, int n_w, int *f) {
 
 static int choose_form(const struct cuda_ctx *c, const struct matmul_in *in, const struct bweight *const *ws, int n_w,
                        int n_tok, int *f) {
+    /* a GeGLU is formed by its own kernel: no matvec forms it yet */
+    if (in->kind == MATMUL_GEGLU) return FORM_SEPARATE;
     const int n = (int)ws[0]->n_in, stride = x_stride(n), mode = mv_input_of(in).mode;
     const bool per_dim = in->kind == MATMUL_GATED_NORM || in->kind == MATMUL_SIGMOID_GATE;
     const bool shape_ok = (!per_dim || n % in->dim == 0) && (in->kind != MATMUL_NORM2 || n == 2 * in->dim) &&
@@ -262,6 +264,7 @@ static const float *form_separate(struct backend *be, struct cuda_ctx *c, const 
     switch (in->kind) {
     case MATMUL_RMSNORM: cuda_norm_rows(c, in->x, in->m, in->x_out, in->w, n_tok, n, in->eps, in->a); break;
     case MATMUL_SWIGLU: cuda_swiglu(be, in->x, in->m, (int64_t)n_el, in->a); break;
+    case MATMUL_GEGLU: cuda_geglu(be, in->x, in->m, (int64_t)n_el, in->a); break;
     case MATMUL_GATED_NORM: cuda_rmsnorm_gated(be, in->x, in->w, in->m, n_tok * (n / in->dim), in->dim, in->eps, in->a); break;
     case MATMUL_NORM2:
         cuda_rmsnorm(be, in->x, in->dim, in->w, n_tok, in->dim, in->eps, in->a, 2 * in->dim);

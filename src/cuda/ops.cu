@@ -126,6 +126,48 @@ __global__ void swiglu_kernel(const float *g, const float *u, int64_t n, float *
         y[i] = __fmul_rn(cuda_silu(g[i]), u[i]);
 }
 
+/* gelu by its tanh form, in llama.cpp's constants and order (the CPU's gelu_tanh) */
+__device__ __forceinline__ float cuda_gelu_tanh(float x) {
+    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+}
+
+__global__ void geglu_kernel(const float *g, const float *u, int64_t n, float *y) {
+    cuda_pdl_begin();
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __fmul_rn(cuda_gelu_tanh(g[i]), u[i]);
+}
+
+__global__ void scale_kernel(float *x, int64_t n, float s) {
+    cuda_pdl_begin();
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(x[i], s);
+}
+
+__global__ void softcap_kernel(float *x, int64_t n, float c, float inv) {
+    cuda_pdl_begin();
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(c, tanhf(__fmul_rn(x[i], inv)));
+}
+
+void cuda_geglu(struct backend *be, const float *g, const float *u, int64_t n, float *y) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n < 1) return;
+    cuda_launch(c, elem_grid(c, n), 256, geglu_kernel, g, u, n, y);
+}
+
+void cuda_scale(struct backend *be, float *x, int64_t n, float s) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n < 1) return;
+    cuda_launch(c, elem_grid(c, n), 256, scale_kernel, x, n, s);
+}
+
+void cuda_softcap(struct backend *be, float *x, int64_t n, float cap) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n < 1) return;
+    cuda_launch(c, elem_grid(c, n), 256, softcap_kernel, x, n, cap, 1.0f / cap);
+}
+
 void cuda_add(struct backend *be, const float *a, const float *b, int64_t n, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n < 1) return;
@@ -163,12 +205,14 @@ void cuda_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok
 #define ROPE_MAX_HALF 256
 
 /* cos / sin of pair d's angle for d = tid, tid + n_threads, ... < half, by repeated
- * multiplication (theta_d = pos·scale^d rounded at every step, as the CPU forms them). */
-__device__ __forceinline__ void rope_angles(float pos, float theta_scale, int half, int tid, int n_threads, float *cs,
-                                            float *sn) {
+ * multiplication (theta_d = pos·scale^d rounded at every step, as the CPU forms them), divided
+ * by freqs[d] when given. */
+__device__ __forceinline__ void rope_angles(float pos, float theta_scale, int half, int tid, int n_threads,
+                                            const float *__restrict__ freqs, float *cs, float *sn) {
     for (int d = tid; d < half; d += n_threads) {
         float theta = pos;
         for (int i = 0; i < d; i++) theta *= theta_scale;
+        if (freqs) theta = __fdiv_rn(theta, freqs[d]);
         cs[d] = cosf(theta);
         sn[d] = sinf(theta);
     }
@@ -183,24 +227,24 @@ __device__ __forceinline__ void rope_pair(float *v, int d, int half, const float
 
 /* One block per token: the angles (rope_angles), then every head's pairs. */
 __global__ void rope_kernel(float *x, int tok_stride, int n_head, int head_stride, int half,
-                            const int32_t *__restrict__ pos, float theta_scale) {
+                            const int32_t *__restrict__ pos, float theta_scale, const float *__restrict__ freqs) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     cuda_pdl_begin();
     const int t = blockIdx.x;
-    rope_angles((float)pos[t], theta_scale, half, threadIdx.x, blockDim.x, cs, sn);
+    rope_angles((float)pos[t], theta_scale, half, threadIdx.x, blockDim.x, freqs, cs, sn);
     __syncthreads();
     for (int i = threadIdx.x; i < n_head * half; i += blockDim.x)
         rope_pair(x + (size_t)t * tok_stride + (size_t)(i / half) * head_stride, i % half, half, cs, sn);
 }
 
 void cuda_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
-                    int head_stride, int n_rot, const int32_t *pos, float base) {
+                    int head_stride, int n_rot, const int32_t *pos, float base, const float *freqs) {
     struct cuda_ctx *c = cuda_enter(be);
     const int half = n_rot / 2;
     if (n_tok < 1 || half < 1) return;
     if (half > ROPE_MAX_HALF) abort(); /* model loading rejects such files (head_dim <= 512) */
     const float theta_scale = powf(base, -2.0f / (float)n_rot); /* the host's powf, as the CPU's */
-    cuda_launch(c, n_tok, 256, rope_kernel, x, tok_stride, n_head, head_stride, half, pos, theta_scale);
+    cuda_launch(c, n_tok, 256, rope_kernel, x, tok_stride, n_head, head_stride, half, pos, theta_scale, freqs);
 }
 
 /* ---- attention inputs: q/k norms, rope, KV store in one launch ------------------------------------ */
@@ -211,9 +255,9 @@ void cuda_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int
  * cache row cells[t]. Bit for bit the separate kernels, one launch instead of five. */
 __global__ void __launch_bounds__(32)
 attn_prep_kernel(float *q, int q_stride, int q_head_stride, const float *__restrict__ q_norm, float *k, int k_stride,
-                 const float *__restrict__ k_norm, const float *__restrict__ v, int v_stride, float eps, int n_head,
-                 int n_head_kv, int D, int half, const int32_t *__restrict__ pos, float theta_scale,
-                 const int32_t *__restrict__ cells, uint16_t *kc, uint16_t *vc) {
+                 const float *__restrict__ k_norm, float *v, int v_stride, const float *__restrict__ v_norm, float eps,
+                 int n_head, int n_head_kv, int D, int half, const int32_t *__restrict__ pos, float theta_scale,
+                 const float *__restrict__ freqs, const int32_t *__restrict__ cells, uint16_t *kc, uint16_t *vc) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     cuda_pdl_begin();
     const int t = blockIdx.y, lane = threadIdx.x;
@@ -221,7 +265,7 @@ attn_prep_kernel(float *q, int q_stride, int q_head_stride, const float *__restr
     const int h = is_k ? blockIdx.x - n_head : blockIdx.x;
     float *row = is_k ? k + (size_t)t * k_stride + (size_t)h * D : q + (size_t)t * q_stride + (size_t)h * q_head_stride;
     const float *w = is_k ? k_norm : q_norm;
-    rope_angles((float)pos[t], theta_scale, half, lane, 32, cs, sn);
+    rope_angles((float)pos[t], theta_scale, half, lane, 32, freqs, cs, sn);
     const float s = cuda_warp_rms_inv(row, D, eps, lane);
     for (int i = lane; i < D; i += 32) row[i] = __fmul_rn(__fmul_rn(row[i], s), w[i]);
     __syncwarp();
@@ -229,25 +273,29 @@ attn_prep_kernel(float *q, int q_stride, int q_head_stride, const float *__restr
     if (!is_k) return;
     __syncwarp();
     const size_t dst = (size_t)cells[t] * n_head_kv * D + (size_t)h * D;
-    const float *vr = v + (size_t)t * v_stride + (size_t)h * D;
+    float *vr = v + (size_t)t * v_stride + (size_t)h * D;
+    if (v_norm) {
+        const float sv = cuda_warp_rms_inv(vr, D, eps, lane);
+        for (int i = lane; i < D; i += 32) vr[i] = __fmul_rn(__fmul_rn(vr[i], sv), v_norm[i]);
+        __syncwarp();
+    }
     for (int i = lane; i < D; i += 32) {
         kc[dst + i] = cuda_f2h(row[i]);
         vc[dst + i] = cuda_f2h(vr[i]);
     }
 }
 
-void cuda_attn_prep(struct backend *be, float *q, int q_stride, int q_head_stride, const float *q_norm, float *k,
-                    int k_stride, const float *k_norm, const float *v, int v_stride, float eps, int n_tok, int n_head,
-                    int n_rot, const int32_t *pos, float base, const int32_t *cells, const struct kv_view *kv) {
+void cuda_attn_prep(struct backend *be, const struct attn_prep_in *in, int n_tok, const int32_t *pos, const int32_t *cells,
+                    const struct kv_view *kv) {
     struct cuda_ctx *c = cuda_enter(be);
-    const int n_head_kv = kv->n_head_kv, head_dim = kv->head_dim;
-    const int half = n_rot / 2;
+    const int n_head_kv = kv->n_head_kv, head_dim = kv->head_dim, n_head = in->n_head;
+    const int half = in->n_rot / 2;
     if (n_tok < 1) return;
     if (half > ROPE_MAX_HALF) abort(); /* model loading rejects such files (head_dim <= 512) */
-    const float theta_scale = powf(base, -2.0f / (float)n_rot); /* as cuda_rope_neox forms it */
-    cuda_launch(c, dim3(n_head + n_head_kv, n_tok), 32, attn_prep_kernel, q, q_stride, q_head_stride, q_norm, k,
-                k_stride, k_norm, v, v_stride, eps, n_head, n_head_kv, head_dim, half, pos, theta_scale, cells,
-                (uint16_t *)kv->k, (uint16_t *)kv->v);
+    const float theta_scale = powf(in->rope_base, -2.0f / (float)in->n_rot); /* as cuda_rope_neox forms it */
+    cuda_launch(c, dim3(n_head + n_head_kv, n_tok), 32, attn_prep_kernel, in->q, in->q_stride, in->q_head_stride,
+                in->q_norm, in->k, in->k_stride, in->k_norm, in->v, in->v_stride, in->v_norm, in->eps, n_head, n_head_kv,
+                head_dim, half, pos, theta_scale, in->rope_freqs, cells, (uint16_t *)kv->k, (uint16_t *)kv->v);
 }
 
 /* ---- KV store ------------------------------------------------------------------------------------ */

@@ -53,7 +53,7 @@ int slice_check(struct slice *sl, const int32_t *len, int n_seq, int n_ctx, int 
     return 0;
 }
 
-void slice_upload(struct backend *be, struct batch_meta *bm, const struct slice *sl, int n_ctx) {
+void slice_upload(struct backend *be, struct batch_meta *bm, const struct slice *sl, int n_ctx, int window) {
     /* the ops (and a graph recorded from them) read the sections where this slice puts them */
     const size_t st = sl->n <= BATCH_META_SMALL ? BATCH_META_SMALL : bm->stride;
     bm->tokens = bm->dev;
@@ -61,7 +61,10 @@ void slice_upload(struct backend *be, struct batch_meta *bm, const struct slice 
     bm->cells = bm->dev + 2 * st;
     bm->cell0 = bm->dev + 3 * st;
     bm->nctx = bm->dev + 4 * st;
+    bm->win_cell0 = bm->dev + 5 * st;
+    bm->win_nctx = bm->dev + 6 * st;
     int32_t *tok = bm->host, *pos = tok + st, *cells = pos + st, *cell0 = cells + st, *nctx = cell0 + st;
+    int32_t *win_cell0 = nctx + st, *win_nctx = win_cell0 + st;
     for (int i = 0; i < sl->n; i++) {
         int s = sl->seq ? sl->seq[i] : 0;
         if (!sl->tokens_dev) tok[i] = sl->tokens[i];
@@ -69,8 +72,13 @@ void slice_upload(struct backend *be, struct batch_meta *bm, const struct slice 
         cell0[i] = kv_cell(n_ctx, s, 0);
         cells[i] = kv_cell(n_ctx, s, sl->pos[i]);
         nctx[i] = sl->pos[i] + 1;
+        if (window > 0) {
+            const int first = COTI_MAX(0, sl->pos[i] - window + 1);
+            win_cell0[i] = kv_cell(n_ctx, s, first);
+            win_nctx[i] = sl->pos[i] + 1 - first;
+        }
     }
-    const size_t end = 4 * st + (size_t)sl->n; /* through nctx's rows */
+    const size_t end = (window > 0 ? 6 : 4) * st + (size_t)sl->n; /* through the last section's rows */
     if (sl->tokens_dev) be->upload(be, bm->pos, pos, sizeof(int32_t) * (end - st));
     else be->upload(be, bm->tokens, tok, sizeof(int32_t) * end);
 }

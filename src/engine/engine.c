@@ -6,8 +6,8 @@
 #include <string.h>
 
 int engine_init(struct engine *e, struct model *m, const struct engine_params *p) {
-    *e = (struct engine){.m = m, .n_vocab = p->n_vocab, .n_embd = p->n_embd, .lm_head = p->lm_head,
-                         .draft_head = p->draft_head};
+    *e = (struct engine){.m = m, .n_vocab = p->n_vocab, .n_embd = p->n_embd, .window = p->window,
+                         .softcap = p->softcap, .lm_head = p->lm_head, .draft_head = p->draft_head};
     memcpy(e->passes, p->passes, sizeof e->passes);
     m->engine = e;
     struct arena_slot *slots = calloc((size_t)p->n_slots + 4, sizeof *slots);
@@ -110,7 +110,7 @@ int engine_forward(struct model *m, const struct model_batch *b, struct model_ou
     for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
         slice_take(&sl, b, i0, COTI_MIN(m->n_batch, b->n - i0));
         slice_check(&sl, m->seq_len, m->n_seq, m->n_ctx, e->n_vocab, NULL, 0);
-        slice_upload(m->be, &e->meta, &sl, m->n_ctx);
+        slice_upload(m->be, &e->meta, &sl, m->n_ctx, e->window);
         const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits ? b->want_logits + i0 : NULL,
                                          .last_only = i0 + sl.n == b->n, .keep = b->keep_states,
                                          .logits = e->logits + (size_t)n_logits * e->n_vocab, .head = e->lm_head,
@@ -142,7 +142,7 @@ static int head_forward(struct model *m, const struct model_batch *b, const floa
     slice_take(&sl, b, 0, b->n);
     int rc = slice_check(&sl, e->mem.head_len, m->n_seq, m->n_ctx, e->n_vocab, err, err_size);
     if (rc) return rc;
-    slice_upload(m->be, &e->meta, &sl, m->n_ctx);
+    slice_upload(m->be, &e->meta, &sl, m->n_ctx, e->window);
     const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits, .last_only = true, .logits = e->logits,
                                      .head = b->draft_head ? e->draft_head : e->lm_head, .h_in = h_in,
                                      .ids = sl.tokens_dev ? sl.tokens_dev : e->meta.tokens, .argmax_out = b->argmax_out,

@@ -31,6 +31,8 @@ typedef void (*engine_pass_fn)(struct model *m, const struct slice_ops_args *a);
 
 struct engine_params {
     int n_vocab, n_embd;
+    int window;                          /* sliding-window layers' window, or 0 (batch.h) */
+    float softcap;                       /* logits = c·tanh(logits / c) for c > 0 (block_lm_head) */
     const struct memory_params *mem;
     const struct arena_slot *slots;      /* the architecture's activation buffers */
     int n_slots;
@@ -41,7 +43,8 @@ struct engine_params {
 
 struct engine {
     struct model *m;
-    int n_vocab, n_embd;
+    int n_vocab, n_embd, window;
+    float softcap;
     struct memory mem;                   /* the draft head's cache is mem.head */
     struct batch_meta meta;
     struct graph_cache graphs;

@@ -12,7 +12,7 @@
 void weight_name(const struct weight_desc *d, int il, char *out, size_t size) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
-    if (d->layers) snprintf(out, size, d->name, il);
+    if (d->layers && d->layers != WEIGHT_GLOBAL_LAST) snprintf(out, size, d->name, il);
     else snprintf(out, size, "%s", d->name);
 #pragma GCC diagnostic pop
 }
@@ -44,18 +44,32 @@ int weights_bind_vector(const struct weight_loader *L, float **out, const char *
     return 0;
 }
 
+static bool weight_in_kind(const struct weight_desc *d, unsigned kind) {
+    const bool global = d->layers == 0 || d->layers == WEIGHT_GLOBAL_LAST;
+    return kind ? !global && (d->layers & kind) : global;
+}
+
+static int weights_bind_scalar(const struct weight_loader *L, float *out, const char *name) {
+    const struct gguf_tensor *t = gguf_find_tensor(L->g, name);
+    if (!t) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing tensor %s", name);
+    if (t->type != GGML_TYPE_F32 || t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3] != 1)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "tensor %s must be one F32 value", name);
+    memcpy(out, t->data, sizeof *out);
+    return 0;
+}
+
 int weights_bind(const struct weight_loader *L, const struct weight_desc *table, int n, unsigned kind, int il,
                  void *base, const int64_t *widths) {
     char name[128];
     for (int i = 0; i < n; i++) {
         const struct weight_desc *d = &table[i];
-        if (kind ? !(d->layers & kind) : d->layers != 0) continue;
+        if (!weight_in_kind(d, kind)) continue;
         weight_name(d, il, name, sizeof name);
         if (d->presence != WEIGHT_REQUIRED && !gguf_find_tensor(L->g, name)) continue;
         void *field = (uint8_t *)base + d->offset;
-        int rc = d->kind == WEIGHT_MATRIX
-                     ? weights_bind_matrix(L, field, name, widths[d->in], widths[d->out])
-                     : weights_bind_vector(L, field, name, widths[d->in] * widths[d->out]);
+        int rc = d->kind == WEIGHT_MATRIX   ? weights_bind_matrix(L, field, name, widths[d->in], widths[d->out])
+                 : d->kind == WEIGHT_VECTOR ? weights_bind_vector(L, field, name, widths[d->in] * widths[d->out])
+                                            : weights_bind_scalar(L, field, name);
         if (rc) return rc;
     }
     return 0;
@@ -63,7 +77,7 @@ int weights_bind(const struct weight_loader *L, const struct weight_desc *table,
 
 void weights_unbind(struct backend *be, const struct weight_desc *table, int n, unsigned kind, void *base) {
     for (int i = 0; i < n; i++) {
-        if (kind ? !(table[i].layers & kind) : table[i].layers != 0) continue;
+        if (!weight_in_kind(&table[i], kind) || table[i].kind == WEIGHT_SCALAR) continue;
         void *field = (uint8_t *)base + table[i].offset;
         if (table[i].kind == WEIGHT_MATRIX) {
             struct bweight *w = field;

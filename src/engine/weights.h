@@ -16,6 +16,7 @@
 enum weight_kind {
     WEIGHT_MATRIX,               /* a struct bweight: {n_in, n_out} of any supported type */
     WEIGHT_VECTOR,               /* a float * on the backend: F32 of width[in]·width[out] elements */
+    WEIGHT_SCALAR,               /* a float on the host: an F32 tensor of one element */
 };
 
 enum weight_presence {
@@ -35,11 +36,15 @@ enum weight_init {
 };
 
 #define WEIGHT_WIDTH_ONE 0       /* width id 0 is 1 in every architecture (a 1-D tensor's out) */
+/* layers value of a global tensor the converter writes after the blocks (bound with the
+ * global ones, kind 0) */
+#define WEIGHT_GLOBAL_LAST 0x80000000u
 
 struct weight_desc {
     const char *name;            /* "output_norm.weight", or "blk.%d.attn_q.weight" */
     enum weight_kind kind;
-    unsigned layers;             /* layer kinds (architecture bits) it belongs to; 0: global */
+    unsigned layers;             /* layer kinds (architecture bits) it belongs to; 0 (or
+                                    WEIGHT_GLOBAL_LAST): global */
     int in, out;                 /* width ids: ne[0], ne[1] */
     size_t offset;               /* of its struct bweight / float * in the layer (global) struct */
     enum weight_presence presence;

@@ -33,8 +33,10 @@ void block_gated_attn(const struct block_ctx *c, const struct gated_attn_weights
     float *ys[3] = {s->qg, s->k, s->v};
     block_matmul_n(c, in, ws, ys, 3, n);
     /* q rows hold [q_h ; gate_h] per head: per-head norm over the first D of every 2D */
-    be->attn_prep(be, s->qg, 2 * H * D, 2 * D, w->q_norm, s->k, KV, w->k_norm, s->v, KV, c->eps, n, H, sh->n_rot,
-                  c->meta->pos, sh->rope_base, c->meta->cells, kv);
+    const struct attn_prep_in prep = {.q = s->qg, .q_stride = 2 * H * D, .q_head_stride = 2 * D, .q_norm = w->q_norm,
+                                      .k = s->k, .k_stride = KV, .k_norm = w->k_norm, .v = s->v, .v_stride = KV,
+                                      .eps = c->eps, .n_head = H, .n_rot = sh->n_rot, .rope_base = sh->rope_base};
+    be->attn_prep(be, &prep, n, c->meta->pos, c->meta->cells, kv);
     be->attention(be, s->qg, 2 * H * D, 2 * D, kv, c->meta->cell0, c->meta->nctx, n, H, 1.0f / sqrtf((float)D),
                   s->att);
     backend_matmul(be, &w->o,
@@ -102,6 +104,7 @@ int block_lm_head(struct engine *e, const struct slice_ops_args *a) {
         }
         backend_matmul(be, a->head, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = e->lm_in}, n_out, a->logits);
     }
+    if (e->softcap > 0.0f) be->softcap(be, a->logits, (int64_t)n_out * e->n_vocab, e->softcap);
     if (a->argmax_out) {
         be->argmax(be, a->logits, n_out, e->n_vocab, a->argmax_out, NULL);
         if (a->accept_out) be->accept_greedy(be, a->ids + 1, a->argmax_out, n - 1, a->accept_out);

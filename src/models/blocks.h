@@ -55,8 +55,9 @@ void block_gated_attn(const struct block_ctx *c, const struct gated_attn_weights
 void block_delta_net(const struct block_ctx *c, const struct delta_net_weights *w, const struct delta_net_shape *sh,
                      const struct rec_state *rec, int il, const struct block_in *in, const struct slice *sl, bool keep,
                      float *out);
-/* The LM head over the slice's final-normed hidden rows a->hn that want logits, then the
- * greedy picks (argmax, accept_greedy) the args ask for. Returns the logits rows written. */
+/* The LM head over the slice's final-normed hidden rows a->hn that want logits, the engine's
+ * soft-cap, then the greedy picks (argmax, accept_greedy) the args ask for. Returns the logits
+ * rows written. */
 int block_lm_head(struct engine *e, const struct slice_ops_args *a);
 
 #endif

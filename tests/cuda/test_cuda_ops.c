@@ -690,6 +690,34 @@ static void test_elementwise(int64_t n, bool swiglu) {
     free(a); free(b); free(yc); free(yg);
 }
 
+/* gemma4's elementwise ops: geglu and softcap through tanhf (device and host tanhf agree within
+ * a couple of ulps), scale bit for bit. */
+static void test_gemma_elementwise(int64_t n) {
+    char shape[96];
+    float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
+    float *yc = xmalloc(sizeof(float) * n), *yg = xmalloc(sizeof(float) * n);
+    fill(a, n, 6.0f);
+    fill(b, n, 2.0f);
+    float *da = gdup(a, sizeof(float) * n), *db = gdup(b, sizeof(float) * n), *dy = galloc(sizeof(float) * n);
+    snprintf(shape, sizeof shape, "n %lld", (long long)n);
+    cpu->geglu(cpu, a, b, n, yc);
+    gpu->geglu(gpu, da, db, n, dy);
+    gget(yg, dy, sizeof(float) * n);
+    check("geglu", shape, yg, yc, n, 1e-30, 4e-6);
+    for (int64_t i = 0; i < n; i++) a[i] *= 10.0f; /* logits-sized values for the cap */
+    gpu->upload(gpu, da, a, sizeof(float) * n);
+    cpu->softcap(cpu, a, n, 30.0f);
+    gpu->softcap(gpu, da, n, 30.0f);
+    gget(yg, da, sizeof(float) * n);
+    check("softcap", shape, yg, a, n, 1e-30, 4e-6);
+    cpu->scale(cpu, b, n, 16.0f);
+    gpu->scale(gpu, db, n, 16.0f);
+    gget(yg, db, sizeof(float) * n);
+    check_bits("scale", shape, yg, b, sizeof(float) * n);
+    gpu->free(gpu, da); gpu->free(gpu, db); gpu->free(gpu, dy);
+    free(a); free(b); free(yc); free(yg);
+}
+
 static void test_mul_sigmoid(int n_tok, int n_head, int dim) {
     char shape[96];
     const int gs = 2 * n_head * dim, ghs = 2 * dim; /* the gate interleaved with q, as qwen35 does */
@@ -718,8 +746,8 @@ static void test_rope(int n_tok, int n_head, int head_dim, int n_rot, int tok_st
     for (int t = 0; t < n_tok; t++) pos[t] = pos0 + 3 * t;
     float *dx = gdup(x, sizeof(float) * n);
     int32_t *dpos = gdup(pos, sizeof(int32_t) * n_tok);
-    cpu->rope_neox(cpu, x, n_tok, tok_stride, n_head, head_stride, n_rot, pos, 10000000.0f);
-    gpu->rope_neox(gpu, dx, n_tok, tok_stride, n_head, head_stride, n_rot, dpos, 10000000.0f);
+    cpu->rope_neox(cpu, x, n_tok, tok_stride, n_head, head_stride, n_rot, pos, 10000000.0f, NULL);
+    gpu->rope_neox(gpu, dx, n_tok, tok_stride, n_head, head_stride, n_rot, dpos, 10000000.0f, NULL);
     gget(yg, dx, sizeof(float) * n);
     snprintf(shape, sizeof shape, "%d tok %d heads dim %d rot %d pos %d..", n_tok, n_head, head_dim, n_rot, pos0);
     check("rope_neox", shape, yg, x, n, 2e-6 * 2.0, 2e-6);
@@ -758,7 +786,9 @@ static void test_kv_store(int n_tok, int kvd, int n_cells) {
 /* attn_prep against the CPU's separate ops (within the norm's and rope's tolerances; the cache
  * as f16 of those values) and against the GPU's own separate kernels, bit for bit. q rows hold
  * [q_h ; gate_h] per head as qwen35 lays them out. */
-static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_cells) {
+/* gemma: gemma4's form, rope_freqs (the first quarter of the pairs turn, 1e30 for the rest)
+ * and v rows normed with a weight of ones before the store. */
+static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_cells, bool gemma) {
     char shape[96];
     const int QS = 2 * H * D, KV = HKV * D, pos0 = 40;
     const size_t nq = (size_t)n_tok * QS, nk = (size_t)n_tok * KV, nc = (size_t)n_cells * KV;
@@ -774,6 +804,10 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     fill(v, nk, 2.0f);
     for (int i = 0; i < D; i++) { qn[i] = 1.0f + 0.5f * frand(); kn[i] = 1.0f + 0.5f * frand(); }
     for (int t = 0; t < n_tok; t++) { pos[t] = pos0 + t; cells[t] = (t * 5 + 2) % n_cells; }
+    float *ones = xmalloc(sizeof(float) * D), *freqs = xmalloc(sizeof(float) * D / 2);
+    for (int i = 0; i < D; i++) ones[i] = 1.0f;
+    for (int i = 0; i < D / 2; i++) freqs[i] = i < n_rot / 8 ? 1.0f : 1e30f;
+    float *dones = gdup(ones, sizeof(float) * D), *dfreqs = gdup(freqs, sizeof(float) * D / 2);
     memset(kc, 0, 2 * nc);
     memset(vc, 0, 2 * nc);
     float *dq = gdup(q, sizeof(float) * nq), *dk = gdup(k, sizeof(float) * nk), *dv = gdup(v, sizeof(float) * nk);
@@ -782,7 +816,11 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     int32_t *dpos = gdup(pos, sizeof(int32_t) * n_tok), *dcells = gdup(cells, sizeof(int32_t) * n_tok);
     const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, HKV, D, dkc, dvc);
     const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
-    gpu->attn_prep(gpu, dq, QS, 2 * D, dqn, dk, KV, dkn, dv, KV, 1e-6f, n_tok, H, n_rot, dpos, 1e7f, dcells, &kvg);
+    const struct attn_prep_in gin = {.q = dq, .q_stride = QS, .q_head_stride = 2 * D, .q_norm = dqn, .k = dk,
+                                     .k_stride = KV, .k_norm = dkn, .v = dv, .v_stride = KV, .v_norm = gemma ? dones : NULL,
+                                     .eps = 1e-6f, .n_head = H, .n_rot = n_rot, .rope_base = 1e7f,
+                                     .rope_freqs = gemma ? dfreqs : NULL};
+    gpu->attn_prep(gpu, &gin, n_tok, dpos, dcells, &kvg);
     gget(qg, dq, sizeof(float) * nq);
     gget(kg, dk, sizeof(float) * nk);
     gget(kcg, dkc, 2 * nc);
@@ -790,30 +828,38 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     /* the GPU's separate kernels on the same input */
     gpu->upload(gpu, dq, q, sizeof(float) * nq);
     gpu->upload(gpu, dk, k, sizeof(float) * nk);
+    gpu->upload(gpu, dv, v, sizeof(float) * nk);
     gpu->upload(gpu, dkc, kc, 2 * nc);
     gpu->upload(gpu, dvc, vc, 2 * nc);
     gpu->rmsnorm(gpu, dq, 2 * D, dqn, n_tok * H, D, 1e-6f, dq, 2 * D);
     gpu->rmsnorm(gpu, dk, D, dkn, n_tok * HKV, D, 1e-6f, dk, D);
-    gpu->rope_neox(gpu, dq, n_tok, QS, H, 2 * D, n_rot, dpos, 1e7f);
-    gpu->rope_neox(gpu, dk, n_tok, KV, HKV, D, n_rot, dpos, 1e7f);
+    gpu->rope_neox(gpu, dq, n_tok, QS, H, 2 * D, n_rot, dpos, 1e7f, gemma ? dfreqs : NULL);
+    gpu->rope_neox(gpu, dk, n_tok, KV, HKV, D, n_rot, dpos, 1e7f, gemma ? dfreqs : NULL);
+    if (gemma) gpu->rmsnorm(gpu, dv, D, dones, n_tok * HKV, D, 1e-6f, dv, D);
     gpu->kv_store(gpu, dk, KV, dv, KV, n_tok, dcells, &kvg);
     gget(qg2, dq, sizeof(float) * nq);
     gget(kg2, dk, sizeof(float) * nk);
     gget(kcg2, dkc, 2 * nc);
     gget(vcg2, dvc, 2 * nc);
-    cpu->attn_prep(cpu, q, QS, 2 * D, qn, k, KV, kn, v, KV, 1e-6f, n_tok, H, n_rot, pos, 1e7f, cells, &kvc);
-    snprintf(shape, sizeof shape, "%d tok %d/%d heads of %d rot %d", n_tok, H, HKV, D, n_rot);
+    const struct attn_prep_in cin = {.q = q, .q_stride = QS, .q_head_stride = 2 * D, .q_norm = qn, .k = k,
+                                     .k_stride = KV, .k_norm = kn, .v = v, .v_stride = KV, .v_norm = gemma ? ones : NULL,
+                                     .eps = 1e-6f, .n_head = H, .n_rot = n_rot, .rope_base = 1e7f,
+                                     .rope_freqs = gemma ? freqs : NULL};
+    cpu->attn_prep(cpu, &cin, n_tok, pos, cells, &kvc);
+    snprintf(shape, sizeof shape, "%d tok %d/%d heads of %d rot %d%s", n_tok, H, HKV, D, n_rot, gemma ? " gemma" : "");
     check("attn_prep q", shape, qg, q, nq, 2e-6 * 3.0, 4e-6);
     check("attn_prep k", shape, kg, k, nk, 2e-6 * 3.0, 4e-6);
     check_bits("attn_prep q-sep", shape, qg, qg2, sizeof(float) * nq);
     check_bits("attn_prep k-sep", shape, kg, kg2, sizeof(float) * nk);
     check_bits("attn_prep kc-sep", shape, kcg, kcg2, 2 * nc);
     check_bits("attn_prep vc-sep", shape, vcg, vcg2, 2 * nc);
-    check_bits("attn_prep vc", shape, vcg, vc, 2 * nc); /* v is stored as is: the CPU's f16 bits */
+    if (!gemma) check_bits("attn_prep vc", shape, vcg, vc, 2 * nc); /* v is stored as is: the CPU's f16 bits */
     gpu->free(gpu, dq); gpu->free(gpu, dk); gpu->free(gpu, dv); gpu->free(gpu, dqn); gpu->free(gpu, dkn);
     gpu->free(gpu, dkc); gpu->free(gpu, dvc); gpu->free(gpu, dpos); gpu->free(gpu, dcells);
     free(q); free(k); free(v); free(qn); free(kn); free(qg); free(kg); free(qg2); free(kg2); free(kc); free(vc);
     free(kcg); free(vcg); free(kcg2); free(vcg2); free(pos); free(cells);
+    gpu->free(gpu, dones); gpu->free(gpu, dfreqs);
+    free(ones); free(freqs);
 }
 
 /* n_tok tokens of sequence seq continuing a cache of len0 rows (causal), n_seq sequences of
@@ -1341,6 +1387,7 @@ static void run_rmsnorm_gated(void) { test_rmsnorm_gated(4 * 32, 128); test_rmsn
 static void run_add_rmsnorm(void) { test_add_rmsnorm(1, 4096); test_add_rmsnorm(3, 9000); test_add_rmsnorm(5, 384); test_add_rmsnorm(9, 300); }
 static void run_add(void) { test_elementwise(1, false); test_elementwise(12289, false); test_elementwise(3 * 12288, false); }
 static void run_swiglu(void) { test_elementwise(1, true); test_elementwise(12289, true); test_elementwise(3 * 12288, true); }
+static void run_gemma_elementwise(void) { test_gemma_elementwise(1); test_gemma_elementwise(10240); }
 static void run_mul_sigmoid(void) { test_mul_sigmoid(1, 16, 256); test_mul_sigmoid(5, 3, 100); }
 static void run_rope_neox(void) {
     test_rope(1, 16, 256, 64, 2 * 16 * 256, 2 * 256, 7);
@@ -1349,9 +1396,11 @@ static void run_rope_neox(void) {
     test_rope(70, 8, 64, 32, 8 * 64, 64, 0);
 }
 static void run_attn_prep(void) {
-    test_attn_prep(1, 16, 4, 256, 64, 8);   /* the 9B's shape, decode */
-    test_attn_prep(5, 6, 2, 64, 64, 12);    /* the tiny model's, a verify batch */
-    test_attn_prep(3, 4, 2, 128, 96, 4);    /* rotation not a multiple of the warp */
+    test_attn_prep(1, 16, 4, 256, 64, 8, false);   /* the 9B's shape, decode */
+    test_attn_prep(5, 6, 2, 64, 64, 12, false);    /* the tiny model's, a verify batch */
+    test_attn_prep(3, 4, 2, 128, 96, 4, false);    /* rotation not a multiple of the warp */
+    test_attn_prep(3, 4, 2, 128, 128, 6, true);    /* gemma4's full layer: partial rotation, v norm */
+    test_attn_prep(2, 4, 1, 64, 64, 6, true);
 }
 static void run_kv_store(void) { test_kv_store(1, 1024, 10); test_kv_store(9, 512, 20); test_kv_store(3, 100, 5); }
 static void run_attention(void) {
@@ -1397,6 +1446,9 @@ static const struct op_test {
     {BACKEND_OP_add_rmsnorm, run_add_rmsnorm},
     {BACKEND_OP_add, run_add},
     {BACKEND_OP_swiglu, run_swiglu},
+    {BACKEND_OP_geglu, run_gemma_elementwise},
+    {BACKEND_OP_scale, run_gemma_elementwise},
+    {BACKEND_OP_softcap, run_gemma_elementwise},
     {BACKEND_OP_mul_sigmoid, run_mul_sigmoid},
     {BACKEND_OP_rope_neox, run_rope_neox},
     {BACKEND_OP_attn_prep, run_attn_prep},
