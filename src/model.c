@@ -11,6 +11,7 @@ static const struct {
                 char *, size_t);
 } model_archs[] = {
     {"qwen35", qwen35_load},
+    {"gemma4", gemma4_load},
 };
 
 int model_load_gguf(struct model **out, struct gguf_file *g, struct backend *be,

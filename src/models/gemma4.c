@@ -1,0 +1,418 @@
+/* gemma4.c — the Gemma 4 dense architecture (`gemma4`): hparams from GGUF metadata (per-layer
+ * arrays), its tensor table, and the block order of its trunk: per layer a pre-normed attention
+ * (sliding-window or full, each with its own head size, rope base and rotation; q/k normed with
+ * weights, v without; scale 1) and a GeGLU FFN, each output normed before its residual add, the
+ * layer scaled by its output scale; √D-scaled embeddings; a soft-capped, usually tied, LM head.
+ * Layers past n_layer - shared_kv_layers read an earlier layer's K/V. Not yet: per-layer
+ * embeddings (E-series) and the MoE branch (26B-A4B), refused at load.
+ * Reference: ../shared/docs/arch-gemma4.md; llama.cpp src/models/gemma4.cpp (behaviour). */
+#include "models/gemma4.h"
+#include "models/blocks.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GEMMA4_MAX_HEAD_DIM 512
+#define GEMMA4_MAX_WIDTH (1 << 24)
+
+struct layer {
+    unsigned kind;                       /* GEMMA4_LAYER_* */
+    float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffw_norm;
+    struct bweight q, k, v, o;           /* v absent: V is the K projection */
+    struct glu_ffn_weights ffn;
+    float out_scale;                     /* layer_output_scale, 1 when absent */
+    int kv_src;                          /* the memory layer whose K/V it reads */
+};
+
+struct globals {
+    struct bweight tok_embd, lm_head;    /* lm_head.data == tok_embd.data: tied */
+    float *out_norm, *rope_freqs;        /* rope_freqs: full layers' pair factors, or NULL */
+};
+
+#define L_SWA GEMMA4_LAYER_SWA
+#define L_FULL GEMMA4_LAYER_FULL
+#define L_KV GEMMA4_LAYER_KV
+#define L_ALL (L_SWA | L_FULL)
+#define W(x) GEMMA4_W_##x
+#define MAT(name, layers, in, out, field) {name, WEIGHT_MATRIX, layers, W(in), W(out), field, WEIGHT_REQUIRED, WEIGHT_INIT_MATRIX}
+#define VEC(name, layers, in, field) {name, WEIGHT_VECTOR, layers, W(in), W(ONE), field, WEIGHT_REQUIRED, WEIGHT_INIT_NORM}
+#define LY(f) offsetof(struct layer, f)
+#define GL(f) offsetof(struct globals, f)
+
+/* In the converter's order: rope factors and the embedding, each block, the output norm. */
+const struct weight_desc gemma4_tensors[] = {
+    {"rope_freqs.weight", WEIGHT_VECTOR, 0, W(ROPE_FREQS), W(ONE), GL(rope_freqs), WEIGHT_OPTIONAL, WEIGHT_INIT_NORM},
+    MAT("token_embd.weight", 0, EMBD, VOCAB, GL(tok_embd)),
+    {"output.weight", WEIGHT_MATRIX, 0, W(EMBD), W(VOCAB), GL(lm_head), WEIGHT_TIED, WEIGHT_INIT_MATRIX},
+    VEC("blk.%d.attn_norm.weight", L_ALL, EMBD, LY(attn_norm)),
+    MAT("blk.%d.attn_q.weight", L_ALL, EMBD, Q, LY(q)),
+    MAT("blk.%d.attn_k.weight", L_KV, EMBD, KV, LY(k)),
+    {"blk.%d.attn_v.weight", WEIGHT_MATRIX, L_KV, W(EMBD), W(KV), LY(v), WEIGHT_OPTIONAL, WEIGHT_INIT_MATRIX},
+    MAT("blk.%d.attn_output.weight", L_ALL, Q, EMBD, LY(o)),
+    VEC("blk.%d.attn_q_norm.weight", L_ALL, HEAD_DIM, LY(q_norm)),
+    VEC("blk.%d.attn_k_norm.weight", L_KV, HEAD_DIM, LY(k_norm)),
+    VEC("blk.%d.post_attention_norm.weight", L_ALL, EMBD, LY(post_attn_norm)),
+    VEC("blk.%d.ffn_norm.weight", L_ALL, EMBD, LY(ffn_norm)),
+    MAT("blk.%d.ffn_gate.weight", L_ALL, EMBD, FF, LY(ffn.gate)),
+    MAT("blk.%d.ffn_up.weight", L_ALL, EMBD, FF, LY(ffn.up)),
+    MAT("blk.%d.ffn_down.weight", L_ALL, FF, EMBD, LY(ffn.down)),
+    VEC("blk.%d.post_ffw_norm.weight", L_ALL, EMBD, LY(post_ffw_norm)),
+    {"blk.%d.layer_output_scale.weight", WEIGHT_SCALAR, L_ALL, W(ONE), W(ONE), LY(out_scale), WEIGHT_OPTIONAL,
+     WEIGHT_INIT_NORM},
+    {"output_norm.weight", WEIGHT_VECTOR, WEIGHT_GLOBAL_LAST, W(EMBD), W(ONE), GL(out_norm), WEIGHT_REQUIRED,
+     WEIGHT_INIT_NORM},
+};
+const int gemma4_n_tensors = (int)COTI_ARRAY_LEN(gemma4_tensors);
+
+#undef MAT
+#undef VEC
+#undef LY
+#undef GL
+
+static int head_dim_of(const struct gemma4_hparams *hp, int il) { return hp->swa[il] ? hp->head_dim_swa : hp->head_dim; }
+
+void gemma4_widths(const struct gemma4_hparams *hp, int il, int64_t w[GEMMA4_N_WIDTHS]) {
+    const int64_t D = head_dim_of(hp, il);
+    w[W(ONE)] = 1;
+    w[W(EMBD)] = hp->n_embd;
+    w[W(VOCAB)] = hp->n_vocab;
+    w[W(Q)] = hp->n_head[il] * D;
+    w[W(KV)] = hp->n_head_kv[il] * D;
+    w[W(HEAD_DIM)] = D;
+    w[W(FF)] = hp->n_ff[il];
+    w[W(ROPE_FREQS)] = hp->head_dim / 2;
+}
+
+unsigned gemma4_layer_kind(const struct gemma4_hparams *hp, int il) {
+    return (hp->swa[il] ? L_SWA : L_FULL) | (il < hp->n_layer - hp->n_kv_shared ? L_KV : 0);
+}
+
+int gemma4_kv_source(const struct gemma4_hparams *hp, int il) {
+    const int n_own = hp->n_layer - hp->n_kv_shared;
+    if (il < n_own) return il;
+    for (int j = n_own - 1; j >= 0; j--) /* the last owning layer of the same kind */
+        if (hp->swa[j] == hp->swa[il]) return j;
+    return -1;
+}
+
+struct scratch {
+    float *x, *a, *q, *k, *v, *att, *o, *t, *fg, *fu;
+    float *ones;                         /* [max head dim] of 1: the weightless v norm */
+};
+
+struct gemma4 {
+    struct model base;
+    struct gemma4_hparams hp;
+    struct layer *layers;
+    struct globals g;
+    struct scratch s;
+    struct engine eng;
+};
+
+static struct gemma4 *g4(struct model *m) { return (struct gemma4 *)m; }
+
+/* ---- loading ------------------------------------------------------------------------ */
+
+/* "<arch>.<key>" as one value per layer: an array of n_layer integers, or one broadcast. */
+static int get_per_layer(const struct weight_loader *L, const char *key, int n_layer, int *out, bool required, int def) {
+    char k[256];
+    snprintf(k, sizeof k, "%s.%s", L->arch, key);
+    const struct gguf_kv *kv = gguf_find_kv(L->g, k);
+    if (kv && kv->type == GGUF_TYPE_ARRAY) {
+        size_t n = 0;
+        int rc = gguf_get_arr_i32(L->g, k, out, (size_t)n_layer, &n, L->err, L->err_size);
+        if (rc) return rc;
+        if (n != (size_t)n_layer)
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "%s has %zu values for %d layers", k, n, n_layer);
+        for (int i = 0; i < n_layer; i++)
+            if (out[i] < 0 || out[i] > (1 << 30)) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "%s[%d] = %d is out of range", k, i, out[i]);
+        return 0;
+    }
+    int v;
+    int rc = required ? weights_get_u32(L, key, &v) : weights_get_u32_opt(L, key, &v, def);
+    if (rc) return rc;
+    for (int i = 0; i < n_layer; i++) out[i] = v;
+    return 0;
+}
+
+static int read_hparams(const struct weight_loader *L, struct gemma4_hparams *hp) {
+    int rc;
+    if ((rc = weights_get_u32(L, "block_count", &hp->n_layer))) return rc;
+    if (hp->n_layer < 1 || hp->n_layer > GEMMA4_MAX_LAYERS)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "block_count %d is out of range [1, %d]", hp->n_layer, GEMMA4_MAX_LAYERS);
+    const int nl = hp->n_layer;
+    if ((rc = weights_get_u32_opt(L, "context_length", &hp->n_ctx_train, 4096))) return rc;
+    if ((rc = weights_get_u32(L, "embedding_length", &hp->n_embd))) return rc;
+    if ((rc = get_per_layer(L, "feed_forward_length", nl, hp->n_ff, true, 0))) return rc;
+    if ((rc = get_per_layer(L, "attention.head_count", nl, hp->n_head, true, 0))) return rc;
+    if ((rc = get_per_layer(L, "attention.head_count_kv", nl, hp->n_head_kv, false, hp->n_head[0]))) return rc;
+    int vlen, vlen_swa;
+    if ((rc = weights_get_u32_opt(L, "attention.key_length", &hp->head_dim, hp->n_head[0] ? hp->n_embd / hp->n_head[0] : 0))) return rc;
+    if ((rc = weights_get_u32_opt(L, "attention.value_length", &vlen, hp->head_dim))) return rc;
+    if ((rc = weights_get_u32_opt(L, "attention.key_length_swa", &hp->head_dim_swa, hp->head_dim))) return rc;
+    if ((rc = weights_get_u32_opt(L, "attention.value_length_swa", &vlen_swa, hp->head_dim_swa))) return rc;
+    if (vlen != hp->head_dim || vlen_swa != hp->head_dim_swa)
+        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "value lengths %d / %d differ from key lengths %d / %d", vlen,
+                         vlen_swa, hp->head_dim, hp->head_dim_swa);
+    if ((rc = weights_get_u32(L, "attention.sliding_window", &hp->window))) return rc;
+    int pattern[GEMMA4_MAX_LAYERS];
+    char k[256];
+    snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", L->arch);
+    const struct gguf_kv *kv = gguf_find_kv(L->g, k);
+    if (!kv) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing metadata key %s", k);
+    if (kv->type == GGUF_TYPE_ARRAY) {
+        if ((rc = get_per_layer(L, "attention.sliding_window_pattern", nl, pattern, true, 0))) return rc;
+        for (int i = 0; i < nl; i++) hp->swa[i] = pattern[i] != 0;
+    } else { /* a period: every n-th layer (the last of each n) is full */
+        int period;
+        if ((rc = weights_get_u32(L, "attention.sliding_window_pattern", &period))) return rc;
+        if (period < 1) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "%s = %d is out of range", k, period);
+        for (int i = 0; i < nl; i++) hp->swa[i] = i % period < period - 1;
+    }
+    if ((rc = weights_get_u32_opt(L, "attention.shared_kv_layers", &hp->n_kv_shared, 0))) return rc;
+    if ((rc = weights_get_u32_opt(L, "embedding_length_per_layer_input", &hp->n_embd_per_layer, 0))) return rc;
+    int n_expert;
+    if ((rc = weights_get_u32_opt(L, "expert_count", &n_expert, 0))) return rc;
+    if (hp->n_embd_per_layer || n_expert)
+        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED,
+                         "gemma4 with per-layer embeddings (%d) or experts (%d) is not supported yet",
+                         hp->n_embd_per_layer, n_expert);
+    snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", L->arch);
+    rc = gguf_get_f32(L->g, k, &hp->eps, L->err, L->err_size);
+    if (rc == COTI_E_ARG) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing metadata key %s", k);
+    if (rc) return rc;
+    if ((rc = weights_get_f32_opt(L, "rope.freq_base", &hp->rope_base, 10000.0f))) return rc;
+    if ((rc = weights_get_f32_opt(L, "rope.freq_base_swa", &hp->rope_base_swa, 10000.0f))) return rc;
+    if ((rc = weights_get_u32_opt(L, "rope.dimension_count", &hp->n_rot, hp->head_dim))) return rc;
+    if ((rc = weights_get_u32_opt(L, "rope.dimension_count_swa", &hp->n_rot_swa, hp->n_rot))) return rc;
+    if ((rc = weights_get_f32_opt(L, "final_logit_softcapping", &hp->softcap, 30.0f))) return rc;
+
+    /* ranges: every width the forward forms stays far from int overflow */
+    for (int i = 0; i < nl; i++) {
+        const int64_t D = head_dim_of(hp, i);
+        if (hp->n_head[i] < 1 || hp->n_head_kv[i] < 1 || hp->n_head[i] % hp->n_head_kv[i] || hp->n_ff[i] < 1 ||
+            hp->n_ff[i] > GEMMA4_MAX_WIDTH || hp->n_head[i] * D > GEMMA4_MAX_WIDTH)
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                             "layer %d: heads %d / %d (a positive multiple) of %lld, feed-forward %d are out of range", i,
+                             hp->n_head[i], hp->n_head_kv[i], (long long)D, hp->n_ff[i]);
+    }
+    if (hp->n_embd < 1 || hp->n_embd > GEMMA4_MAX_WIDTH)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "embedding_length %d is out of range", hp->n_embd);
+    const int dims[4] = {hp->head_dim, hp->head_dim_swa, hp->n_rot, hp->n_rot_swa};
+    for (int i = 0; i < 4; i++)
+        if (dims[i] < 2 || dims[i] > GEMMA4_MAX_HEAD_DIM || dims[i] % 2)
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "head dims %d / %d and rope dims %d / %d must be even, in [2, %d]",
+                             hp->head_dim, hp->head_dim_swa, hp->n_rot, hp->n_rot_swa, GEMMA4_MAX_HEAD_DIM);
+    if (hp->n_rot > hp->head_dim || hp->n_rot_swa > hp->head_dim_swa)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "rope dims %d / %d exceed head dims %d / %d", hp->n_rot,
+                         hp->n_rot_swa, hp->head_dim, hp->head_dim_swa);
+    if (hp->window < 1 || hp->n_kv_shared < 0 || hp->n_kv_shared > nl - 1)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "sliding window %d / shared KV layers %d out of range", hp->window,
+                         hp->n_kv_shared);
+    for (int i = 0; i < nl; i++)
+        if (gemma4_kv_source(hp, i) < 0)
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "shared-KV layer %d has no earlier %s layer to read", i,
+                             hp->swa[i] ? "sliding" : "full");
+    if (!(hp->eps > 0.0f && hp->eps < 1.0f) || !(hp->rope_base > 1.0f) || !(hp->rope_base_swa > 1.0f) || !(hp->softcap >= 0.0f))
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "rms eps %g / rope bases %g, %g / soft-cap %g out of range", hp->eps,
+                         hp->rope_base, hp->rope_base_swa, hp->softcap);
+    return 0;
+}
+
+static void gemma4_free(struct model *m) {
+    struct gemma4 *q = g4(m);
+    struct backend *be = m->be;
+    engine_free(&q->eng);
+    for (int il = 0; q->layers && il < q->hp.n_layer; il++)
+        weights_unbind(be, gemma4_tensors, gemma4_n_tensors, q->layers[il].kind, &q->layers[il]);
+    free(q->layers);
+    if (q->s.ones) be->free(be, q->s.ones);
+    if (q->g.lm_head.data == q->g.tok_embd.data) q->g.lm_head = (struct bweight){0};
+    weights_unbind(be, gemma4_tensors, gemma4_n_tensors, 0, &q->g);
+    gguf_close(m->gguf);
+    free(q);
+}
+
+static void trunk_pass(struct model *m, const struct slice_ops_args *a);
+
+static int init_engine(struct gemma4 *q) {
+    struct model *m = &q->base;
+    const struct gemma4_hparams *hp = &q->hp;
+    size_t qw = 0, kvw = 0, ff = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const size_t D = (size_t)head_dim_of(hp, il);
+        qw = COTI_MAX(qw, (size_t)hp->n_head[il] * D);
+        kvw = COTI_MAX(kvw, (size_t)hp->n_head_kv[il] * D);
+        ff = COTI_MAX(ff, (size_t)hp->n_ff[il]);
+    }
+    const size_t nb = (size_t)m->n_batch, f = sizeof(float), E = (size_t)hp->n_embd;
+    struct scratch *s = &q->s;
+#define SLOT(p, n) {(void **)&(p), f * nb * (n)}
+    const struct arena_slot slots[] = {
+        SLOT(s->x, E), SLOT(s->a, E), SLOT(s->q, qw), SLOT(s->k, kvw), SLOT(s->v, kvw), SLOT(s->att, qw),
+        SLOT(s->o, E), SLOT(s->t, E), SLOT(s->fg, ff), SLOT(s->fu, ff),
+    };
+#undef SLOT
+    const int max_d = COTI_MAX(hp->head_dim, hp->head_dim_swa);
+    float *ones = malloc(sizeof(float) * (size_t)max_d);
+    s->ones = m->be->alloc(m->be, sizeof(float) * (size_t)max_d);
+    struct kv_layer_spec *kv = calloc((size_t)hp->n_layer, sizeof *kv);
+    int rc = ones && s->ones && kv ? 0 : COTI_E_NOMEM;
+    if (!rc) {
+        for (int i = 0; i < max_d; i++) ones[i] = 1.0f;
+        m->be->upload(m->be, s->ones, ones, sizeof(float) * (size_t)max_d);
+        for (int il = 0; il < hp->n_layer; il++) {
+            const int src = gemma4_kv_source(hp, il);
+            kv[il] = (struct kv_layer_spec){hp->n_head_kv[il], head_dim_of(hp, il), src == il ? -1 : src};
+            q->layers[il].kv_src = src;
+        }
+        const struct memory_params mp = {.n_seq = m->n_seq, .n_ctx = m->n_ctx, .n_keep = m->n_keep_states, .kv = kv,
+                                         .n_kv = hp->n_layer};
+        const struct engine_params ep = {.n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .window = hp->window,
+                                         .softcap = hp->softcap, .mem = &mp, .slots = slots,
+                                         .n_slots = (int)COTI_ARRAY_LEN(slots), .passes = {trunk_pass, NULL},
+                                         .lm_head = &q->g.lm_head, .draft_head = &q->g.lm_head};
+        rc = engine_init(&q->eng, m, &ep);
+    }
+    free(ones);
+    free(kv);
+    return rc;
+}
+
+static const struct model_vtable gemma4_vtable;
+
+int gemma4_load(struct model **out, struct gguf_file *g, struct backend *be, const struct model_params *p, char *err,
+                size_t err_size) {
+    const struct weight_loader L = {g, be, "gemma4", err, err_size};
+    struct gemma4 *q = calloc(1, sizeof(*q));
+    if (!q) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    struct model *m = &q->base;
+    m->vt = &gemma4_vtable;
+    m->be = be;
+    m->n_seq = p->n_seq;
+    m->n_ctx = p->n_ctx;
+    m->n_batch = p->n_batch;
+    m->n_keep_states = p->n_keep_states;
+    struct gemma4_hparams *hp = &q->hp;
+    int rc = read_hparams(&L, hp);
+    if (rc) { free(q); return rc; }
+    m->gguf = g; /* owned once loading succeeds: gemma4_free closes it */
+
+    const struct gguf_tensor *te = gguf_find_tensor(g, "token_embd.weight");
+    if (!te || te->n_dims != 2 || te->ne[0] != hp->n_embd || te->ne[1] < 1 || te->ne[1] > (1 << 24)) {
+        rc = coti_fail(err, err_size, COTI_E_FORMAT, "token_embd.weight missing or not {%d, n_vocab}", hp->n_embd);
+        goto fail;
+    }
+    hp->n_vocab = (int)te->ne[1];
+    int64_t widths[GEMMA4_N_WIDTHS];
+    gemma4_widths(hp, 0, widths);
+    if ((rc = weights_bind(&L, gemma4_tensors, gemma4_n_tensors, 0, 0, &q->g, widths))) goto fail;
+    if (!q->g.lm_head.data) q->g.lm_head = q->g.tok_embd; /* tied */
+    q->layers = calloc((size_t)hp->n_layer, sizeof(struct layer));
+    if (!q->layers) { rc = coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); goto fail; }
+    bool any_full = false;
+    for (int il = 0; il < hp->n_layer; il++) {
+        struct layer *ly = &q->layers[il];
+        ly->kind = gemma4_layer_kind(hp, il);
+        ly->out_scale = 1.0f;
+        any_full |= !hp->swa[il];
+        gemma4_widths(hp, il, widths);
+        if ((rc = weights_bind(&L, gemma4_tensors, gemma4_n_tensors, ly->kind, il, ly, widths))) goto fail;
+    }
+    if (any_full && !q->g.rope_freqs) {
+        rc = coti_fail(err, err_size, COTI_E_FORMAT, "missing tensor rope_freqs.weight (the full layers' rotation)");
+        goto fail;
+    }
+    if ((rc = init_engine(q))) {
+        rc = coti_fail(err, err_size, COTI_E_NOMEM, "out of memory for activations/KV (n_seq %d, n_ctx %d, n_batch %d)",
+                       m->n_seq, m->n_ctx, m->n_batch);
+        goto fail;
+    }
+    m->info = (struct model_info){.arch = "gemma4", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .n_layer = hp->n_layer,
+                                  .n_ctx_train = hp->n_ctx_train};
+    *out = m;
+    return 0;
+fail:
+    m->gguf = NULL; /* on failure the caller keeps the file (model_load closes it) */
+    gemma4_free(m);
+    return rc;
+}
+
+/* ---- the trunk ------------------------------------------------------------------------ */
+
+/* x += rmsnorm(y) ⊙ w: a block's output normed into the residual stream (t is scratch). */
+static void norm_add(struct gemma4 *q, float *x, const float *y, const float *w, int n) {
+    struct backend *be = q->base.be;
+    const int E = q->hp.n_embd;
+    be->rmsnorm(be, y, E, w, n, E, q->hp.eps, q->s.t, E);
+    be->add(be, x, q->s.t, (int64_t)n * E, x);
+}
+
+static void attention(struct gemma4 *q, const struct layer *ly, int il, int n) {
+    struct backend *be = q->base.be;
+    const struct gemma4_hparams *hp = &q->hp;
+    const struct scratch *s = &q->s;
+    const struct batch_meta *meta = &q->eng.meta;
+    const bool swa = hp->swa[il];
+    const int D = head_dim_of(hp, il), H = hp->n_head[il], QS = H * D, KV = hp->n_head_kv[il] * D;
+    const int n_rot = swa ? hp->n_rot_swa : hp->n_rot;
+    const float base = swa ? hp->rope_base_swa : hp->rope_base;
+    const float *freqs = swa ? NULL : q->g.rope_freqs;
+    const struct matmul_in in = {.kind = MATMUL_RMSNORM, .x = s->x, .w = ly->attn_norm, .eps = hp->eps, .a = s->a};
+    const struct kv_view *kv = &q->eng.mem.kv.layers[ly->kv_src];
+    if (ly->kind & L_KV) {
+        const struct bweight *ws[3] = {&ly->q, &ly->k, &ly->v};
+        float *ys[3] = {s->q, s->k, s->v};
+        be->matmul(be, ws, ys, ly->v.data ? 3 : 2, &in, n);
+        if (!ly->v.data) be->copy(be, s->v, s->k, sizeof(float) * (size_t)n * KV); /* K = V: the raw projection */
+        const struct attn_prep_in prep = {.q = s->q, .q_stride = QS, .q_head_stride = D, .q_norm = ly->q_norm, .k = s->k,
+                                          .k_stride = KV, .k_norm = ly->k_norm, .v = s->v, .v_stride = KV,
+                                          .v_norm = s->ones, .eps = hp->eps, .n_head = H, .n_rot = n_rot,
+                                          .rope_base = base, .rope_freqs = freqs};
+        be->attn_prep(be, &prep, n, meta->pos, meta->cells, kv);
+    } else { /* reads kv_src's cache, stores nothing */
+        be->matmul(be, (const struct bweight *const[]){&ly->q}, (float *const[]){s->q}, 1, &in, n);
+        be->rmsnorm(be, s->q, D, ly->q_norm, n * H, D, hp->eps, s->q, D);
+        be->rope_neox(be, s->q, n, QS, H, D, n_rot, meta->pos, base, freqs);
+    }
+    be->attention(be, s->q, QS, D, kv, swa ? meta->win_cell0 : meta->cell0, swa ? meta->win_nctx : meta->nctx, n, H,
+                  1.0f, s->att);
+    backend_matmul(be, &ly->o, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = s->att}, n, s->o);
+}
+
+static void trunk_pass(struct model *m, const struct slice_ops_args *a) {
+    struct gemma4 *q = g4(m);
+    struct backend *be = m->be;
+    const struct gemma4_hparams *hp = &q->hp;
+    const struct scratch *s = &q->s;
+    const int n = a->sl->n, E = hp->n_embd;
+    be->get_rows(be, &q->g.tok_embd, a->ids, n, s->x);
+    be->scale(be, s->x, (int64_t)n * E, sqrtf((float)E));
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer *ly = &q->layers[il];
+        attention(q, ly, il, n);
+        norm_add(q, s->x, s->o, ly->post_attn_norm, n);
+        const struct bweight *ws[2] = {&ly->ffn.gate, &ly->ffn.up};
+        float *ys[2] = {s->fg, s->fu};
+        be->matmul(be, ws, ys, 2, &(struct matmul_in){.kind = MATMUL_RMSNORM, .x = s->x, .w = ly->ffn_norm, .eps = hp->eps, .a = s->a},
+                   n);
+        backend_matmul(be, &ly->ffn.down, &(struct matmul_in){.kind = MATMUL_GEGLU, .x = s->fg, .m = s->fu, .a = s->fg}, n,
+                       s->o);
+        norm_add(q, s->x, s->o, ly->post_ffw_norm, n);
+        if (ly->out_scale != 1.0f) be->scale(be, s->x, (int64_t)n * E, ly->out_scale);
+    }
+    be->rmsnorm(be, s->x, E, q->g.out_norm, n, E, hp->eps, a->hn, E);
+    block_lm_head(&q->eng, a);
+}
+
+static const struct model_vtable gemma4_vtable = {
+    .free = gemma4_free,
+    .forward = engine_forward,
+    .seq_reset = engine_seq_reset,
+    .seq_rollback = engine_seq_rollback,
+    .seq_copy = engine_seq_copy,
+    .seq_state_read = engine_seq_state_read,
+};
