@@ -83,6 +83,9 @@ struct model_vtable {
 
     /* The draft head built into the file, or NULL (an architecture without one). */
     const struct model_nextn *nextn;
+    /* out[i] = the trunk's input row for token ids[i] (ids in backend memory), as its first layer
+     * sees it, for a drafter that borrows the target's embedding; NULL: not offered. */
+    void (*embed)(struct model *m, const int32_t *ids, int n, float *out);
 };
 
 /* A NextN (MTP) draft head carried by the model file, reached through model_nextn(m). Its rows

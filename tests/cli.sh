@@ -116,5 +116,35 @@ bad_model_is_refused() {
 }
 check "a model with a missing tensor is refused with its name (exit 1)" bad_model_is_refused
 
+# gemma4 with its separate assistant drafter: lossless at every draft length, and the drafter
+# refused with a reason when it does not fit (wrong target, a target as drafter, truncated).
+G4=models/coti-tiny-gemma4-q8_0.gguf
+G4A=models/coti-tiny-gemma4-assistant-q8_0.gguf
+assistant_is_lossless() {
+    local p=$'static int foo(struct device *dev)\n{\n'
+    "$COTI" run -m "$G4" -p "$p" -n 48 -t 1 --spec off > "$TMP/g4off.txt" 2>/dev/null &&
+    "$COTI" run -m "$G4" -p "$p" -n 48 -t 1 --spec assistant --spec-draft "$G4A" > "$TMP/g4a.txt" 2>"$TMP/g4a.err" &&
+    "$COTI" run -m "$G4" -p "$p" -n 48 -t 1 -md "$G4A" --spec-type draft-mtp > "$TMP/g4l.txt" 2>/dev/null &&
+    cmp -s "$TMP/g4off.txt" "$TMP/g4a.txt" && cmp -s "$TMP/g4off.txt" "$TMP/g4l.txt" &&
+    grep -q 'spec assistant n_max 3: drafted [1-9]' "$TMP/g4a.err" || return 1
+    for n in 1 2 3 4; do
+        "$COTI" equiv -m "$G4" --spec assistant --spec-draft "$G4A" --spec-n-max $n --prompts tests/data-prompts.json \
+            -n 16 -t 1 | grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || return 1
+    done
+}
+check "gemma4 + assistant: greedy text identical, equiv Δ 0 at n_max 1-4" assistant_is_lossless
+
+bad_assistant_is_refused() {
+    "$COTI" run -m "$MODEL" --spec assistant --spec-draft "$G4A" -p x -n 2 2>"$TMP/e5"; [ $? -eq 1 ] &&
+        grep -q 'needs a gemma4 target' "$TMP/e5" || return 1
+    "$COTI" run -m "$G4" --spec assistant --spec-draft "$G4" -p x -n 2 2>"$TMP/e6"; [ $? -eq 1 ] &&
+        grep -q 'expected gemma4-assistant' "$TMP/e6" || return 1
+    head -c 100000 "$G4A" > "$TMP/trunc.gguf"
+    "$COTI" run -m "$G4" --spec assistant --spec-draft "$TMP/trunc.gguf" -p x -n 2 2>"$TMP/e7"; [ $? -eq 1 ] &&
+        grep -q 'error' "$TMP/e7" || return 1
+    "$COTI" run -m "$G4" --spec assistant -p x -n 2 2>"$TMP/e8"; [ $? -eq 1 ] && grep -q 'not available' "$TMP/e8"
+}
+check "a drafter that does not fit its target is refused with a reason (exit 1)" bad_assistant_is_refused
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

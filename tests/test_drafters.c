@@ -43,7 +43,7 @@ Test(drafters, todays_spellings_keep_their_meaning) {
 }
 
 Test(drafters, unknown_names_are_refused) {
-    const char *bad[] = {"", "MTP", "mtp ", " off", "of", "ngram-simple", "assistant", "draft", "mtp:2"};
+    const char *bad[] = {"", "MTP", "mtp ", " off", "of", "ngram-simple", "assistent", "draft", "mtp:2"};
     for (size_t i = 0; i < COTI_ARRAY_LEN(bad); i++) {
         const struct drafter_kind *got = &drafter_kind_mtp;
         cr_assert_eq(drafter_kind_parse(bad[i], &got), COTI_E_ARG, "'%s' was accepted", bad[i]);
@@ -53,8 +53,8 @@ Test(drafters, unknown_names_are_refused) {
 
 Test(drafters, choices_list_what_parses) {
     char buf[128];
-    cr_assert_str_eq(drafter_kind_choices(buf, sizeof buf, true, "\""), "\"off\", \"mtp\" or \"ngram\"");
-    cr_assert_str_eq(drafter_kind_choices(buf, sizeof buf, false, ""), "mtp or ngram");
+    cr_assert_str_eq(drafter_kind_choices(buf, sizeof buf, true, "\""), "\"off\", \"mtp\", \"ngram\" or \"assistant\"");
+    cr_assert_str_eq(drafter_kind_choices(buf, sizeof buf, false, ""), "mtp, ngram or assistant");
     cr_assert_str_eq(drafter_kind_choices(buf, 6, true, ""), "off, ", "truncated to the buffer");
 }
 

@@ -1,13 +1,16 @@
 /* test_gemma4.c — the gemma4 forward on the shipped trained model: hparams and memory as the
  * file describes them, soft-capped logits, a prompt longer than the sliding window giving the
  * same last-row logits in one batch as token by token (the window's cells and both KV kinds),
- * and the SIMD kernels agreeing with the scalar reference. */
+ * the SIMD kernels agreeing with the scalar reference, and the assistant drafter leaving the
+ * target's cache untouched. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/engine.h"
 #include "model.h"
+#include "models/gemma4_assistant.h"
 
 #define GEMMA4_PATH "models/coti-tiny-gemma4-q8_0.gguf"
 #define N_TOK 200 /* > the window of 128 */
@@ -104,4 +107,52 @@ Test(gemma4, simd_kernels_agree_with_the_reference) {
     model_free(ms);
     backend_free(br);
     backend_free(bs);
+}
+
+/* The assistant's steps read the target's cache and write none of it: every K/V byte and the
+ * lengths are the same before and after a chain of draft steps (arch-gemma4.md §5.9). */
+static void *kv_bytes(struct model *m, size_t *n) {
+    const struct kv_cache *kv = &m->engine->mem.kv;
+    size_t total = 0;
+    for (int il = 0; il < kv->n_layer; il++) total += 2 * kv->layers[il].row_bytes * (size_t)kv->n_seq * kv->n_ctx;
+    unsigned char *h = malloc(total), *p = h;
+    for (int il = 0; il < kv->n_layer; il++) {
+        const size_t b = kv->layers[il].row_bytes * (size_t)kv->n_seq * kv->n_ctx;
+        m->be->download(m->be, p, kv->layers[il].k, b);
+        m->be->download(m->be, p + b, kv->layers[il].v, b);
+        p += 2 * b;
+    }
+    *n = total;
+    return h;
+}
+
+Test(gemma4, assistant_steps_leave_the_target_cache_as_it_was) {
+    struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
+    struct model *m = open_gemma4(be);
+    char err[512];
+    struct gemma4_assistant *a = NULL;
+    cr_assert_eq(gemma4_assistant_load(&a, "models/coti-tiny-gemma4-assistant-q8_0.gguf", m, err, sizeof err), 0, "%s", err);
+    int32_t t[N_TOK];
+    tokens(t, N_TOK, m->info.n_vocab);
+    float *logits = malloc(sizeof(float) * m->info.n_vocab);
+    feed(m, t, 0, 150, logits); /* past the window */
+    size_t n0, n1;
+    void *before = kv_bytes(m, &n0);
+    int32_t *d_tok = be->alloc(be, sizeof(int32_t) * 4);
+    float *h = be->alloc(be, sizeof(float) * m->info.n_embd);
+    be->upload(be, d_tok, &t[150], sizeof(int32_t));
+    gemma4_assistant_at(a, 0, 150);
+    const float *lg, *ho = h;
+    for (int k = 0; k < 3; k++) gemma4_assistant_step(a, d_tok + k, ho, d_tok + k + 1, &lg, &ho);
+    int32_t drafts[4];
+    be->download(be, drafts, d_tok, sizeof drafts);
+    void *after = kv_bytes(m, &n1);
+    cr_assert(n0 == n1 && memcmp(before, after, n0) == 0, "the target's cache changed");
+    cr_assert_eq(m->seq_len[0], 150);
+    for (int k = 1; k < 4; k++) cr_assert(drafts[k] >= 0 && drafts[k] < m->info.n_vocab, "draft %d = %d", k, drafts[k]);
+    free(before); free(after); free(logits);
+    be->free(be, d_tok); be->free(be, h);
+    gemma4_assistant_free(a);
+    model_free(m);
+    backend_free(be);
 }

@@ -84,5 +84,6 @@ struct drafter_kind {
 
 extern const struct drafter_kind drafter_kind_mtp;   /* NextN self-speculation (mtp.c) */
 extern const struct drafter_kind drafter_kind_ngram; /* prompt lookup (ngram.c) */
+extern const struct drafter_kind drafter_kind_assistant; /* a separate gemma4-assistant model (assistant.c) */
 
 #endif

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-const struct drafter_kind *const drafter_kinds[] = {&drafter_kind_mtp, &drafter_kind_ngram};
+const struct drafter_kind *const drafter_kinds[] = {&drafter_kind_mtp, &drafter_kind_ngram, &drafter_kind_assistant};
 const int n_drafter_kinds = (int)COTI_ARRAY_LEN(drafter_kinds);
 
 const char *drafter_kind_name(const struct drafter_kind *k) { return k ? k->name : "off"; }

@@ -118,6 +118,28 @@ int weights_get_f32_opt(const struct weight_loader *L, const char *key, float *o
     return rc;
 }
 
+/* "<arch>.<key>" as one value per layer: an array of n_layer integers, or one broadcast. */
+int weights_get_per_layer(const struct weight_loader *L, const char *key, int n_layer, int *out, bool required, int def) {
+    char k[256];
+    snprintf(k, sizeof k, "%s.%s", L->arch, key);
+    const struct gguf_kv *kv = gguf_find_kv(L->g, k);
+    if (kv && kv->type == GGUF_TYPE_ARRAY) {
+        size_t n = 0;
+        int rc = gguf_get_arr_i32(L->g, k, out, (size_t)n_layer, &n, L->err, L->err_size);
+        if (rc) return rc;
+        if (n != (size_t)n_layer)
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "%s has %zu values for %d layers", k, n, n_layer);
+        for (int i = 0; i < n_layer; i++)
+            if (out[i] < 0 || out[i] > (1 << 30)) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "%s[%d] = %d is out of range", k, i, out[i]);
+        return 0;
+    }
+    int v;
+    int rc = required ? weights_get_u32(L, key, &v) : weights_get_u32_opt(L, key, &v, def);
+    if (rc) return rc;
+    for (int i = 0; i < n_layer; i++) out[i] = v;
+    return 0;
+}
+
 /* Rows [row0, row1) of a requantization split over a temporary thread pool. */
 struct requant_job {
     const uint8_t *src;

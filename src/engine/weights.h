@@ -77,6 +77,9 @@ int weights_bind_vector(const struct weight_loader *L, float **out, const char *
 int weights_get_u32(const struct weight_loader *L, const char *key, int *out);
 int weights_get_u32_opt(const struct weight_loader *L, const char *key, int *out, int def);
 int weights_get_f32_opt(const struct weight_loader *L, const char *key, float *out, float def);
+/* "<arch>.<key>" per layer: an array of n_layer integers in [0, 2^30], or one value for all
+ * (required, or def when absent and not required). */
+int weights_get_per_layer(const struct weight_loader *L, const char *key, int n_layer, int *out, bool required, int def);
 
 /* A Q4_0 copy of the matrix in tensor t (n_in x n_out) on the backend, requantized through f32
  * with the reference rounding, on every core when it is large; *host keeps its bytes (free()

@@ -116,28 +116,6 @@ static struct gemma4 *g4(struct model *m) { return (struct gemma4 *)m; }
 
 /* ---- loading ------------------------------------------------------------------------ */
 
-/* "<arch>.<key>" as one value per layer: an array of n_layer integers, or one broadcast. */
-static int get_per_layer(const struct weight_loader *L, const char *key, int n_layer, int *out, bool required, int def) {
-    char k[256];
-    snprintf(k, sizeof k, "%s.%s", L->arch, key);
-    const struct gguf_kv *kv = gguf_find_kv(L->g, k);
-    if (kv && kv->type == GGUF_TYPE_ARRAY) {
-        size_t n = 0;
-        int rc = gguf_get_arr_i32(L->g, k, out, (size_t)n_layer, &n, L->err, L->err_size);
-        if (rc) return rc;
-        if (n != (size_t)n_layer)
-            return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "%s has %zu values for %d layers", k, n, n_layer);
-        for (int i = 0; i < n_layer; i++)
-            if (out[i] < 0 || out[i] > (1 << 30)) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "%s[%d] = %d is out of range", k, i, out[i]);
-        return 0;
-    }
-    int v;
-    int rc = required ? weights_get_u32(L, key, &v) : weights_get_u32_opt(L, key, &v, def);
-    if (rc) return rc;
-    for (int i = 0; i < n_layer; i++) out[i] = v;
-    return 0;
-}
-
 static int read_hparams(const struct weight_loader *L, struct gemma4_hparams *hp) {
     int rc;
     if ((rc = weights_get_u32(L, "block_count", &hp->n_layer))) return rc;
@@ -146,9 +124,9 @@ static int read_hparams(const struct weight_loader *L, struct gemma4_hparams *hp
     const int nl = hp->n_layer;
     if ((rc = weights_get_u32_opt(L, "context_length", &hp->n_ctx_train, 4096))) return rc;
     if ((rc = weights_get_u32(L, "embedding_length", &hp->n_embd))) return rc;
-    if ((rc = get_per_layer(L, "feed_forward_length", nl, hp->n_ff, true, 0))) return rc;
-    if ((rc = get_per_layer(L, "attention.head_count", nl, hp->n_head, true, 0))) return rc;
-    if ((rc = get_per_layer(L, "attention.head_count_kv", nl, hp->n_head_kv, false, hp->n_head[0]))) return rc;
+    if ((rc = weights_get_per_layer(L, "feed_forward_length", nl, hp->n_ff, true, 0))) return rc;
+    if ((rc = weights_get_per_layer(L, "attention.head_count", nl, hp->n_head, true, 0))) return rc;
+    if ((rc = weights_get_per_layer(L, "attention.head_count_kv", nl, hp->n_head_kv, false, hp->n_head[0]))) return rc;
     int vlen, vlen_swa;
     if ((rc = weights_get_u32_opt(L, "attention.key_length", &hp->head_dim, hp->n_head[0] ? hp->n_embd / hp->n_head[0] : 0))) return rc;
     if ((rc = weights_get_u32_opt(L, "attention.value_length", &vlen, hp->head_dim))) return rc;
@@ -164,7 +142,7 @@ static int read_hparams(const struct weight_loader *L, struct gemma4_hparams *hp
     const struct gguf_kv *kv = gguf_find_kv(L->g, k);
     if (!kv) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing metadata key %s", k);
     if (kv->type == GGUF_TYPE_ARRAY) {
-        if ((rc = get_per_layer(L, "attention.sliding_window_pattern", nl, pattern, true, 0))) return rc;
+        if ((rc = weights_get_per_layer(L, "attention.sliding_window_pattern", nl, pattern, true, 0))) return rc;
         for (int i = 0; i < nl; i++) hp->swa[i] = pattern[i] != 0;
     } else { /* a period: every n-th layer (the last of each n) is full */
         int period;
@@ -383,14 +361,20 @@ static void attention(struct gemma4 *q, const struct layer *ly, int il, int n) {
     backend_matmul(be, &ly->o, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = s->att}, n, s->o);
 }
 
+/* The embedding rows scaled by √D, as the first layer reads them (also the assistant's input). */
+static void gemma4_embed(struct model *m, const int32_t *ids, int n, float *out) {
+    struct gemma4 *q = g4(m);
+    m->be->get_rows(m->be, &q->g.tok_embd, ids, n, out);
+    m->be->scale(m->be, out, (int64_t)n * q->hp.n_embd, sqrtf((float)q->hp.n_embd));
+}
+
 static void trunk_pass(struct model *m, const struct slice_ops_args *a) {
     struct gemma4 *q = g4(m);
     struct backend *be = m->be;
     const struct gemma4_hparams *hp = &q->hp;
     const struct scratch *s = &q->s;
     const int n = a->sl->n, E = hp->n_embd;
-    be->get_rows(be, &q->g.tok_embd, a->ids, n, s->x);
-    be->scale(be, s->x, (int64_t)n * E, sqrtf((float)E));
+    gemma4_embed(m, a->ids, n, s->x);
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer *ly = &q->layers[il];
         attention(q, ly, il, n);
@@ -415,4 +399,5 @@ static const struct model_vtable gemma4_vtable = {
     .seq_rollback = engine_seq_rollback,
     .seq_copy = engine_seq_copy,
     .seq_state_read = engine_seq_state_read,
+    .embed = gemma4_embed,
 };

@@ -190,7 +190,7 @@ int tool_bench_main(int argc, char **argv) {
     double *tmp = malloc(sizeof(double) * (size_t)repeat);
     for (int k = 0; k < n_cfg; k++) { cfg[k].tps = calloc((size_t)repeat, sizeof(double)); cfg[k].same_as_first = true; }
     if (!ptoks || !np || !ref || !gen || !tmp) { fprintf(stderr, "error: out of memory\n"); goto done; }
-    if (tokenizer_init(&tok, m->gguf, err, sizeof err) || spec_engine_init(&eng, m, NULL, err, sizeof err)) {
+    if (tokenizer_init(&tok, m->gguf, err, sizeof err) || spec_engine_init(&eng, m, c.draft_path, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }

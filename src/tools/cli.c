@@ -111,12 +111,18 @@ int cli_parse_common(struct cli_common *c, int argc, char **argv, int *i) {
         unsigned long long s = v ? strtoull(v, &end, 10) : 0;
         if (!v || errno || *end || v[0] == '-') { fprintf(stderr, "error: --seed expects a non-negative integer\n"); return -1; }
         c->seed = s;
-    } else if (IS("--spec")) {
+    } else if (IS("--spec") || IS("--spec-type")) {
         if (!v || drafter_kind_parse(v, &c->spec.drafter)) {
             char choices[128];
-            fprintf(stderr, "error: --spec expects %s\n", drafter_kind_choices(choices, sizeof choices, true, ""));
+            fprintf(stderr, "error: %s expects %s\n", a, drafter_kind_choices(choices, sizeof choices, true, ""));
             return -1;
         }
+        /* llama.cpp's -md FILE --spec-type draft-mtp: the MTP drafter is the file's */
+        if (c->draft_path && c->spec.drafter == &drafter_kind_mtp) c->spec.drafter = &drafter_kind_assistant;
+    } else if (IS("--spec-draft") || IS("-md") || IS("--model-draft")) {
+        if (!v) { fprintf(stderr, "error: %s expects a file\n", a); return -1; }
+        c->draft_path = v;
+        if (c->spec.drafter == &drafter_kind_mtp) c->spec.drafter = &drafter_kind_assistant;
     } else if (IS("--spec-n-max") || IS("--spec-draft-n-max")) {
         if (cli_parse_int(a, v, 1, SPEC_MAX_DRAFT, &l)) return -1;
         c->spec.n_max = (int)l;

@@ -24,6 +24,7 @@ struct cli_common {
     uint64_t seed;
     /* speculation */
     struct spec_params spec;
+    const char *draft_path;      /* --spec-draft / -md: a drafter model's file */
 };
 
 void cli_common_defaults(struct cli_common *c);

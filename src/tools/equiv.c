@@ -87,7 +87,7 @@ int tool_equiv_main(int argc, char **argv) {
     struct spec_engine *eng = NULL;
     struct collect plain = {0}, spec = {0};
     int32_t *seq = NULL;
-    if (tokenizer_init(&tok, m->gguf, err, sizeof err) || spec_engine_init(&eng, m, NULL, err, sizeof err)) {
+    if (tokenizer_init(&tok, m->gguf, err, sizeof err) || spec_engine_init(&eng, m, c.draft_path, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }

@@ -86,7 +86,7 @@ int tool_run_main(int argc, char **argv) {
     if (sampler_init(&smp, &sp, m->info.n_vocab, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
 
     struct spec_engine *eng = NULL;
-    if (spec_engine_init(&eng, m, NULL, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
+    if (spec_engine_init(&eng, m, c.draft_path, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
     fputs(prompt, stdout);
     fflush(stdout);
     int32_t first, buf[SPEC_MAX_DRAFT + 1];

@@ -100,7 +100,7 @@ int tool_serve_main(int argc, char **argv) {
     struct spec_engine *eng = NULL;
     int rc = 1;
     if (tokenizer_init(&tok, m->gguf, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
-    if (spec_engine_init(&eng, m, NULL, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
+    if (spec_engine_init(&eng, m, c.draft_path, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
     if (!spec_engine_supports(eng, c.spec.drafter)) {
         fprintf(stderr, "error: --spec %s is not available for this model\n", drafter_kind_name(c.spec.drafter));
         goto done;

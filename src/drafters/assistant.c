@@ -1,0 +1,143 @@
+/* assistant.c — external-drafter MTP: a gemma4-assistant model loaded from its own file
+ * (--spec assistant --spec-draft FILE; llama.cpp's -md FILE --spec-type draft-mtp) drafts for a
+ * gemma4 target. Step 1 of a round is (the pending token t_L, position L, the target's
+ * post-norm hidden row of position L-1); step k is (draft d_{k-1}, the same position L, the
+ * assistant's own next-hidden row of step k-1). Every step reads the target's committed cells
+ * [0, L) through read-only views and writes nothing, so the drafter keeps no state that a
+ * rejection could leave wrong: per sequence only the last hidden row the target accepted.
+ * Greedy drafts never leave the device (each argmax feeds the next step and the verify batch). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "drafters/drafter.h"
+#include "models/gemma4_assistant.h"
+
+struct assistant_seq {
+    float *h;                    /* backend [E]: the target's hidden row of position h_pos */
+    int h_pos;                   /* -1: none yet */
+};
+
+struct assistant {
+    struct drafter base;
+    struct model *m;
+    struct gemma4_assistant *a;
+    int E;
+    struct assistant_seq *seqs;
+    int32_t *d_tok;              /* backend: a token from the host (the pending one, a sampled draft) */
+    float *d_p;                  /* backend: the draft's probability (p_min) */
+    float *host_logits;          /* [n_vocab] for sampled drafts */
+    struct sampler_cand *qbuf[SPEC_MAX_DRAFT];
+};
+
+static struct assistant *as_of(struct drafter *d) { return (struct assistant *)d; }
+
+static void assistant_free(struct drafter *d) {
+    struct assistant *t = as_of(d);
+    struct backend *be = t->m->be;
+    for (int s = 0; t->seqs && s < t->m->n_seq; s++) if (t->seqs[s].h) be->free(be, t->seqs[s].h);
+    if (t->d_tok) be->free(be, t->d_tok);
+    if (t->d_p) be->free(be, t->d_p);
+    for (int i = 0; i < SPEC_MAX_DRAFT; i++) free(t->qbuf[i]);
+    gemma4_assistant_free(t->a);
+    free(t->seqs);
+    free(t->host_logits);
+    free(t);
+}
+
+static void assistant_reset(struct drafter *d, int s) { as_of(d)->seqs[s].h_pos = -1; }
+
+static int assistant_observe(struct drafter *d, int s, const int32_t *history, int pos0, int n, const float *hidden,
+                             char *err, size_t err_size) {
+    struct assistant *t = as_of(d);
+    if (n < 1) return 0;
+    t->m->be->copy(t->m->be, t->seqs[s].h, hidden + (size_t)(n - 1) * t->E, sizeof(float) * (size_t)t->E);
+    t->seqs[s].h_pos = pos0 + n - 1;
+    return 0;
+}
+
+static int assistant_draft(struct drafter *d, int s, const struct draft_request *rq, struct draft_result *out, char *err,
+                           size_t err_size) {
+    struct assistant *t = as_of(d);
+    struct model *m = t->m;
+    struct backend *be = m->be;
+    const int L = rq->L, V = m->info.n_vocab;
+    out->n = 0;
+    if (t->seqs[s].h_pos != L - 1)
+        return coti_fail(err, err_size, COTI_E_ARG, "assistant: the last hidden row is of position %d, expected %d",
+                         t->seqs[s].h_pos, L - 1);
+    out->on_device = !rq->sampler;
+    const bool want_p = out->on_device && rq->p_min > 0.0f;
+    const bool pick_in_step = out->on_device && !want_p;
+    gemma4_assistant_at(t->a, s, L);
+    be->upload(be, t->d_tok, &rq->history[L], sizeof(int32_t));
+    const float *logits, *h;
+    gemma4_assistant_step(t->a, t->d_tok, t->seqs[s].h, pick_in_step ? rq->dev_tokens : NULL, &logits, &h);
+    for (int i = 0; i < rq->n_max; i++) {
+        if (rq->sampler) {
+            const struct sampler_cand *cands;
+            size_t nc;
+            be->download(be, t->host_logits, logits, sizeof(float) * (size_t)V);
+            sampler_probs(rq->sampler, t->host_logits, &cands, &nc);
+            memcpy(t->qbuf[i], cands, nc * sizeof *cands);
+            out->tokens[i] = sampler_draw(rq->sampler, t->qbuf[i], nc);
+            out->q[i] = t->qbuf[i];
+            out->q_n[i] = nc;
+        } else {
+            out->q[i] = NULL;
+            out->q_n[i] = 0;
+            if (want_p) {
+                float p;
+                be->argmax(be, logits, 1, V, rq->dev_tokens + i, t->d_p);
+                be->download(be, &p, t->d_p, sizeof p);
+                if (p < rq->p_min && i >= rq->n_min) break;
+            }
+        }
+        out->n++;
+        if (i + 1 == rq->n_max || L + i + 1 >= m->n_ctx) break;
+        const int32_t *tok = rq->dev_tokens + i;
+        if (!out->on_device) {
+            be->upload(be, t->d_tok, &out->tokens[i], sizeof(int32_t));
+            tok = t->d_tok;
+        }
+        gemma4_assistant_step(t->a, tok, h, pick_in_step ? rq->dev_tokens + i + 1 : NULL, &logits, &h);
+    }
+    return 0;
+}
+
+static const struct drafter_vtable assistant_vtable = {
+    .free = assistant_free, .reset = assistant_reset, .observe = assistant_observe, .draft = assistant_draft,
+};
+
+static bool assistant_available(const struct drafter_config *c) { return c->draft_path != NULL; }
+
+static int assistant_init(struct drafter **out, const struct drafter_config *c, char *err, size_t err_size) {
+    struct model *m = c->m;
+    if (!c->draft_path)
+        return coti_fail(err, err_size, COTI_E_ARG, "--spec assistant needs the drafter's file (--spec-draft FILE)");
+    struct assistant *t = calloc(1, sizeof *t);
+    if (!t) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    t->base.vt = &assistant_vtable;
+    t->m = m;
+    t->E = m->info.n_embd;
+    t->base.n_vocab = m->info.n_vocab;
+    int rc = gemma4_assistant_load(&t->a, c->draft_path, m, err, err_size);
+    if (rc) { assistant_free(&t->base); return rc; }
+    struct backend *be = m->be;
+    t->seqs = calloc((size_t)m->n_seq, sizeof *t->seqs);
+    t->host_logits = malloc(sizeof(float) * (size_t)m->info.n_vocab);
+    t->d_tok = be->alloc(be, sizeof(int32_t));
+    t->d_p = be->alloc(be, sizeof(float));
+    bool ok = t->seqs && t->host_logits && t->d_tok && t->d_p;
+    for (int i = 0; ok && i < SPEC_MAX_DRAFT; i++) ok = (t->qbuf[i] = malloc(sizeof(struct sampler_cand) * (size_t)m->info.n_vocab)) != NULL;
+    for (int s = 0; ok && s < m->n_seq; s++) {
+        ok = (t->seqs[s].h = be->alloc(be, sizeof(float) * (size_t)t->E)) != NULL;
+        t->seqs[s].h_pos = -1;
+    }
+    if (!ok) { assistant_free(&t->base); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory for the assistant drafter"); }
+    *out = &t->base;
+    return 0;
+}
+
+const struct drafter_kind drafter_kind_assistant = {
+    .name = "assistant", .llama_name = "draft-mtp", .available = assistant_available, .init = assistant_init,
+};
