@@ -146,5 +146,16 @@ bad_assistant_is_refused() {
 }
 check "a drafter that does not fit its target is refused with a reason (exit 1)" bad_assistant_is_refused
 
+# random gemma4 models: shared-KV layers, K=V full layers, an untied head, each lossless
+mkmodel_gemma4_runs() {
+    for args in "--kv-equal --kv-shared 2 --n-layer 6 --type q4_0" "--untied --type q4_K --n-embd 256"; do
+        # shellcheck disable=SC2086
+        "$COTI" mkmodel --arch gemma4 $args -o "$TMP/g4r.gguf" > /dev/null 2>&1 &&
+        "$COTI" equiv -m "$TMP/g4r.gguf" --spec ngram --prompts tests/data-prompts.json -n 12 -t 1 |
+            grep -q 'real disagreements 0' || return 1
+    done
+}
+check "coti mkmodel --arch gemma4 writes models that load and pass equiv" mkmodel_gemma4_runs
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

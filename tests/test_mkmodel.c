@@ -406,7 +406,7 @@ Test(gguf, mkmodel_matches_shipped_layout) {
 /* The 9b preset's layout, checked without generating its ~10 GB of data. */
 Test(gguf, mkmodel_9b_layout) {
     struct mk_model m = {.wtype = GGML_TYPE_Q8_0, .seed = 1};
-    cr_assert_eq(hp_preset(&m.hp, "9b"), 0);
+    cr_assert_eq(hp_preset(&m.hp, "9b", MK_QWEN35), 0);
     cr_assert_eq(check_hparams(&m.hp), 0);
     cr_assert_eq(build_tensor_list(&m), 0);
     cr_assert_eq(m.n_t, 3 + 24 * 14 + 8 * 11 + 15);
@@ -430,5 +430,26 @@ Test(gguf, mkmodel_9b_layout) {
     /* ~9.6 B parameters (HF 9B + the MTP block), ~10 GB at q8_0 */
     cr_assert(n_params > 9000000000ull && n_params < 10500000000ull, "%llu params", (unsigned long long)n_params);
     cr_assert(bytes > 9500000000ull && bytes < 11500000000ull, "%llu bytes", (unsigned long long)bytes);
+    free(m.t);
+}
+
+/* gemma4's coti-tiny preset lists exactly the shipped trained file's tensors: names, order,
+ * dimensions and types (the converter's layout, from gemma4's table). */
+Test(gguf, mkmodel_gemma4_layout_is_the_shipped_files) {
+    struct mk_model m = {.wtype = GGML_TYPE_Q8_0, .seed = 1};
+    cr_assert_eq(hp_preset(&m.hp, "coti-tiny", MK_GEMMA4), 0);
+    m.hp.n_vocab = 16384;
+    cr_assert_eq(build_tensor_list(&m), 0);
+    struct gguf_file *ref = NULL;
+    char err[256];
+    cr_assert_eq(gguf_open(&ref, "models/coti-tiny-gemma4-q8_0.gguf", err, sizeof err), 0, "%s", err);
+    cr_assert_eq(m.n_t, ref->n_tensors);
+    for (size_t i = 0; i < m.n_t; i++) {
+        const struct gguf_tensor *a = &ref->tensors[i];
+        const struct mk_tensor *b = &m.t[i];
+        cr_assert_str_eq(b->name, a->name, "tensor %zu", i);
+        cr_assert(b->type == a->type && b->n_dims == a->n_dims && b->ne[0] == a->ne[0] && b->ne[1] == a->ne[1], "%s", a->name);
+    }
+    gguf_close(ref);
     free(m.t);
 }

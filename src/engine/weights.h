@@ -33,6 +33,7 @@ enum weight_init {
     WEIGHT_INIT_DECAY,           /* strictly negative (a state decay: the delta net's A) */
     WEIGHT_INIT_BIAS,            /* small around 0 */
     WEIGHT_INIT_CONV,            /* conv taps, std 0.5/sqrt(k) */
+    WEIGHT_INIT_ROPE_FREQS,      /* rope pair factors: 1 for the first quarter, 1e30 (no turn) after */
 };
 
 #define WEIGHT_WIDTH_ONE 0       /* width id 0 is 1 in every architecture (a 1-D tensor's out) */

@@ -44,7 +44,7 @@ struct globals {
 
 /* In the converter's order: rope factors and the embedding, each block, the output norm. */
 const struct weight_desc gemma4_tensors[] = {
-    {"rope_freqs.weight", WEIGHT_VECTOR, 0, W(ROPE_FREQS), W(ONE), GL(rope_freqs), WEIGHT_OPTIONAL, WEIGHT_INIT_NORM},
+    {"rope_freqs.weight", WEIGHT_VECTOR, 0, W(ROPE_FREQS), W(ONE), GL(rope_freqs), WEIGHT_OPTIONAL, WEIGHT_INIT_ROPE_FREQS},
     MAT("token_embd.weight", 0, EMBD, VOCAB, GL(tok_embd)),
     {"output.weight", WEIGHT_MATRIX, 0, W(EMBD), W(VOCAB), GL(lm_head), WEIGHT_TIED, WEIGHT_INIT_MATRIX},
     VEC("blk.%d.attn_norm.weight", L_ALL, EMBD, LY(attn_norm)),

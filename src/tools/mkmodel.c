@@ -2,6 +2,9 @@
  * metadata and tensor layout (arch-qwen35.md §2 keys, §4 tensor names and shapes, the
  * converter's F32 rule for 1-D tensors, ssm_conv1d and ssm_a), for tests and benchmarks.
  *
+ * Architectures: qwen35 and gemma4 (dense; `--kv-equal` drops attn_v on full layers, the K=V
+ * files; `--kv-shared N` makes the last N layers read earlier layers' K/V).
+ *
  * Owns: the hyper-parameter presets (default tiny, coti-tiny, 9b), the model's tensor list
  * built from the architecture's own table (models/qwen35.h), deterministic random initialisation (each tensor seeded from the run seed and
  * a hash of its name, each row from that and its index, so values depend neither on creation
@@ -19,6 +22,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "models/gemma4.h"
 #include "models/qwen35.h"
 #include "tools.h"
 
@@ -43,8 +47,14 @@ static const char CHATML_TEMPLATE[] =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+enum mk_arch { MK_QWEN35, MK_GEMMA4 };
+
 struct mk_hparams {
+    enum mk_arch arch;
     long n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim, n_vocab;   /* n_vocab 0: from vocab */
+    /* gemma4: head_dim and n_head_kv are the sliding layers', these the full layers'; the window;
+     * trailing layers reading an earlier layer's K/V; full layers without attn_v (K = V) */
+    long head_dim_full, n_head_kv_full, window, kv_shared, kv_equal;
     long d_state, n_group, dt_rank, conv, interval, nextn, rope_dims, ctx;
     long sections[4];
     bool sections_set;
@@ -110,6 +120,9 @@ static void gen_row(const struct mk_model *m, const struct mk_tensor *t, int64_t
     case WEIGHT_INIT_BIAS:
         for (int64_t i = 0; i < n; i++) dst[i] = 0.1f * uniform_pm1(&st);
         break;
+    case WEIGHT_INIT_ROPE_FREQS: /* gemma4's partial rotation: a quarter of the pairs turn */
+        for (int64_t i = 0; i < n; i++) dst[i] = i < (n + 3) / 4 ? 1.0f : 1e30f;
+        break;
     case WEIGHT_INIT_CONV: {   /* taps with std 0.5/sqrt(k) */
         float a = sqrtf(3.0f) * 0.5f / sqrtf((float)n);
         for (int64_t i = 0; i < n; i++) dst[i] = a * uniform_pm1(&st);
@@ -144,11 +157,11 @@ static int add_tensor(struct mk_model *m, const struct weight_desc *d, int layer
     weight_name(d, layer, t->name, sizeof t->name);
     /* a vector of one width is 1-D; ssm_conv1d is a 2-D vector (kept F32 by the converter,
      * like every 1-D tensor) */
-    t->n_dims = d->kind == WEIGHT_VECTOR && d->out == WEIGHT_WIDTH_ONE ? 1 : 2;
+    t->n_dims = d->kind != WEIGHT_MATRIX && d->out == WEIGHT_WIDTH_ONE ? 1 : 2;
     t->ne[0] = widths[d->in];
     t->ne[1] = widths[d->out];
     t->init = d->init;
-    t->type = d->kind == WEIGHT_VECTOR ? GGML_TYPE_F32 : pick_type(m->wtype, t->ne[0]);
+    t->type = d->kind != WEIGHT_MATRIX ? GGML_TYPE_F32 : pick_type(m->wtype, t->ne[0]);
     return 0;
 }
 
@@ -164,21 +177,50 @@ static struct qwen35_hparams arch_hparams(const struct mk_hparams *h) {
     return hp;
 }
 
-/* The architecture's tensor table, in its (the converter's) order: globals, then each block. */
+/* gemma4's hparams from the options: a full layer every interval-th and last. */
+static struct gemma4_hparams gemma4_arch_hparams(const struct mk_hparams *h) {
+    struct gemma4_hparams hp = {
+        .n_layer = (int)h->n_layer, .n_embd = (int)h->n_embd, .n_vocab = (int)h->n_vocab, .head_dim = (int)h->head_dim_full,
+        .head_dim_swa = (int)h->head_dim, .n_rot = (int)h->head_dim_full, .n_rot_swa = (int)h->head_dim,
+        .window = (int)h->window, .n_kv_shared = (int)h->kv_shared,
+    };
+    for (int il = 0; il < hp.n_layer; il++) {
+        hp.swa[il] = (il + 1) % h->interval != 0 && il != hp.n_layer - 1;
+        hp.n_head[il] = (int)h->n_head;
+        hp.n_head_kv[il] = (int)(hp.swa[il] ? h->n_head_kv : h->n_head_kv_full);
+        hp.n_ff[il] = (int)h->n_ff;
+    }
+    return hp;
+}
+
+/* The architecture's tensor table, in its (the converter's) order: the globals written first,
+ * each block, then the globals written last. */
 static int build_tensor_list(struct mk_model *m) {
-    const struct qwen35_hparams hp = arch_hparams(&m->hp);
-    int64_t widths[QWEN35_N_WIDTHS];
-    qwen35_widths(&hp, widths);
+    const bool g4 = m->hp.arch == MK_GEMMA4;
+    const struct qwen35_hparams qh = arch_hparams(&m->hp);
+    const struct gemma4_hparams gh = g4 ? gemma4_arch_hparams(&m->hp) : (struct gemma4_hparams){0};
+    const struct weight_desc *tab = g4 ? gemma4_tensors : qwen35_tensors;
+    const int n_tab = g4 ? gemma4_n_tensors : qwen35_n_tensors, n_layer = g4 ? gh.n_layer : qh.n_layer_all;
+    int64_t widths[(int)QWEN35_N_WIDTHS > (int)GEMMA4_N_WIDTHS ? (int)QWEN35_N_WIDTHS : (int)GEMMA4_N_WIDTHS];
+    if (g4) gemma4_widths(&gh, 0, widths);
+    else qwen35_widths(&qh, widths);
     int rc = 0;
-    for (int i = 0; i < qwen35_n_tensors && !rc; i++) {
-        const struct weight_desc *d = &qwen35_tensors[i];
+    for (int i = 0; i < n_tab && !rc; i++) {
+        const struct weight_desc *d = &tab[i];
         if (!d->layers && !(d->presence == WEIGHT_TIED && m->hp.tied)) rc = add_tensor(m, d, -1, widths);
     }
-    for (int L = 0; L < hp.n_layer_all && !rc; L++) {
-        const unsigned kind = qwen35_layer_kind(&hp, L);
-        for (int i = 0; i < qwen35_n_tensors && !rc; i++)
-            if (qwen35_tensors[i].layers & kind) rc = add_tensor(m, &qwen35_tensors[i], L, widths);
+    for (int L = 0; L < n_layer && !rc; L++) {
+        const unsigned kind = g4 ? gemma4_layer_kind(&gh, L) : qwen35_layer_kind(&qh, L);
+        if (g4) gemma4_widths(&gh, L, widths);
+        for (int i = 0; i < n_tab && !rc; i++) {
+            const struct weight_desc *d = &tab[i];
+            if (d->layers == WEIGHT_GLOBAL_LAST || !(d->layers & kind)) continue;
+            if (g4 && m->hp.kv_equal && !gh.swa[L] && !strcmp(d->name, "blk.%d.attn_v.weight")) continue;
+            rc = add_tensor(m, d, L, widths);
+        }
     }
+    for (int i = 0; i < n_tab && !rc; i++)
+        if (tab[i].layers == WEIGHT_GLOBAL_LAST) rc = add_tensor(m, &tab[i], -1, widths);
     return rc;
 }
 
@@ -437,8 +479,19 @@ static void hp_default(struct mk_hparams *h) {
     };
 }
 
-static int hp_preset(struct mk_hparams *h, const char *name) {
+static int hp_preset(struct mk_hparams *h, const char *name, enum mk_arch arch) {
     hp_default(h);
+    h->arch = arch;
+    if (arch == MK_GEMMA4) { /* the shipped gemma4's structure at a smaller width, a window tests reach */
+        h->head_dim = 16; h->head_dim_full = 32; h->n_head_kv_full = 1; h->window = 8; h->rope_theta = 1e6;
+        if (!strcmp(name, "tiny")) return 0;
+        if (!strcmp(name, "coti-tiny")) { /* models/MODEL_CARD-gemma4.md */
+            h->n_embd = 256; h->n_layer = 8; h->n_ff = 640; h->head_dim = 64; h->head_dim_full = 128; h->window = 128;
+            h->kv_equal = 1; h->ctx = 4096;
+            return 0;
+        }
+        return -1;
+    }
     if (!strcmp(name, "tiny")) return 0;
     if (!strcmp(name, "coti-tiny")) {   /* the shipped model's shape (MODEL_CARD.md) */
         h->n_embd = 384; h->n_layer = 8; h->n_ff = 1152; h->n_head = 6; h->n_head_kv = 2;
@@ -460,8 +513,8 @@ static int hp_preset(struct mk_hparams *h, const char *name) {
 
 static void usage(FILE *out) {
     fprintf(out,
-        "usage: coti mkmodel --arch qwen35 -o OUT.gguf [options]\n"
-        "Write a random-weight model in llama.cpp's qwen35 GGUF layout.\n"
+        "usage: coti mkmodel --arch qwen35|gemma4 -o OUT.gguf [options]\n"
+        "Write a random-weight model in llama.cpp's GGUF layout of the architecture.\n"
         "  --shape tiny|coti-tiny|9b   preset (default tiny); later options override it\n"
         "  --type T            2-D weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K..q6_K (default q8_0)\n"
         "  --seed N            random seed (default 42)\n"
@@ -470,7 +523,9 @@ static void usage(FILE *out) {
         "  --ssm-d-state N --ssm-n-group N --ssm-dt-rank N --ssm-conv N\n"
         "  --full-attn-interval N --nextn 0|1 --ctx N\n"
         "  --rope-dims N (default head-dim/4) --rope-sections A,B,C,D --rope-theta X --eps X\n"
-        "  --tied | --untied   share token_embd as the LM head (default tied; 9b: untied)\n"
+        "  --tied | --untied   share token_embd as the LM head (default tied; 9b: untied)\n"        "  gemma4: --head-dim (sliding layers) --head-dim-full N --n-head-kv (sliding) --n-head-kv-full N\n"
+        "          --window N --kv-shared N --kv-equal (no attn_v on full layers); a full layer every\n"
+        "          --full-attn-interval layers and last; presets tiny, coti-tiny (the shipped model's layout)\n"
         "  --vocab-from FILE   copy tokenizer.* keys (default %s);\n"
         "                      'none' writes a synthetic byte-level vocabulary\n"
         "  --threads N         generation threads (default: all CPUs)\n",
@@ -574,6 +629,43 @@ static void write_metadata(struct gguf_writer *w, const struct mk_model *m, cons
     gguf_writer_set_u32(w, "general.quantization_version", 2);
 }
 
+/* gemma4's keys in the converter's order (cf. models/coti-tiny-gemma4-q8_0.gguf). */
+static void write_gemma4_metadata(struct gguf_writer *w, const struct mk_model *m, const char *shape) {
+    const struct mk_hparams *h = &m->hp;
+    const struct gemma4_hparams gh = gemma4_arch_hparams(h);
+    char name[96];
+    snprintf(name, sizeof name, "coti-mkmodel-gemma4-%s-seed%llu", shape, (unsigned long long)m->seed);
+    int32_t kv[GEMMA4_MAX_LAYERS];
+    for (int il = 0; il < gh.n_layer; il++) kv[il] = gh.n_head_kv[il];
+    gguf_writer_set_str(w, "general.architecture", "gemma4");
+    gguf_writer_set_str(w, "general.type", "model");
+    gguf_writer_set_str(w, "general.name", name);
+    gguf_writer_set_u32(w, "gemma4.block_count", (uint32_t)h->n_layer);
+    gguf_writer_set_u32(w, "gemma4.context_length", (uint32_t)h->ctx);
+    gguf_writer_set_u32(w, "gemma4.embedding_length", (uint32_t)h->n_embd);
+    gguf_writer_set_u32(w, "gemma4.feed_forward_length", (uint32_t)h->n_ff);
+    gguf_writer_set_u32(w, "gemma4.attention.head_count", (uint32_t)h->n_head);
+    gguf_writer_set_arr_i32(w, "gemma4.attention.head_count_kv", kv, (size_t)gh.n_layer);
+    gguf_writer_set_f32(w, "gemma4.rope.freq_base", (float)h->rope_theta);
+    gguf_writer_set_f32(w, "gemma4.rope.freq_base_swa", 10000.0f);
+    gguf_writer_set_f32(w, "gemma4.attention.layer_norm_rms_epsilon", (float)h->eps);
+    gguf_writer_set_u32(w, "general.file_type", ftype_of(m->wtype));
+    gguf_writer_set_u32(w, "gemma4.attention.sliding_window", (uint32_t)h->window);
+    gguf_writer_set_u32(w, "gemma4.attention.shared_kv_layers", (uint32_t)h->kv_shared);
+    gguf_writer_set_u32(w, "gemma4.embedding_length_per_layer_input", 0);
+    uint8_t pattern[GEMMA4_MAX_LAYERS];
+    for (int il = 0; il < gh.n_layer; il++) pattern[il] = gh.swa[il];
+    gguf_writer_set_arr(w, "gemma4.attention.sliding_window_pattern", GGUF_TYPE_BOOL, pattern, (size_t)gh.n_layer);
+    gguf_writer_set_u32(w, "gemma4.attention.key_length", (uint32_t)h->head_dim_full);
+    gguf_writer_set_u32(w, "gemma4.attention.value_length", (uint32_t)h->head_dim_full);
+    gguf_writer_set_u32(w, "gemma4.attention.key_length_swa", (uint32_t)h->head_dim);
+    gguf_writer_set_u32(w, "gemma4.attention.value_length_swa", (uint32_t)h->head_dim);
+    gguf_writer_set_u32(w, "gemma4.rope.dimension_count", (uint32_t)h->head_dim_full);
+    gguf_writer_set_u32(w, "gemma4.rope.dimension_count_swa", (uint32_t)h->head_dim);
+    gguf_writer_set_f32(w, "gemma4.final_logit_softcapping", 30.0f);
+    gguf_writer_set_u32(w, "general.quantization_version", 2);
+}
+
 int tool_mkmodel_main(int argc, char **argv) {
     struct mk_model m = {.wtype = GGML_TYPE_Q8_0, .seed = 42};
     const char *out = NULL, *arch = NULL, *shape = "tiny", *vocab_from = NULL;
@@ -581,10 +673,13 @@ int tool_mkmodel_main(int argc, char **argv) {
     n_threads = n_threads < 1 ? 1 : COTI_MIN(n_threads, MK_MAX_THREADS);
 
     /* the preset first, so that every other option overrides it whatever the order */
-    for (int i = 1; i + 1 < argc; i++)
+    enum mk_arch march = MK_QWEN35;
+    for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--shape")) shape = argv[i + 1];
-    if (hp_preset(&m.hp, shape) != 0) {
-        fprintf(stderr, "coti mkmodel: --shape: unknown preset '%s' (tiny, coti-tiny, 9b)\n", shape);
+        if (!strcmp(argv[i], "--arch") && !strcmp(argv[i + 1], "gemma4")) march = MK_GEMMA4;
+    }
+    if (hp_preset(&m.hp, shape, march) != 0) {
+        fprintf(stderr, "coti mkmodel: --shape: unknown preset '%s' (tiny, coti-tiny%s)\n", shape, march == MK_GEMMA4 ? "" : ", 9b");
         return 1;
     }
     struct mk_hparams *h = &m.hp;
@@ -605,6 +700,10 @@ int tool_mkmodel_main(int argc, char **argv) {
         {"--nextn", offsetof(struct mk_hparams, nextn), 0, 1},   /* llama.cpp supports one */
         {"--rope-dims", offsetof(struct mk_hparams, rope_dims), 0, MK_MAX_DIM},
         {"--ctx", offsetof(struct mk_hparams, ctx), 1, 1L << 24},
+        {"--head-dim-full", offsetof(struct mk_hparams, head_dim_full), 2, 512},
+        {"--n-head-kv-full", offsetof(struct mk_hparams, n_head_kv_full), 1, MK_MAX_DIM},
+        {"--window", offsetof(struct mk_hparams, window), 1, 1L << 24},
+        {"--kv-shared", offsetof(struct mk_hparams, kv_shared), 0, MK_MAX_LAYER},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -619,6 +718,7 @@ int tool_mkmodel_main(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "--tied")) h->tied = true;
         else if (!strcmp(a, "--untied")) h->tied = false;
+        else if (!strcmp(a, "--kv-equal")) h->kv_equal = 1;
         else if (!val && is_value_option(a)) {
             fprintf(stderr, "coti mkmodel: %s needs a value\n", a);
             return 1;
@@ -668,8 +768,8 @@ int tool_mkmodel_main(int argc, char **argv) {
             return 1;
         }
     }
-    if (!arch || strcmp(arch, "qwen35")) {
-        fprintf(stderr, "coti mkmodel: --arch qwen35 is required (the only architecture supported)\n");
+    if (!arch || (strcmp(arch, "qwen35") && strcmp(arch, "gemma4"))) {
+        fprintf(stderr, "coti mkmodel: --arch qwen35 or gemma4 is required\n");
         return 1;
     }
     if (!out) { fprintf(stderr, "coti mkmodel: -o OUT.gguf is required\n"); return 1; }
@@ -684,6 +784,12 @@ int tool_mkmodel_main(int argc, char **argv) {
         if (h->sections[2] < 0) { h->sections[1] += h->sections[2]; h->sections[2] = 0; }
     }
     if (check_hparams(h)) return 1;
+    if (h->arch == MK_GEMMA4 && (h->n_head % h->n_head_kv_full || h->head_dim % 2 || h->head_dim_full % 2 ||
+                                 h->kv_shared > h->n_layer - 2 || (h->n_layer > 1 && h->interval > h->n_layer))) {
+        fprintf(stderr, "coti mkmodel: gemma4: --n-head must be a multiple of --n-head-kv-full, head dims even, "
+                        "--kv-shared at most n-layer - 2, a full layer within the layers\n");
+        return 1;
+    }
     m.n_threads = (int)n_threads;
 
     char err[512];
@@ -698,7 +804,8 @@ int tool_mkmodel_main(int argc, char **argv) {
     } else if (h->n_vocab == 0) {
         h->n_vocab = 512;
     }
-    write_metadata(w, &m, shape);
+    if (h->arch == MK_GEMMA4) write_gemma4_metadata(w, &m, shape);
+    else write_metadata(w, &m, shape);
     rc = synthetic ? write_synthetic_vocab(w, &vocab, (size_t)h->n_vocab, err, sizeof err)
                    : write_copied_vocab(w, &vocab, (size_t)h->n_vocab, err, sizeof err);
     if (rc) goto done;
@@ -714,8 +821,8 @@ int tool_mkmodel_main(int argc, char **argv) {
     int64_t t0 = coti_time_us();
     rc = gguf_writer_write_fill(w, out, fill_tensor, &m, err, sizeof err);
     if (!rc)
-        fprintf(stderr, "coti mkmodel: wrote %s: qwen35 %s, %zu tensors, %.2f M params, %s, seed %llu, %.1f s\n",
-                out, shape, m.n_t, n_params / 1e6, ggml_type_traits_get(m.wtype)->name,
+        fprintf(stderr, "coti mkmodel: wrote %s: %s %s, %zu tensors, %.2f M params, %s, seed %llu, %.1f s\n",
+                out, arch, shape, m.n_t, n_params / 1e6, ggml_type_traits_get(m.wtype)->name,
                 (unsigned long long)m.seed, (coti_time_us() - t0) / 1e6);
 done:
     if (rc) fprintf(stderr, "coti mkmodel: %s\n", err);
