@@ -253,14 +253,22 @@ static void cpu_swiglu(struct backend *be, const float *g, const float *u, int64
     }
 }
 
-/* The tanh form of gelu, in llama.cpp's constants and order. */
-static float gelu_tanh(float x) {
-    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
-    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
-}
-
+/* gelu's tanh form and the soft-cap through the level's vector sigmoid: 0.5·(1 + tanh(u)) =
+ * sigmoid(2u) and c·tanh(x/c) = c·(2·sigmoid(2x/c) - 1), the same functions as llama.cpp's
+ * tanhf forms up to f32 rounding (the soft-cap's absolute error stays ~1e-7·c near 0). */
 static void cpu_geglu(struct backend *be, const float *g, const float *u, int64_t n, float *y) {
-    for (int64_t i = 0; i < n; i++) y[i] = gelu_tanh(g[i]) * u[i];
+    const struct cpu_ops *ops = cpu(be)->ops;
+    const float two_sqrt_2_over_pi = 1.5957691216057307f, coef_a = 0.044715f;
+    float t[CPU_ACT_PIECE];
+    for (int64_t i0 = 0; i0 < n; i0 += CPU_ACT_PIECE) {
+        const int m = (int)COTI_MIN(CPU_ACT_PIECE, n - i0);
+        for (int i = 0; i < m; i++) {
+            const float x = g[i0 + i];
+            t[i] = two_sqrt_2_over_pi * x * (1.0f + coef_a * x * x);
+        }
+        ops->sigmoid(t, t, m);
+        for (int i = 0; i < m; i++) y[i0 + i] = g[i0 + i] * t[i] * u[i0 + i];
+    }
 }
 
 static void cpu_scale(struct backend *be, float *x, int64_t n, float s) {
@@ -268,8 +276,15 @@ static void cpu_scale(struct backend *be, float *x, int64_t n, float s) {
 }
 
 static void cpu_softcap(struct backend *be, float *x, int64_t n, float c) {
-    const float inv = 1.0f / c;
-    for (int64_t i = 0; i < n; i++) x[i] = c * tanhf(x[i] * inv);
+    const struct cpu_ops *ops = cpu(be)->ops;
+    const float k = 2.0f / c;
+    float t[CPU_ACT_PIECE];
+    for (int64_t i0 = 0; i0 < n; i0 += CPU_ACT_PIECE) {
+        const int m = (int)COTI_MIN(CPU_ACT_PIECE, n - i0);
+        for (int i = 0; i < m; i++) t[i] = x[i0 + i] * k;
+        ops->sigmoid(t, t, m);
+        for (int i = 0; i < m; i++) x[i0 + i] = c * (2.0f * t[i] - 1.0f);
+    }
 }
 
 static void cpu_mul_sigmoid(struct backend *be, float *x, const float *gate, int n_tok, int n_head,

@@ -690,8 +690,9 @@ static void test_elementwise(int64_t n, bool swiglu) {
     free(a); free(b); free(yc); free(yg);
 }
 
-/* gemma4's elementwise ops: geglu and softcap through tanhf (device and host tanhf agree within
- * a couple of ulps), scale bit for bit. */
+/* gemma4's elementwise ops: the device's tanhf forms against the CPU's sigmoid forms (the same
+ * functions; near 0 the forms differ by ~1e-7 absolute: 1 - tanh cancels in one, 2σ - 1 in the
+ * other), scale bit for bit. */
 static void test_gemma_elementwise(int64_t n) {
     char shape[96];
     float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
@@ -703,13 +704,13 @@ static void test_gemma_elementwise(int64_t n) {
     cpu->geglu(cpu, a, b, n, yc);
     gpu->geglu(gpu, da, db, n, dy);
     gget(yg, dy, sizeof(float) * n);
-    check("geglu", shape, yg, yc, n, 1e-30, 4e-6);
+    check("geglu", shape, yg, yc, n, 1e-6, 4e-6);
     for (int64_t i = 0; i < n; i++) a[i] *= 10.0f; /* logits-sized values for the cap */
     gpu->upload(gpu, da, a, sizeof(float) * n);
     cpu->softcap(cpu, a, n, 30.0f);
     gpu->softcap(gpu, da, n, 30.0f);
     gget(yg, da, sizeof(float) * n);
-    check("softcap", shape, yg, a, n, 1e-30, 4e-6);
+    check("softcap", shape, yg, a, n, 1e-5, 4e-6);
     cpu->scale(cpu, b, n, 16.0f);
     gpu->scale(gpu, db, n, 16.0f);
     gget(yg, db, sizeof(float) * n);
