@@ -704,7 +704,9 @@ static void test_gemma_elementwise(int64_t n) {
     cpu->geglu(cpu, a, b, n, yc);
     gpu->geglu(gpu, da, db, n, dy);
     gget(yg, dy, sizeof(float) * n);
-    check("geglu", shape, yg, yc, n, 1e-6, 4e-6);
+    /* both round gelu to f16 (llama.cpp's CPU table): a tanhf / sigmoid difference at a rounding
+     * boundary moves a value by one f16 step, 2^-10 relative */
+    check("geglu", shape, yg, yc, n, 1e-5, 1.5e-3);
     for (int64_t i = 0; i < n; i++) a[i] *= 10.0f; /* logits-sized values for the cap */
     gpu->upload(gpu, da, a, sizeof(float) * n);
     cpu->softcap(cpu, a, n, 30.0f);
