@@ -24,9 +24,7 @@ struct assistant {
     int E;
     struct assistant_seq *seqs;
     int32_t *d_tok;              /* backend: a token from the host (the pending one, a sampled draft) */
-    float *d_p;                  /* backend: the draft's probability (p_min) */
-    float *host_logits;          /* [n_vocab] for sampled drafts */
-    struct sampler_cand *qbuf[SPEC_MAX_DRAFT];
+    struct draft_picker pick;
 };
 
 static struct assistant *as_of(struct drafter *d) { return (struct assistant *)d; }
@@ -36,11 +34,9 @@ static void assistant_free(struct drafter *d) {
     struct backend *be = t->m->be;
     for (int s = 0; t->seqs && s < t->m->n_seq; s++) if (t->seqs[s].h) be->free(be, t->seqs[s].h);
     if (t->d_tok) be->free(be, t->d_tok);
-    if (t->d_p) be->free(be, t->d_p);
-    for (int i = 0; i < SPEC_MAX_DRAFT; i++) free(t->qbuf[i]);
+    draft_picker_free(&t->pick);
     gemma4_assistant_free(t->a);
     free(t->seqs);
-    free(t->host_logits);
     free(t);
 }
 
@@ -60,7 +56,7 @@ static int assistant_draft(struct drafter *d, int s, const struct draft_request 
     struct assistant *t = as_of(d);
     struct model *m = t->m;
     struct backend *be = m->be;
-    const int L = rq->L, V = m->info.n_vocab;
+    const int L = rq->L;
     out->n = 0;
     if (t->seqs[s].h_pos != L - 1)
         return coti_fail(err, err_size, COTI_E_ARG, "assistant: the last hidden row is of position %d, expected %d",
@@ -73,25 +69,7 @@ static int assistant_draft(struct drafter *d, int s, const struct draft_request 
     const float *logits, *h;
     gemma4_assistant_step(t->a, t->d_tok, t->seqs[s].h, pick_in_step ? rq->dev_tokens : NULL, &logits, &h);
     for (int i = 0; i < rq->n_max; i++) {
-        if (rq->sampler) {
-            const struct sampler_cand *cands;
-            size_t nc;
-            be->download(be, t->host_logits, logits, sizeof(float) * (size_t)V);
-            sampler_probs(rq->sampler, t->host_logits, &cands, &nc);
-            memcpy(t->qbuf[i], cands, nc * sizeof *cands);
-            out->tokens[i] = sampler_draw(rq->sampler, t->qbuf[i], nc);
-            out->q[i] = t->qbuf[i];
-            out->q_n[i] = nc;
-        } else {
-            out->q[i] = NULL;
-            out->q_n[i] = 0;
-            if (want_p) {
-                float p;
-                be->argmax(be, logits, 1, V, rq->dev_tokens + i, t->d_p);
-                be->download(be, &p, t->d_p, sizeof p);
-                if (p < rq->p_min && i >= rq->n_min) break;
-            }
-        }
+        if (!draft_pick(&t->pick, logits, rq, i, out)) break;
         out->n++;
         if (i + 1 == rq->n_max || L + i + 1 >= m->n_ctx) break;
         const int32_t *tok = rq->dev_tokens + i;
@@ -124,11 +102,8 @@ static int assistant_init(struct drafter **out, const struct drafter_config *c, 
     if (rc) { assistant_free(&t->base); return rc; }
     struct backend *be = m->be;
     t->seqs = calloc((size_t)m->n_seq, sizeof *t->seqs);
-    t->host_logits = malloc(sizeof(float) * (size_t)m->info.n_vocab);
     t->d_tok = be->alloc(be, sizeof(int32_t));
-    t->d_p = be->alloc(be, sizeof(float));
-    bool ok = t->seqs && t->host_logits && t->d_tok && t->d_p;
-    for (int i = 0; ok && i < SPEC_MAX_DRAFT; i++) ok = (t->qbuf[i] = malloc(sizeof(struct sampler_cand) * (size_t)m->info.n_vocab)) != NULL;
+    bool ok = t->seqs && t->d_tok && draft_picker_init(&t->pick, be, m->info.n_vocab) == 0;
     for (int s = 0; ok && s < m->n_seq; s++) {
         ok = (t->seqs[s].h = be->alloc(be, sizeof(float) * (size_t)t->E)) != NULL;
         t->seqs[s].h_pos = -1;

@@ -64,6 +64,23 @@ struct drafter {
     int n_vocab;                 /* size of the distributions it samples from (draft sampler) */
 };
 
+/* Turning one step's logits (backend memory) into draft i, for a drafter with a model of its
+ * own: sampled from the request's chain, its distribution kept as q[i] for rejection sampling; or
+ * greedy, the argmax being in dev_tokens[i] already unless p_min asks for its probability, when it
+ * is taken here. draft_pick returns false when a greedy draft falls under p_min past n_min (it is
+ * not a draft then). */
+struct draft_picker {
+    struct backend *be;
+    int n_vocab;
+    float *d_p;                  /* backend: the argmax's probability */
+    float *host_logits;          /* [n_vocab]: a sampled draft's logits */
+    struct sampler_cand *qbuf[SPEC_MAX_DRAFT];
+};
+int draft_picker_init(struct draft_picker *p, struct backend *be, int n_vocab);
+void draft_picker_free(struct draft_picker *p);
+bool draft_pick(struct draft_picker *p, const float *logits, const struct draft_request *rq, int i,
+                struct draft_result *out);
+
 /* What a drafter is made for. */
 struct drafter_config {
     struct model *m;             /* the target */

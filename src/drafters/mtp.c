@@ -29,11 +29,9 @@ struct mtp {
     int E;
     struct mtp_seq *seqs;
     float *h_zero;               /* backend memory, [E] zeros: hn_{-1} */
-    float *d_p;                  /* backend memory: the draft's probability (p_min) */
     int32_t *pos, *tok, *seqv;   /* host, [cap] */
     bool *want;
-    float *host_logits;          /* [n_vocab] for sampled drafts */
-    struct sampler_cand *qbuf[SPEC_MAX_DRAFT];
+    struct draft_picker pick;
 };
 
 static struct mtp *mtp_of(struct drafter *d) { return (struct mtp *)d; }
@@ -43,9 +41,8 @@ static void mtp_free(struct drafter *d) {
     struct backend *be = t->m->be;
     for (int s = 0; s < t->m->n_seq && t->seqs; s++) if (t->seqs[s].staged) be->free(be, t->seqs[s].staged);
     if (t->h_zero) be->free(be, t->h_zero);
-    if (t->d_p) be->free(be, t->d_p);
-    for (int i = 0; i < SPEC_MAX_DRAFT; i++) free(t->qbuf[i]);
-    free(t->seqs); free(t->pos); free(t->tok); free(t->seqv); free(t->want); free(t->host_logits);
+    draft_picker_free(&t->pick);
+    free(t->seqs); free(t->pos); free(t->tok); free(t->seqv); free(t->want);
     free(t);
 }
 
@@ -109,7 +106,6 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
                      char *err, size_t err_size) {
     struct mtp *t = mtp_of(d);
     struct model *m = t->m;
-    struct backend *be = m->be;
     struct mtp_seq *sq = &t->seqs[s];
     out->n = 0;
     /* the stage must reach hn_{L-1}: rows len..L are then computable */
@@ -128,25 +124,7 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
     if (rc) return rc;
     const int L = rq->L;
     for (int i = 0; i < rq->n_max; i++) {
-        if (rq->sampler) {
-            const struct sampler_cand *cands;
-            size_t nc;
-            be->download(be, t->host_logits, o.logits, sizeof(float) * (size_t)m->info.n_vocab);
-            sampler_probs(rq->sampler, t->host_logits, &cands, &nc);
-            memcpy(t->qbuf[i], cands, nc * sizeof *cands);
-            out->tokens[i] = sampler_draw(rq->sampler, t->qbuf[i], nc);
-            out->q[i] = t->qbuf[i];
-            out->q_n[i] = nc;
-        } else {
-            out->q[i] = NULL;
-            out->q_n[i] = 0;
-            if (want_p) {
-                float p;
-                be->argmax(be, o.logits, 1, m->info.n_vocab, rq->dev_tokens + i, t->d_p);
-                be->download(be, &p, t->d_p, sizeof p);
-                if (p < rq->p_min && i >= rq->n_min) break;
-            }
-        }
+        if (!draft_pick(&t->pick, o.logits, rq, i, out)) break;
         out->n++;
         if (i + 1 == rq->n_max || L + i + 1 >= m->n_ctx) break;
         /* chain: row (d_i, L+1+i, the head's own hidden), read where the head left it (its
@@ -202,11 +180,9 @@ static int mtp_init(struct drafter **out, const struct drafter_config *c, char *
     t->tok = malloc(sizeof(int32_t) * (size_t)t->cap);
     t->seqv = malloc(sizeof(int32_t) * (size_t)t->cap);
     t->want = malloc(sizeof(bool) * (size_t)t->cap);
-    t->host_logits = malloc(sizeof(float) * (size_t)m->info.n_vocab);
     t->h_zero = be->alloc(be, sizeof(float) * (size_t)t->E); /* alloc zeroes */
-    t->d_p = be->alloc(be, sizeof(float));
-    bool ok = t->seqs && t->pos && t->tok && t->seqv && t->want && t->host_logits && t->h_zero && t->d_p;
-    for (int i = 0; ok && i < SPEC_MAX_DRAFT; i++) ok = (t->qbuf[i] = malloc(sizeof(struct sampler_cand) * (size_t)m->info.n_vocab)) != NULL;
+    bool ok = t->seqs && t->pos && t->tok && t->seqv && t->want && t->h_zero &&
+              draft_picker_init(&t->pick, be, m->info.n_vocab) == 0;
     for (int s = 0; ok && s < m->n_seq; s++) {
         t->seqs[s].staged = be->alloc(be, sizeof(float) * (size_t)t->E * t->cap);
         ok = t->seqs[s].staged != NULL;
