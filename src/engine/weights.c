@@ -110,6 +110,14 @@ int weights_get_u32_opt(const struct weight_loader *L, const char *key, int *out
     return rc;
 }
 
+int weights_get_f32(const struct weight_loader *L, const char *key, float *out) {
+    char k[256];
+    snprintf(k, sizeof k, "%s.%s", L->arch, key);
+    int rc = gguf_get_f32(L->g, k, out, L->err, L->err_size);
+    if (rc == COTI_E_ARG) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing metadata key %s", k);
+    return rc;
+}
+
 int weights_get_f32_opt(const struct weight_loader *L, const char *key, float *out, float def) {
     char k[256];
     snprintf(k, sizeof k, "%s.%s", L->arch, key);

@@ -74,9 +74,10 @@ int weights_bind_matrix(const struct weight_loader *L, struct bweight *w, const 
 /* A small F32 tensor of n elements (any shape with that count) copied to the backend. */
 int weights_bind_vector(const struct weight_loader *L, float **out, const char *name, int64_t n);
 
-/* Metadata "<arch>.<key>": a required / optional u32 (at most 2^30) and an optional f32. */
+/* Metadata "<arch>.<key>": a required / optional u32 (at most 2^30), a required / optional f32. */
 int weights_get_u32(const struct weight_loader *L, const char *key, int *out);
 int weights_get_u32_opt(const struct weight_loader *L, const char *key, int *out, int def);
+int weights_get_f32(const struct weight_loader *L, const char *key, float *out);
 int weights_get_f32_opt(const struct weight_loader *L, const char *key, float *out, float def);
 /* "<arch>.<key>" per layer: an array of n_layer integers in [0, 2^30], or one value for all
  * (required, or def when absent and not required). */

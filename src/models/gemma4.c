@@ -158,10 +158,7 @@ static int read_hparams(const struct weight_loader *L, struct gemma4_hparams *hp
         return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED,
                          "gemma4 with per-layer embeddings (%d) or experts (%d) is not supported yet",
                          hp->n_embd_per_layer, n_expert);
-    snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", L->arch);
-    rc = gguf_get_f32(L->g, k, &hp->eps, L->err, L->err_size);
-    if (rc == COTI_E_ARG) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing metadata key %s", k);
-    if (rc) return rc;
+    if ((rc = weights_get_f32(L, "attention.layer_norm_rms_epsilon", &hp->eps))) return rc;
     if ((rc = weights_get_f32_opt(L, "rope.freq_base", &hp->rope_base, 10000.0f))) return rc;
     if ((rc = weights_get_f32_opt(L, "rope.freq_base_swa", &hp->rope_base_swa, 10000.0f))) return rc;
     if ((rc = weights_get_u32_opt(L, "rope.dimension_count", &hp->n_rot, hp->head_dim))) return rc;

@@ -111,11 +111,7 @@ static int read_hparams(struct gemma4_assistant *a, const struct weight_loader *
     if ((rc = weights_get_f32_opt(L, "rope.freq_base_swa", &base_swa, 10000.0f))) return rc;
     if ((rc = weights_get_u32(L, "attention.sliding_window", &a->window))) return rc;
     if ((rc = weights_get_per_layer(L, "attention.sliding_window_pattern", a->n_layer, pattern, true, 0))) return rc;
-    char k[256];
-    snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", L->arch);
-    rc = gguf_get_f32(L->g, k, &a->eps, L->err, L->err_size);
-    if (rc == COTI_E_ARG) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing metadata key %s", k);
-    if (rc) return rc;
+    if ((rc = weights_get_f32(L, "attention.layer_norm_rms_epsilon", &a->eps))) return rc;
     a->ff = 0;
     for (int il = 0; il < a->n_layer; il++) {
         a->swa[il] = pattern[il] != 0;

@@ -166,11 +166,7 @@ static int read_hparams(const struct weight_loader *L, struct qwen35_hparams *hp
     if ((rc = weights_get_u32(L, "ssm.time_step_rank", &hp->ssm_nv))) return rc;
     if ((rc = weights_get_u32(L, "ssm.group_count", &hp->ssm_nk))) return rc;
     if ((rc = weights_get_u32_opt(L, "full_attention_interval", &hp->interval, 4))) return rc;
-    char k[128];
-    snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", L->arch);
-    rc = gguf_get_f32(L->g, k, &hp->eps, L->err, L->err_size);
-    if (rc == COTI_E_ARG) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing metadata key %s", k);
-    if (rc) return rc;
+    if ((rc = weights_get_f32(L, "attention.layer_norm_rms_epsilon", &hp->eps))) return rc;
     if ((rc = weights_get_f32_opt(L, "rope.freq_base", &hp->rope_base, 10000.0f))) return rc;
 
     if (hp->ssm_nv < 1 || hp->ssm_nk < 1 || hp->ssm_nv % hp->ssm_nk || inner % hp->ssm_nv)
