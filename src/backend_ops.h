@@ -39,6 +39,12 @@ BACKEND_OP(rmsnorm_gated, NORMS,
 BACKEND_OP(add_rmsnorm, NORMS,
            (struct backend *be, float *x, const float *m, const float *w, int n_rows, int dim, float eps, float *y),
            (x, m, w, n_rows, dim, eps, y))
+/* x = (x + rmsnorm(y) ⊙ w) · s (rows of dim, contiguous): a block's output normed into the
+ * residual stream and scaled (gemma4's post-norms and layer scale), in one op; equal to rmsnorm,
+ * add and scale in turn. */
+BACKEND_OP(rmsnorm_add, NORMS,
+           (struct backend *be, float *x, const float *y, const float *w, int n_rows, int dim, float eps, float s),
+           (x, y, w, n_rows, dim, eps, s))
 BACKEND_OP(add, ELEMENTWISE, (struct backend *be, const float *a, const float *b, int64_t n, float *y), (a, b, n, y))
 /* y = silu(g) ⊙ u */
 BACKEND_OP(swiglu, ELEMENTWISE, (struct backend *be, const float *g, const float *u, int64_t n, float *y),

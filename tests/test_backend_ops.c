@@ -301,6 +301,25 @@ Test(backend_ops, add_rmsnorm_equals_add_then_rmsnorm) {
     backend_free(be);
 }
 
+/* rmsnorm_add is the norm, the add and the scale in turn, bit for bit (gemma4's outputs on the
+ * CPU must not move by fusing them). */
+Test(backend_ops, rmsnorm_add_equals_rmsnorm_add_scale) {
+    struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
+    enum { ROWS = 3, DIM = 1000 };
+    static float x[ROWS * DIM], y[ROWS * DIM], w[DIM], x2[ROWS * DIM], t[ROWS * DIM];
+    fill(x, ROWS * DIM, 2.0f);
+    fill(y, ROWS * DIM, 0.5f);
+    fill(w, DIM, 1.0f);
+    memcpy(x2, x, sizeof x);
+    be->rmsnorm_add(be, x, y, w, ROWS, DIM, 1e-6f, 0.71f);
+    be->rmsnorm(be, y, DIM, w, ROWS, DIM, 1e-6f, t, DIM);
+    be->add(be, x2, t, ROWS * DIM, x2);
+    be->scale(be, x2, ROWS * DIM, 0.71f);
+    cr_assert(memcmp(x, x2, sizeof x) == 0, "fused and separate differ");
+    cr_assert(x[5] != 0.0f && x[5] != x2[5] * 0.0f);
+    backend_free(be);
+}
+
 /* Every matmul input kind on the CPU is the separate ops in sequence, bit for bit: x_out = x + m,
  * a = rmsnorm(x_out) ⊙ w, y = W·a; y = W·(silu(g) ⊙ u); y = W·(rmsnorm per group ⊙ w ⊙ silu(z));
  * y = W·[rmsnorm(x1) ⊙ w1, rmsnorm(x2) ⊙ w2]; y = W·(x ⊙ sigmoid(gate)). */

@@ -141,7 +141,7 @@ Test(gemma4, assistant_steps_leave_the_target_cache_as_it_was) {
     int32_t *d_tok = be->alloc(be, sizeof(int32_t) * 4);
     float *h = be->alloc(be, sizeof(float) * m->info.n_embd);
     be->upload(be, d_tok, &t[150], sizeof(int32_t));
-    gemma4_assistant_at(a, 0, 150);
+    gemma4_assistant_at(a, 0, 150, t[150]);
     const float *lg, *ho = h;
     for (int k = 0; k < 3; k++) gemma4_assistant_step(a, d_tok + k, ho, d_tok + k + 1, &lg, &ho);
     int32_t drafts[4];

@@ -224,6 +224,16 @@ static void cpu_add_rmsnorm(struct backend *be, float *x, const float *m, const 
     cpu_rmsnorm(be, x, dim, w, n_rows, dim, eps, y, dim);
 }
 
+static void cpu_rmsnorm_add(struct backend *be, float *x, const float *y, const float *w, int n_rows, int dim,
+                            float eps, float s) {
+    for (int r = 0; r < n_rows; r++) {
+        float *xr = x + (size_t)r * dim;
+        const float *yr = y + (size_t)r * dim;
+        const float sc = rms_scale(cpu(be)->ops, yr, dim, eps);
+        for (int i = 0; i < dim; i++) xr[i] = (xr[i] + (yr[i] * sc) * w[i]) * s;
+    }
+}
+
 /* The exp-based activations go through the level's vector kernels in pieces of this many
  * values (a stack buffer). */
 #define CPU_ACT_PIECE 256

@@ -16,11 +16,12 @@
  * model's residual norm, 1024 threads with 4 loads each ran the step 8% faster than 256 threads
  * with 16 (H200, 281 vs 260 tok/s; the residual norms are norm_rows_kernel's now).
  * z, if given, gates the output with silu(z) (z rows have y's stride). In place (y == x) is
- * safe: a row is read whole before it is written. */
-template <int TPR, int CACHE>
+ * safe: a row is read whole before it is written. ADD: the normed value is added to y's element
+ * and the sum scaled by ys_scale (rmsnorm_add; y must not overlap x). */
+template <int TPR, int CACHE, bool ADD = false>
 __global__ void __launch_bounds__(1024) rmsnorm_kernel(const float *x, int xs, const float *__restrict__ w,
                                                        int n_rows, int dim, float eps, float *y, int ys,
-                                                       const float *z) {
+                                                       const float *z, float y_scale) {
     cuda_pdl_begin();
     const int row = blockIdx.x * (blockDim.x / TPR) + threadIdx.x / TPR, tid = threadIdx.x % TPR;
     if (row >= n_rows) return;
@@ -52,26 +53,37 @@ __global__ void __launch_bounds__(1024) rmsnorm_kernel(const float *x, int xs, c
         if (i < dim) {
             float v = __fmul_rn(__fmul_rn(c[k], s), w[i]);
             if (zr) v = __fmul_rn(v, cuda_silu(zr[i]));
-            yr[i] = v;
+            yr[i] = ADD ? __fmul_rn(__fadd_rn(yr[i], v), y_scale) : v;
         }
     }
     for (int i = tid + TPR * CACHE; i < dim; i += TPR) {
         float v = __fmul_rn(__fmul_rn(xr[i], s), w[i]);
         if (zr) v = __fmul_rn(v, cuda_silu(zr[i]));
-        yr[i] = v;
+        yr[i] = ADD ? __fmul_rn(__fadd_rn(yr[i], v), y_scale) : v;
     }
 }
 
 static void rmsnorm_launch(struct cuda_ctx *c, const float *x, int xs, const float *w, int n_rows, int dim,
                            float eps, float *y, int ys, const float *z) {
     if (n_rows < 1) return;
-    if (dim <= 1024) cuda_launch(c, cuda_cdiv(n_rows, 8), 256, rmsnorm_kernel<32, 8>, x, xs, w, n_rows, dim, eps, y, ys, z);
-    else cuda_launch(c, n_rows, 1024, rmsnorm_kernel<1024, 4>, x, xs, w, n_rows, dim, eps, y, ys, z);
+    if (dim <= 1024) cuda_launch(c, cuda_cdiv(n_rows, 8), 256, rmsnorm_kernel<32, 8>, x, xs, w, n_rows, dim, eps, y, ys, z, 1.0f);
+    else cuda_launch(c, n_rows, 1024, rmsnorm_kernel<1024, 4>, x, xs, w, n_rows, dim, eps, y, ys, z, 1.0f);
 }
 
 void cuda_rmsnorm(struct backend *be, const float *x, int x_stride, const float *w, int n_rows,
                   int dim, float eps, float *y, int y_stride) {
     rmsnorm_launch(cuda_enter(be), x, x_stride, w, n_rows, dim, eps, y, y_stride, NULL);
+}
+
+/* The same norm (and sum order) as cuda_rmsnorm, its result added into x and scaled. */
+void cuda_rmsnorm_add(struct backend *be, float *x, const float *y, const float *w, int n_rows, int dim, float eps,
+                      float s) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n_rows < 1) return;
+    if (dim <= 1024)
+        cuda_launch(c, cuda_cdiv(n_rows, 8), 256, rmsnorm_kernel<32, 8, true>, y, dim, w, n_rows, dim, eps, x, dim,
+                    (const float *)NULL, s);
+    else cuda_launch(c, n_rows, 1024, rmsnorm_kernel<1024, 4, true>, y, dim, w, n_rows, dim, eps, x, dim, (const float *)NULL, s);
 }
 
 /* One block per row; the same sum of squares as a norm fused into a matvec (cuda_row_sumsq). */

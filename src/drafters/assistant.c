@@ -5,11 +5,14 @@
  * assistant's own next-hidden row of step k-1). Every step reads the target's committed cells
  * [0, L) through read-only views and writes nothing, so the drafter keeps no state that a
  * rejection could leave wrong: per sequence only the last hidden row the target accepted.
- * Greedy drafts never leave the device (each argmax feeds the next step and the verify batch). */
+ * Greedy drafts never leave the device (each argmax feeds the next step and the verify batch),
+ * and on a backend with graphs such a round's whole chain of steps is one recorded graph per
+ * (sequence, draft count): its ~60 launches a step cost more than its arithmetic. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "drafters/drafter.h"
+#include "engine/graphs.h"
 #include "models/gemma4_assistant.h"
 
 struct assistant_seq {
@@ -23,8 +26,9 @@ struct assistant {
     struct gemma4_assistant *a;
     int E;
     struct assistant_seq *seqs;
-    int32_t *d_tok;              /* backend: a token from the host (the pending one, a sampled draft) */
+    int32_t *d_tok;              /* backend: a sampled draft from the host */
     struct draft_picker pick;
+    struct graph_cache chains;   /* recorded greedy rounds (backends with graphs) */
 };
 
 static struct assistant *as_of(struct drafter *d) { return (struct assistant *)d; }
@@ -35,6 +39,7 @@ static void assistant_free(struct drafter *d) {
     for (int s = 0; t->seqs && s < t->m->n_seq; s++) if (t->seqs[s].h) be->free(be, t->seqs[s].h);
     if (t->d_tok) be->free(be, t->d_tok);
     draft_picker_free(&t->pick);
+    graph_cache_free(&t->chains);
     gemma4_assistant_free(t->a);
     free(t->seqs);
     free(t);
@@ -51,6 +56,25 @@ static int assistant_observe(struct drafter *d, int s, const int32_t *history, i
     return 0;
 }
 
+/* A greedy round of n steps whose picks stay on the device: no step depends on the host. */
+struct chain_call {
+    struct assistant *t;
+    const int32_t *tok0;
+    const float *h0;
+    int32_t *dev_tokens;
+    int n;
+};
+
+static void chain_ops(void *ctx) {
+    const struct chain_call *c = ctx;
+    const float *logits, *h = c->h0;
+    const int32_t *tok = c->tok0;
+    for (int i = 0; i < c->n; i++) {
+        gemma4_assistant_step(c->t->a, tok, h, c->dev_tokens + i, &logits, &h);
+        tok = c->dev_tokens + i;
+    }
+}
+
 static int assistant_draft(struct drafter *d, int s, const struct draft_request *rq, struct draft_result *out, char *err,
                            size_t err_size) {
     struct assistant *t = as_of(d);
@@ -64,15 +88,22 @@ static int assistant_draft(struct drafter *d, int s, const struct draft_request 
     out->on_device = !rq->sampler;
     const bool want_p = out->on_device && rq->p_min > 0.0f;
     const bool pick_in_step = out->on_device && !want_p;
-    gemma4_assistant_at(t->a, s, L);
-    be->upload(be, t->d_tok, &rq->history[L], sizeof(int32_t));
+    const int32_t *tok = gemma4_assistant_at(t->a, s, L, rq->history[L]);
+    if (pick_in_step && be->capture_begin && L + rq->n_max < m->n_ctx) {
+        /* the key: the buffers the chain reads and writes besides the assistant's own */
+        struct graph_key key = {.n = rq->n_max, .seq = s, .ptr = {t->seqs[s].h, rq->dev_tokens}};
+        struct chain_call c = {t, tok, t->seqs[s].h, rq->dev_tokens, rq->n_max};
+        graph_cache_run(&t->chains, &key, chain_ops, &c);
+        out->n = rq->n_max;
+        return 0;
+    }
     const float *logits, *h;
-    gemma4_assistant_step(t->a, t->d_tok, t->seqs[s].h, pick_in_step ? rq->dev_tokens : NULL, &logits, &h);
+    gemma4_assistant_step(t->a, tok, t->seqs[s].h, pick_in_step ? rq->dev_tokens : NULL, &logits, &h);
     for (int i = 0; i < rq->n_max; i++) {
         if (!draft_pick(&t->pick, logits, rq, i, out)) break;
         out->n++;
         if (i + 1 == rq->n_max || L + i + 1 >= m->n_ctx) break;
-        const int32_t *tok = rq->dev_tokens + i;
+        tok = rq->dev_tokens + i;
         if (!out->on_device) {
             be->upload(be, t->d_tok, &out->tokens[i], sizeof(int32_t));
             tok = t->d_tok;
@@ -103,7 +134,8 @@ static int assistant_init(struct drafter **out, const struct drafter_config *c, 
     struct backend *be = m->be;
     t->seqs = calloc((size_t)m->n_seq, sizeof *t->seqs);
     t->d_tok = be->alloc(be, sizeof(int32_t));
-    bool ok = t->seqs && t->d_tok && draft_picker_init(&t->pick, be, m->info.n_vocab) == 0;
+    bool ok = t->seqs && t->d_tok && draft_picker_init(&t->pick, be, m->info.n_vocab) == 0 &&
+              graph_cache_init(&t->chains, be, m->n_seq) == 0;
     for (int s = 0; ok && s < m->n_seq; s++) {
         ok = (t->seqs[s].h = be->alloc(be, sizeof(float) * (size_t)t->E)) != NULL;
         t->seqs[s].h_pos = -1;

@@ -99,7 +99,7 @@ int gemma4_kv_source(const struct gemma4_hparams *hp, int il) {
 }
 
 struct scratch {
-    float *x, *a, *q, *k, *v, *att, *o, *t, *fg, *fu;
+    float *x, *a, *q, *k, *v, *att, *o, *fg, *fu;
     float *ones;                         /* [max head dim] of 1: the weightless v norm */
 };
 
@@ -228,7 +228,7 @@ static int init_engine(struct gemma4 *q) {
 #define SLOT(p, n) {(void **)&(p), f * nb * (n)}
     const struct arena_slot slots[] = {
         SLOT(s->x, E), SLOT(s->a, E), SLOT(s->q, qw), SLOT(s->k, kvw), SLOT(s->v, kvw), SLOT(s->att, qw),
-        SLOT(s->o, E), SLOT(s->t, E), SLOT(s->fg, ff), SLOT(s->fu, ff),
+        SLOT(s->o, E), SLOT(s->fg, ff), SLOT(s->fu, ff),
     };
 #undef SLOT
     const int max_d = COTI_MAX(hp->head_dim, hp->head_dim_swa);
@@ -318,14 +318,6 @@ fail:
 
 /* ---- the trunk ------------------------------------------------------------------------ */
 
-/* x += rmsnorm(y) ⊙ w: a block's output normed into the residual stream (t is scratch). */
-static void norm_add(struct gemma4 *q, float *x, const float *y, const float *w, int n) {
-    struct backend *be = q->base.be;
-    const int E = q->hp.n_embd;
-    be->rmsnorm(be, y, E, w, n, E, q->hp.eps, q->s.t, E);
-    be->add(be, x, q->s.t, (int64_t)n * E, x);
-}
-
 static void attention(struct gemma4 *q, const struct layer *ly, int il, int n) {
     struct backend *be = q->base.be;
     const struct gemma4_hparams *hp = &q->hp;
@@ -375,15 +367,14 @@ static void trunk_pass(struct model *m, const struct slice_ops_args *a) {
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer *ly = &q->layers[il];
         attention(q, ly, il, n);
-        norm_add(q, s->x, s->o, ly->post_attn_norm, n);
+        be->rmsnorm_add(be, s->x, s->o, ly->post_attn_norm, n, E, hp->eps, 1.0f);
         const struct bweight *ws[2] = {&ly->ffn.gate, &ly->ffn.up};
         float *ys[2] = {s->fg, s->fu};
         be->matmul(be, ws, ys, 2, &(struct matmul_in){.kind = MATMUL_RMSNORM, .x = s->x, .w = ly->ffn_norm, .eps = hp->eps, .a = s->a},
                    n);
         backend_matmul(be, &ly->ffn.down, &(struct matmul_in){.kind = MATMUL_GEGLU, .x = s->fg, .m = s->fu, .a = s->fg}, n,
                        s->o);
-        norm_add(q, s->x, s->o, ly->post_ffw_norm, n);
-        if (ly->out_scale != 1.0f) be->scale(be, s->x, (int64_t)n * E, ly->out_scale);
+        be->rmsnorm_add(be, s->x, s->o, ly->post_ffw_norm, n, E, hp->eps, ly->out_scale);
     }
     be->rmsnorm(be, s->x, E, q->g.out_norm, n, E, hp->eps, a->hn, E);
     block_lm_head(&q->eng, a);

@@ -73,8 +73,8 @@ struct gemma4_assistant {
     struct g4a_globals g;
     struct gguf_file *gguf;
     void *arena;
-    float *x, *cat, *u, *a, *q, *att, *o, *tmp, *fg, *fu, *n, *logits, *h;
-    int32_t *meta;                       /* backend: pos, cell0, nctx, win_cell0, win_nctx */
+    float *x, *cat, *u, *a, *q, *att, *o, *fg, *fu, *n, *logits, *h;
+    int32_t *meta;                       /* backend: pos, cell0, nctx, win_cell0, win_nctx, token */
 };
 
 int gemma4_assistant_n_vocab(const struct gemma4_assistant *a) { return a->V; }
@@ -198,7 +198,7 @@ int gemma4_assistant_load(struct gemma4_assistant **out, const char *path, struc
     const size_t f = sizeof(float);
     const struct arena_slot slots[] = {
         {(void **)&a->x, f * a->Dt}, {(void **)&a->cat, f * 2 * a->Dt}, {(void **)&a->u, f * a->D}, {(void **)&a->a, f * a->D},
-        {(void **)&a->q, f * qmax}, {(void **)&a->att, f * qmax}, {(void **)&a->o, f * a->D}, {(void **)&a->tmp, f * a->D},
+        {(void **)&a->q, f * qmax}, {(void **)&a->att, f * qmax}, {(void **)&a->o, f * a->D},
         {(void **)&a->fg, f * a->ff}, {(void **)&a->fu, f * a->ff}, {(void **)&a->n, f * a->D},
         {(void **)&a->logits, f * a->V}, {(void **)&a->h, f * a->Dt}, {(void **)&a->meta, sizeof(int32_t) * 8},
     };
@@ -213,16 +213,11 @@ fail:
     return rc;
 }
 
-void gemma4_assistant_at(struct gemma4_assistant *a, int s, int pos) {
+const int32_t *gemma4_assistant_at(struct gemma4_assistant *a, int s, int pos, int32_t token) {
     const int n_ctx = a->t->n_ctx, first = COTI_MAX(0, pos - a->window + 1);
-    const int32_t m[5] = {pos, kv_cell(n_ctx, s, 0), pos, kv_cell(n_ctx, s, first), pos - first};
+    const int32_t m[6] = {pos, kv_cell(n_ctx, s, 0), pos, kv_cell(n_ctx, s, first), pos - first, token};
     a->be->upload(a->be, a->meta, m, sizeof m);
-}
-
-/* x += rmsnorm(y) ⊙ w */
-static void norm_add(struct gemma4_assistant *a, float *x, const float *y, const float *w) {
-    a->be->rmsnorm(a->be, y, a->D, w, 1, a->D, a->eps, a->tmp, a->D);
-    a->be->add(a->be, x, a->tmp, a->D, x);
+    return a->meta + 5;
 }
 
 void gemma4_assistant_step(struct gemma4_assistant *a, const int32_t *tok_dev, const float *h_in, int32_t *argmax_out,
@@ -243,13 +238,12 @@ void gemma4_assistant_step(struct gemma4_assistant *a, const int32_t *tok_dev, c
         be->attention(be, a->q, H * D, D, &a->kv[il], a->swa[il] ? win_cell0 : cell0, a->swa[il] ? win_nctx : nctx, 1, H,
                       1.0f, a->att);
         backend_matmul(be, &ly->o, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = a->att}, 1, a->o);
-        norm_add(a, a->u, a->o, ly->post_attn_norm);
+        be->rmsnorm_add(be, a->u, a->o, ly->post_attn_norm, 1, a->D, a->eps, 1.0f);
         const struct bweight *ws[2] = {&ly->ffn.gate, &ly->ffn.up};
         float *ys[2] = {a->fg, a->fu};
         be->matmul(be, ws, ys, 2, &(struct matmul_in){.kind = MATMUL_RMSNORM, .x = a->u, .w = ly->ffn_norm, .eps = a->eps, .a = a->a}, 1);
         backend_matmul(be, &ly->ffn.down, &(struct matmul_in){.kind = MATMUL_GEGLU, .x = a->fg, .m = a->fu, .a = a->fg}, 1, a->o);
-        norm_add(a, a->u, a->o, ly->post_ffw_norm);
-        be->scale(be, a->u, a->D, ly->out_scale);
+        be->rmsnorm_add(be, a->u, a->o, ly->post_ffw_norm, 1, a->D, a->eps, ly->out_scale);
     }
     be->rmsnorm(be, a->u, a->D, a->g.out_norm, 1, a->D, a->eps, a->n, a->D);
     backend_matmul(be, &a->g.head, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = a->n}, 1, a->logits);

@@ -16,8 +16,9 @@ int gemma4_assistant_load(struct gemma4_assistant **out, const char *path, struc
 void gemma4_assistant_free(struct gemma4_assistant *a);
 
 /* Set the query position of sequence s's next steps: every draft step of a round reads the
- * target's committed cells [0, pos) (a sliding layer the window's last of them). */
-void gemma4_assistant_at(struct gemma4_assistant *a, int s, int pos);
+ * target's committed cells [0, pos) (a sliding layer the window's last of them). The round's
+ * first token goes up in the same copy: the return value is where it is (backend memory). */
+const int32_t *gemma4_assistant_at(struct gemma4_assistant *a, int s, int pos, int32_t token);
 /* One step at that position: token *tok_dev (backend memory), hidden h_in (backend, target
  * width). Leaves the logits and the next hidden row in backend memory (valid until the next
  * step; h_in may be the previous step's *h_out) and, when argmax_out is not NULL, the logits'

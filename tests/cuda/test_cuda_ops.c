@@ -642,6 +642,26 @@ static void test_add_rmsnorm(int n_rows, int dim) {
     free(x); free(m); free(w); free(yc); free(yg); free(xg);
 }
 
+/* x = (x + rmsnorm(y) ⊙ w) · s: the norm's 4.8e-7 relative, on normed terms up to ~5 wide (|y|
+ * sc ≤ ~3, w ≤ 1.5), is an absolute error after the add (which may cancel), then two roundings */
+static void test_rmsnorm_add(int n_rows, int dim, float s) {
+    char shape[96];
+    const size_t n = (size_t)n_rows * dim;
+    float *x = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n), *w = xmalloc(sizeof(float) * dim);
+    float *xg = xmalloc(sizeof(float) * n);
+    fill(x, n, 2.0f);
+    fill(y, n, 1.0f);
+    for (int i = 0; i < dim; i++) w[i] = 1.0f + 0.5f * frand();
+    float *dx = gdup(x, sizeof(float) * n), *dy = gdup(y, sizeof(float) * n), *dw = gdup(w, sizeof(float) * dim);
+    cpu->rmsnorm_add(cpu, x, y, w, n_rows, dim, 1e-6f, s);
+    gpu->rmsnorm_add(gpu, dx, dy, dw, n_rows, dim, 1e-6f, s);
+    gget(xg, dx, sizeof(float) * n);
+    snprintf(shape, sizeof shape, "%d rows x %d, scale %g", n_rows, dim, s);
+    check("rmsnorm_add", shape, xg, x, n, 4e-6, 1e-6);
+    gpu->free(gpu, dx); gpu->free(gpu, dy); gpu->free(gpu, dw);
+    free(x); free(y); free(w); free(xg);
+}
+
 static void test_rmsnorm_gated(int n_rows, int dim) {
     char shape[96];
     size_t n = (size_t)n_rows * dim;
@@ -1387,6 +1407,7 @@ static void run_rmsnorm(void) {
     test_rmsnorm(5, 300, 300, 300, false);       /* past the registers of a warp row */
 }
 static void run_rmsnorm_gated(void) { test_rmsnorm_gated(4 * 32, 128); test_rmsnorm_gated(3, 1500); }
+static void run_rmsnorm_add(void) { test_rmsnorm_add(1, 256, 1.0f); test_rmsnorm_add(5, 640, 0.83f); test_rmsnorm_add(3, 3000, 1.7f); }
 static void run_add_rmsnorm(void) { test_add_rmsnorm(1, 4096); test_add_rmsnorm(3, 9000); test_add_rmsnorm(5, 384); test_add_rmsnorm(9, 300); }
 static void run_add(void) { test_elementwise(1, false); test_elementwise(12289, false); test_elementwise(3 * 12288, false); }
 static void run_swiglu(void) { test_elementwise(1, true); test_elementwise(12289, true); test_elementwise(3 * 12288, true); }
@@ -1447,6 +1468,7 @@ static const struct op_test {
     {BACKEND_OP_rmsnorm, run_rmsnorm},
     {BACKEND_OP_rmsnorm_gated, run_rmsnorm_gated},
     {BACKEND_OP_add_rmsnorm, run_add_rmsnorm},
+    {BACKEND_OP_rmsnorm_add, run_rmsnorm_add},
     {BACKEND_OP_add, run_add},
     {BACKEND_OP_swiglu, run_swiglu},
     {BACKEND_OP_geglu, run_gemma_elementwise},
