@@ -134,6 +134,19 @@ assistant_is_lossless() {
 }
 check "gemma4 + assistant: greedy text identical, equiv Δ 0 at n_max 1-4" assistant_is_lossless
 
+# an E-series target (per-layer embeddings, shared-KV layers; window 16, shorter than the
+# prompts) with the shipped assistant, which fits its widths: lossless at every draft length
+assistant_on_e2b_is_lossless() {
+    "$COTI" mkmodel --arch gemma4 --shape e2b-tiny --window 16 --vocab-from "$G4" -o "$TMP/e2b.gguf" > /dev/null 2>&1 || return 1
+    for n in 1 2 3 4; do
+        "$COTI" equiv -m "$TMP/e2b.gguf" --spec assistant --spec-draft "$G4A" --spec-n-max $n --prompts tests/data-prompts.json \
+            -n 16 -t 1 | grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || return 1
+    done
+    "$COTI" equiv -m "$TMP/e2b.gguf" --spec ngram --prompts tests/data-prompts.json -n 16 -t 1 |
+        grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0'
+}
+check "gemma4 e2b-tiny (PLE, shared KV) + assistant: equiv Δ 0 at n_max 1-4, ngram" assistant_on_e2b_is_lossless
+
 bad_assistant_is_refused() {
     "$COTI" run -m "$MODEL" --spec assistant --spec-draft "$G4A" -p x -n 2 2>"$TMP/e5"; [ $? -eq 1 ] &&
         grep -q 'needs a gemma4 target' "$TMP/e5" || return 1
