@@ -195,3 +195,15 @@ Test(load_errors, gemma4_per_layer_width_absurd) {
     expect_refused(path, b, "embedding_length_per_layer_input", 1, 64);
     free(b.p);
 }
+
+/* With 4 shared-KV layers of 10, llama.cpp reads layer 4 (full) for the sliding layer 6:
+ * refused before any tensor is read. */
+Test(load_errors, gemma4_shared_kv_source_of_the_wrong_kind) {
+    char *path = scratch("kv-src");
+    struct blob b = make_e2b(path);
+    const char *key = "gemma4.attention.shared_kv_layers";
+    const uint32_t n = 4;
+    memcpy(find_gguf_string(b, key) + strlen(key) + 4, &n, 4);
+    expect_refused(path, b, "shared-KV layer 6 reads layer 4, which must be a sliding layer", 1, 64);
+    free(b.p);
+}

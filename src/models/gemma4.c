@@ -112,9 +112,10 @@ unsigned gemma4_layer_kind(const struct gemma4_hparams *hp, int il) {
 int gemma4_kv_source(const struct gemma4_hparams *hp, int il) {
     const int n_own = hp->n_layer - hp->n_kv_shared;
     if (il < n_own) return il;
-    for (int j = n_own - 1; j >= 0; j--) /* the last owning layer of the same kind */
-        if (hp->swa[j] == hp->swa[il]) return j;
-    return -1;
+    /* llama.cpp's rule: the sliding layers read layer n_own - 2, the full ones n_own - 1 (the
+     * last sliding and last full owner in every E-series file); any other layout it cannot load */
+    const int src = n_own - (hp->swa[il] ? 2 : 1);
+    return src >= 0 && hp->swa[src] == hp->swa[il] ? src : -1;
 }
 
 struct scratch {
@@ -216,8 +217,9 @@ static int read_hparams(const struct weight_loader *L, struct gemma4_hparams *hp
                          hp->n_kv_shared);
     for (int i = 0; i < nl; i++)
         if (gemma4_kv_source(hp, i) < 0)
-            return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "shared-KV layer %d has no earlier %s layer to read", i,
-                             hp->swa[i] ? "sliding" : "full");
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                             "shared-KV layer %d reads layer %d, which must be a %s layer that owns its K/V", i,
+                             hp->n_layer - hp->n_kv_shared - (hp->swa[i] ? 2 : 1), hp->swa[i] ? "sliding" : "full");
     if (!(hp->eps > 0.0f && hp->eps < 1.0f) || !(hp->rope_base > 1.0f) || !(hp->rope_base_swa > 1.0f) || !(hp->softcap >= 0.0f))
         return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "rms eps %g / rope bases %g, %g / soft-cap %g out of range", hp->eps,
                          hp->rope_base, hp->rope_base_swa, hp->softcap);

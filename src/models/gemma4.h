@@ -41,7 +41,8 @@ extern const int gemma4_n_tensors;
 /* Widths of layer il (for the globals, any layer: they read EMBD, VOCAB, ROPE_FREQS, PLE*). */
 void gemma4_widths(const struct gemma4_hparams *hp, int il, int64_t widths[GEMMA4_N_WIDTHS]);
 unsigned gemma4_layer_kind(const struct gemma4_hparams *hp, int il);
-/* The layer whose K/V layer il reads (itself unless it is a shared-KV layer). */
+/* The layer whose K/V layer il reads (itself unless it is a shared-KV layer), or -1 when the
+ * layout has no such layer where llama.cpp looks for it. */
 int gemma4_kv_source(const struct gemma4_hparams *hp, int il);
 
 #endif

@@ -495,10 +495,10 @@ static int hp_preset(struct mk_hparams *h, const char *name, enum mk_arch arch) 
             return 0;
         }
         if (!strcmp(name, "e2b-tiny")) { /* E2B's structure (arch-gemma4.md §3.8) at coti-tiny's widths, so that
-                                           * the shipped assistant fits it: full layers 4 and 9, the last 4
-                                           * layers reading layers 5 / 4, per-layer embeddings, attn_v kept */
+                                           * the shipped assistant fits it: full layers 4 and 9, the last 5
+                                           * layers reading layers 3 / 4, per-layer embeddings, attn_v kept */
             h->n_embd = 256; h->n_layer = 10; h->n_ff = 640; h->head_dim = 64; h->head_dim_full = 128; h->window = 128;
-            h->interval = 5; h->kv_shared = 4; h->n_embd_per_layer = 64; h->double_wide_ff = 1; h->ctx = 4096;
+            h->interval = 5; h->kv_shared = 5; h->n_embd_per_layer = 64; h->double_wide_ff = 1; h->ctx = 4096;
             return 0;
         }
         return -1;
@@ -809,6 +809,15 @@ int tool_mkmodel_main(int argc, char **argv) {
         fprintf(stderr, "coti mkmodel: gemma4: at most %d layers, --n-head a multiple of --n-head-kv-full, head dims "
                         "even, --kv-shared at most n-layer - 2, a full layer within the layers\n", GEMMA4_MAX_LAYERS);
         return 1;
+    }
+    if (h->arch == MK_GEMMA4) {
+        const struct gemma4_hparams gh = gemma4_arch_hparams(h);
+        for (int il = 0; il < gh.n_layer; il++)
+            if (gemma4_kv_source(&gh, il) < 0) {
+                fprintf(stderr, "coti mkmodel: gemma4: with --kv-shared %ld the last layer owning K/V must be a full layer "
+                                "and the one before it a sliding one (llama.cpp reads those)\n", h->kv_shared);
+                return 1;
+            }
     }
     m.n_threads = (int)n_threads;
 
