@@ -14,8 +14,8 @@
 #define SSM 7
 #define KEEP 4
 
-static const struct kv_layer_spec kv_specs[3] = {{2, 4, -1}, {1, 8, -1}, {2, 4, 0}}; /* layer 2 reads layer 0 */
-static const struct kv_layer_spec head_spec = {2, 4, -1};
+static const struct kv_layer_spec kv_specs[3] = {{2, 4, -1, 0}, {1, 8, -1, 0}, {2, 4, 0, 0}}; /* layer 2 reads layer 0 */
+static const struct kv_layer_spec head_spec = {2, 4, -1, 0};
 
 static void mem_make(struct memory *mem, struct backend *be) {
     const struct memory_params p = {.n_seq = N_SEQ, .n_ctx = N_CTX, .n_keep = KEEP, .kv = kv_specs, .n_kv = 3,
@@ -65,7 +65,7 @@ Test(memory, copy_moves_the_cells_the_source_holds) {
     cr_assert_eq(memory_seq_copy(&mem, 2, 0), 0);
     cr_assert_eq(mem.seq_len[2], 5);
     cr_assert_eq(mem.head_len[2], 4);
-    const size_t d0 = (size_t)kv_cell(N_CTX, 2, 0) * row, s0 = (size_t)kv_cell(N_CTX, 0, 0) * row;
+    const size_t d0 = (size_t)kv_cells_at(&mem.kv.full, 2, 0) * row, s0 = (size_t)kv_cells_at(&mem.kv.full, 0, 0) * row;
     cr_assert_eq(at(be, l1->k, d0 + 5 * row - 1), at(be, l1->k, s0 + 5 * row - 1), "the last held cell is copied");
     cr_assert_neq(at(be, l1->k, d0 + 5 * row), at(be, l1->k, s0 + 5 * row), "cells past the source's length are not");
     for (size_t i = 0; i < SSM; i++) cr_assert_eq(at(be, rec_ssm(&mem.rec, 1, 2), i), at(be, rec_ssm(&mem.rec, 1, 0), i));

@@ -281,11 +281,12 @@ static int init_engine(struct gemma4 *q) {
         m->be->upload(m->be, s->ones, ones, sizeof(float) * (size_t)max_d);
         for (int il = 0; il < hp->n_layer; il++) {
             const int src = gemma4_kv_source(hp, il);
-            kv[il] = (struct kv_layer_spec){hp->n_head_kv[il], head_dim_of(hp, il), src == il ? -1 : src};
+            kv[il] = (struct kv_layer_spec){hp->n_head_kv[il], head_dim_of(hp, il), src == il ? -1 : src,
+                                            hp->swa[il] ? hp->window : 0};
             q->layers[il].kv_src = src;
         }
-        const struct memory_params mp = {.n_seq = m->n_seq, .n_ctx = m->n_ctx, .n_keep = m->n_keep_states, .kv = kv,
-                                         .n_kv = hp->n_layer};
+        const struct memory_params mp = {.n_seq = m->n_seq, .n_ctx = m->n_ctx, .n_keep = m->n_keep_states,
+                                         .n_batch = m->n_batch, .kv = kv, .n_kv = hp->n_layer};
         const struct engine_params ep = {.n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .window = hp->window,
                                          .softcap = hp->softcap, .mem = &mp, .slots = slots,
                                          .n_slots = (int)COTI_ARRAY_LEN(slots), .passes = {trunk_pass, NULL},
@@ -394,7 +395,9 @@ static void attention(struct gemma4 *q, const struct layer *ly, int il, int n) {
                                           .k_stride = KV, .k_norm = ly->k_norm, .v = s->v, .v_stride = KV,
                                           .v_norm = s->ones, .eps = hp->eps, .n_head = H, .n_rot = n_rot,
                                           .rope_base = base, .rope_freqs = freqs};
-        be->attn_prep(be, &prep, n, meta->pos, meta->cells, kv);
+        be->attn_prep(be, &prep, n, meta->pos, swa ? meta->win_cells : meta->cells, kv);
+        /* a ring's second store, from the rows attn_prep normed and rotated in place (kv.h) */
+        if (swa && q->eng.mem.kv.win.ring) be->kv_store(be, s->k, KV, s->v, KV, n, meta->win_cells2, kv);
     } else { /* reads kv_src's cache, stores nothing */
         be->matmul(be, (const struct bweight *const[]){&ly->q}, (float *const[]){s->q}, 1, &in, n);
         be->rmsnorm(be, s->q, D, ly->q_norm, n * H, D, hp->eps, s->q, D);
