@@ -134,6 +134,37 @@ assistant_is_lossless() {
 }
 check "gemma4 + assistant: greedy text identical, equiv Δ 0 at n_max 1-4" assistant_is_lossless
 
+# an E-series target (per-layer embeddings, shared-KV layers) with a window of 8 and 16 rows
+# per forward: its sliding layers keep a ring of 23 positions, which every prompt wraps. The
+# shipped assistant fits its widths once its own window is made 8 too (a copy, the u32 patched).
+# Lossless at every draft length, with the assistant and ngram; the same text as with every
+# position kept (-b 512: no ring).
+assistant_on_e2b_is_lossless() {
+    "$COTI" mkmodel --arch gemma4 --shape e2b-tiny --window 8 --vocab-from "$G4" -o "$TMP/e2b.gguf" > /dev/null 2>&1 || return 1
+    python3 - "$G4A" "$TMP/a8.gguf" <<'PY' || return 1
+import struct, sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+k = b'gemma4-assistant.attention.sliding_window'
+i = b.index(struct.pack('<Q', len(k)) + k) + 8 + len(k)
+assert struct.unpack_from('<I', b, i)[0] == 4  # GGUF u32
+struct.pack_into('<I', b, i + 4, 8)
+open(sys.argv[2], 'wb').write(b)
+PY
+    for n in 1 2 3 4; do
+        "$COTI" equiv -m "$TMP/e2b.gguf" --spec assistant --spec-draft "$TMP/a8.gguf" --spec-n-max $n -b 16 \
+            --prompts tests/data-prompts.json -n 24 -t 1 | grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || return 1
+    done
+    "$COTI" equiv -m "$TMP/e2b.gguf" --spec ngram -b 16 --prompts tests/data-prompts.json -n 24 -t 1 |
+        grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || return 1
+    "$COTI" run -m "$TMP/e2b.gguf" -p 'int main(void) { return' -n 40 -t 1 -b 16 --spec assistant --spec-draft "$TMP/a8.gguf" \
+        > "$TMP/ring.txt" 2>/dev/null &&
+    "$COTI" run -m "$TMP/e2b.gguf" -p 'int main(void) { return' -n 40 -t 1 -b 512 > "$TMP/noring.txt" 2>/dev/null &&
+        cmp -s "$TMP/ring.txt" "$TMP/noring.txt" || return 1
+    "$COTI" run -m "$TMP/e2b.gguf" --spec assistant --spec-draft "$G4A" -p x -n 2 2>"$TMP/e9"; [ $? -eq 1 ] &&
+        grep -q 'wider than the target' "$TMP/e9"
+}
+check "gemma4 e2b-tiny (PLE, shared KV, window ring) + assistant: equiv Δ 0 at n_max 1-4, ngram" assistant_on_e2b_is_lossless
+
 bad_assistant_is_refused() {
     "$COTI" run -m "$MODEL" --spec assistant --spec-draft "$G4A" -p x -n 2 2>"$TMP/e5"; [ $? -eq 1 ] &&
         grep -q 'needs a gemma4 target' "$TMP/e5" || return 1

@@ -166,3 +166,44 @@ Test(load_errors, kv_cache_that_cannot_be_allocated) {
     expect_refused(path, b, "out of memory", 1024, 1 << 30);
     free(b.p);
 }
+
+/* gemma4 E-series files: the per-layer embedding tables are required once the metadata gives
+ * P > 0, and P · n_layer is bounded. */
+static struct blob make_e2b(const char *path) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "./coti mkmodel --arch gemma4 --shape e2b-tiny -o %s --vocab-from none --n-vocab 300 --n-embd 64 "
+             "--n-ff 64 --seed 7 > /dev/null 2>&1", path);
+    cr_assert_eq(system(cmd), 0, "mkmodel failed");
+    return read_all(path);
+}
+
+Test(load_errors, gemma4_per_layer_table_missing) {
+    char *path = scratch("ple-missing");
+    struct blob b = make_e2b(path);
+    find_gguf_string(b, "per_layer_model_proj.weight")[0] = 'X';
+    expect_refused(path, b, "per_layer_model_proj", 1, 64);
+    free(b.p);
+}
+
+Test(load_errors, gemma4_per_layer_width_absurd) {
+    char *path = scratch("ple-absurd");
+    struct blob b = make_e2b(path);
+    const char *key = "gemma4.embedding_length_per_layer_input";
+    const uint32_t p = 1u << 28; /* x 10 layers: past every width bound */
+    memcpy(find_gguf_string(b, key) + strlen(key) + 4, &p, 4);
+    expect_refused(path, b, "embedding_length_per_layer_input", 1, 64);
+    free(b.p);
+}
+
+/* With 4 shared-KV layers of 10, llama.cpp reads layer 4 (full) for the sliding layer 6:
+ * refused before any tensor is read. */
+Test(load_errors, gemma4_shared_kv_source_of_the_wrong_kind) {
+    char *path = scratch("kv-src");
+    struct blob b = make_e2b(path);
+    const char *key = "gemma4.attention.shared_kv_layers";
+    const uint32_t n = 4;
+    memcpy(find_gguf_string(b, key) + strlen(key) + 4, &n, 4);
+    expect_refused(path, b, "shared-KV layer 6 reads layer 4, which must be a sliding layer", 1, 64);
+    free(b.p);
+}

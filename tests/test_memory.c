@@ -14,8 +14,8 @@
 #define SSM 7
 #define KEEP 4
 
-static const struct kv_layer_spec kv_specs[3] = {{2, 4, -1}, {1, 8, -1}, {2, 4, 0}}; /* layer 2 reads layer 0 */
-static const struct kv_layer_spec head_spec = {2, 4, -1};
+static const struct kv_layer_spec kv_specs[3] = {{2, 4, -1, 0}, {1, 8, -1, 0}, {2, 4, 0, 0}}; /* layer 2 reads layer 0 */
+static const struct kv_layer_spec head_spec = {2, 4, -1, 0};
 
 static void mem_make(struct memory *mem, struct backend *be) {
     const struct memory_params p = {.n_seq = N_SEQ, .n_ctx = N_CTX, .n_keep = KEEP, .kv = kv_specs, .n_kv = 3,
@@ -65,7 +65,7 @@ Test(memory, copy_moves_the_cells_the_source_holds) {
     cr_assert_eq(memory_seq_copy(&mem, 2, 0), 0);
     cr_assert_eq(mem.seq_len[2], 5);
     cr_assert_eq(mem.head_len[2], 4);
-    const size_t d0 = (size_t)kv_cell(N_CTX, 2, 0) * row, s0 = (size_t)kv_cell(N_CTX, 0, 0) * row;
+    const size_t d0 = (size_t)kv_cells_at(&mem.kv.full, 2, 0) * row, s0 = (size_t)kv_cells_at(&mem.kv.full, 0, 0) * row;
     cr_assert_eq(at(be, l1->k, d0 + 5 * row - 1), at(be, l1->k, s0 + 5 * row - 1), "the last held cell is copied");
     cr_assert_neq(at(be, l1->k, d0 + 5 * row), at(be, l1->k, s0 + 5 * row), "cells past the source's length are not");
     for (size_t i = 0; i < SSM; i++) cr_assert_eq(at(be, rec_ssm(&mem.rec, 1, 2), i), at(be, rec_ssm(&mem.rec, 1, 0), i));
@@ -101,6 +101,35 @@ Test(memory, rollback_restores_the_snapshot_of_the_last_kept_token) {
     memory_seq_reset(&mem, s);
     cr_assert_eq(mem.seq_len[s], 0);
     cr_assert_eq(at(be, rec_conv(&mem.rec, 0, s), 0), 0.0f, "a reset sequence starts from zeros");
+    memory_free(&mem);
+    backend_free(be);
+}
+
+/* A sliding-window layer of window 2 with 4 rows per forward and runs of up to 6 kept keeps a
+ * ring of 1 + 6 positions (+ 2 cells of second stores) per sequence; the full layer keeps 64. A
+ * rollback deeper than the ring was sized for is refused; a copy moves the whole ring. */
+Test(memory, window_ring_bounds_its_cells_and_its_rollbacks) {
+    struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+    const struct kv_layer_spec specs[2] = {{1, 4, -1, 2}, {1, 4, -1, 0}};
+    const struct memory_params p = {.n_seq = 2, .n_ctx = 64, .n_keep = 6, .n_batch = 4, .kv = specs, .n_kv = 2};
+    struct memory mem;
+    cr_assert_eq(memory_init(&mem, be, &p), 0);
+    const struct kv_cells *w = &mem.kv.win;
+    cr_assert(w->ring == 7 && w->block == 9 && w->window == 2 && mem.kv.full.block == 64 && !mem.kv.full.ring);
+    /* position 15 of sequence 1: ring slot 1; only slot 0 (< window - 1) is stored twice */
+    cr_assert_eq(kv_cells_at(w, 1, 15), 9 + 1);
+    cr_assert_eq(kv_cells_second(w, 1, 15), 9 + 8, "no second store: the block's last cell");
+    cr_assert_eq(kv_cells_second(w, 1, 14), 9 + 7, "slot 0: stored again past the ring");
+    const size_t blk = 9 * mem.kv.layers[0].row_bytes / sizeof(float); /* a sequence's block, in floats */
+    fill(be, mem.kv.layers[0].k, 2 * blk, 1.0f);
+    mem.seq_len[0] = 20;
+    cr_assert_eq(memory_seq_copy(&mem, 1, 0), 0);
+    cr_assert_eq(at(be, mem.kv.layers[0].k, blk + blk - 1), at(be, mem.kv.layers[0].k, blk - 1), "the ring's last cell is copied");
+    mem.seq_len[0] = 27;
+    memory_note_run(&mem, 0, 7, true, false);
+    cr_assert_eq(memory_seq_rollback(&mem, 0, 6), 0);
+    memory_note_run(&mem, 0, 8, true, false);
+    cr_assert_eq(memory_seq_rollback(&mem, 0, 7), COTI_E_RANGE, "7 positions: past what the ring keeps");
     memory_free(&mem);
     backend_free(be);
 }

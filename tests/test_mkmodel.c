@@ -453,3 +453,59 @@ Test(gguf, mkmodel_gemma4_layout_is_the_shipped_files) {
     gguf_close(ref);
     free(m.t);
 }
+
+/* --shape e2b-tiny: E2B's layout in llama.cpp's names and shapes (arch-gemma4.md §2): the PLE
+ * globals ({P·L, V}, {E, P·L}, {P}) and per layer inp_gate {E, P}, proj {P, E}, post_norm {E};
+ * the 5 shared-KV layers without attn_k / attn_k_norm and with a 2x FFN (the per-layer
+ * feed_forward_length array); a model without --n-embd-per-layer has none of it. */
+Test(gguf, mkmodel_gemma4_e2b_tiny_layout) {
+    char p[256], q[256], err[256];
+    tmp_path(p, sizeof p, "e2b");
+    char *argv[] = {"mkmodel", "--arch", "gemma4", "--shape", "e2b-tiny", "--n-vocab", "300", "--vocab-from", "none",
+                    "-o", p, NULL};
+    cr_assert_eq(tool_mkmodel_main(11, argv), 0);
+    struct gguf_file *f = open_ok(p);
+    const enum ggml_type Q8 = GGML_TYPE_Q8_0, F32 = GGML_TYPE_F32;
+    cr_assert_eq(get_u32(f, "gemma4.embedding_length_per_layer_input"), 64);
+    cr_assert_eq(get_u32(f, "gemma4.attention.shared_kv_layers"), 5);
+    int32_t ff[16];
+    size_t n_ff = 0;
+    cr_assert_eq(gguf_get_arr_i32(f, "gemma4.feed_forward_length", ff, 16, &n_ff, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(n_ff, 10);
+    for (int il = 0; il < 10; il++) cr_assert_eq(ff[il], il < 5 ? 640 : 1280, "layer %d", il);
+    tensor(f, "per_layer_token_embd.weight", Q8, 640, 300);
+    tensor(f, "per_layer_model_proj.weight", Q8, 256, 640);
+    tensor(f, "per_layer_proj_norm.weight", F32, 64, 0);
+    char name[64];
+    for (int il = 0; il < 10; il++) {
+        snprintf(name, sizeof name, "blk.%d.inp_gate.weight", il);
+        tensor(f, name, Q8, 256, 64);
+        snprintf(name, sizeof name, "blk.%d.proj.weight", il);
+        tensor(f, name, Q8, 64, 256);
+        snprintf(name, sizeof name, "blk.%d.post_norm.weight", il);
+        tensor(f, name, F32, 256, 0);
+        snprintf(name, sizeof name, "blk.%d.attn_k.weight", il);
+        cr_assert_eq(gguf_find_tensor(f, name) != NULL, il < 5, "%s", name);
+        snprintf(name, sizeof name, "blk.%d.ffn_up.weight", il);
+        tensor(f, name, Q8, 256, il < 5 ? 640 : 1280);
+    }
+    gguf_close(f);
+    unlink(p);
+    tmp_path(q, sizeof q, "g4");
+    char *argv2[] = {"mkmodel", "--arch", "gemma4", "--n-vocab", "300", "--vocab-from", "none", "-o", q, NULL};
+    cr_assert_eq(tool_mkmodel_main(9, argv2), 0);
+    f = open_ok(q);
+    cr_assert_eq(get_u32(f, "gemma4.embedding_length_per_layer_input"), 0);
+    for (uint64_t i = 0; i < f->n_tensors; i++)
+        cr_assert(!strstr(f->tensors[i].name, "per_layer") && !strstr(f->tensors[i].name, "inp_gate"), "%s",
+                  f->tensors[i].name);
+    gguf_close(f);
+    unlink(q);
+    /* more layers than gemma4 holds: refused, not written past its arrays */
+    char *argv3[] = {"mkmodel", "--arch", "gemma4", "--n-layer", "300", "--vocab-from", "none", "-o", q, NULL};
+    cr_assert_eq(tool_mkmodel_main(9, argv3), 1);
+    /* shared-KV layers whose sources llama.cpp would not find (layer 5 is sliding): refused */
+    char *argv4[] = {"mkmodel", "--arch", "gemma4", "--shape", "e2b-tiny", "--kv-shared", "4", "--vocab-from", "none",
+                     "-o", q, NULL};
+    cr_assert_eq(tool_mkmodel_main(11, argv4), 1);
+}

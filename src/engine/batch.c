@@ -53,7 +53,8 @@ int slice_check(struct slice *sl, const int32_t *len, int n_seq, int n_ctx, int 
     return 0;
 }
 
-void slice_upload(struct backend *be, struct batch_meta *bm, const struct slice *sl, int n_ctx, int window) {
+void slice_upload(struct backend *be, struct batch_meta *bm, const struct slice *sl, const struct kv_cells *full,
+                  const struct kv_cells *win, int window) {
     /* the ops (and a graph recorded from them) read the sections where this slice puts them */
     const size_t st = sl->n <= BATCH_META_SMALL ? BATCH_META_SMALL : bm->stride;
     bm->tokens = bm->dev;
@@ -63,22 +64,26 @@ void slice_upload(struct backend *be, struct batch_meta *bm, const struct slice 
     bm->nctx = bm->dev + 4 * st;
     bm->win_cell0 = bm->dev + 5 * st;
     bm->win_nctx = bm->dev + 6 * st;
+    bm->win_cells = bm->dev + 7 * st;
+    bm->win_cells2 = bm->dev + 8 * st;
     int32_t *tok = bm->host, *pos = tok + st, *cells = pos + st, *cell0 = cells + st, *nctx = cell0 + st;
-    int32_t *win_cell0 = nctx + st, *win_nctx = win_cell0 + st;
+    int32_t *win_cell0 = nctx + st, *win_nctx = win_cell0 + st, *win_cells = win_nctx + st, *win_cells2 = win_cells + st;
     for (int i = 0; i < sl->n; i++) {
         int s = sl->seq ? sl->seq[i] : 0;
         if (!sl->tokens_dev) tok[i] = sl->tokens[i];
         pos[i] = sl->pos[i];
-        cell0[i] = kv_cell(n_ctx, s, 0);
-        cells[i] = kv_cell(n_ctx, s, sl->pos[i]);
+        cell0[i] = kv_cells_at(full, s, 0);
+        cells[i] = kv_cells_at(full, s, sl->pos[i]);
         nctx[i] = sl->pos[i] + 1;
         if (window > 0) {
             const int first = COTI_MAX(0, sl->pos[i] - window + 1);
-            win_cell0[i] = kv_cell(n_ctx, s, first);
+            win_cell0[i] = kv_cells_at(win, s, first);
             win_nctx[i] = sl->pos[i] + 1 - first;
+            win_cells[i] = kv_cells_at(win, s, sl->pos[i]);
+            win_cells2[i] = win->ring ? kv_cells_second(win, s, sl->pos[i]) : win_cells[i];
         }
     }
-    const size_t end = (window > 0 ? 6 : 4) * st + (size_t)sl->n; /* through the last section's rows */
+    const size_t end = (window > 0 ? 8 : 4) * st + (size_t)sl->n; /* through the last section's rows */
     if (sl->tokens_dev) be->upload(be, bm->pos, pos, sizeof(int32_t) * (end - st));
     else be->upload(be, bm->tokens, tok, sizeof(int32_t) * end);
 }

@@ -5,6 +5,7 @@
 #ifndef COTI_BATCH_H
 #define COTI_BATCH_H
 
+#include "memory/kv.h"
 #include "model.h"
 
 struct run { int start, len, seq; };
@@ -22,7 +23,8 @@ struct slice {
  * is one small copy: with n_batch 512 the sections span 8 KB, and an 8 KB host-to-device copy
  * costs ~9 µs on the device's timeline against ~2 µs for 256 bytes (H200, between graphs). */
 #define BATCH_META_SMALL 16
-#define BATCH_META_SECTIONS 7    /* tokens, pos, cells, cell0, nctx, then the window's cell0, nctx */
+#define BATCH_META_SECTIONS 9    /* tokens, pos, cells, cell0, nctx, then the window's cell0, nctx,
+                                    cells and second cells (kv.h's rings) */
 _Static_assert(BATCH_META_SMALL * sizeof(int32_t) <= 64, "a section, 64-byte rounded, holds a small slice");
 
 struct batch_meta {
@@ -30,9 +32,10 @@ struct batch_meta {
     int32_t *host;               /* its host mirror */
     size_t stride;               /* int32s per section for a full slice (64-byte rounded n_batch) */
     /* where the current slice's sections are on the device (the ops, and graphs recorded from
-     * them, read these); a sliding-window layer attends [win_cell0, win_cell0 + win_nctx) */
+     * them, read these); a sliding-window layer attends [win_cell0, win_cell0 + win_nctx) and
+     * stores at win_cells (and, holding a ring, again at win_cells2) */
     int32_t *tokens, *pos, *cells, *cell0, *nctx;
-    int32_t *win_cell0, *win_nctx;
+    int32_t *win_cell0, *win_nctx, *win_cells, *win_cells2;
 };
 
 /* Bytes of the device block for n_batch rows (an arena slot), and the host mirror. */
@@ -47,9 +50,11 @@ void slice_take(struct slice *sl, const struct model_batch *b, int i0, int n);
 int slice_check(struct slice *sl, const int32_t *len, int n_seq, int n_ctx, int n_vocab, char *err, size_t err_size);
 /* Upload the slice's metadata: one copy from the host (each copy is a node on the device's
  * timeline, a few µs of a decode step). Tokens already on the device (greedy drafts) are read
- * where they are. window > 0: also the cells a sliding-window layer sees (a position sees the
- * window's last positions up to itself, llama.cpp's p - p_j < window). */
-void slice_upload(struct backend *be, struct batch_meta *bm, const struct slice *sl, int n_ctx, int window);
+ * where they are. Cells by the full layers' rule; window > 0: also the cells a sliding-window
+ * layer stores to and sees by its rule (a position sees the window's last positions up to
+ * itself, llama.cpp's p - p_j < window). */
+void slice_upload(struct backend *be, struct batch_meta *bm, const struct slice *sl, const struct kv_cells *full,
+                  const struct kv_cells *win, int window);
 
 static inline bool row_wants_logits(const bool *want, bool last_only, int n, int i) {
     return want ? want[i] : (last_only && i == n - 1);

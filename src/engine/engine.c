@@ -110,7 +110,7 @@ int engine_forward(struct model *m, const struct model_batch *b, struct model_ou
     for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
         slice_take(&sl, b, i0, COTI_MIN(m->n_batch, b->n - i0));
         slice_check(&sl, m->seq_len, m->n_seq, m->n_ctx, e->n_vocab, NULL, 0);
-        slice_upload(m->be, &e->meta, &sl, m->n_ctx, e->window);
+        slice_upload(m->be, &e->meta, &sl, &e->mem.kv.full, &e->mem.kv.win, e->window);
         const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits ? b->want_logits + i0 : NULL,
                                          .last_only = i0 + sl.n == b->n, .keep = b->keep_states,
                                          .logits = e->logits + (size_t)n_logits * e->n_vocab, .head = e->lm_head,
@@ -142,7 +142,7 @@ static int head_forward(struct model *m, const struct model_batch *b, const floa
     slice_take(&sl, b, 0, b->n);
     int rc = slice_check(&sl, e->mem.head_len, m->n_seq, m->n_ctx, e->n_vocab, err, err_size);
     if (rc) return rc;
-    slice_upload(m->be, &e->meta, &sl, m->n_ctx, e->window);
+    slice_upload(m->be, &e->meta, &sl, &e->mem.kv.full, &e->mem.kv.win, e->window);
     const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits, .last_only = true, .logits = e->logits,
                                      .head = b->draft_head ? e->draft_head : e->lm_head, .h_in = h_in,
                                      .ids = sl.tokens_dev ? sl.tokens_dev : e->meta.tokens, .argmax_out = b->argmax_out,

@@ -2,9 +2,12 @@
  * every cell, and the cell rule that places a sequence's positions. A backend attention op reads
  * and writes a layer through its struct kv_view, never through raw cache pointers of a model.
  *
- * Cells: sequence s owns cells [s·n_ctx, (s+1)·n_ctx), position p of s is cell s·n_ctx + p. A
- * cell is always written before it is read, so dropping positions is only a length change (the
- * lengths live in memory.h, which owns the per-sequence policy). */
+ * Cells (struct kv_cells): sequence s owns a block of cells of each layer; in a full layer the
+ * block is n_ctx cells and position p is cell p of it. A sliding-window layer holds a ring when
+ * that is smaller: position p at p % ring, so it keeps only the last ring positions, which are
+ * the window plus what one forward writes or one rollback drops. A cell is always written before
+ * it is read, so dropping positions (at most n_rows of them: memory.h) is only a length change
+ * (the lengths live in memory.h, which owns the per-sequence policy). */
 #ifndef COTI_KV_H
 #define COTI_KV_H
 
@@ -26,20 +29,43 @@ struct kv_layer_spec {
     int n_head_kv, head_dim;
     int shared_from;             /* index of an earlier layer of the same cache whose K/V this
                                     layer reads, or -1 for storage of its own */
+    int window;                  /* a sliding-window layer's window (positions), 0: a full layer */
 };
+
+/* Where a layer keeps a sequence's positions: `block` cells per sequence; position p at cell p
+ * of its block, or with a ring (ring > 0) at p % ring and, when p % ring < window - 1, also at
+ * ring + p % ring. The second copy makes the cells of every window [first, p] (at most window
+ * positions) one run from first % ring, which the attention ops read as they read a full layer.
+ * The block is ring + window cells; its last one takes the other rows' second store, unread. */
+struct kv_cells {
+    int block, ring, window;
+};
+
+static inline int32_t kv_cells_at(const struct kv_cells *c, int s, int pos) {
+    return (int32_t)(s * c->block + (c->ring ? pos % c->ring : pos));
+}
+/* The cell of position pos's second store (the unread last cell when it has none); rings only. */
+static inline int32_t kv_cells_second(const struct kv_cells *c, int s, int pos) {
+    const int r = pos % c->ring;
+    return (int32_t)(s * c->block + (r < c->window - 1 ? c->ring + r : c->block - 1));
+}
 
 struct kv_cache {
     struct backend *be;
     int n_layer, n_seq, n_ctx;
     struct kv_view *layers;
     bool *owns;                  /* per layer: its storage is its own (not shared) */
+    bool *windowed;              /* per layer: it uses `win` (else `full`) */
+    struct kv_cells full, win;   /* the full layers' cells, the sliding-window layers' */
 };
 
 /* Allocate a cache of n_layer layers for n_seq sequences of n_ctx positions, K and V in type
- * (GGML_TYPE_F16). Returns 0 or COTI_E_NOMEM / COTI_E_UNSUPPORTED; kv_cache_free is safe after
- * a failure. */
+ * (GGML_TYPE_F16). The sliding-window layers (one window for all) hold a ring when window - 1 +
+ * n_rows cells are fewer than n_ctx: n_rows bounds the rows one forward writes and the positions
+ * one rollback drops. Returns 0 or COTI_E_NOMEM / COTI_E_UNSUPPORTED (two windows);
+ * kv_cache_free is safe after a failure. */
 int kv_cache_init(struct kv_cache *kv, struct backend *be, const struct kv_layer_spec *specs, int n_layer,
-                  int n_seq, int n_ctx, enum ggml_type type);
+                  int n_seq, int n_ctx, int n_rows, enum ggml_type type);
 void kv_cache_free(struct kv_cache *kv);
 
 /* A view of storage k, v for n_head_kv heads of head_dim elements of type (a cache's layer,
@@ -49,8 +75,6 @@ static inline struct kv_view kv_view_make(enum ggml_type type, int n_head_kv, in
     return w;
 }
 
-static inline int32_t kv_cell(int n_ctx, int s, int pos) { return (int32_t)(s * n_ctx + pos); }
-
 /* A read-only view of layer il, for a reader that must not change the cache. */
 static inline struct kv_view kv_view_read_only(const struct kv_cache *kv, int il) {
     struct kv_view v = kv->layers[il];
@@ -59,7 +83,7 @@ static inline struct kv_view kv_view_read_only(const struct kv_cache *kv, int il
 }
 
 /* Copy regions (memory.h's struct mem_regions) that copy the first n_pos positions of sequence
- * src onto dst in every layer with storage of its own. */
+ * src onto dst in every layer with storage of its own (a ring: all of its block). */
 struct mem_regions;
 void kv_copy_regions(const struct kv_cache *kv, int dst, int src, int n_pos, struct mem_regions *r);
 

@@ -32,9 +32,11 @@ int memory_init(struct memory *mem, struct backend *be, const struct memory_para
     if (!mem->seq_len || !mem->head_len || !mem->last_run_len || !mem->last_run_kept || !mem->last_run_restored ||
         !g->dst || !g->src || !g->step || !g->bytes)
         return COTI_E_NOMEM;
-    int rc = kv_cache_init(&mem->kv, be, p->kv, p->n_kv, p->n_seq, p->n_ctx, GGML_TYPE_F16);
+    /* a rollback drops at most a kept run (memory_seq_rollback), a forward writes at most n_batch */
+    const int n_rows = mem->n_rows = COTI_MAX(p->n_batch, p->n_keep);
+    int rc = kv_cache_init(&mem->kv, be, p->kv, p->n_kv, p->n_seq, p->n_ctx, n_rows, GGML_TYPE_F16);
     if (!rc) rc = rec_state_init(&mem->rec, be, p->n_rec, p->n_seq, p->n_keep, p->conv_elems, p->ssm_elems);
-    if (!rc) rc = kv_cache_init(&mem->head, be, p->head_kv, p->n_head_kv, p->n_seq, p->n_ctx, GGML_TYPE_F16);
+    if (!rc) rc = kv_cache_init(&mem->head, be, p->head_kv, p->n_head_kv, p->n_seq, p->n_ctx, n_rows, GGML_TYPE_F16);
     return rc;
 }
 
@@ -78,6 +80,7 @@ int memory_seq_rollback(struct memory *mem, int s, int n_drop) {
     const int r = mem->last_run_len[s];
     const int keep_idx = r - 1 - n_drop; /* the state after this token of the last run survives */
     if (!mem->last_run_kept[s] || keep_idx < 0 || keep_idx >= COTI_MIN(r - 1, mem->rec.n_keep)) return COTI_E_RANGE;
+    if (mem->kv.win.ring && n_drop > mem->n_rows) return COTI_E_RANGE; /* the ring kept no more (kv.h) */
     /* a greedy verify restored the state on the device already (its accepted count is n_drop's
      * complement: the caller drops exactly the rejected drafts) */
     if (!mem->last_run_restored[s] && mem->rec.n_layer) {

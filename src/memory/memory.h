@@ -22,6 +22,7 @@ void mem_regions_add(struct mem_regions *g, void *dst, const void *src, size_t b
 struct memory_params {
     int n_seq, n_ctx;
     int n_keep;                  /* longest run whose per-token states a forward may keep */
+    int n_batch;                 /* most rows one forward writes (sliding-window rings: kv.h) */
     const struct kv_layer_spec *kv;      /* trunk attention layers */
     int n_kv;
     int n_rec;                   /* trunk recurrent layers */
@@ -33,6 +34,7 @@ struct memory_params {
 struct memory {
     struct backend *be;
     int n_seq, n_ctx;
+    int n_rows;                  /* a rollback drops at most this many (sliding-window rings) */
     int32_t *seq_len;            /* host: positions the trunk holds per sequence */
     struct kv_cache kv;
     struct rec_state rec;

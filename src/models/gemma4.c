@@ -3,8 +3,10 @@
  * (sliding-window or full, each with its own head size, rope base and rotation; q/k normed with
  * weights, v without; scale 1) and a GeGLU FFN, each output normed before its residual add, the
  * layer scaled by its output scale; √D-scaled embeddings; a soft-capped, usually tied, LM head.
- * Layers past n_layer - shared_kv_layers read an earlier layer's K/V. Not yet: per-layer
- * embeddings (E-series) and the MoE branch (26B-A4B), refused at load.
+ * The E-series (E2B/E4B) features: layers past n_layer - shared_kv_layers read an earlier
+ * layer's K/V, and per-layer embeddings (PLE: every layer adds a gated projection of its own P
+ * wide input, formed once per token from a second embedding table and a projection of the
+ * token's embedding). Not yet: the MoE branch (26B-A4B), refused at load.
  * Reference: ../shared/docs/arch-gemma4.md; llama.cpp src/models/gemma4.cpp (behaviour). */
 #include "models/gemma4.h"
 #include "models/blocks.h"
@@ -25,16 +27,21 @@ struct layer {
     struct glu_ffn_weights ffn;
     float out_scale;                     /* layer_output_scale, 1 when absent */
     int kv_src;                          /* the memory layer whose K/V it reads */
+    struct bweight ple_gate, ple_proj;   /* PLE: E -> P gate, P -> E projection */
+    float *ple_post_norm;
 };
 
 struct globals {
     struct bweight tok_embd, lm_head;    /* lm_head.data == tok_embd.data: tied */
     float *out_norm, *rope_freqs;        /* rope_freqs: full layers' pair factors, or NULL */
+    struct bweight ple_embd, ple_model_proj; /* PLE: [P·n_layer] per token; E -> P·n_layer */
+    float *ple_proj_norm;                /* [P], shared by every layer's slice */
 };
 
 #define L_SWA GEMMA4_LAYER_SWA
 #define L_FULL GEMMA4_LAYER_FULL
 #define L_KV GEMMA4_LAYER_KV
+#define L_PLE GEMMA4_LAYER_PLE
 #define L_ALL (L_SWA | L_FULL)
 #define W(x) GEMMA4_W_##x
 #define MAT(name, layers, in, out, field) {name, WEIGHT_MATRIX, layers, W(in), W(out), field, WEIGHT_REQUIRED, WEIGHT_INIT_MATRIX}
@@ -42,11 +49,17 @@ struct globals {
 #define LY(f) offsetof(struct layer, f)
 #define GL(f) offsetof(struct globals, f)
 
-/* In the converter's order: rope factors and the embedding, each block, the output norm. */
+/* In the converter's order: rope factors and the embeddings, each block, the output norm (the
+ * PLE globals, optional here, are required when the metadata gives P > 0: gemma4_load). */
 const struct weight_desc gemma4_tensors[] = {
     {"rope_freqs.weight", WEIGHT_VECTOR, 0, W(ROPE_FREQS), W(ONE), GL(rope_freqs), WEIGHT_OPTIONAL, WEIGHT_INIT_ROPE_FREQS},
     MAT("token_embd.weight", 0, EMBD, VOCAB, GL(tok_embd)),
     {"output.weight", WEIGHT_MATRIX, 0, W(EMBD), W(VOCAB), GL(lm_head), WEIGHT_TIED, WEIGHT_INIT_MATRIX},
+    {"per_layer_token_embd.weight", WEIGHT_MATRIX, 0, W(PLE_ALL), W(VOCAB), GL(ple_embd), WEIGHT_OPTIONAL,
+     WEIGHT_INIT_MATRIX},
+    {"per_layer_model_proj.weight", WEIGHT_MATRIX, 0, W(EMBD), W(PLE_ALL), GL(ple_model_proj), WEIGHT_OPTIONAL,
+     WEIGHT_INIT_MATRIX},
+    {"per_layer_proj_norm.weight", WEIGHT_VECTOR, 0, W(PLE), W(ONE), GL(ple_proj_norm), WEIGHT_OPTIONAL, WEIGHT_INIT_NORM},
     VEC("blk.%d.attn_norm.weight", L_ALL, EMBD, LY(attn_norm)),
     MAT("blk.%d.attn_q.weight", L_ALL, EMBD, Q, LY(q)),
     MAT("blk.%d.attn_k.weight", L_KV, EMBD, KV, LY(k)),
@@ -60,6 +73,9 @@ const struct weight_desc gemma4_tensors[] = {
     MAT("blk.%d.ffn_up.weight", L_ALL, EMBD, FF, LY(ffn.up)),
     MAT("blk.%d.ffn_down.weight", L_ALL, FF, EMBD, LY(ffn.down)),
     VEC("blk.%d.post_ffw_norm.weight", L_ALL, EMBD, LY(post_ffw_norm)),
+    MAT("blk.%d.inp_gate.weight", L_PLE, EMBD, PLE, LY(ple_gate)),
+    MAT("blk.%d.proj.weight", L_PLE, PLE, EMBD, LY(ple_proj)),
+    VEC("blk.%d.post_norm.weight", L_PLE, EMBD, LY(ple_post_norm)),
     {"blk.%d.layer_output_scale.weight", WEIGHT_SCALAR, L_ALL, W(ONE), W(ONE), LY(out_scale), WEIGHT_OPTIONAL,
      WEIGHT_INIT_NORM},
     {"output_norm.weight", WEIGHT_VECTOR, WEIGHT_GLOBAL_LAST, W(EMBD), W(ONE), GL(out_norm), WEIGHT_REQUIRED,
@@ -84,23 +100,34 @@ void gemma4_widths(const struct gemma4_hparams *hp, int il, int64_t w[GEMMA4_N_W
     w[W(HEAD_DIM)] = D;
     w[W(FF)] = hp->n_ff[il];
     w[W(ROPE_FREQS)] = hp->head_dim / 2;
+    w[W(PLE)] = hp->n_embd_per_layer;
+    w[W(PLE_ALL)] = (int64_t)hp->n_embd_per_layer * hp->n_layer;
 }
 
 unsigned gemma4_layer_kind(const struct gemma4_hparams *hp, int il) {
-    return (hp->swa[il] ? L_SWA : L_FULL) | (il < hp->n_layer - hp->n_kv_shared ? L_KV : 0);
+    return (hp->swa[il] ? L_SWA : L_FULL) | (il < hp->n_layer - hp->n_kv_shared ? L_KV : 0) |
+           (hp->n_embd_per_layer ? L_PLE : 0);
 }
 
 int gemma4_kv_source(const struct gemma4_hparams *hp, int il) {
     const int n_own = hp->n_layer - hp->n_kv_shared;
     if (il < n_own) return il;
-    for (int j = n_own - 1; j >= 0; j--) /* the last owning layer of the same kind */
-        if (hp->swa[j] == hp->swa[il]) return j;
-    return -1;
+    /* llama.cpp's rule: the sliding layers read layer n_own - 2, the full ones n_own - 1 (the
+     * last sliding and last full owner in every E-series file); any other layout it cannot load */
+    const int src = n_own - (hp->swa[il] ? 2 : 1);
+    return src >= 0 && hp->swa[src] == hp->swa[il] ? src : -1;
 }
 
 struct scratch {
     float *x, *a, *q, *k, *v, *att, *o, *fg, *fu;
     float *ones;                         /* [max head dim] of 1: the weightless v norm */
+    /* PLE: a slice's per-layer inputs are formed in ple_tok ([n][n_layer][P], a token's layers
+     * side by side) and, for n > 1, regrouped into ple_in ([n_layer][n][P]) so that each layer's
+     * rows are contiguous; ple_g is a layer's gate rows [n][P]. */
+    float *ple_tok, *ple_in, *ple_g;
+    void **ple_dst;                      /* host: the regrouping's n_batch·n_layer copies */
+    const void **ple_src;
+    size_t *ple_bytes;
 };
 
 struct gemma4 {
@@ -154,10 +181,8 @@ static int read_hparams(const struct weight_loader *L, struct gemma4_hparams *hp
     if ((rc = weights_get_u32_opt(L, "embedding_length_per_layer_input", &hp->n_embd_per_layer, 0))) return rc;
     int n_expert;
     if ((rc = weights_get_u32_opt(L, "expert_count", &n_expert, 0))) return rc;
-    if (hp->n_embd_per_layer || n_expert)
-        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED,
-                         "gemma4 with per-layer embeddings (%d) or experts (%d) is not supported yet",
-                         hp->n_embd_per_layer, n_expert);
+    if (n_expert)
+        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "gemma4 with experts (%d) is not supported yet", n_expert);
     if ((rc = weights_get_f32(L, "attention.layer_norm_rms_epsilon", &hp->eps))) return rc;
     if ((rc = weights_get_f32_opt(L, "rope.freq_base", &hp->rope_base, 10000.0f))) return rc;
     if ((rc = weights_get_f32_opt(L, "rope.freq_base_swa", &hp->rope_base_swa, 10000.0f))) return rc;
@@ -176,6 +201,9 @@ static int read_hparams(const struct weight_loader *L, struct gemma4_hparams *hp
     }
     if (hp->n_embd < 1 || hp->n_embd > GEMMA4_MAX_WIDTH)
         return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "embedding_length %d is out of range", hp->n_embd);
+    if (hp->n_embd_per_layer < 0 || (int64_t)hp->n_embd_per_layer * nl > GEMMA4_MAX_WIDTH)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "embedding_length_per_layer_input %d is out of range",
+                         hp->n_embd_per_layer);
     const int dims[4] = {hp->head_dim, hp->head_dim_swa, hp->n_rot, hp->n_rot_swa};
     for (int i = 0; i < 4; i++)
         if (dims[i] < 2 || dims[i] > GEMMA4_MAX_HEAD_DIM || dims[i] % 2)
@@ -189,8 +217,9 @@ static int read_hparams(const struct weight_loader *L, struct gemma4_hparams *hp
                          hp->n_kv_shared);
     for (int i = 0; i < nl; i++)
         if (gemma4_kv_source(hp, i) < 0)
-            return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "shared-KV layer %d has no earlier %s layer to read", i,
-                             hp->swa[i] ? "sliding" : "full");
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                             "shared-KV layer %d reads layer %d, which must be a %s layer that owns its K/V", i,
+                             hp->n_layer - hp->n_kv_shared - (hp->swa[i] ? 2 : 1), hp->swa[i] ? "sliding" : "full");
     if (!(hp->eps > 0.0f && hp->eps < 1.0f) || !(hp->rope_base > 1.0f) || !(hp->rope_base_swa > 1.0f) || !(hp->softcap >= 0.0f))
         return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "rms eps %g / rope bases %g, %g / soft-cap %g out of range", hp->eps,
                          hp->rope_base, hp->rope_base_swa, hp->softcap);
@@ -205,6 +234,9 @@ static void gemma4_free(struct model *m) {
         weights_unbind(be, gemma4_tensors, gemma4_n_tensors, q->layers[il].kind, &q->layers[il]);
     free(q->layers);
     if (q->s.ones) be->free(be, q->s.ones);
+    free(q->s.ple_dst);
+    free(q->s.ple_src);
+    free(q->s.ple_bytes);
     if (q->g.lm_head.data == q->g.tok_embd.data) q->g.lm_head = (struct bweight){0};
     weights_unbind(be, gemma4_tensors, gemma4_n_tensors, 0, &q->g);
     gguf_close(m->gguf);
@@ -224,13 +256,21 @@ static int init_engine(struct gemma4 *q) {
         ff = COTI_MAX(ff, (size_t)hp->n_ff[il]);
     }
     const size_t nb = (size_t)m->n_batch, f = sizeof(float), E = (size_t)hp->n_embd;
+    const size_t P = (size_t)hp->n_embd_per_layer, nl = (size_t)hp->n_layer;
     struct scratch *s = &q->s;
 #define SLOT(p, n) {(void **)&(p), f * nb * (n)}
     const struct arena_slot slots[] = {
         SLOT(s->x, E), SLOT(s->a, E), SLOT(s->q, qw), SLOT(s->k, kvw), SLOT(s->v, kvw), SLOT(s->att, qw),
         SLOT(s->o, E), SLOT(s->fg, ff), SLOT(s->fu, ff),
+        SLOT(s->ple_tok, P * nl), SLOT(s->ple_in, P * nl), SLOT(s->ple_g, P),
     };
 #undef SLOT
+    if (P) {
+        s->ple_dst = malloc(sizeof(void *) * nb * nl);
+        s->ple_src = malloc(sizeof(void *) * nb * nl);
+        s->ple_bytes = malloc(sizeof(size_t) * nb * nl);
+        if (!s->ple_dst || !s->ple_src || !s->ple_bytes) return COTI_E_NOMEM;
+    }
     const int max_d = COTI_MAX(hp->head_dim, hp->head_dim_swa);
     float *ones = malloc(sizeof(float) * (size_t)max_d);
     s->ones = m->be->alloc(m->be, sizeof(float) * (size_t)max_d);
@@ -241,11 +281,12 @@ static int init_engine(struct gemma4 *q) {
         m->be->upload(m->be, s->ones, ones, sizeof(float) * (size_t)max_d);
         for (int il = 0; il < hp->n_layer; il++) {
             const int src = gemma4_kv_source(hp, il);
-            kv[il] = (struct kv_layer_spec){hp->n_head_kv[il], head_dim_of(hp, il), src == il ? -1 : src};
+            kv[il] = (struct kv_layer_spec){hp->n_head_kv[il], head_dim_of(hp, il), src == il ? -1 : src,
+                                            hp->swa[il] ? hp->window : 0};
             q->layers[il].kv_src = src;
         }
-        const struct memory_params mp = {.n_seq = m->n_seq, .n_ctx = m->n_ctx, .n_keep = m->n_keep_states, .kv = kv,
-                                         .n_kv = hp->n_layer};
+        const struct memory_params mp = {.n_seq = m->n_seq, .n_ctx = m->n_ctx, .n_keep = m->n_keep_states,
+                                         .n_batch = m->n_batch, .kv = kv, .n_kv = hp->n_layer};
         const struct engine_params ep = {.n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .window = hp->window,
                                          .softcap = hp->softcap, .mem = &mp, .slots = slots,
                                          .n_slots = (int)COTI_ARRAY_LEN(slots), .passes = {trunk_pass, NULL},
@@ -297,6 +338,13 @@ int gemma4_load(struct model **out, struct gguf_file *g, struct backend *be, con
         gemma4_widths(hp, il, widths);
         if ((rc = weights_bind(&L, gemma4_tensors, gemma4_n_tensors, ly->kind, il, ly, widths))) goto fail;
     }
+    if (hp->n_embd_per_layer && !(q->g.ple_embd.data && q->g.ple_model_proj.data && q->g.ple_proj_norm)) {
+        rc = coti_fail(err, err_size, COTI_E_FORMAT,
+                       "per-layer embeddings (P = %d) need per_layer_token_embd, per_layer_model_proj and "
+                       "per_layer_proj_norm",
+                       hp->n_embd_per_layer);
+        goto fail;
+    }
     if (any_full && !q->g.rope_freqs) {
         rc = coti_fail(err, err_size, COTI_E_FORMAT, "missing tensor rope_freqs.weight (the full layers' rotation)");
         goto fail;
@@ -339,7 +387,9 @@ static void attention(struct gemma4 *q, const struct layer *ly, int il, int n) {
                                           .k_stride = KV, .k_norm = ly->k_norm, .v = s->v, .v_stride = KV,
                                           .v_norm = s->ones, .eps = hp->eps, .n_head = H, .n_rot = n_rot,
                                           .rope_base = base, .rope_freqs = freqs};
-        be->attn_prep(be, &prep, n, meta->pos, meta->cells, kv);
+        be->attn_prep(be, &prep, n, meta->pos, swa ? meta->win_cells : meta->cells, kv);
+        /* a ring's second store, from the rows attn_prep normed and rotated in place (kv.h) */
+        if (swa && q->eng.mem.kv.win.ring) be->kv_store(be, s->k, KV, s->v, KV, n, meta->win_cells2, kv);
     } else { /* reads kv_src's cache, stores nothing */
         be->matmul(be, (const struct bweight *const[]){&ly->q}, (float *const[]){s->q}, 1, &in, n);
         be->rmsnorm(be, s->q, D, ly->q_norm, n * H, D, hp->eps, s->q, D);
@@ -357,13 +407,54 @@ static void gemma4_embed(struct model *m, const int32_t *ids, int n, float *out)
     m->be->scale(m->be, out, (int64_t)n * q->hp.n_embd, sqrtf((float)q->hp.n_embd));
 }
 
+/* The per-layer inputs of a slice (arch-gemma4.md §3.2), from its ids and its scaled
+ * embedding rows in s->x: for every token and layer l,
+ *   (rmsnorm(W_mp·x / √E)[l] ⊙ proj_norm + PLE[id][l]·√P) / √2,
+ * in llama.cpp's order of roundings. Returns layer 0's rows; layer l's are n·P further each. */
+static const float *ple_inputs(struct gemma4 *q, const int32_t *ids, int n) {
+    struct backend *be = q->base.be;
+    const struct gemma4_hparams *hp = &q->hp;
+    const struct scratch *s = &q->s;
+    const int P = hp->n_embd_per_layer, nl = hp->n_layer;
+    const int64_t n_all = (int64_t)n * nl * P;
+    be->get_rows(be, &q->g.ple_embd, ids, n, s->ple_in);
+    be->scale(be, s->ple_in, n_all, sqrtf((float)P));
+    backend_matmul(be, &q->g.ple_model_proj, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = s->x}, n, s->ple_tok);
+    be->scale(be, s->ple_tok, n_all, 1.0f / sqrtf((float)hp->n_embd));
+    be->rmsnorm(be, s->ple_tok, P, q->g.ple_proj_norm, n * nl, P, hp->eps, s->ple_tok, P);
+    be->add(be, s->ple_tok, s->ple_in, n_all, s->ple_tok);
+    be->scale(be, s->ple_tok, n_all, 1.0f / sqrtf(2.0f));
+    if (n == 1) return s->ple_tok; /* [1][n_layer][P] is already [n_layer][1][P] */
+    for (int t = 0; t < n; t++)
+        for (int l = 0; l < nl; l++) {
+            const size_t i = (size_t)t * nl + l;
+            s->ple_dst[i] = s->ple_in + ((size_t)l * n + t) * P;
+            s->ple_src[i] = s->ple_tok + i * P;
+            s->ple_bytes[i] = sizeof(float) * (size_t)P;
+        }
+    be->copy_n(be, s->ple_dst, s->ple_src, s->ple_bytes, n * nl);
+    return s->ple_in;
+}
+
+/* x = (x + rmsnorm(W_proj · (gelu(W_gate · x) ⊙ in)) ⊙ post_norm) · out_scale: a layer's
+ * per-layer input, then the layer's scale. */
+static void ple_layer(struct gemma4 *q, const struct layer *ly, const float *in, int n, float out_scale) {
+    struct backend *be = q->base.be;
+    const struct scratch *s = &q->s;
+    backend_matmul(be, &ly->ple_gate, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = s->x}, n, s->ple_g);
+    backend_matmul(be, &ly->ple_proj, &(struct matmul_in){.kind = MATMUL_GEGLU, .x = s->ple_g, .m = in, .a = s->ple_g}, n,
+                   s->o);
+    be->rmsnorm_add(be, s->x, s->o, ly->ple_post_norm, n, q->hp.n_embd, q->hp.eps, out_scale);
+}
+
 static void trunk_pass(struct model *m, const struct slice_ops_args *a) {
     struct gemma4 *q = g4(m);
     struct backend *be = m->be;
     const struct gemma4_hparams *hp = &q->hp;
     const struct scratch *s = &q->s;
-    const int n = a->sl->n, E = hp->n_embd;
+    const int n = a->sl->n, E = hp->n_embd, P = hp->n_embd_per_layer;
     gemma4_embed(m, a->ids, n, s->x);
+    const float *ple = P ? ple_inputs(q, a->ids, n) : NULL;
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer *ly = &q->layers[il];
         attention(q, ly, il, n);
@@ -374,7 +465,12 @@ static void trunk_pass(struct model *m, const struct slice_ops_args *a) {
                    n);
         backend_matmul(be, &ly->ffn.down, &(struct matmul_in){.kind = MATMUL_GEGLU, .x = s->fg, .m = s->fu, .a = s->fg}, n,
                        s->o);
-        be->rmsnorm_add(be, s->x, s->o, ly->post_ffw_norm, n, E, hp->eps, ly->out_scale);
+        if (P) { /* the per-layer input joins the residual before the layer's scale */
+            be->rmsnorm_add(be, s->x, s->o, ly->post_ffw_norm, n, E, hp->eps, 1.0f);
+            ple_layer(q, ly, ple + (size_t)il * n * P, n, ly->out_scale);
+        } else {
+            be->rmsnorm_add(be, s->x, s->o, ly->post_ffw_norm, n, E, hp->eps, ly->out_scale);
+        }
     }
     be->rmsnorm(be, s->x, E, q->g.out_norm, n, E, hp->eps, a->hn, E);
     block_lm_head(&q->eng, a);

@@ -1,6 +1,7 @@
-/* gemma4.h — what the outside may know of the gemma4 architecture (dense; the MoE branch and
- * per-layer embeddings come later): its hparams, width ids, layer kinds and tensor table
- * (engine/weights.h), which `coti mkmodel --arch gemma4` writes from. */
+/* gemma4.h — what the outside may know of the gemma4 architecture (dense, with the E-series'
+ * per-layer embeddings and shared-KV layers; the MoE branch comes later): its hparams, width
+ * ids, layer kinds and tensor table (engine/weights.h), which `coti mkmodel --arch gemma4`
+ * writes from. */
 #ifndef COTI_GEMMA4_H
 #define COTI_GEMMA4_H
 
@@ -16,13 +17,14 @@ struct gemma4_hparams {
     int n_rot, n_rot_swa;
     int window;                          /* sliding window, positions */
     int n_kv_shared;                     /* trailing layers that read an earlier layer's K/V */
-    int n_embd_per_layer;                /* per-layer embeddings (E-series): 0 here */
+    int n_embd_per_layer;                /* P of the per-layer embeddings (E-series), 0: none */
     float eps, rope_base, rope_base_swa, softcap;
 };
 
 enum gemma4_width {
     GEMMA4_W_ONE = WEIGHT_WIDTH_ONE,
     GEMMA4_W_EMBD, GEMMA4_W_VOCAB, GEMMA4_W_Q, GEMMA4_W_KV, GEMMA4_W_HEAD_DIM, GEMMA4_W_FF, GEMMA4_W_ROPE_FREQS,
+    GEMMA4_W_PLE, GEMMA4_W_PLE_ALL,      /* P, and P·n_layer (every layer's slice of a token's row) */
     GEMMA4_N_WIDTHS
 };
 
@@ -30,15 +32,17 @@ enum {
     GEMMA4_LAYER_SWA = 1,                /* sliding-window attention */
     GEMMA4_LAYER_FULL = 2,               /* full attention */
     GEMMA4_LAYER_KV = 4,                 /* owns its K/V (not a shared-KV layer) */
+    GEMMA4_LAYER_PLE = 8,                /* adds its per-layer embedding (a model with P > 0) */
 };
 
 extern const struct weight_desc gemma4_tensors[];
 extern const int gemma4_n_tensors;
 
-/* Widths of layer il (for the globals, any layer: they read EMBD, VOCAB, ROPE_FREQS only). */
+/* Widths of layer il (for the globals, any layer: they read EMBD, VOCAB, ROPE_FREQS, PLE*). */
 void gemma4_widths(const struct gemma4_hparams *hp, int il, int64_t widths[GEMMA4_N_WIDTHS]);
 unsigned gemma4_layer_kind(const struct gemma4_hparams *hp, int il);
-/* The layer whose K/V layer il reads (itself unless it is a shared-KV layer). */
+/* The layer whose K/V layer il reads (itself unless it is a shared-KV layer), or -1 when the
+ * layout has no such layer where llama.cpp looks for it. */
 int gemma4_kv_source(const struct gemma4_hparams *hp, int il);
 
 #endif

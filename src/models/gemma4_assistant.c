@@ -177,6 +177,13 @@ int gemma4_assistant_load(struct gemma4_assistant **out, const char *path, struc
         goto fail;
     }
     a->V = t->info.n_vocab;
+    /* its sliding layers see the target's cells of the last `window` positions: a target
+     * keeping fewer (a ring bounded by its own window, memory/kv.h) no longer holds them all */
+    if (a->window > t->engine->window) {
+        rc = coti_fail(err, err_size, COTI_E_UNSUPPORTED, "the assistant's sliding window (%d) is wider than the target's (%d)",
+                       a->window, t->engine->window);
+        goto fail;
+    }
     int qmax = 0, dmax = 0;
     for (int il = 0; il < a->n_layer; il++) {
         qmax = COTI_MAX(qmax, a->n_head[il] * a->head_dim[il]);
@@ -214,8 +221,9 @@ fail:
 }
 
 const int32_t *gemma4_assistant_at(struct gemma4_assistant *a, int s, int pos, int32_t token) {
-    const int n_ctx = a->t->n_ctx, first = COTI_MAX(0, pos - a->window + 1);
-    const int32_t m[6] = {pos, kv_cell(n_ctx, s, 0), pos, kv_cell(n_ctx, s, first), pos - first, token};
+    const struct kv_cache *kv = &a->t->engine->mem.kv;
+    const int first = COTI_MAX(0, pos - a->window + 1);
+    const int32_t m[6] = {pos, kv_cells_at(&kv->full, s, 0), pos, kv_cells_at(&kv->win, s, first), pos - first, token};
     a->be->upload(a->be, a->meta, m, sizeof m);
     return a->meta + 5;
 }

@@ -259,9 +259,9 @@ static int init_engine(struct qwen35 *q) {
     for (int il = 0; il < hp->n_layer; il++) {
         struct layer *ly = &q->layers[il];
         if (ly->kind & L_DELTA) ly->mem_il = n_rec++;
-        else kv[ly->mem_il = n_kv++] = (struct kv_layer_spec){hp->n_head_kv, hp->head_dim, -1};
+        else kv[ly->mem_il = n_kv++] = (struct kv_layer_spec){hp->n_head_kv, hp->head_dim, -1, 0};
     }
-    const struct kv_layer_spec head = {hp->n_head_kv, hp->head_dim, -1};
+    const struct kv_layer_spec head = {hp->n_head_kv, hp->head_dim, -1, 0};
     const struct memory_params mp = {.n_seq = m->n_seq, .n_ctx = m->n_ctx, .n_keep = m->n_keep_states,
                                      .kv = kv, .n_kv = n_kv, .n_rec = n_rec,
                                      .conv_elems = (size_t)(hp->ssm_k - 1) * hp->ssm_ch,

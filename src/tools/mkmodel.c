@@ -3,7 +3,8 @@
  * converter's F32 rule for 1-D tensors, ssm_conv1d and ssm_a), for tests and benchmarks.
  *
  * Architectures: qwen35 and gemma4 (dense; `--kv-equal` drops attn_v on full layers, the K=V
- * files; `--kv-shared N` makes the last N layers read earlier layers' K/V).
+ * files; `--kv-shared N` makes the last N layers read earlier layers' K/V; `--n-embd-per-layer P`
+ * adds the E-series' per-layer embeddings, `--double-wide-ff` their shared-KV layers' 2x FFN).
  *
  * Owns: the hyper-parameter presets (default tiny, coti-tiny, 9b), the model's tensor list
  * built from the architecture's own table (models/qwen35.h), deterministic random initialisation (each tensor seeded from the run seed and
@@ -55,6 +56,7 @@ struct mk_hparams {
     /* gemma4: head_dim and n_head_kv are the sliding layers', these the full layers'; the window;
      * trailing layers reading an earlier layer's K/V; full layers without attn_v (K = V) */
     long head_dim_full, n_head_kv_full, window, kv_shared, kv_equal;
+    long n_embd_per_layer, double_wide_ff;   /* PLE width P; 2x n_ff on the shared-KV layers */
     long d_state, n_group, dt_rank, conv, interval, nextn, rope_dims, ctx;
     long sections[4];
     bool sections_set;
@@ -182,13 +184,13 @@ static struct gemma4_hparams gemma4_arch_hparams(const struct mk_hparams *h) {
     struct gemma4_hparams hp = {
         .n_layer = (int)h->n_layer, .n_embd = (int)h->n_embd, .n_vocab = (int)h->n_vocab, .head_dim = (int)h->head_dim_full,
         .head_dim_swa = (int)h->head_dim, .n_rot = (int)h->head_dim_full, .n_rot_swa = (int)h->head_dim,
-        .window = (int)h->window, .n_kv_shared = (int)h->kv_shared,
+        .window = (int)h->window, .n_kv_shared = (int)h->kv_shared, .n_embd_per_layer = (int)h->n_embd_per_layer,
     };
     for (int il = 0; il < hp.n_layer; il++) {
         hp.swa[il] = (il + 1) % h->interval != 0 && il != hp.n_layer - 1;
         hp.n_head[il] = (int)h->n_head;
         hp.n_head_kv[il] = (int)(hp.swa[il] ? h->n_head_kv : h->n_head_kv_full);
-        hp.n_ff[il] = (int)h->n_ff;
+        hp.n_ff[il] = (int)(h->double_wide_ff && il >= hp.n_layer - hp.n_kv_shared ? 2 * h->n_ff : h->n_ff);
     }
     return hp;
 }
@@ -207,7 +209,9 @@ static int build_tensor_list(struct mk_model *m) {
     int rc = 0;
     for (int i = 0; i < n_tab && !rc; i++) {
         const struct weight_desc *d = &tab[i];
-        if (!d->layers && !(d->presence == WEIGHT_TIED && m->hp.tied)) rc = add_tensor(m, d, -1, widths);
+        if (d->layers || (d->presence == WEIGHT_TIED && m->hp.tied)) continue;
+        if (g4 && !gh.n_embd_per_layer && !strncmp(d->name, "per_layer_", 10)) continue; /* the PLE globals */
+        rc = add_tensor(m, d, -1, widths);
     }
     for (int L = 0; L < n_layer && !rc; L++) {
         const unsigned kind = g4 ? gemma4_layer_kind(&gh, L) : qwen35_layer_kind(&qh, L);
@@ -490,6 +494,13 @@ static int hp_preset(struct mk_hparams *h, const char *name, enum mk_arch arch) 
             h->kv_equal = 1; h->ctx = 4096;
             return 0;
         }
+        if (!strcmp(name, "e2b-tiny")) { /* E2B's structure (arch-gemma4.md §3.8) at coti-tiny's widths, so that
+                                           * the shipped assistant fits it: full layers 4 and 9, the last 5
+                                           * layers reading layers 3 / 4, per-layer embeddings, attn_v kept */
+            h->n_embd = 256; h->n_layer = 10; h->n_ff = 640; h->head_dim = 64; h->head_dim_full = 128; h->window = 128;
+            h->interval = 5; h->kv_shared = 5; h->n_embd_per_layer = 64; h->double_wide_ff = 1; h->ctx = 4096;
+            return 0;
+        }
         return -1;
     }
     if (!strcmp(name, "tiny")) return 0;
@@ -515,7 +526,7 @@ static void usage(FILE *out) {
     fprintf(out,
         "usage: coti mkmodel --arch qwen35|gemma4 -o OUT.gguf [options]\n"
         "Write a random-weight model in llama.cpp's GGUF layout of the architecture.\n"
-        "  --shape tiny|coti-tiny|9b   preset (default tiny); later options override it\n"
+        "  --shape tiny|coti-tiny|9b   preset (default tiny; gemma4 also e2b-tiny); later options override it\n"
         "  --type T            2-D weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K..q6_K (default q8_0)\n"
         "  --seed N            random seed (default 42)\n"
         "  --n-embd N --n-layer N --n-ff N --n-head N --n-head-kv N --head-dim N\n"
@@ -525,7 +536,9 @@ static void usage(FILE *out) {
         "  --rope-dims N (default head-dim/4) --rope-sections A,B,C,D --rope-theta X --eps X\n"
         "  --tied | --untied   share token_embd as the LM head (default tied; 9b: untied)\n"        "  gemma4: --head-dim (sliding layers) --head-dim-full N --n-head-kv (sliding) --n-head-kv-full N\n"
         "          --window N --kv-shared N --kv-equal (no attn_v on full layers); a full layer every\n"
-        "          --full-attn-interval layers and last; presets tiny, coti-tiny (the shipped model's layout)\n"
+        "          --full-attn-interval layers and last; --n-embd-per-layer P (per-layer embeddings),\n"
+        "          --double-wide-ff (2x --n-ff on the shared-KV layers); presets tiny, coti-tiny (the shipped\n"
+        "          model's layout), e2b-tiny (E2B's: shared-KV layers, per-layer embeddings)\n"
         "  --vocab-from FILE   copy tokenizer.* keys (default %s);\n"
         "                      'none' writes a synthetic byte-level vocabulary\n"
         "  --threads N         generation threads (default: all CPUs)\n",
@@ -643,7 +656,10 @@ static void write_gemma4_metadata(struct gguf_writer *w, const struct mk_model *
     gguf_writer_set_u32(w, "gemma4.block_count", (uint32_t)h->n_layer);
     gguf_writer_set_u32(w, "gemma4.context_length", (uint32_t)h->ctx);
     gguf_writer_set_u32(w, "gemma4.embedding_length", (uint32_t)h->n_embd);
-    gguf_writer_set_u32(w, "gemma4.feed_forward_length", (uint32_t)h->n_ff);
+    int32_t ff[GEMMA4_MAX_LAYERS];
+    for (int il = 0; il < gh.n_layer; il++) ff[il] = gh.n_ff[il];
+    if (h->double_wide_ff) gguf_writer_set_arr_i32(w, "gemma4.feed_forward_length", ff, (size_t)gh.n_layer);
+    else gguf_writer_set_u32(w, "gemma4.feed_forward_length", (uint32_t)h->n_ff);
     gguf_writer_set_u32(w, "gemma4.attention.head_count", (uint32_t)h->n_head);
     gguf_writer_set_arr_i32(w, "gemma4.attention.head_count_kv", kv, (size_t)gh.n_layer);
     gguf_writer_set_f32(w, "gemma4.rope.freq_base", (float)h->rope_theta);
@@ -652,7 +668,7 @@ static void write_gemma4_metadata(struct gguf_writer *w, const struct mk_model *
     gguf_writer_set_u32(w, "general.file_type", ftype_of(m->wtype));
     gguf_writer_set_u32(w, "gemma4.attention.sliding_window", (uint32_t)h->window);
     gguf_writer_set_u32(w, "gemma4.attention.shared_kv_layers", (uint32_t)h->kv_shared);
-    gguf_writer_set_u32(w, "gemma4.embedding_length_per_layer_input", 0);
+    gguf_writer_set_u32(w, "gemma4.embedding_length_per_layer_input", (uint32_t)h->n_embd_per_layer);
     uint8_t pattern[GEMMA4_MAX_LAYERS];
     for (int il = 0; il < gh.n_layer; il++) pattern[il] = gh.swa[il];
     gguf_writer_set_arr(w, "gemma4.attention.sliding_window_pattern", GGUF_TYPE_BOOL, pattern, (size_t)gh.n_layer);
@@ -679,7 +695,8 @@ int tool_mkmodel_main(int argc, char **argv) {
         if (!strcmp(argv[i], "--arch") && !strcmp(argv[i + 1], "gemma4")) march = MK_GEMMA4;
     }
     if (hp_preset(&m.hp, shape, march) != 0) {
-        fprintf(stderr, "coti mkmodel: --shape: unknown preset '%s' (tiny, coti-tiny%s)\n", shape, march == MK_GEMMA4 ? "" : ", 9b");
+        fprintf(stderr, "coti mkmodel: --shape: unknown preset '%s' (tiny, coti-tiny, %s)\n", shape,
+                march == MK_GEMMA4 ? "e2b-tiny" : "9b");
         return 1;
     }
     struct mk_hparams *h = &m.hp;
@@ -704,6 +721,7 @@ int tool_mkmodel_main(int argc, char **argv) {
         {"--n-head-kv-full", offsetof(struct mk_hparams, n_head_kv_full), 1, MK_MAX_DIM},
         {"--window", offsetof(struct mk_hparams, window), 1, 1L << 24},
         {"--kv-shared", offsetof(struct mk_hparams, kv_shared), 0, MK_MAX_LAYER},
+        {"--n-embd-per-layer", offsetof(struct mk_hparams, n_embd_per_layer), 0, MK_MAX_DIM},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -719,6 +737,7 @@ int tool_mkmodel_main(int argc, char **argv) {
         else if (!strcmp(a, "--tied")) h->tied = true;
         else if (!strcmp(a, "--untied")) h->tied = false;
         else if (!strcmp(a, "--kv-equal")) h->kv_equal = 1;
+        else if (!strcmp(a, "--double-wide-ff")) h->double_wide_ff = 1;
         else if (!val && is_value_option(a)) {
             fprintf(stderr, "coti mkmodel: %s needs a value\n", a);
             return 1;
@@ -784,11 +803,21 @@ int tool_mkmodel_main(int argc, char **argv) {
         if (h->sections[2] < 0) { h->sections[1] += h->sections[2]; h->sections[2] = 0; }
     }
     if (check_hparams(h)) return 1;
-    if (h->arch == MK_GEMMA4 && (h->n_head % h->n_head_kv_full || h->head_dim % 2 || h->head_dim_full % 2 ||
+    if (h->arch == MK_GEMMA4 && (h->n_layer > GEMMA4_MAX_LAYERS || h->n_head % h->n_head_kv_full || h->head_dim % 2 ||
+                                 h->head_dim_full % 2 ||
                                  h->kv_shared > h->n_layer - 2 || (h->n_layer > 1 && h->interval > h->n_layer))) {
-        fprintf(stderr, "coti mkmodel: gemma4: --n-head must be a multiple of --n-head-kv-full, head dims even, "
-                        "--kv-shared at most n-layer - 2, a full layer within the layers\n");
+        fprintf(stderr, "coti mkmodel: gemma4: at most %d layers, --n-head a multiple of --n-head-kv-full, head dims "
+                        "even, --kv-shared at most n-layer - 2, a full layer within the layers\n", GEMMA4_MAX_LAYERS);
         return 1;
+    }
+    if (h->arch == MK_GEMMA4) {
+        const struct gemma4_hparams gh = gemma4_arch_hparams(h);
+        for (int il = 0; il < gh.n_layer; il++)
+            if (gemma4_kv_source(&gh, il) < 0) {
+                fprintf(stderr, "coti mkmodel: gemma4: with --kv-shared %ld the last layer owning K/V must be a full layer "
+                                "and the one before it a sliding one (llama.cpp reads those)\n", h->kv_shared);
+                return 1;
+            }
     }
     m.n_threads = (int)n_threads;
 
