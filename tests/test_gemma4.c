@@ -18,7 +18,7 @@
 static struct model *open_gemma4(struct backend *be) {
     char err[512];
     struct model *m = NULL;
-    const struct model_params p = {1, 512, 256, 0};
+    const struct model_params p = {1, 512, 256, 0, NULL};
     cr_assert_eq(model_load(&m, GEMMA4_PATH, be, &p, err, sizeof err), 0, "load: %s", err);
     return m;
 }

@@ -73,7 +73,7 @@ static void expect_refused(const char *path, struct blob b, const char *want, in
     write_all(path, b);
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
     cr_assert_not_null(be);
-    struct model_params p = {n_seq, n_ctx, 16, 4};
+    struct model_params p = {n_seq, n_ctx, 16, 4, NULL};
     struct model *m = (struct model *)&p; /* must be cleared by a failing load */
     char err[512] = "";
     int rc = model_load(&m, path, be, &p, err, sizeof err);
@@ -96,7 +96,7 @@ Test(load_errors, the_unedited_model_loads) {
     char *path = scratch("ok");
     struct blob b = make_model(path);
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
-    struct model_params p = {1, 64, 16, 4};
+    struct model_params p = {1, 64, 16, 4, NULL};
     struct model *m = NULL;
     char err[512];
     cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);
