@@ -36,8 +36,20 @@ CFLAGS    += -DCOTI_CUDA
 LDLIBS    += -L/usr/local/cuda/lib64 -lcudart -lstdc++
 endif
 
-.PHONY: all test test-server asan cuda cuda-trace clean setup bench fuzz fuzz-run
+.PHONY: all test test-server asan cuda cuda-trace clean setup bench fuzz fuzz-run install FORCE
 all: coti
+
+FORCE:
+
+# `coti --version` names the commit: git describe into a header that changes only when the
+# commit does (so main.o rebuilds then, and only then); without git (a tarball) it is "unknown".
+COTI_GIT := $(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+$(BUILD)/coti_git.h: FORCE
+	@mkdir -p $(dir $@)
+	@echo '#define COTI_GIT "$(COTI_GIT)"' > $@.tmp
+	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
+$(BUILD)/src/tools/main.o: $(BUILD)/coti_git.h
+$(BUILD)/src/tools/main.o: CFLAGS += -include $(BUILD)/coti_git.h
 
 coti: $(BUILD)/coti
 	cp $< $@
@@ -132,6 +144,14 @@ setup:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential libcriterion-dev \
 	    libcjson-dev libmicrohttpd-dev libpcre2-dev clang
 	command -v node >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm
+
+# `make install PREFIX=DIR`: the binary to DIR/bin and the shipped models to
+# DIR/share/coti/models, where an installed coti looks for its default model.
+PREFIX ?= /usr/local
+install: coti
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/coti/models
+	install -m 755 coti $(DESTDIR)$(PREFIX)/bin/coti
+	install -m 644 models/*.gguf models/*.md $(DESTDIR)$(PREFIX)/share/coti/models/
 
 clean:
 	rm -rf build build-asan build-cuda build-cuda-trace coti

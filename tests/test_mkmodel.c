@@ -16,6 +16,7 @@
 
 /* src/tools/ is not part of libcoti.a (Makefile: the tools link only into ./coti), so the
  * generator is compiled into this test directly. */
+#include "../src/tools/cli.c"   /* mkmodel parses its options with it */
 #include "../src/tools/mkmodel.c"
 
 static void tmp_path(char *buf, size_t size, const char *tag) {
