@@ -139,11 +139,18 @@ fuzz-run: fuzz
 	done
 
 # Debian packages the build and the tests need (run as root on a fresh machine).
+# The openai npm package (the server tests' client) needs Node >= 20 and Debian 12's nodejs is
+# 18: then Node 20 comes from the npm registry, whose `node` package ships the binary, into
+# /usr/local/bin (ahead of /usr/bin on root's PATH).
 setup:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential libcriterion-dev \
 	    libcjson-dev libmicrohttpd-dev libpcre2-dev clang
 	command -v node >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm
+	node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' || \
+	    npm install -g --no-audit --no-fund node@20
+	node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' || \
+	    { echo "make setup: node is $$(node --version), the server tests need >= 20 (is /usr/local/bin first on PATH?)"; exit 1; }
 
 # `make install PREFIX=DIR`: the binary to DIR/bin and the shipped models to
 # DIR/share/coti/models, where an installed coti looks for its default model.
