@@ -82,7 +82,7 @@ void cli_common_help(FILE *out, const struct cli_common *d) {
             "  --temp F             temperature, 0 = greedy (default %g)\n"
             "  --top-k N --top-p F --min-p F   sampling chain (defaults %d, %g, %g)\n"
             "  --seed N             sampling seed (default %s)\n"
-            "  --spec %s  speculative decoding (default %s; also --spec-type)\n"
+            "  --spec TYPE          speculative decoding: %s (default %s; also --spec-type)\n"
             "  --spec-draft FILE    the drafter model of --spec assistant (also -md, --model-draft)\n"
             "  --spec-n-max N       draft tokens per cycle (default %d, at most %d)\n"
             "  --spec-n-min N       minimum drafts (default %d)\n"
