@@ -228,6 +228,12 @@ defaults_from_anywhere() {
     local bin
     bin=$(realpath "$COTI")
     (cd "$TMP" && "$bin" run -p x -n 2 -t 1 > /dev/null 2>&1) || return 1
+    # an installed layout (make install PREFIX=...): PREFIX/bin/coti finds PREFIX/share/coti/models
+    mkdir -p "$TMP/inst/bin" "$TMP/inst/share/coti/models"
+    cp "$bin" "$TMP/inst/bin/coti" && cp "$MODEL" "$TMP/inst/share/coti/models/"
+    (cd / && "$TMP/inst/bin/coti" run -p x -n 2 -t 1 2>&1 >/dev/null | grep -q "model: $TMP/inst/share/coti/models/") || return 1
+    rm "$TMP/inst/share/coti/models/$(basename "$MODEL")"
+    (cd / && "$TMP/inst/bin/coti" run -p x -n 2 2> "$TMP/nomodel.err"); [ $? -eq 1 ] && grep -q 'share/coti/models' "$TMP/nomodel.err" || return 1
     grep -qE '^0{31}1 ' /proc/net/if_inet6 2>/dev/null || { echo "no IPv6 loopback: URL not checked" >&2; return 0; }
     "$COTI" serve --host ::1 --port 0 -t 1 -np 1 --no-warmup 2> "$TMP/v6.err" &
     local pid=$! ok=1
@@ -239,7 +245,7 @@ defaults_from_anywhere() {
     kill -TERM "$pid" 2>/dev/null; wait "$pid"
     [ $ok -eq 0 ] || { cat "$TMP/v6.err" >&2; return 1; }
 }
-check "the default model from another folder; IPv6 listen URL in brackets" defaults_from_anywhere
+check "the default model from another folder and an installed layout; IPv6 URL in brackets" defaults_from_anywhere
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -191,11 +191,10 @@ static bool tool_has(const struct cli_tool *t, const char *name) {
     return false;
 }
 
-/* The spelling argv used for the option getopt just returned (without its "=value"). */
-static void spelling(char *buf, size_t size, char **argv, int idx, const struct option *all, int long_idx, int code) {
+/* The option's name for messages: its long name when it has one, else its letter. */
+static void option_name(char *buf, size_t size, const struct option *all, int long_idx, int code) {
     if (long_idx >= 0) snprintf(buf, size, "--%s", all[long_idx].name);
-    else if (code > 0 && code < 128) snprintf(buf, size, "-%c", code);
-    else snprintf(buf, size, "%s", argv[idx]);
+    else snprintf(buf, size, "-%c", code);
 }
 
 int cli_parse(struct cli_common *c, const struct cli_tool *t, int argc, char **argv) {
@@ -220,7 +219,7 @@ int cli_parse(struct cli_common *c, const struct cli_tool *t, int argc, char **a
     opterr = 0;
     optind = 0;   /* glibc: a full restart of the scan */
     while (rc == CLI_PARSE_OK) {
-        int long_idx = -1, before = optind ? optind : 1;
+        int long_idx = -1;
         int code = getopt_long_only(argc, argv, shorts, all, &long_idx);
         if (code == -1) break;
         char name[96];
@@ -229,12 +228,13 @@ int cli_parse(struct cli_common *c, const struct cli_tool *t, int argc, char **a
             if (code == ':') fprintf(stderr, "error: %s needs a value\n", what);
             else if (optopt && optopt < 128 && what[0] == '-' && what[1] != '-' && strlen(what) == 2)
                 fprintf(stderr, "error: unknown option '-%c'\n", optopt);
+            else if (strchr(what, '=')) fprintf(stderr, "error: '%s': an unknown option, or one that takes no value\n", what);
             else fprintf(stderr, "error: unknown or ambiguous option '%s'\n", what);
             fprintf(stderr, "`coti %s --help` lists the options\n", t->name);
             rc = CLI_PARSE_ERROR;
             break;
         }
-        spelling(name, sizeof name, argv, before, all, long_idx, code);
+        option_name(name, sizeof name, all, long_idx, code);
         if (code == 'h') {
             t->help(stdout, &defaults);
             if (!t->no_common) cli_common_help(stdout, &defaults);
