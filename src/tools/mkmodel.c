@@ -43,6 +43,9 @@
 #define MK_PARALLEL_MIN_ELEMS (1 << 20)
 
 #define MK_DEFAULT_VOCAB_FROM "models/" CLI_DEFAULT_MODEL
+#define MK_DEFAULT_SHAPE "tiny"
+#define MK_DEFAULT_TYPE GGML_TYPE_Q8_0
+#define MK_DEFAULT_SEED 42ull
 
 static const char CHATML_TEMPLATE[] =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -517,9 +520,9 @@ static void help(FILE *out, const struct cli_common *unused) {
     fprintf(out,
         "usage: coti mkmodel --arch qwen35|gemma4 -o OUT.gguf [options]\n"
         "Write a random-weight model in llama.cpp's GGUF layout of the architecture.\n"
-        "  --shape tiny|coti-tiny|9b   preset (default tiny); later options override it\n"
-        "  --type T            2-D weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K..q6_K (default q8_0)\n"
-        "  --seed N            random seed (default 42)\n"
+        "  --shape tiny|coti-tiny|9b   preset (default %s); the other options override it\n"
+        "  --type T            2-D weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K..q6_K (default %s)\n"
+        "  --seed N            random seed (default %llu)\n"
         "  --n-embd N --n-layer N --n-ff N --n-head N --n-head-kv N --head-dim N\n"
         "  --n-vocab N         default: the size of the --vocab-from vocabulary\n"
         "  --ssm-d-state N --ssm-n-group N --ssm-dt-rank N --ssm-conv N\n"
@@ -533,7 +536,7 @@ static void help(FILE *out, const struct cli_common *unused) {
         "  --threads N         generation threads (default: all CPUs)\n"
         "  -h, --help          this text\n"
         "A value follows its option as the next argument or after '=' (--seed=7).\n",
-        CLI_DEFAULT_MODEL);
+        MK_DEFAULT_SHAPE, ggml_type_traits_get(MK_DEFAULT_TYPE)->name, (unsigned long long)MK_DEFAULT_SEED, CLI_DEFAULT_MODEL);
 }
 
 static int parse_long(const char *opt, const char *s, long lo, long hi, long *out) {
@@ -760,7 +763,8 @@ int tool_mkmodel_main(int argc, char **argv) {
     struct mk_model m = {0};
     long n_threads = sysconf(_SC_NPROCESSORS_ONLN);
     n_threads = n_threads < 1 ? 1 : COTI_MIN(n_threads, MK_MAX_THREADS);
-    struct mk_opts o = {.shape = "tiny", .tied = -1, .seed = 42, .wtype = GGML_TYPE_Q8_0, .n_threads = n_threads};
+    struct mk_opts o = {.shape = MK_DEFAULT_SHAPE, .tied = -1, .seed = MK_DEFAULT_SEED, .wtype = MK_DEFAULT_TYPE,
+                        .n_threads = n_threads};
 
     struct option opts[MK_N_INTS + 16] = {
         {"output", required_argument, NULL, 'o'},
