@@ -60,7 +60,8 @@ $(BUILD)/coti: $(TOOL_OBJ) $(BUILD)/libcoti.a
 $(BUILD)/libcoti.a: $(LIB_OBJ) $(CUDA_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/test_coti: $(TEST_OBJ) $(BUILD)/libcoti.a
+# tools/cli.c links into the tests too: test_mkmodel and test_gguf compile their tool's file in
+$(BUILD)/test_coti: $(TEST_OBJ) $(BUILD)/src/tools/cli.o $(BUILD)/libcoti.a
 	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
 
 $(BUILD)/%_avx2.o: %_avx2.c
