@@ -36,8 +36,20 @@ CFLAGS    += -DCOTI_CUDA
 LDLIBS    += -L/usr/local/cuda/lib64 -lcudart -lstdc++
 endif
 
-.PHONY: all test test-server asan cuda cuda-trace clean setup bench fuzz fuzz-run
+.PHONY: all test test-server asan cuda cuda-trace clean setup bench fuzz fuzz-run install FORCE
 all: coti
+
+FORCE:
+
+# `coti --version` names the commit: git describe into a header that changes only when the
+# commit does (so main.o rebuilds then, and only then); without git (a tarball) it is "unknown".
+COTI_GIT := $(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+$(BUILD)/coti_git.h: FORCE
+	@mkdir -p $(dir $@)
+	@echo '#define COTI_GIT "$(COTI_GIT)"' > $@.tmp
+	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
+$(BUILD)/src/tools/main.o: $(BUILD)/coti_git.h
+$(BUILD)/src/tools/main.o: CFLAGS += -include $(BUILD)/coti_git.h
 
 coti: $(BUILD)/coti
 	cp $< $@
@@ -48,7 +60,8 @@ $(BUILD)/coti: $(TOOL_OBJ) $(BUILD)/libcoti.a
 $(BUILD)/libcoti.a: $(LIB_OBJ) $(CUDA_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/test_coti: $(TEST_OBJ) $(BUILD)/libcoti.a
+# tools/cli.c links into the tests too: test_mkmodel and test_gguf compile their tool's file in
+$(BUILD)/test_coti: $(TEST_OBJ) $(BUILD)/src/tools/cli.o $(BUILD)/libcoti.a
 	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
 
 $(BUILD)/%_avx2.o: %_avx2.c
@@ -127,11 +140,26 @@ fuzz-run: fuzz
 	done
 
 # Debian packages the build and the tests need (run as root on a fresh machine).
+# The openai npm package (the server tests' client) needs Node >= 20 and Debian 12's nodejs is
+# 18: then Node 20 comes from the npm registry, whose `node` package ships the binary, into
+# /usr/local/bin (ahead of /usr/bin on root's PATH).
 setup:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential libcriterion-dev \
 	    libcjson-dev libmicrohttpd-dev libpcre2-dev clang
 	command -v node >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm
+	node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' || \
+	    npm install -g --no-audit --no-fund node@20
+	node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' || \
+	    { echo "make setup: node is $$(node --version), the server tests need >= 20 (is /usr/local/bin first on PATH?)"; exit 1; }
+
+# `make install PREFIX=DIR`: the binary to DIR/bin and the shipped models to
+# DIR/share/coti/models, where an installed coti looks for its default model.
+PREFIX ?= /usr/local
+install: coti
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/coti/models
+	install -m 755 coti $(DESTDIR)$(PREFIX)/bin/coti
+	install -m 644 models/*.gguf models/*.md $(DESTDIR)$(PREFIX)/share/coti/models/
 
 clean:
 	rm -rf build build-asan build-cuda build-cuda-trace coti

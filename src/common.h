@@ -24,9 +24,23 @@ int coti_fail(char *err, size_t err_size, int code, const char *fmt, ...)
 
 enum coti_log_level { COTI_LOG_DEBUG, COTI_LOG_INFO, COTI_LOG_WARN, COTI_LOG_ERROR };
 extern enum coti_log_level coti_log_min_level;
-/* Diagnostics to stderr with a module tag; stdout is for product output only. */
+/* Diagnostics to stderr, one line each: UTC time (ISO 8601, milliseconds), level, module tag;
+ * stdout is for product output only. */
 void coti_log(enum coti_log_level level, const char *module, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Untrusted text for a log line, escaped as the inside of a JSON string: quotes, backslashes
+ * and control characters as JSON escapes, invalid UTF-8 as \ufffd, valid UTF-8 kept. At most
+ * max_in bytes of s are read, and an escape is never cut by dst_size; dst is always
+ * terminated. Returns the bytes of s consumed (< strlen(s) when the text was cut). */
+size_t coti_log_escape(char *dst, size_t dst_size, const char *s, size_t max_in);
+
+/* The physical cores this process may run on (the default thread count, as llama.cpp's):
+ * CPUs of the affinity mask counted once per core, a core being the set of CPUs listed in
+ * <cpu_dir>/cpuN/topology/core_cpus_list (or thread_siblings_list on older kernels).
+ * cpu_dir is /sys/devices/system/cpu but for tests; without topology files, the CPUs of
+ * the mask, else the online CPUs. At least 1. */
+int coti_physical_cores(const char *cpu_dir);
 
 /* Monotonic clock in microseconds. */
 int64_t coti_time_us(void);

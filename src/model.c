@@ -1,5 +1,6 @@
 /* model.c — architecture registry and the generic load entry point. */
 #include "model.h"
+#include "engine/engine.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,17 @@ static const struct {
     {"gemma4", gemma4_load},
 };
 
+const char *model_arch_names(char *buf, size_t size) {
+    size_t n = 0;
+    if (size) buf[0] = 0;
+    for (size_t i = 0; i < COTI_ARRAY_LEN(model_archs) && n < size; i++) {
+        int k = snprintf(buf + n, size - n, "%s%s", i ? ", " : "", model_archs[i].arch);
+        if (k < 0) break;
+        n += (size_t)k;
+    }
+    return buf;
+}
+
 int model_load_gguf(struct model **out, struct gguf_file *g, struct backend *be,
                     const struct model_params *p, char *err, size_t err_size) {
     *out = NULL;
@@ -25,7 +37,14 @@ int model_load_gguf(struct model **out, struct gguf_file *g, struct backend *be,
     } else if (gguf_get_str(g, "general.architecture", &arch, err, err_size) != 0) {
         rc = coti_fail(err, err_size, COTI_E_FORMAT, "missing general.architecture");
     } else {
-        rc = coti_fail(err, err_size, COTI_E_UNSUPPORTED, "architecture '%s' is not supported", arch);
+        char names[128];
+        rc = coti_fail(err, err_size, COTI_E_UNSUPPORTED, "architecture '%s' is not supported (supported: %s)", arch,
+                       model_arch_names(names, sizeof names));
+        if (p->progress) {
+            p->progress->done = 0;
+            p->progress->total = 0;
+            for (uint64_t i = 0; i < g->n_tensors; i++) p->progress->total += g->tensors[i].size_bytes;
+        }
         for (size_t i = 0; i < COTI_ARRAY_LEN(model_archs); i++)
             if (strcmp(arch, model_archs[i].arch) == 0) rc = model_archs[i].load(out, g, be, p, err, err_size);
     }
@@ -40,6 +59,7 @@ int model_load_gguf(struct model **out, struct gguf_file *g, struct backend *be,
         in->n_params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
     }
     in->n_bytes = g->size;
+    in->state_bytes_per_seq = (*out)->engine ? memory_bytes_per_seq(&(*out)->engine->mem) : 0;
     if (gguf_get_str(g, "tokenizer.chat_template", &in->chat_template, NULL, 0)) in->chat_template = NULL;
     return 0;
 }

@@ -22,6 +22,7 @@ struct model_info {
     long long n_params;          /* elements of every tensor in the file */
     uint64_t n_bytes;            /* the file's size */
     const char *chat_template;   /* tokenizer.chat_template, or NULL (the model owns the text) */
+    size_t state_bytes_per_seq;  /* device memory of one sequence: KV cells + recurrent state */
 };
 
 /* A batch: tokens of the same sequence are contiguous and at consecutive positions that
@@ -112,12 +113,23 @@ struct model {
     int32_t *seq_len;            /* host: positions held per sequence (model_seq_len) */
 };
 
+/* Progress of a load, reported as the weights are bound: done of total tensor bytes. */
+struct load_progress {
+    void (*fn)(void *user, uint64_t done, uint64_t total);
+    void *user;
+    uint64_t done, total;        /* set by the loader */
+};
+
 struct model_params {
     int n_seq;                   /* sequences held at once (server slots) */
     int n_ctx;                   /* positions per sequence */
     int n_batch;                 /* max rows per internal forward step (larger batches are split) */
     int n_keep_states;           /* max verify length that must be rollback-able (1 + n_draft) */
+    struct load_progress *progress; /* or NULL */
 };
+
+/* The architectures model_load knows, comma-separated ("qwen35, gemma4"), into buf; returns buf. */
+const char *model_arch_names(char *buf, size_t size);
 
 /* Load `path` onto `be`. Returns 0 or a negative coti_err with a message. */
 int model_load(struct model **out, const char *path, struct backend *be,

@@ -13,7 +13,7 @@ fail=0
 check() { # name, then a command that must succeed
     local name=$1; shift
     if "$@" >"$TMP/out" 2>"$TMP/err"; then pass=$((pass + 1)); echo "ok   $name"
-    else fail=$((fail + 1)); echo "FAIL $name"; tail -5 "$TMP/err" "$TMP/out"; fi
+    else fail=$((fail + 1)); echo "FAIL $name"; tail -n 5 "$TMP/err" "$TMP/out"; fi
 }
 
 gguf_lists_model() { "$COTI" gguf "$MODEL" | grep -q 'qwen35'; }
@@ -187,6 +187,96 @@ mkmodel_gemma4_runs() {
     done
 }
 check "coti mkmodel --arch gemma4 writes models that load and pass equiv" mkmodel_gemma4_runs
+
+# --help on stdout with exit 0 for every command; serve's defaults are its own (one source:
+# the struct the parser starts from); --version names the build.
+help_and_version() {
+    for t in run serve bench equiv logits gguf mkmodel; do
+        "$COTI" $t --help > "$TMP/h.txt" 2> "$TMP/h.err" || { echo "$t --help: exit $?" >&2; return 1; }
+        [ -s "$TMP/h.txt" ] && [ ! -s "$TMP/h.err" ] || { echo "$t --help: not on stdout" >&2; return 1; }
+    done
+    [ "$("$COTI" serve --help | grep -c .)" -gt 10 ] || return 1
+    "$COTI" serve --help > "$TMP/sh.txt" && grep -q 'temperature, 0 = greedy (default 0.8)' "$TMP/sh.txt" &&
+        grep -q 'sampling seed (default random per request)' "$TMP/sh.txt" || return 1
+    ! grep -q 'temperature 0.8 unless' "$TMP/sh.txt" || return 1
+    "$COTI" run --help | grep -q 'temperature, 0 = greedy (default 0)' || return 1
+    "$COTI" --help | grep -q '^  serve ' || return 1
+    "$COTI" --version > "$TMP/v.txt" || return 1
+    grep -Eq '^coti [0-9]+\.[0-9]+\.[0-9]+ \(git [^)]+\)$' "$TMP/v.txt" && grep -Eq '^cpu: (ref|avx2|avx512) ' "$TMP/v.txt" &&
+        grep -Eq '^cuda: (compiled in|not compiled in)' "$TMP/v.txt" || { cat "$TMP/v.txt" >&2; return 1; }
+    # an unknown option fails with a pointer to the help, not the help itself
+    "$COTI" run --no-such-option 2> "$TMP/u.err"; [ $? -eq 1 ] && grep -q "unknown or ambiguous option '--no-such-option'" "$TMP/u.err"
+}
+check "--help on stdout (exit 0) for every command, serve's own defaults, --version" help_and_version
+
+# --opt=value is --opt value; -f - reads the prompt from stdin; --prompts - and --json - are
+# stdin and stdout; llama.cpp's single-dash spellings still parse.
+option_spellings() {
+    local p=$'static int foo(struct device *dev)\n{\n'
+    "$COTI" run -p "$p" -n 16 -t 1 --spec mtp --spec-n-max 2 > "$TMP/a.txt" 2>/dev/null &&
+    printf '%s' "$p" | "$COTI" run -f - --n-predict=16 --threads=1 --spec-type=mtp --spec-draft-n-max=2 --top-k=40 \
+        > "$TMP/b.txt" 2> "$TMP/b.err" &&
+    cmp -s "$TMP/a.txt" "$TMP/b.txt" && grep -q 'spec mtp n_max 2' "$TMP/b.err" && grep -q '| threads 1 |' "$TMP/b.err" || return 1
+    "$COTI" run -p x -n 2 --temp= 2>/dev/null; [ $? -eq 1 ] || return 1
+    "$COTI" run -p x -n 2 --threads=many 2>/dev/null; [ $? -eq 1 ] || return 1
+    "$COTI" run -p x -n 2 -ngl 0 -t 1 >/dev/null 2>&1 || return 1
+    printf '["int main(void)\\n{\\n"]' | "$COTI" bench --spec=off,ngram --prompts - -n 8 --repeat=1 -t 1 --json - \
+        > "$TMP/bj.json" 2> "$TMP/bj.err" || return 1
+    python3 -c "
+import json
+b=json.load(open('$TMP/bj.json'))
+assert [x['config'] for x in b['configs']]==['off','ngram:3'], b
+" && grep -q '^config ' "$TMP/bj.err"
+}
+check "--opt=value, -f -, --prompts - and --json -" option_spellings
+
+# Loading prints one summary line (on a terminal a progress line before it); every log line
+# has a timestamp; the request log escapes quotes as JSON does.
+TS='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z '
+load_summary_and_log() {
+    "$COTI" run -p x -n 2 -t 1 > /dev/null 2> "$TMP/s.err" || return 1
+    grep -Eq "${TS}\[info\] model: .*coti-tiny-qwen35-mtp-q8_0.gguf: arch qwen35, [0-9.]+M params, weights q8_0, [0-9.]+ MiB, [0-9.]+ MiB KV\+state per slot x 1, cpu [a-z0-9]+, 1 threads, loaded in" "$TMP/s.err" ||
+        { cat "$TMP/s.err" >&2; return 1; }
+    grep -q $'\r' "$TMP/s.err" && { echo "a progress line went to a file" >&2; return 1; }
+    "$COTI" serve --port 0 -t 1 -np 1 --no-warmup 2> "$TMP/srv.err" &
+    local pid=$! port=
+    for _ in $(seq 100); do
+        port=$(sed -nE 's|.*listening on http://127\.0\.0\.1:([0-9]+).*|\1|p' "$TMP/srv.err")
+        [ -n "$port" ] && break
+        sleep 0.1
+    done
+    [ -n "$port" ] && curl -s -o /dev/null -H 'Content-Type: application/json' \
+        -d '{"prompt": "x", "speculative.type": "fast"}' "http://127.0.0.1:$port/v1/completions"
+    kill -TERM "$pid"; wait "$pid" || return 1
+    grep -Eq "${TS}\[info\] server: request id=[0-9]+ POST /v1/completions status=400 error=\"Field 'speculative.type': expected \\\\\"off\\\\\", " "$TMP/srv.err" ||
+        { cat "$TMP/srv.err" >&2; return 1; }
+}
+check "model load summary line; log timestamps; JSON-escaped request log" load_summary_and_log
+
+# The default model is found from any folder (next to the binary); an IPv6 listen URL is
+# bracketed.
+defaults_from_anywhere() {
+    local bin
+    bin=$(realpath "$COTI")
+    (cd "$TMP" && "$bin" run -p x -n 2 -t 1 > /dev/null 2>&1) || return 1
+    # an installed layout (make install PREFIX=...): PREFIX/bin/coti finds PREFIX/share/coti/models
+    mkdir -p "$TMP/inst/bin" "$TMP/inst/share/coti/models"
+    cp "$bin" "$TMP/inst/bin/coti" && cp "$MODEL" "$TMP/inst/share/coti/models/"
+    (cd / && "$TMP/inst/bin/coti" run -p x -n 2 -t 1 2>&1 >/dev/null | grep -q "model: $TMP/inst/share/coti/models/") || return 1
+    rm "$TMP/inst/share/coti/models/$(basename "$MODEL")"
+    (cd / && "$TMP/inst/bin/coti" run -p x -n 2 2> "$TMP/nomodel.err"); [ $? -eq 1 ] && grep -q 'share/coti/models' "$TMP/nomodel.err" || return 1
+    grep -qE '^0{31}1 ' /proc/net/if_inet6 2>/dev/null || { echo "no IPv6 loopback: URL not checked" >&2; return 0; }
+    "$COTI" serve --host ::1 --port 0 -t 1 -np 1 --no-warmup 2> "$TMP/v6.err" &
+    local pid=$! ok=1
+    for _ in $(seq 100); do
+        grep -q 'listening on http://\[::1\]:[0-9]' "$TMP/v6.err" && { ok=0; break; }
+        grep -q 'error' "$TMP/v6.err" && break
+        sleep 0.1
+    done
+    kill -TERM "$pid" 2>/dev/null; wait "$pid"
+    [ $ok -eq 0 ] || { cat "$TMP/v6.err" >&2; return 1; }
+}
+check "the default model from another folder and an installed layout; IPv6 URL in brackets" defaults_from_anywhere
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

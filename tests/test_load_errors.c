@@ -73,7 +73,7 @@ static void expect_refused(const char *path, struct blob b, const char *want, in
     write_all(path, b);
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
     cr_assert_not_null(be);
-    struct model_params p = {n_seq, n_ctx, 16, 4};
+    struct model_params p = {n_seq, n_ctx, 16, 4, NULL};
     struct model *m = (struct model *)&p; /* must be cleared by a failing load */
     char err[512] = "";
     int rc = model_load(&m, path, be, &p, err, sizeof err);
@@ -96,7 +96,7 @@ Test(load_errors, the_unedited_model_loads) {
     char *path = scratch("ok");
     struct blob b = make_model(path);
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
-    struct model_params p = {1, 64, 16, 4};
+    struct model_params p = {1, 64, 16, 4, NULL};
     struct model *m = NULL;
     char err[512];
     cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);
@@ -206,4 +206,57 @@ Test(load_errors, gemma4_shared_kv_source_of_the_wrong_kind) {
     memcpy(find_gguf_string(b, key) + strlen(key) + 4, &n, 4);
     expect_refused(path, b, "shared-KV layer 6 reads layer 4, which must be a sliding layer", 1, 64);
     free(b.p);
+}
+
+Test(load_errors, unknown_architecture_lists_the_supported_ones) {
+    char *path = scratch("arch");
+    struct blob b = make_model(path);
+    memcpy(find_gguf_string(b, "qwen35"), "qwen99", 6);   /* general.architecture's value */
+    expect_refused(path, b, "architecture 'qwen99' is not supported (supported: qwen35, gemma4)", 1, 64);
+    free(b.p);
+}
+
+struct progress_seen {
+    int calls;
+    uint64_t last_done, total;
+    bool monotone;
+};
+
+static void on_progress(void *user, uint64_t done, uint64_t total) {
+    struct progress_seen *s = user;
+    s->monotone = s->monotone && done >= s->last_done && done <= total;
+    s->calls++;
+    s->last_done = done;
+    s->total = total;
+}
+
+/* The load reports its progress up to every tensor byte, and the per-slot memory it reports
+ * grows with the context by the KV cells only (the recurrent state does not). */
+Test(load_errors, load_reports_progress_and_slot_memory) {
+    char *path = scratch("progress");
+    struct blob b = make_model(path);
+    struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+    size_t slot_bytes[2];
+    for (int i = 0; i < 2; i++) {
+        struct progress_seen seen = {.monotone = true};
+        struct load_progress lp = {on_progress, &seen, 0, 0};
+        struct model_params p = {2, 64 << i, 16, 4, &lp};
+        struct model *m = NULL;
+        char err[512];
+        cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);
+        cr_assert_gt(seen.calls, 10, "one report per tensor bound");
+        cr_assert(seen.monotone);
+        cr_assert_gt(seen.total, 0);
+        cr_assert_eq(seen.last_done, seen.total, "the last report is the whole: %llu of %llu",
+                     (unsigned long long)seen.last_done, (unsigned long long)seen.total);
+        slot_bytes[i] = m->info.state_bytes_per_seq;
+        model_free(m);
+    }
+    const size_t kv_64 = slot_bytes[1] - slot_bytes[0];   /* 64 more positions' KV */
+    cr_assert_gt(slot_bytes[0], 0);
+    cr_assert_gt(kv_64, 0, "the NextN head's attention keeps KV per position");
+    cr_assert_gt(slot_bytes[0], kv_64, "the delta-net state comes on top of the KV cells");
+    backend_free(be);
+    free(b.p);
+    unlink(path);
 }

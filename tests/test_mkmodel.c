@@ -15,7 +15,8 @@
 #include "gguf.h"
 
 /* src/tools/ is not part of libcoti.a (Makefile: the tools link only into ./coti), so the
- * generator is compiled into this test directly. */
+ * generator is compiled into this test directly; tools/cli.c, its option parser, is linked
+ * into test_coti. */
 #include "../src/tools/mkmodel.c"
 
 static void tmp_path(char *buf, size_t size, const char *tag) {

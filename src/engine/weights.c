@@ -1,6 +1,7 @@
 /* weights.c — binding a GGUF file's tensors to backend weights through an architecture's
  * tensor table, metadata getters, and the load-time Q4_0 requantization of a matrix. */
 #include "engine/weights.h"
+#include "model.h"
 #include "threadpool.h"
 
 #include <stdatomic.h>
@@ -8,6 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* A tensor of `bytes` is on the backend: tell the caller's progress hook. */
+static void note_progress(const struct weight_loader *L, size_t bytes) {
+    struct load_progress *p = L->progress;
+    if (!p) return;
+    p->done += bytes;
+    if (p->fn) p->fn(p->user, p->done, p->total);
+}
 
 void weight_name(const struct weight_desc *d, int il, char *out, size_t size) {
 #pragma GCC diagnostic push
@@ -28,6 +37,7 @@ int weights_bind_matrix(const struct weight_loader *L, struct bweight *w, const 
         return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "tensor %s has unsupported type %d", name, (int)t->type);
     int rc = L->be->weight_init(L->be, w, t->type, n_in, n_out, t->data);
     if (rc) return coti_fail(L->err, L->err_size, rc, "backend cannot hold tensor %s", name);
+    note_progress(L, t->size_bytes);
     return 0;
 }
 
@@ -41,6 +51,7 @@ int weights_bind_vector(const struct weight_loader *L, float **out, const char *
     *out = L->be->alloc(L->be, sizeof(float) * (size_t)n);
     if (!*out) return coti_fail(L->err, L->err_size, COTI_E_NOMEM, "out of memory for %s", name);
     L->be->upload(L->be, *out, t->data, sizeof(float) * (size_t)n);
+    note_progress(L, t->size_bytes);
     return 0;
 }
 

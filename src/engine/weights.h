@@ -52,12 +52,15 @@ struct weight_desc {
     enum weight_init init;
 };
 
+struct load_progress;
+
 struct weight_loader {
     struct gguf_file *g;
     struct backend *be;
     const char *arch;            /* metadata key prefix */
     char *err;
     size_t err_size;
+    struct load_progress *progress; /* model_params' (model.h), or NULL */
 };
 
 /* Bind the tensors of `table` that belong to layer kind `kind` (0: the global ones) of layer il

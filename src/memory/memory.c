@@ -40,6 +40,19 @@ int memory_init(struct memory *mem, struct backend *be, const struct memory_para
     return rc;
 }
 
+static size_t kv_bytes_per_seq(const struct kv_cache *kv) {
+    size_t bytes = 0;
+    for (int il = 0; il < kv->n_layer; il++)
+        if (kv->owns[il]) bytes += 2 * (size_t)kv->n_ctx * kv->layers[il].row_bytes;
+    return bytes;
+}
+
+size_t memory_bytes_per_seq(const struct memory *mem) {
+    const struct rec_state *r = &mem->rec;
+    const size_t rec = (size_t)r->n_layer * (1 + (size_t)r->n_slots) * (r->conv_elems + r->ssm_elems) * sizeof(float);
+    return kv_bytes_per_seq(&mem->kv) + kv_bytes_per_seq(&mem->head) + rec;
+}
+
 void memory_free(struct memory *mem) {
     if (mem->kv.be) kv_cache_free(&mem->kv);
     if (mem->rec.be) rec_state_free(&mem->rec);

@@ -49,6 +49,9 @@ struct memory {
 
 int memory_init(struct memory *mem, struct backend *be, const struct memory_params *p);
 void memory_free(struct memory *mem);
+/* Device bytes one sequence holds: its KV cells (trunk and draft head, shared layers once) and
+ * its recurrent state with the per-token snapshots. */
+size_t memory_bytes_per_seq(const struct memory *mem);
 
 /* The trunk ran `len` tokens of sequence s (kept: with per-token states; restored: a greedy
  * verify whose accepted prefix the device already made live). */

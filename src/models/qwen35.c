@@ -280,7 +280,7 @@ static const struct model_vtable qwen35_vtable;
 
 int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
                 const struct model_params *p, char *err, size_t err_size) {
-    const struct weight_loader L = {g, be, "qwen35", err, err_size};
+    const struct weight_loader L = {g, be, "qwen35", err, err_size, p->progress};
     struct qwen35 *q = calloc(1, sizeof(*q));
     if (!q) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     struct model *m = &q->base;

@@ -135,15 +135,10 @@ enum MHD_Result http_send_json(struct http_exchange *x, int status, char *json) 
     return send_response(x, status, json_type, json, NULL, NULL, NULL, NULL);
 }
 
-/* Printable excerpt of untrusted text for the log: at most max bytes, quotes, backslashes and
- * bytes outside printable ASCII replaced by '?' (redis setProtocolError). */
+/* Excerpt of untrusted text for the log, at most max bytes of it, escaped as the inside of a
+ * JSON string (common.h): printable, and a quoted field stays one field. */
 static void log_excerpt(char *dst, size_t dst_size, const char *s, size_t max) {
-    size_t n = 0;
-    for (; s && *s && n + 1 < dst_size && n < max; s++) {
-        unsigned char c = (unsigned char)*s;
-        dst[n++] = c >= 0x20 && c < 0x7F && c != '"' && c != '\\' ? (char)c : '?';
-    }
-    if (dst_size) dst[n] = 0;
+    coti_log_escape(dst, dst_size, s, max);
 }
 
 static void note_error(struct http_exchange *x, const struct openai_error *e) {

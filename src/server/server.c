@@ -66,8 +66,10 @@ int server_run(const struct server_params *p, struct model *m, const struct toke
         goto done;
     }
     /* machine-readable: tests started with --port 0 read the port from this line */
-    coti_log(COTI_LOG_INFO, "server", "listening on http://%s:%d (model %s, %d slots, context %d, spec %s n_max %d)",
-             p->host, bound_port, name, m->n_seq, m->n_ctx, drafter_kind_name(p->spec.drafter), p->spec.n_max);
+    /* an IPv6 address is bracketed in a URL (RFC 3986 §3.2.2) */
+    const bool v6 = strchr(p->host, ':') != NULL;
+    coti_log(COTI_LOG_INFO, "server", "listening on http://%s%s%s:%d (model %s, %d slots, context %d, spec %s n_max %d)",
+             v6 ? "[" : "", p->host, v6 ? "]" : "", bound_port, name, m->n_seq, m->n_ctx, drafter_kind_name(p->spec.drafter), p->spec.n_max);
     int sig = 0;
     sigwait(&stop_set, &sig);
     coti_log(COTI_LOG_INFO, "server", "signal %d: shutting down", sig);

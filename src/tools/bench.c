@@ -22,13 +22,21 @@
 #include "tools.h"
 
 #define BENCH_MAX_CONFIGS 16
+#define BENCH_SPEC_DEFAULT "off,mtp"
+#define BENCH_N_GEN_DEFAULT 128
+#define BENCH_REPEAT_DEFAULT 3
 
-static void usage(void) {
-    fprintf(stderr, "usage: coti bench [-m MODEL] --spec off,mtp,ngram[,mtp:N ...] --prompts FILE [-n N] [--repeat R] [--json PATH]\n"
-                    "       coti bench [-m MODEL] --op-cost [--spec CONFIG] --prompts FILE [-n N] [--repeat R]\n"
-                    "  a configuration is TYPE, TYPE:N_MAX or TYPE:N_MAX:P_MIN (defaults: --spec-n-max, --spec-p-min)\n"
-                    "  --op-cost: decode time with each family of ops left out in turn (outputs are garbage then)\n%s",
-            cli_common_help());
+static void help(FILE *out, const struct cli_common *d) {
+    fprintf(out, "usage: coti bench [-m MODEL] --spec off,mtp,ngram[,mtp:N ...] --prompts FILE [-n N] [--repeat R] [--json PATH]\n"
+                 "       coti bench [-m MODEL] --op-cost [--spec CONFIG] --prompts FILE [-n N] [--repeat R]\n"
+                 "  --spec LIST          configurations, comma-separated (default %s); a configuration is\n"
+                 "                       TYPE, TYPE:N_MAX or TYPE:N_MAX:P_MIN (defaults: --spec-n-max, --spec-p-min)\n"
+                 "  --prompts FILE       a JSON array of prompts ('-': standard input)\n"
+                 "  -n N                 tokens per request (default %d)\n"
+                 "  --repeat R           passes over the prompts (default %d)\n"
+                 "  --json PATH          the results as JSON too ('-': to stdout, the table then goes to stderr)\n"
+                 "  --op-cost            decode time with each family of ops left out in turn (outputs are garbage then)\n",
+            BENCH_SPEC_DEFAULT, BENCH_N_GEN_DEFAULT, BENCH_REPEAT_DEFAULT);
 }
 
 struct config {
@@ -63,6 +71,7 @@ static int run_prompts(struct bench_io *io, struct config *k, double *tps, char 
     long toks = 0;
     int64_t t_dec = 0;
     for (size_t p = 0; p < io->n_prompts; p++) {
+        cli_progress("bench: %s, prompt %zu/%zu", k->name, p + 1, io->n_prompts);
         int32_t first;
         if (spec_seq_begin(io->eng, 0, io->ptoks[p], (int)io->np[p], &io->sampling, &k->sp, &first, err, err_size))
             return 1;
@@ -115,6 +124,7 @@ static int op_cost(struct bench_io *io, struct backend *be, struct config *k, lo
         med[pass] = median(k->tps, repeat);
     }
     opcost_skip(be, -1);
+    cli_progress_end();
     const double base = 0.5 * (med[0] + med[OPCOST_COUNT + 1]), step_us = 1e6 / base;
     printf("# op cost %s | config %s, %zu prompts x %ld tokens, %ld repeats, threads %d | decode with one family of\n"
            "# ops left out (what the model computes then is garbage): the time saved is the family's cost per token\n",
@@ -129,27 +139,47 @@ static int op_cost(struct bench_io *io, struct backend *be, struct config *k, lo
     return 0;
 }
 
+struct bench_opts {
+    const char *prompts_path, *json_path, *spec_list;
+    long n_gen, repeat;
+    bool op_cost, spec_given;
+};
+
+enum { OPT_SPEC_LIST = CLI_TOOL_CODE, OPT_OP_COST, OPT_PROMPTS, OPT_JSON, OPT_REPEAT };
+
+static int on_option(void *state, int code, const char *name, const char *v) {
+    struct bench_opts *o = state;
+    switch (code) {
+    case OPT_SPEC_LIST: o->spec_list = v; o->spec_given = true; return 0;
+    case OPT_OP_COST: o->op_cost = true; return 0;
+    case OPT_PROMPTS: o->prompts_path = v; return 0;
+    case OPT_JSON: o->json_path = v; return 0;
+    case 'n': return cli_parse_int(name, v, 2, 1 << 16, &o->n_gen);
+    case OPT_REPEAT: return cli_parse_int(name, v, 1, 1000, &o->repeat);
+    }
+    return -1;
+}
+
 int tool_bench_main(int argc, char **argv) {
     struct cli_common c;
     cli_common_defaults(&c);
-    const char *prompts_path = NULL, *json_path = NULL, *spec_list = "off,mtp";
-    long n_gen = 128, repeat = 3;
-    bool want_op_cost = false, spec_given = false;
-    for (int i = 1; i < argc;) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--spec")) { if (!v) { usage(); return 1; } spec_list = v; spec_given = true; i += 2; continue; }
-        if (!strcmp(a, "--op-cost")) { want_op_cost = true; i += 1; continue; }
-        int r = cli_parse_common(&c, argc, argv, &i);
-        if (r < 0) return 1;
-        if (r > 0) continue;
-        if (!strcmp(a, "--prompts")) { if (!v) { usage(); return 1; } prompts_path = v; i += 2; }
-        else if (!strcmp(a, "--json")) { if (!v) { usage(); return 1; } json_path = v; i += 2; }
-        else if (!strcmp(a, "-n")) { if (cli_parse_int(a, v, 2, 1 << 16, &n_gen)) return 1; i += 2; }
-        else if (!strcmp(a, "--repeat")) { if (cli_parse_int(a, v, 1, 1000, &repeat)) return 1; i += 2; }
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
-        else { fprintf(stderr, "error: unknown option '%s'\n", a); usage(); return 1; }
-    }
-    if (!prompts_path) { fprintf(stderr, "error: --prompts FILE is required\n"); usage(); return 1; }
+    struct bench_opts o = {.spec_list = BENCH_SPEC_DEFAULT, .n_gen = BENCH_N_GEN_DEFAULT, .repeat = BENCH_REPEAT_DEFAULT};
+    static const struct option opts[] = {
+        {"spec", required_argument, NULL, OPT_SPEC_LIST},
+        {"op-cost", no_argument, NULL, OPT_OP_COST},
+        {"prompts", required_argument, NULL, OPT_PROMPTS},
+        {"json", required_argument, NULL, OPT_JSON},
+        {"repeat", required_argument, NULL, OPT_REPEAT},
+        {0},
+    };
+    const struct cli_tool tool = {.name = "bench", .help = help, .short_opts = "n:", .opts = opts,
+                                  .on_option = on_option, .state = &o};
+    int pr = cli_parse(&c, &tool, argc, argv);
+    if (pr != CLI_PARSE_OK) return pr == CLI_PARSE_EXIT ? 0 : 1;
+    const char *prompts_path = o.prompts_path, *json_path = o.json_path, *spec_list = o.spec_list;
+    const long n_gen = o.n_gen, repeat = o.repeat;
+    const bool want_op_cost = o.op_cost, spec_given = o.spec_given;
+    if (!prompts_path) { fprintf(stderr, "error: --prompts FILE is required (`coti bench --help` lists the options)\n"); return 1; }
     if (want_op_cost && !spec_given) spec_list = "off";
     struct config cfg[BENCH_MAX_CONFIGS];
     int n_cfg = 0;
@@ -223,9 +253,13 @@ int tool_bench_main(int argc, char **argv) {
         memcpy(tmp, cfg[k].tps, sizeof(double) * (size_t)repeat);
         med[k] = median(tmp, repeat);
     }
-    printf("# bench %s | %zu prompts x %ld tokens, %ld repeats, threads %d | first fresh request each time, greedy\n",
+    cli_progress_end();
+    /* --json -: stdout is the JSON's alone */
+    const bool json_stdout = json_path && !strcmp(json_path, "-");
+    FILE *table = json_stdout ? stderr : stdout;
+    fprintf(table, "# bench %s | %zu prompts x %ld tokens, %ld repeats, threads %d | first fresh request each time, greedy\n",
            c.model_path, pl.n, n_gen, repeat, c.n_threads);
-    printf("%-10s %10s %8s %12s %10s %8s %8s %8s %6s\n", "config", "tok/s", "ratio", "accept", "tok/verify", "draft%", "verify%", "glue%", "same");
+    fprintf(table, "%-10s %10s %8s %12s %10s %8s %8s %8s %6s\n", "config", "tok/s", "ratio", "accept", "tok/verify", "draft%", "verify%", "glue%", "same");
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(root, "configs");
     cJSON_AddStringToObject(root, "model", c.model_path);
     cJSON_AddNumberToObject(root, "n_prompts", (double)pl.n);
@@ -239,32 +273,36 @@ int tool_bench_main(int argc, char **argv) {
         double tt = g->t_total > 0 ? (double)g->t_total : 1.0;
         char accs[32];
         snprintf(accs, sizeof accs, "%ld/%ld", g->accepted, g->drafted);
-        printf("%-10s %10.1f %8.3f %12s %10.2f %7.1f%% %7.1f%% %7.1f%% %6s   (acceptance %.3f; repeats:", g->name, med[k], med[k] / med[0], accs, tpv,
+        fprintf(table, "%-10s %10.1f %8.3f %12s %10.2f %7.1f%% %7.1f%% %7.1f%% %6s   (acceptance %.3f; repeats:", g->name, med[k], med[k] / med[0], accs, tpv,
                100.0 * g->t_draft / tt, 100.0 * g->t_verify / tt, 100.0 * g->t_glue / tt, g->same_as_first ? "yes" : "NO", acc);
-        for (long r = 0; r < repeat; r++) printf(" %.1f", g->tps[r]);
-        printf(")\n");
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "config", g->name);
-        cJSON_AddNumberToObject(o, "tok_per_s_median", med[k]);
-        cJSON_AddNumberToObject(o, "ratio_to_first", med[k] / med[0]);
-        cJSON_AddNumberToObject(o, "drafted", (double)g->drafted);
-        cJSON_AddNumberToObject(o, "accepted", (double)g->accepted);
-        cJSON_AddNumberToObject(o, "acceptance", acc);
-        cJSON_AddNumberToObject(o, "tokens_per_verify", tpv);
-        cJSON_AddBoolToObject(o, "output_equals_first", g->same_as_first);
-        cJSON *reps = cJSON_AddArrayToObject(o, "tok_per_s");
+        for (long r = 0; r < repeat; r++) fprintf(table, " %.1f", g->tps[r]);
+        fprintf(table, ")\n");
+        cJSON *jo = cJSON_CreateObject();
+        cJSON_AddStringToObject(jo, "config", g->name);
+        cJSON_AddNumberToObject(jo, "tok_per_s_median", med[k]);
+        cJSON_AddNumberToObject(jo, "ratio_to_first", med[k] / med[0]);
+        cJSON_AddNumberToObject(jo, "drafted", (double)g->drafted);
+        cJSON_AddNumberToObject(jo, "accepted", (double)g->accepted);
+        cJSON_AddNumberToObject(jo, "acceptance", acc);
+        cJSON_AddNumberToObject(jo, "tokens_per_verify", tpv);
+        cJSON_AddBoolToObject(jo, "output_equals_first", g->same_as_first);
+        cJSON *reps = cJSON_AddArrayToObject(jo, "tok_per_s");
         for (long r = 0; r < repeat; r++) cJSON_AddItemToArray(reps, cJSON_CreateNumber(g->tps[r]));
-        cJSON_AddItemToArray(arr, o);
+        cJSON_AddItemToArray(arr, jo);
     }
+    bool written = true;
     if (json_path) {
         char *s = cJSON_Print(root);
-        FILE *f = fopen(json_path, "w");
-        if (!s || !f || fputs(s, f) < 0) fprintf(stderr, "error: cannot write %s\n", json_path);
-        if (f) fclose(f);
+        FILE *f = json_stdout ? stdout : fopen(json_path, "w");
+        if (!s || !f || fputs(s, f) < 0 || fputc('\n', f) < 0 || fflush(f)) {
+            fprintf(stderr, "error: cannot write %s\n", json_stdout ? "the JSON to stdout" : json_path);
+            written = false;
+        }
+        if (f && !json_stdout) fclose(f);
         free(s);
     }
     cJSON_Delete(root);
-    rc = 0;
+    rc = written ? 0 : 1;
 done:
     for (size_t p = 0; p < pl.n; p++) { if (ptoks) free(ptoks[p]); if (ref) free(ref[p]); }
     free(ptoks); free(np); free(ref); free(gen); free(tmp);

@@ -6,14 +6,51 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* codes of the common options that have no letter */
+enum {
+    OPT_CPU = 1000, OPT_DEVICE, OPT_NGL, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_SEED, OPT_SPEC,
+    OPT_SPEC_DRAFT, OPT_SPEC_N_MAX, OPT_SPEC_N_MIN, OPT_SPEC_P_MIN, OPT_SPEC_SAMPLE_DRAFTS,
+};
+
+/* Every spelling of the common options, llama.cpp's included (-ngl, -md, --spec-type). */
+static const struct option common_opts[] = {
+    {"model", required_argument, NULL, 'm'},
+    {"threads", required_argument, NULL, 't'},
+    {"ctx-size", required_argument, NULL, 'c'},
+    {"batch-size", required_argument, NULL, 'b'},
+    {"help", no_argument, NULL, 'h'},
+    {"cpu", required_argument, NULL, OPT_CPU},
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"n-gpu-layers", required_argument, NULL, OPT_NGL},
+    {"ngl", required_argument, NULL, OPT_NGL},
+    {"temp", required_argument, NULL, OPT_TEMP},
+    {"top-k", required_argument, NULL, OPT_TOP_K},
+    {"top-p", required_argument, NULL, OPT_TOP_P},
+    {"min-p", required_argument, NULL, OPT_MIN_P},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"spec", required_argument, NULL, OPT_SPEC},
+    {"spec-type", required_argument, NULL, OPT_SPEC},
+    {"spec-draft", required_argument, NULL, OPT_SPEC_DRAFT},
+    {"model-draft", required_argument, NULL, OPT_SPEC_DRAFT},
+    {"md", required_argument, NULL, OPT_SPEC_DRAFT},
+    {"spec-n-max", required_argument, NULL, OPT_SPEC_N_MAX},
+    {"spec-draft-n-max", required_argument, NULL, OPT_SPEC_N_MAX},
+    {"spec-n-min", required_argument, NULL, OPT_SPEC_N_MIN},
+    {"spec-p-min", required_argument, NULL, OPT_SPEC_P_MIN},
+    {"spec-sample-drafts", no_argument, NULL, OPT_SPEC_SAMPLE_DRAFTS},
+};
+#define COMMON_SHORT "m:t:c:b:h"
 
 void cli_common_defaults(struct cli_common *c) {
     memset(c, 0, sizeof *c);
-    c->model_path = "models/coti-tiny-qwen35-mtp-q8_0.gguf";
-    c->n_threads = 2;
+    c->model_path = NULL;
+    c->n_threads = COTI_MIN(coti_physical_cores("/sys/devices/system/cpu"), CLI_MAX_THREADS);
     c->n_ctx = 4096;
     c->n_batch = 512;
     c->cpu_level = quant_cpu_level_detect();
@@ -25,21 +62,38 @@ void cli_common_defaults(struct cli_common *c) {
     c->spec = spec_params_default();
 }
 
-const char *cli_common_help(void) {
-    return "  -m, --model FILE     GGUF model (default models/coti-tiny-qwen35-mtp-q8_0.gguf)\n"
-           "  -t, --threads N      CPU threads (default 2)\n"
-           "  -c, --ctx-size N     context positions per sequence (default 4096)\n"
-           "  -b, --batch-size N   rows per forward step (default 512)\n"
-           "  --cpu ref|avx2|avx512  cap the CPU kernels (default: best found)\n"
-           "  --device cpu|cuda    compute backend (cuda needs a `make CUDA=1` build)\n"
-           "  --temp F             temperature, 0 = greedy (default 0)\n"
-           "  --top-k N --top-p F --min-p F   sampling chain (defaults 40, 0.95, 0.05)\n"
-           "  --seed N             sampling seed (default 0)\n"
-           "  --spec off|mtp|ngram speculative decoding (default off)\n"
-           "  --spec-n-max N       draft tokens per cycle (default 3, at most 8)\n"
-           "  --spec-n-min N       minimum drafts (default 0)\n"
-           "  --spec-p-min F       stop drafting under this probability (default 0)\n"
-           "  --spec-sample-drafts sample drafts from the drafter (rejection sampling) at temp > 0\n";
+const char *cli_cpu_level_name(enum quant_cpu_level level) {
+    return level == QUANT_CPU_AVX512 ? "avx512" : level == QUANT_CPU_AVX2 ? "avx2" : "ref";
+}
+
+void cli_common_help(FILE *out, const struct cli_common *d) {
+    char choices[128], seed[32];
+    if (d->seed_random) snprintf(seed, sizeof seed, "random per request");
+    else snprintf(seed, sizeof seed, "%llu", (unsigned long long)d->seed);
+    fprintf(out,
+            "  -m, --model FILE     GGUF model (default %s from models/ next to the binary,\n"
+            "                       PREFIX/share/coti/models or ./models)\n"
+            "  -t, --threads N      CPU threads (default %d: the physical cores this process may use)\n"
+            "  -c, --ctx-size N     context positions per sequence (default %d)\n"
+            "  -b, --batch-size N   rows per forward step (default %d)\n"
+            "  --cpu ref|avx2|avx512  cap the CPU kernels (default %s: the best found)\n"
+            "  --device cpu|cuda    compute backend (default %s; cuda needs a `make CUDA=1` build)\n"
+            "  -ngl, --n-gpu-layers N  llama.cpp's spelling: 0 = --device cpu, more = --device cuda (all layers)\n"
+            "  --temp F             temperature, 0 = greedy (default %g)\n"
+            "  --top-k N --top-p F --min-p F   sampling chain (defaults %d, %g, %g)\n"
+            "  --seed N             sampling seed (default %s)\n"
+            "  --spec TYPE          speculative decoding: %s (default %s; also --spec-type)\n"
+            "  --spec-draft FILE    the drafter model of --spec assistant (also -md, --model-draft)\n"
+            "  --spec-n-max N       draft tokens per cycle (default %d, at most %d)\n"
+            "  --spec-n-min N       minimum drafts (default %d)\n"
+            "  --spec-p-min F       stop drafting under this probability (default %g)\n"
+            "  --spec-sample-drafts sample drafts from the drafter (rejection sampling) at temp > 0 (default %s)\n"
+            "  -h, --help           this text\n"
+            "A value follows its option as the next argument or after '=' (--temp=0.7).\n",
+            CLI_DEFAULT_MODEL, d->n_threads, d->n_ctx, d->n_batch, cli_cpu_level_name(d->cpu_level),
+            d->cuda ? "cuda" : "cpu", d->temperature, d->top_k, d->top_p, d->min_p, seed,
+            drafter_kind_choices(choices, sizeof choices, true, ""), drafter_kind_name(d->spec.drafter),
+            d->spec.n_max, SPEC_MAX_DRAFT, d->spec.n_min, d->spec.p_min, d->spec.sample_drafts ? "on" : "off");
 }
 
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out) {
@@ -66,82 +120,205 @@ int cli_parse_float(const char *opt, const char *s, double lo, double hi, double
     return 0;
 }
 
-int cli_parse_common(struct cli_common *c, int argc, char **argv, int *i) {
-    const char *a = argv[*i];
-    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+int cli_parse_u64(const char *opt, const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = s ? strtoull(s, &end, 10) : 0;
+    if (!s || errno || end == s || *end || s[0] == '-') {
+        fprintf(stderr, "error: %s expects a non-negative integer, got '%s'\n", opt, s ? s : "(nothing)");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* One common option; -1 after a message. */
+static int common_option(struct cli_common *c, int code, const char *name, const char *v) {
     long l;
     double d;
-#define IS(x) (strcmp(a, x) == 0)
-    if (IS("-m") || IS("--model")) {
-        if (!v) { fprintf(stderr, "error: %s needs a file\n", a); return -1; }
-        c->model_path = v;
-    } else if (IS("-t") || IS("--threads")) {
-        if (cli_parse_int(a, v, 1, 256, &l)) return -1;
-        c->n_threads = (int)l;
-    } else if (IS("-c") || IS("--ctx-size")) {
-        if (cli_parse_int(a, v, 16, 1 << 20, &l)) return -1;
-        c->n_ctx = (int)l;
-    } else if (IS("-b") || IS("--batch-size")) {
-        if (cli_parse_int(a, v, 1, 8192, &l)) return -1;
-        c->n_batch = (int)l;
-    } else if (IS("--cpu")) {
-        if (v && !strcmp(v, "ref")) c->cpu_level = QUANT_CPU_REF;
-        else if (v && !strcmp(v, "avx2")) c->cpu_level = COTI_MIN(QUANT_CPU_AVX2, quant_cpu_level_detect());
-        else if (v && !strcmp(v, "avx512")) c->cpu_level = COTI_MIN(QUANT_CPU_AVX512, quant_cpu_level_detect());
+    switch (code) {
+    case 'm': c->model_path = v; return 0;
+    case 't': if (cli_parse_int(name, v, 1, CLI_MAX_THREADS, &l)) return -1; c->n_threads = (int)l; return 0;
+    case 'c': if (cli_parse_int(name, v, 16, 1 << 20, &l)) return -1; c->n_ctx = (int)l; return 0;
+    case 'b': if (cli_parse_int(name, v, 1, 8192, &l)) return -1; c->n_batch = (int)l; return 0;
+    case OPT_CPU:
+        if (!strcmp(v, "ref")) c->cpu_level = QUANT_CPU_REF;
+        else if (!strcmp(v, "avx2")) c->cpu_level = COTI_MIN(QUANT_CPU_AVX2, quant_cpu_level_detect());
+        else if (!strcmp(v, "avx512")) c->cpu_level = COTI_MIN(QUANT_CPU_AVX512, quant_cpu_level_detect());
         else { fprintf(stderr, "error: --cpu expects ref, avx2 or avx512\n"); return -1; }
-    } else if (IS("--device")) {
-        if (v && !strcmp(v, "cpu")) c->cuda = false;
-        else if (v && !strcmp(v, "cuda")) c->cuda = true;
+        return 0;
+    case OPT_DEVICE:
+        if (!strcmp(v, "cpu")) c->cuda = false;
+        else if (!strcmp(v, "cuda")) c->cuda = true;
         else { fprintf(stderr, "error: --device expects cpu or cuda\n"); return -1; }
-    } else if (IS("--temp")) {
-        if (cli_parse_float(a, v, 0, 100, &d)) return -1;
-        c->temperature = (float)d;
-    } else if (IS("--top-k")) {
-        if (cli_parse_int(a, v, 0, 1 << 24, &l)) return -1;
-        c->top_k = (int)l;
-    } else if (IS("--top-p")) {
-        if (cli_parse_float(a, v, 0, 1, &d)) return -1;
-        c->top_p = (float)d;
-    } else if (IS("--min-p")) {
-        if (cli_parse_float(a, v, 0, 1, &d)) return -1;
-        c->min_p = (float)d;
-    } else if (IS("--seed")) {
-        char *end;
-        errno = 0;
-        unsigned long long s = v ? strtoull(v, &end, 10) : 0;
-        if (!v || errno || *end || v[0] == '-') { fprintf(stderr, "error: --seed expects a non-negative integer\n"); return -1; }
-        c->seed = s;
-    } else if (IS("--spec") || IS("--spec-type")) {
-        if (!v || drafter_kind_parse(v, &c->spec.drafter)) {
+        return 0;
+    case OPT_NGL: /* coti runs the whole model on one device: any layer offloaded means all */
+        if (cli_parse_int(name, v, 0, 1 << 20, &l)) return -1;
+        c->cuda = l > 0;
+        return 0;
+    case OPT_TEMP: if (cli_parse_float(name, v, 0, 100, &d)) return -1; c->temperature = (float)d; return 0;
+    case OPT_TOP_K: if (cli_parse_int(name, v, 0, 1 << 24, &l)) return -1; c->top_k = (int)l; return 0;
+    case OPT_TOP_P: if (cli_parse_float(name, v, 0, 1, &d)) return -1; c->top_p = (float)d; return 0;
+    case OPT_MIN_P: if (cli_parse_float(name, v, 0, 1, &d)) return -1; c->min_p = (float)d; return 0;
+    case OPT_SEED:
+        if (cli_parse_u64(name, v, &c->seed)) return -1;
+        c->seed_given = true;
+        return 0;
+    case OPT_SPEC:
+        if (drafter_kind_parse(v, &c->spec.drafter)) {
             char choices[128];
-            fprintf(stderr, "error: %s expects %s\n", a, drafter_kind_choices(choices, sizeof choices, true, ""));
+            fprintf(stderr, "error: %s expects %s\n", name, drafter_kind_choices(choices, sizeof choices, true, ""));
             return -1;
         }
         /* llama.cpp's -md FILE --spec-type draft-mtp: the MTP drafter is the file's */
         if (c->draft_path && c->spec.drafter == &drafter_kind_mtp) c->spec.drafter = &drafter_kind_assistant;
-    } else if (IS("--spec-draft") || IS("-md") || IS("--model-draft")) {
-        if (!v) { fprintf(stderr, "error: %s expects a file\n", a); return -1; }
+        return 0;
+    case OPT_SPEC_DRAFT:
         c->draft_path = v;
         if (c->spec.drafter == &drafter_kind_mtp) c->spec.drafter = &drafter_kind_assistant;
-    } else if (IS("--spec-n-max") || IS("--spec-draft-n-max")) {
-        if (cli_parse_int(a, v, 1, SPEC_MAX_DRAFT, &l)) return -1;
-        c->spec.n_max = (int)l;
-    } else if (IS("--spec-n-min")) {
-        if (cli_parse_int(a, v, 0, SPEC_MAX_DRAFT, &l)) return -1;
-        c->spec.n_min = (int)l;
-    } else if (IS("--spec-p-min")) {
-        if (cli_parse_float(a, v, 0, 1, &d)) return -1;
-        c->spec.p_min = (float)d;
-    } else if (IS("--spec-sample-drafts")) {
-        c->spec.sample_drafts = true;
-        *i += 1;
-        return 1;
-    } else {
         return 0;
+    case OPT_SPEC_N_MAX: if (cli_parse_int(name, v, 1, SPEC_MAX_DRAFT, &l)) return -1; c->spec.n_max = (int)l; return 0;
+    case OPT_SPEC_N_MIN: if (cli_parse_int(name, v, 0, SPEC_MAX_DRAFT, &l)) return -1; c->spec.n_min = (int)l; return 0;
+    case OPT_SPEC_P_MIN: if (cli_parse_float(name, v, 0, 1, &d)) return -1; c->spec.p_min = (float)d; return 0;
+    case OPT_SPEC_SAMPLE_DRAFTS: c->spec.sample_drafts = true; return 0;
     }
-#undef IS
-    *i += 2;
-    return 1;
+    return -1;
+}
+
+static bool tool_has(const struct cli_tool *t, const char *name) {
+    for (const struct option *o = t->opts; o && o->name; o++)
+        if (!strcmp(o->name, name)) return true;
+    return false;
+}
+
+/* The option's name for messages: its long name when it has one, else its letter. */
+static void option_name(char *buf, size_t size, const struct option *all, int long_idx, int code) {
+    if (long_idx >= 0) snprintf(buf, size, "--%s", all[long_idx].name);
+    else snprintf(buf, size, "-%c", code);
+}
+
+int cli_parse(struct cli_common *c, const struct cli_tool *t, int argc, char **argv) {
+    struct cli_common defaults;              /* what --help shows */
+    if (c) defaults = *c;
+    else memset(&defaults, 0, sizeof defaults);
+    const size_t n_common = t->no_common ? 0 : COTI_ARRAY_LEN(common_opts);
+    size_t n_tool = 0;
+    while (t->opts && t->opts[n_tool].name) n_tool++;
+    struct option *all = calloc(n_tool + n_common + 2, sizeof *all);
+    char shorts[128];
+    if (!all) { fprintf(stderr, "error: out of memory\n"); return CLI_PARSE_ERROR; }
+    size_t n = 0;
+    for (size_t i = 0; i < n_tool; i++) all[n++] = t->opts[i];
+    for (size_t i = 0; i < n_common; i++)
+        if (!tool_has(t, common_opts[i].name)) all[n++] = common_opts[i];
+    if (t->no_common && !tool_has(t, "help")) all[n++] = (struct option){"help", no_argument, NULL, 'h'};
+    /* ':' first: a missing value is reported as ':' rather than '?' */
+    snprintf(shorts, sizeof shorts, ":%s%s", t->no_common ? "h" : COMMON_SHORT, t->short_opts ? t->short_opts : "");
+
+    int rc = CLI_PARSE_OK, n_pos = 0;
+    opterr = 0;
+    optind = 0;   /* glibc: a full restart of the scan */
+    while (rc == CLI_PARSE_OK) {
+        int long_idx = -1;
+        int code = getopt_long_only(argc, argv, shorts, all, &long_idx);
+        if (code == -1) break;
+        char name[96];
+        if (code == '?' || code == ':') {
+            const char *what = argv[COTI_MIN(optind, argc) - 1];
+            if (code == ':') fprintf(stderr, "error: %s needs a value\n", what);
+            else if (optopt && optopt < 128 && what[0] == '-' && what[1] != '-' && strlen(what) == 2)
+                fprintf(stderr, "error: unknown option '-%c'\n", optopt);
+            else if (strchr(what, '=')) fprintf(stderr, "error: '%s': an unknown option, or one that takes no value\n", what);
+            else fprintf(stderr, "error: unknown or ambiguous option '%s'\n", what);
+            fprintf(stderr, "`coti %s --help` lists the options\n", t->name);
+            rc = CLI_PARSE_ERROR;
+            break;
+        }
+        option_name(name, sizeof name, all, long_idx, code);
+        if (code == 'h') {
+            t->help(stdout, &defaults);
+            if (!t->no_common) cli_common_help(stdout, &defaults);
+            rc = CLI_PARSE_EXIT;
+        } else if (!t->no_common && ((code < 128 && strchr(COMMON_SHORT, code)) || (code >= 1000 && code < CLI_TOOL_CODE))) {
+            if (common_option(c, code, name, optarg)) rc = CLI_PARSE_ERROR;
+        } else if (t->on_option(t->state, code, name, optarg)) {
+            rc = CLI_PARSE_ERROR;
+        }
+    }
+    for (int i = optind; rc == CLI_PARSE_OK && i < argc; i++) {
+        if (n_pos == t->max_positional) {
+            fprintf(stderr, "error: unexpected argument '%s' (`coti %s --help` lists the options)\n", argv[i], t->name);
+            rc = CLI_PARSE_ERROR;
+        } else {
+            t->positional[n_pos++] = argv[i];
+        }
+    }
+    free(all);
+    if (rc == CLI_PARSE_OK && !t->no_common && !c->model_path)
+        c->model_path = cli_find_default_model(c->model_buf, sizeof c->model_buf);
+    if (rc == CLI_PARSE_OK && !t->no_common && !c->model_path) {
+        fprintf(stderr, "error: no -m FILE, and the default model %s is neither in models/ next to the binary, nor in "
+                        "PREFIX/share/coti/models, nor in ./models\n", CLI_DEFAULT_MODEL);
+        rc = CLI_PARSE_ERROR;
+    }
+    return rc;
+}
+
+const char *cli_find_default_model(char *buf, size_t size) {
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+    }
+    /* the repository (binary at its root), an install (PREFIX/bin/coti), a build folder of the
+     * repository (build/coti), then the working directory */
+    static const char *const beside[] = {"/models/", "/../share/coti/models/", "/../models/"};
+    char path[PATH_MAX + 64];
+    for (size_t i = 0; n > 0 && i < COTI_ARRAY_LEN(beside); i++) {
+        snprintf(path, sizeof path, "%s%s%s", exe, beside[i], CLI_DEFAULT_MODEL);
+        if (access(path, R_OK) == 0 && realpath(path, buf) && strlen(buf) < size) return buf;
+    }
+    snprintf(path, sizeof path, "models/%s", CLI_DEFAULT_MODEL);
+    if (access(path, R_OK) == 0 && strlen(path) < size) return strcpy(buf, path);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Progress and the model load */
+
+static bool progress_shown;
+
+void cli_progress(const char *fmt, ...) {
+    if (!isatty(STDERR_FILENO)) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("\r\033[K", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fflush(stderr);
+    progress_shown = true;
+}
+
+void cli_progress_end(void) {
+    if (!progress_shown) return;
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+    progress_shown = false;
+}
+
+struct load_note {
+    const char *path;
+    int percent;                 /* last shown */
+};
+
+static void on_load_progress(void *user, uint64_t done, uint64_t total) {
+    struct load_note *ln = user;
+    const int pct = total ? (int)(100.0 * (double)done / (double)total) : 100;
+    if (pct == ln->percent) return;
+    ln->percent = pct;
+    cli_progress("loading %s: %d%% of %.1f MiB", ln->path, pct, total / 1048576.0);
 }
 
 int cli_open_model(const struct cli_common *c, int n_seq, int n_keep_states, struct backend **be,
@@ -170,13 +347,27 @@ int cli_open_model_wrapped(const struct cli_common *c, int n_seq, int n_keep_sta
         if (!w) { fprintf(stderr, "error: out of memory\n"); backend_free(*be); *be = NULL; return 1; }
         *be = w;
     }
-    struct model_params p = {n_seq, c->n_ctx, c->n_batch, COTI_MAX(n_keep_states, SPEC_MAX_DRAFT + 1)};
+    struct load_note note = {c->model_path, -1};
+    struct load_progress progress = {on_load_progress, &note, 0, 0};
+    struct model_params p = {n_seq, c->n_ctx, c->n_batch, COTI_MAX(n_keep_states, SPEC_MAX_DRAFT + 1), &progress};
+    const int64_t t0 = coti_time_us();
     int rc = model_load(m, c->model_path, *be, &p, err, sizeof err);
+    cli_progress_end();
     if (rc) {
         fprintf(stderr, "error: %s\n", err);
         backend_free(*be);
         *be = NULL;
         return 1;
     }
+    const struct model_info *in = &(*m)->info;
+    const struct ggml_type_traits *tt = ggml_type_traits_get(in->weight_type);
+    char backend_desc[32];
+    if (c->cuda) snprintf(backend_desc, sizeof backend_desc, "cuda");
+    else snprintf(backend_desc, sizeof backend_desc, "cpu %s", cli_cpu_level_name(c->cpu_level));
+    coti_log(COTI_LOG_INFO, "model",
+             "%s: arch %s, %.2fM params, weights %s, %.1f MiB, %.2f MiB KV+state per slot x %d, %s, %d threads, "
+             "loaded in %.2f s",
+             c->model_path, in->arch, in->n_params / 1e6, tt ? tt->name : "?", in->n_bytes / 1048576.0,
+             in->state_bytes_per_seq / 1048576.0, n_seq, backend_desc, c->n_threads, (coti_time_us() - t0) / 1e6);
     return 0;
 }

@@ -15,15 +15,23 @@
 #include "tokenizer.h"
 #include "tools.h"
 
-static void usage(void) {
-    fprintf(stderr, "usage: coti equiv [-m MODEL] --spec mtp|ngram (--prompts FILE | -p PROMPT) [-n N] [--top K] [--tie F] [--free]\n"
-                    "  -n N                 tokens per prompt (default 64)\n"
-                    "  --top K              compare top-K logprobs (default 10)\n"
-                    "  --tie F              argmax flips within F logprob are near-ties (default 0.05)\n"
-                    "  --free               also compare free-running greedy outputs\n"
-                    "  --inject-divergence P  swap the top two of the speculative row at position P\n"
-                    "                       (shows the gate catches a real divergence)\n%s",
-            cli_common_help());
+#define EQUIV_N_GEN_DEFAULT 64
+#define EQUIV_TOP_DEFAULT 10
+#define EQUIV_TIE_DEFAULT 0.05
+
+static void help(FILE *out, const struct cli_common *d) {
+    fprintf(out, "usage: coti equiv [-m MODEL] --spec mtp|ngram|assistant (--prompts FILE | -p PROMPT) [-n N] [--top K] [--tie F] [--free]\n"
+                 "The losslessness gate: exit 0 when speculative verify rows agree with plain decoding, 1 on a\n"
+                 "real disagreement, 2 on an error.\n"
+                 "  --prompts FILE       a JSON array of prompts ('-': standard input)\n"
+                 "  -p, --prompt TEXT    one prompt\n"
+                 "  -n N                 tokens per prompt (default %d)\n"
+                 "  --top K              compare top-K logprobs (default %d)\n"
+                 "  --tie F              argmax flips within F logprob are near-ties (default %g)\n"
+                 "  --free               also compare free-running greedy outputs\n"
+                 "  --inject-divergence P  swap the top two of the speculative row at position P\n"
+                 "                       (shows the gate catches a real divergence)\n",
+            EQUIV_N_GEN_DEFAULT, EQUIV_TOP_DEFAULT, EQUIV_TIE_DEFAULT);
 }
 
 struct collect {
@@ -44,29 +52,51 @@ static void on_row(void *user, int pos, const float *logits, int n_vocab) {
     }
 }
 
+struct equiv_opts {
+    const char *prompts_path, *prompt;
+    long n_gen, top, inject;
+    double tie;
+    bool free_run;
+};
+
+enum { OPT_PROMPTS = CLI_TOOL_CODE, OPT_TOP, OPT_TIE, OPT_INJECT, OPT_FREE };
+
+static int on_option(void *state, int code, const char *name, const char *v) {
+    struct equiv_opts *o = state;
+    switch (code) {
+    case OPT_PROMPTS: o->prompts_path = v; return 0;
+    case 'p': o->prompt = v; return 0;
+    case 'n': return cli_parse_int(name, v, 2, 1 << 16, &o->n_gen);
+    case OPT_TOP: return cli_parse_int(name, v, 2, EQUIV_MAX_TOP, &o->top);
+    case OPT_TIE: return cli_parse_float(name, v, 0, 10, &o->tie);
+    case OPT_INJECT: return cli_parse_int(name, v, 0, 1 << 24, &o->inject);
+    case OPT_FREE: o->free_run = true; return 0;
+    }
+    return -1;
+}
+
 int tool_equiv_main(int argc, char **argv) {
     struct cli_common c;
     cli_common_defaults(&c);
     c.spec.drafter = &drafter_kind_mtp;
-    const char *prompts_path = NULL, *prompt = NULL;
-    long n_gen = 64, top = 10, inject = -1;
-    double tie = 0.05;
-    bool free_run = false;
-    for (int i = 1; i < argc;) {
-        int r = cli_parse_common(&c, argc, argv, &i);
-        if (r < 0) return 2;
-        if (r > 0) continue;
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--prompts")) { if (!v) { usage(); return 2; } prompts_path = v; i += 2; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!v) { usage(); return 2; } prompt = v; i += 2; }
-        else if (!strcmp(a, "-n")) { if (cli_parse_int(a, v, 2, 1 << 16, &n_gen)) return 2; i += 2; }
-        else if (!strcmp(a, "--top")) { if (cli_parse_int(a, v, 2, EQUIV_MAX_TOP, &top)) return 2; i += 2; }
-        else if (!strcmp(a, "--tie")) { if (cli_parse_float(a, v, 0, 10, &tie)) return 2; i += 2; }
-        else if (!strcmp(a, "--inject-divergence")) { if (cli_parse_int(a, v, 0, 1 << 24, &inject)) return 2; i += 2; }
-        else if (!strcmp(a, "--free")) { free_run = true; i++; }
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
-        else { fprintf(stderr, "error: unknown option '%s'\n", a); usage(); return 2; }
-    }
+    struct equiv_opts o = {.n_gen = EQUIV_N_GEN_DEFAULT, .top = EQUIV_TOP_DEFAULT, .inject = -1, .tie = EQUIV_TIE_DEFAULT};
+    static const struct option opts[] = {
+        {"prompts", required_argument, NULL, OPT_PROMPTS},
+        {"prompt", required_argument, NULL, 'p'},
+        {"top", required_argument, NULL, OPT_TOP},
+        {"tie", required_argument, NULL, OPT_TIE},
+        {"inject-divergence", required_argument, NULL, OPT_INJECT},
+        {"free", no_argument, NULL, OPT_FREE},
+        {0},
+    };
+    const struct cli_tool tool = {.name = "equiv", .help = help, .short_opts = "p:n:", .opts = opts,
+                                  .on_option = on_option, .state = &o};
+    int pr = cli_parse(&c, &tool, argc, argv);
+    if (pr != CLI_PARSE_OK) return pr == CLI_PARSE_EXIT ? 0 : 2;
+    const char *prompts_path = o.prompts_path, *prompt = o.prompt;
+    const long n_gen = o.n_gen, top = o.top, inject = o.inject;
+    const double tie = o.tie;
+    const bool free_run = o.free_run;
     if (!prompts_path == !prompt) { fprintf(stderr, "error: give one of --prompts and -p\n"); return 2; }
     if (!c.spec.drafter) {
         char choices[128];

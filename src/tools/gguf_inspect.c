@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "gguf.h"
 #include "tools.h"
 
@@ -155,7 +156,7 @@ static void print_tensors(FILE *out, const struct gguf_file *f) {
             bytes_total, bytes_total / 1048576.0, n_elem_total ? 8.0 * bytes_total / n_elem_total : 0.0);
 }
 
-static void usage(FILE *out) {
+static void help(FILE *out, const struct cli_common *unused) {
     fprintf(out,
             "usage: coti gguf [options] MODEL.gguf\n"
             "Print a GGUF file's header, metadata and tensor table.\n"
@@ -164,23 +165,28 @@ static void usage(FILE *out) {
             "  -h, --help      this text\n");
 }
 
+enum { OPT_FULL = CLI_TOOL_CODE, OPT_NO_TENSORS };
+
+static int on_option(void *state, int code, const char *name, const char *arg) {
+    struct inspect_opts *o = state;
+    if (code == OPT_FULL) { o->max_str = SIZE_MAX; o->max_arr = SIZE_MAX; return 0; }
+    if (code == OPT_NO_TENSORS) { o->no_tensors = true; return 0; }
+    return -1;
+}
+
 int tool_gguf_main(int argc, char **argv) {
     struct inspect_opts o = {.max_str = INSPECT_MAX_STR, .max_arr = INSPECT_MAX_ARR};
     const char *path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
-        else if (!strcmp(argv[i], "--full")) { o.max_str = SIZE_MAX; o.max_arr = SIZE_MAX; }
-        else if (!strcmp(argv[i], "--no-tensors")) o.no_tensors = true;
-        else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "coti gguf: unknown option '%s'\n", argv[i]);
-            usage(stderr);
-            return 1;
-        } else if (path) {
-            fprintf(stderr, "coti gguf: more than one file given ('%s', '%s')\n", path, argv[i]);
-            return 1;
-        } else path = argv[i];
-    }
-    if (!path) { usage(stderr); return 1; }
+    static const struct option opts[] = {
+        {"full", no_argument, NULL, OPT_FULL},
+        {"no-tensors", no_argument, NULL, OPT_NO_TENSORS},
+        {0},
+    };
+    const struct cli_tool tool = {.name = "gguf", .help = help, .opts = opts, .on_option = on_option, .state = &o,
+                                  .no_common = true, .max_positional = 1, .positional = &path};
+    int pr = cli_parse(NULL, &tool, argc, argv);
+    if (pr != CLI_PARSE_OK) return pr == CLI_PARSE_EXIT ? 0 : 1;
+    if (!path) { fprintf(stderr, "coti gguf: no file given (`coti gguf --help`)\n"); return 1; }
 
     struct gguf_file *f;
     char err[512];

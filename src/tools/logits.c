@@ -13,9 +13,17 @@
 #include "tokenizer.h"
 #include "tools.h"
 
-static void usage(void) {
-    fprintf(stderr, "usage: coti logits [-m MODEL] (-p PROMPT | --tokens 1,2,3) [--top N] [--json] [--mtp]\n%s",
-            cli_common_help());
+#define LOGITS_TOP_DEFAULT 20
+
+static void help(FILE *out, const struct cli_common *d) {
+    fprintf(out, "usage: coti logits [-m MODEL] (-p PROMPT | --tokens 1,2,3) [--top N] [--json] [--mtp]\n"
+                 "Teacher-forced top-N next-token logprobs of every position.\n"
+                 "  -p, --prompt TEXT    the text (tokenized with special tokens parsed)\n"
+                 "  --tokens LIST        token ids, comma-separated\n"
+                 "  --top N              logprobs per row (default %d)\n"
+                 "  --json               one JSON object on stdout instead of a line per row\n"
+                 "  --mtp                rows of the NextN head (llama.cpp's draft-mtp convention)\n",
+            LOGITS_TOP_DEFAULT);
 }
 
 static int parse_tokens(const char *s, int32_t **out, size_t *n) {
@@ -55,25 +63,45 @@ static cJSON *row_top(const float *x, int V, int n_top) {
     return arr;
 }
 
+struct logits_opts {
+    const char *prompt, *tokens;
+    long n_top;
+    bool json, mtp;
+};
+
+enum { OPT_TOKENS = CLI_TOOL_CODE, OPT_TOP, OPT_JSON, OPT_MTP };
+
+static int on_option(void *state, int code, const char *name, const char *v) {
+    struct logits_opts *o = state;
+    switch (code) {
+    case 'p': o->prompt = v; return 0;
+    case OPT_TOKENS: o->tokens = v; return 0;
+    case OPT_TOP: return cli_parse_int(name, v, 1, EQUIV_MAX_TOP, &o->n_top);
+    case OPT_JSON: o->json = true; return 0;
+    case OPT_MTP: o->mtp = true; return 0;
+    }
+    return -1;
+}
+
 int tool_logits_main(int argc, char **argv) {
     struct cli_common c;
     cli_common_defaults(&c);
-    const char *prompt = NULL, *tokens_arg = NULL;
-    long n_top = 20;
-    bool json = false, mtp = false;
-    for (int i = 1; i < argc;) {
-        int r = cli_parse_common(&c, argc, argv, &i);
-        if (r < 0) return 1;
-        if (r > 0) continue;
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!v) { usage(); return 1; } prompt = v; i += 2; }
-        else if (!strcmp(a, "--tokens")) { if (!v) { usage(); return 1; } tokens_arg = v; i += 2; }
-        else if (!strcmp(a, "--top")) { if (cli_parse_int(a, v, 1, EQUIV_MAX_TOP, &n_top)) return 1; i += 2; }
-        else if (!strcmp(a, "--json")) { json = true; i++; }
-        else if (!strcmp(a, "--mtp")) { mtp = true; i++; }
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
-        else { fprintf(stderr, "error: unknown option '%s'\n", a); usage(); return 1; }
-    }
+    struct logits_opts o = {.n_top = LOGITS_TOP_DEFAULT};
+    static const struct option opts[] = {
+        {"prompt", required_argument, NULL, 'p'},
+        {"tokens", required_argument, NULL, OPT_TOKENS},
+        {"top", required_argument, NULL, OPT_TOP},
+        {"json", no_argument, NULL, OPT_JSON},
+        {"mtp", no_argument, NULL, OPT_MTP},
+        {0},
+    };
+    const struct cli_tool tool = {.name = "logits", .help = help, .short_opts = "p:", .opts = opts,
+                                  .on_option = on_option, .state = &o};
+    int pr = cli_parse(&c, &tool, argc, argv);
+    if (pr != CLI_PARSE_OK) return pr == CLI_PARSE_EXIT ? 0 : 1;
+    const char *prompt = o.prompt, *tokens_arg = o.tokens;
+    const long n_top = o.n_top;
+    const bool json = o.json, mtp = o.mtp;
     if (!prompt == !tokens_arg) { fprintf(stderr, "error: give exactly one of -p and --tokens\n"); return 1; }
     int32_t *toks = NULL;
     size_t n = 0;

@@ -1,8 +1,17 @@
-/* main.c — the coti command: dispatches to one subcommand per file in src/tools/. */
+/* main.c — the coti command: dispatches to one subcommand per file in src/tools/; --help and
+ * --version. */
 #include <stdio.h>
 #include <string.h>
 
+#include "quant/quant.h"
 #include "tools.h"
+#include "tools/cli.h"
+
+#define COTI_VERSION "0.1.0"
+/* the commit, from the Makefile (git describe); a tree without git builds as "unknown" */
+#ifndef COTI_GIT
+#define COTI_GIT "unknown"
+#endif
 
 static const struct {
     const char *name;
@@ -18,21 +27,30 @@ static const struct {
     {"mkmodel", tool_mkmodel_main, "write a tiny random-weight test model"},
 };
 
-static void usage(void) {
-    fprintf(stderr, "usage: coti <command> [options]\n\ncommands:\n");
+static void usage(FILE *out) {
+    fprintf(out, "usage: coti <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(stderr, "  %-10s %s\n", commands[i].name, commands[i].help);
-    fprintf(stderr, "\n`coti <command> --help` lists a command's options.\n");
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(out, "\n`coti <command> --help` lists a command's options; `coti --version` says what this build is.\n");
+}
+
+static void version(void) {
+#ifdef COTI_CUDA
+    const char *cuda = "compiled in";
+#else
+    const char *cuda = "not compiled in (make CUDA=1)";
+#endif
+    printf("coti %s (git %s)\ncpu: %s kernels (the best this CPU has)\ncuda: %s\n", COTI_VERSION, COTI_GIT,
+           cli_cpu_level_name(quant_cpu_level_detect()), cuda);
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage();
-        return argc < 2 ? 1 : 0;
-    }
+    if (argc < 2) { usage(stderr); return 1; }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) { usage(stdout); return 0; }
+    if (!strcmp(argv[1], "-V") || !strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) { version(); return 0; }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].main(argc - 1, argv + 1);
     fprintf(stderr, "coti: unknown command '%s'\n", argv[1]);
-    usage();
+    usage(stderr);
     return 1;
 }

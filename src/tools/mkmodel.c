@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "gguf.h"
 #include "models/gemma4.h"
 #include "models/qwen35.h"
@@ -42,7 +43,10 @@
  * more than the work). */
 #define MK_PARALLEL_MIN_ELEMS (1 << 20)
 
-#define MK_DEFAULT_VOCAB_FROM "models/coti-tiny-qwen35-mtp-q8_0.gguf"
+#define MK_DEFAULT_VOCAB_FROM "models/" CLI_DEFAULT_MODEL
+#define MK_DEFAULT_SHAPE "tiny"
+#define MK_DEFAULT_TYPE GGML_TYPE_Q8_0
+#define MK_DEFAULT_SEED 42ull
 
 static const char CHATML_TEMPLATE[] =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -261,6 +265,7 @@ static int fill_tensor(void *ctx, const char *name, void *dst, size_t size, char
         if (!strcmp(m->t[i].name, name)) t = &m->t[i];
     if (!t) return coti_fail(err, err_size, COTI_E_ARG, "mkmodel: unknown tensor '%s'", name);
     m->next = (size_t)(t - m->t) + 1;
+    cli_progress("mkmodel: tensor %zu/%zu %s", m->next, m->n_t, t->name);
     size_t row_bytes = ggml_row_size(t->type, t->ne[0]);
     if (row_bytes * (size_t)t->ne[1] != size)
         return coti_fail(err, err_size, COTI_E_ARG, "mkmodel: tensor '%s' size mismatch", name);
@@ -522,13 +527,13 @@ static int hp_preset(struct mk_hparams *h, const char *name, enum mk_arch arch) 
     return -1;
 }
 
-static void usage(FILE *out) {
+static void help(FILE *out, const struct cli_common *unused) {
     fprintf(out,
         "usage: coti mkmodel --arch qwen35|gemma4 -o OUT.gguf [options]\n"
         "Write a random-weight model in llama.cpp's GGUF layout of the architecture.\n"
-        "  --shape tiny|coti-tiny|9b   preset (default tiny; gemma4 also e2b-tiny); later options override it\n"
-        "  --type T            2-D weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K..q6_K (default q8_0)\n"
-        "  --seed N            random seed (default 42)\n"
+        "  --shape tiny|coti-tiny|9b|e2b-tiny   preset (default %s; e2b-tiny: gemma4 only); the other options override it\n"
+        "  --type T            2-D weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K..q6_K (default %s)\n"
+        "  --seed N            random seed (default %llu)\n"
         "  --n-embd N --n-layer N --n-ff N --n-head N --n-head-kv N --head-dim N\n"
         "  --n-vocab N         default: the size of the --vocab-from vocabulary\n"
         "  --ssm-d-state N --ssm-n-group N --ssm-dt-rank N --ssm-conv N\n"
@@ -539,19 +544,12 @@ static void usage(FILE *out) {
         "          --full-attn-interval layers and last; --n-embd-per-layer P (per-layer embeddings),\n"
         "          --double-wide-ff (2x --n-ff on the shared-KV layers); presets tiny, coti-tiny (the shipped\n"
         "          model's layout), e2b-tiny (E2B's: shared-KV layers, per-layer embeddings)\n"
-        "  --vocab-from FILE   copy tokenizer.* keys (default %s);\n"
+        "  --vocab-from FILE   copy tokenizer.* keys (default %s, looked up as coti run's -m default);\n"
         "                      'none' writes a synthetic byte-level vocabulary\n"
-        "  --threads N         generation threads (default: all CPUs)\n",
-        MK_DEFAULT_VOCAB_FROM);
-}
-
-/* Options that take a value, besides the integer table of tool_mkmodel_main. */
-static bool is_value_option(const char *a) {
-    static const char *const opts[] = {"-o", "--output", "--arch", "--shape", "--vocab-from", "--seed",
-                                       "--type", "--threads", "--rope-theta", "--eps", "--rope-sections"};
-    for (size_t i = 0; i < COTI_ARRAY_LEN(opts); i++)
-        if (!strcmp(a, opts[i])) return true;
-    return false;
+        "  --threads N         generation threads (default: all CPUs)\n"
+        "  -h, --help          this text\n"
+        "A value follows its option as the next argument or after '=' (--seed=7).\n",
+        MK_DEFAULT_SHAPE, ggml_type_traits_get(MK_DEFAULT_TYPE)->name, (unsigned long long)MK_DEFAULT_SEED, CLI_DEFAULT_MODEL);
 }
 
 static int parse_long(const char *opt, const char *s, long lo, long hi, long *out) {
@@ -682,18 +680,135 @@ static void write_gemma4_metadata(struct gguf_writer *w, const struct mk_model *
     gguf_writer_set_u32(w, "general.quantization_version", 2);
 }
 
+/* The integer options: each sets one field of the hparams, over the preset. */
+static const struct { const char *opt; size_t off; long lo, hi; } mk_ints[] = {
+    {"n-embd", offsetof(struct mk_hparams, n_embd), 1, MK_MAX_DIM},
+    {"n-layer", offsetof(struct mk_hparams, n_layer), 1, MK_MAX_LAYER - 1},
+    {"n-ff", offsetof(struct mk_hparams, n_ff), 1, MK_MAX_FF},
+    {"n-head", offsetof(struct mk_hparams, n_head), 1, MK_MAX_DIM},
+    {"n-head-kv", offsetof(struct mk_hparams, n_head_kv), 1, MK_MAX_DIM},
+    {"head-dim", offsetof(struct mk_hparams, head_dim), 1, MK_MAX_DIM},
+    {"n-vocab", offsetof(struct mk_hparams, n_vocab), 1, MK_MAX_VOCAB},
+    {"ssm-d-state", offsetof(struct mk_hparams, d_state), 1, MK_MAX_DIM},
+    {"ssm-n-group", offsetof(struct mk_hparams, n_group), 1, MK_MAX_DIM},
+    {"ssm-dt-rank", offsetof(struct mk_hparams, dt_rank), 1, MK_MAX_DIM},
+    {"ssm-conv", offsetof(struct mk_hparams, conv), 1, MK_MAX_CONV},
+    {"full-attn-interval", offsetof(struct mk_hparams, interval), 1, MK_MAX_LAYER},
+    {"nextn", offsetof(struct mk_hparams, nextn), 0, 1},   /* llama.cpp supports one */
+    {"rope-dims", offsetof(struct mk_hparams, rope_dims), 0, MK_MAX_DIM},
+    {"ctx", offsetof(struct mk_hparams, ctx), 1, 1L << 24},
+    {"head-dim-full", offsetof(struct mk_hparams, head_dim_full), 2, 512},
+    {"n-head-kv-full", offsetof(struct mk_hparams, n_head_kv_full), 1, MK_MAX_DIM},
+    {"window", offsetof(struct mk_hparams, window), 1, 1L << 24},
+    {"kv-shared", offsetof(struct mk_hparams, kv_shared), 0, MK_MAX_LAYER},
+    {"n-embd-per-layer", offsetof(struct mk_hparams, n_embd_per_layer), 0, MK_MAX_DIM},
+};
+#define MK_N_INTS COTI_ARRAY_LEN(mk_ints)
+
+/* Every option as given; the preset is applied first and the rest over it, whatever the order. */
+struct mk_opts {
+    const char *out, *arch, *shape, *vocab_from;
+    long ints[MK_N_INTS];
+    bool int_set[MK_N_INTS];
+    int tied;                    /* -1 preset, 0 untied, 1 tied */
+    bool kv_equal, double_wide_ff, sections_set;
+    long sections[4];
+    double rope_theta, eps;      /* 0: the preset's */
+    uint64_t seed;
+    enum ggml_type wtype;
+    long n_threads;
+};
+
+enum {
+    OPT_INT = CLI_TOOL_CODE,     /* + index into mk_ints */
+    OPT_ARCH = CLI_TOOL_CODE + 100, OPT_SHAPE, OPT_VOCAB_FROM, OPT_MK_SEED, OPT_TYPE, OPT_MK_THREADS, OPT_ROPE_THETA,
+    OPT_EPS, OPT_ROPE_SECTIONS, OPT_TIED, OPT_UNTIED, OPT_KV_EQUAL, OPT_DOUBLE_WIDE_FF,
+};
+
+static int on_option(void *state, int code, const char *name, const char *val) {
+    struct mk_opts *o = state;
+    if (code >= OPT_INT && code < OPT_INT + (int)MK_N_INTS) {
+        const size_t k = (size_t)(code - OPT_INT);
+        o->int_set[k] = true;
+        return parse_long(name, val, mk_ints[k].lo, mk_ints[k].hi, &o->ints[k]);
+    }
+    switch (code) {
+    case 'o': o->out = val; return 0;
+    case OPT_ARCH: o->arch = val; return 0;
+    case OPT_SHAPE: o->shape = val; return 0;
+    case OPT_VOCAB_FROM: o->vocab_from = val; return 0;
+    case OPT_TIED: o->tied = 1; return 0;
+    case OPT_UNTIED: o->tied = 0; return 0;
+    case OPT_KV_EQUAL: o->kv_equal = true; return 0;
+    case OPT_DOUBLE_WIDE_FF: o->double_wide_ff = true; return 0;
+    case OPT_MK_SEED: {
+        char *end;
+        errno = 0;
+        unsigned long long s = strtoull(val, &end, 10);
+        if (errno || end == val || *end || val[0] == '-') {
+            fprintf(stderr, "coti mkmodel: --seed: '%s' is not an unsigned integer\n", val);
+            return -1;
+        }
+        o->seed = s;
+        return 0;
+    }
+    case OPT_TYPE:
+        o->wtype = ggml_type_from_name(val);
+        if (!ggml_type_supported(o->wtype) || o->wtype == GGML_TYPE_Q8_1 || o->wtype == GGML_TYPE_Q8_K) {
+            fprintf(stderr, "coti mkmodel: --type: '%s' is not a weight type coti supports\n", val);
+            return -1;
+        }
+        return 0;
+    case OPT_MK_THREADS: return parse_long(name, val, 1, MK_MAX_THREADS, &o->n_threads);
+    case OPT_ROPE_THETA: return parse_double(name, val, 1.0, 1e12, &o->rope_theta);
+    case OPT_EPS: return parse_double(name, val, 1e-12, 1.0, &o->eps);
+    case OPT_ROPE_SECTIONS: {
+        long *sec = o->sections;
+        char extra;
+        if (sscanf(val, "%ld,%ld,%ld,%ld%c", &sec[0], &sec[1], &sec[2], &sec[3], &extra) != 4 ||
+            sec[0] < 0 || sec[1] < 0 || sec[2] < 0 || sec[3] < 0 || sec[0] + sec[1] + sec[2] + sec[3] > MK_MAX_DIM) {
+            fprintf(stderr, "coti mkmodel: --rope-sections: '%s' is not A,B,C,D (non-negative)\n", val);
+            return -1;
+        }
+        o->sections_set = true;
+        return 0;
+    }
+    }
+    return -1;
+}
+
 int tool_mkmodel_main(int argc, char **argv) {
-    struct mk_model m = {.wtype = GGML_TYPE_Q8_0, .seed = 42};
-    const char *out = NULL, *arch = NULL, *shape = "tiny", *vocab_from = NULL;
+    struct mk_model m = {0};
     long n_threads = sysconf(_SC_NPROCESSORS_ONLN);
     n_threads = n_threads < 1 ? 1 : COTI_MIN(n_threads, MK_MAX_THREADS);
+    struct mk_opts o = {.shape = MK_DEFAULT_SHAPE, .tied = -1, .seed = MK_DEFAULT_SEED, .wtype = MK_DEFAULT_TYPE,
+                        .n_threads = n_threads};
 
-    /* the preset first, so that every other option overrides it whatever the order */
-    enum mk_arch march = MK_QWEN35;
-    for (int i = 1; i + 1 < argc; i++) {
-        if (!strcmp(argv[i], "--shape")) shape = argv[i + 1];
-        if (!strcmp(argv[i], "--arch") && !strcmp(argv[i + 1], "gemma4")) march = MK_GEMMA4;
-    }
+    struct option opts[MK_N_INTS + 16] = {
+        {"output", required_argument, NULL, 'o'},
+        {"arch", required_argument, NULL, OPT_ARCH},
+        {"shape", required_argument, NULL, OPT_SHAPE},
+        {"vocab-from", required_argument, NULL, OPT_VOCAB_FROM},
+        {"seed", required_argument, NULL, OPT_MK_SEED},
+        {"type", required_argument, NULL, OPT_TYPE},
+        {"threads", required_argument, NULL, OPT_MK_THREADS},
+        {"rope-theta", required_argument, NULL, OPT_ROPE_THETA},
+        {"eps", required_argument, NULL, OPT_EPS},
+        {"rope-sections", required_argument, NULL, OPT_ROPE_SECTIONS},
+        {"tied", no_argument, NULL, OPT_TIED},
+        {"untied", no_argument, NULL, OPT_UNTIED},
+        {"kv-equal", no_argument, NULL, OPT_KV_EQUAL},
+        {"double-wide-ff", no_argument, NULL, OPT_DOUBLE_WIDE_FF},
+    };
+    for (size_t k = 0, n = 14; k < MK_N_INTS; k++, n++)
+        opts[n] = (struct option){mk_ints[k].opt, required_argument, NULL, OPT_INT + (int)k};
+    const struct cli_tool tool = {.name = "mkmodel", .help = help, .short_opts = "o:", .opts = opts,
+                                  .on_option = on_option, .state = &o, .no_common = true};
+    int pr = cli_parse(NULL, &tool, argc, argv);
+    if (pr != CLI_PARSE_OK) return pr == CLI_PARSE_EXIT ? 0 : 1;
+
+    const char *out = o.out, *arch = o.arch, *shape = o.shape, *vocab_from = o.vocab_from;
+    const enum mk_arch march = arch && !strcmp(arch, "gemma4") ? MK_GEMMA4 : MK_QWEN35;
     if (hp_preset(&m.hp, shape, march) != 0) {
         fprintf(stderr, "coti mkmodel: --shape: unknown preset '%s' (tiny, coti-tiny, %s)\n", shape,
                 march == MK_GEMMA4 ? "e2b-tiny" : "9b");
@@ -701,99 +816,25 @@ int tool_mkmodel_main(int argc, char **argv) {
     }
     struct mk_hparams *h = &m.hp;
     bool synthetic = !strcmp(shape, "9b");
-    static const struct { const char *opt; size_t off; long lo, hi; } ints[] = {
-        {"--n-embd", offsetof(struct mk_hparams, n_embd), 1, MK_MAX_DIM},
-        {"--n-layer", offsetof(struct mk_hparams, n_layer), 1, MK_MAX_LAYER - 1},
-        {"--n-ff", offsetof(struct mk_hparams, n_ff), 1, MK_MAX_FF},
-        {"--n-head", offsetof(struct mk_hparams, n_head), 1, MK_MAX_DIM},
-        {"--n-head-kv", offsetof(struct mk_hparams, n_head_kv), 1, MK_MAX_DIM},
-        {"--head-dim", offsetof(struct mk_hparams, head_dim), 1, MK_MAX_DIM},
-        {"--n-vocab", offsetof(struct mk_hparams, n_vocab), 1, MK_MAX_VOCAB},
-        {"--ssm-d-state", offsetof(struct mk_hparams, d_state), 1, MK_MAX_DIM},
-        {"--ssm-n-group", offsetof(struct mk_hparams, n_group), 1, MK_MAX_DIM},
-        {"--ssm-dt-rank", offsetof(struct mk_hparams, dt_rank), 1, MK_MAX_DIM},
-        {"--ssm-conv", offsetof(struct mk_hparams, conv), 1, MK_MAX_CONV},
-        {"--full-attn-interval", offsetof(struct mk_hparams, interval), 1, MK_MAX_LAYER},
-        {"--nextn", offsetof(struct mk_hparams, nextn), 0, 1},   /* llama.cpp supports one */
-        {"--rope-dims", offsetof(struct mk_hparams, rope_dims), 0, MK_MAX_DIM},
-        {"--ctx", offsetof(struct mk_hparams, ctx), 1, 1L << 24},
-        {"--head-dim-full", offsetof(struct mk_hparams, head_dim_full), 2, 512},
-        {"--n-head-kv-full", offsetof(struct mk_hparams, n_head_kv_full), 1, MK_MAX_DIM},
-        {"--window", offsetof(struct mk_hparams, window), 1, 1L << 24},
-        {"--kv-shared", offsetof(struct mk_hparams, kv_shared), 0, MK_MAX_LAYER},
-        {"--n-embd-per-layer", offsetof(struct mk_hparams, n_embd_per_layer), 0, MK_MAX_DIM},
-    };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        bool matched = false;
-        for (size_t k = 0; k < COTI_ARRAY_LEN(ints) && !matched; k++) {
-            if (strcmp(a, ints[k].opt)) continue;
-            if (parse_long(a, val, ints[k].lo, ints[k].hi, (long *)((char *)h + ints[k].off))) return 1;
-            matched = true;
-            i++;
-        }
-        if (matched) continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "--tied")) h->tied = true;
-        else if (!strcmp(a, "--untied")) h->tied = false;
-        else if (!strcmp(a, "--kv-equal")) h->kv_equal = 1;
-        else if (!strcmp(a, "--double-wide-ff")) h->double_wide_ff = 1;
-        else if (!val && is_value_option(a)) {
-            fprintf(stderr, "coti mkmodel: %s needs a value\n", a);
-            return 1;
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) { out = val; i++; }
-        else if (!strcmp(a, "--arch")) { arch = val; i++; }
-        else if (!strcmp(a, "--shape")) i++;
-        else if (!strcmp(a, "--vocab-from")) { vocab_from = val; i++; }
-        else if (!strcmp(a, "--seed")) {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(val, &end, 10);
-            if (errno || end == val || *end || val[0] == '-') {
-                fprintf(stderr, "coti mkmodel: --seed: '%s' is not an unsigned integer\n", val);
-                return 1;
-            }
-            m.seed = s;
-            i++;
-        } else if (!strcmp(a, "--type")) {
-            m.wtype = ggml_type_from_name(val);
-            if (!ggml_type_supported(m.wtype) || m.wtype == GGML_TYPE_Q8_1 || m.wtype == GGML_TYPE_Q8_K) {
-                fprintf(stderr, "coti mkmodel: --type: '%s' is not a weight type coti supports\n", val);
-                return 1;
-            }
-            i++;
-        } else if (!strcmp(a, "--threads")) {
-            if (parse_long(a, val, 1, MK_MAX_THREADS, &n_threads)) return 1;
-            i++;
-        } else if (!strcmp(a, "--rope-theta")) {
-            if (parse_double(a, val, 1.0, 1e12, &h->rope_theta)) return 1;
-            i++;
-        } else if (!strcmp(a, "--eps")) {
-            if (parse_double(a, val, 1e-12, 1.0, &h->eps)) return 1;
-            i++;
-        } else if (!strcmp(a, "--rope-sections")) {
-            long s[4];
-            char extra;
-            if (sscanf(val, "%ld,%ld,%ld,%ld%c", &s[0], &s[1], &s[2], &s[3], &extra) != 4 ||
-                s[0] < 0 || s[1] < 0 || s[2] < 0 || s[3] < 0 || s[0] + s[1] + s[2] + s[3] > MK_MAX_DIM) {
-                fprintf(stderr, "coti mkmodel: --rope-sections: '%s' is not A,B,C,D (non-negative)\n", val);
-                return 1;
-            }
-            memcpy(h->sections, s, sizeof s);
-            h->sections_set = true;
-            i++;
-        } else {
-            fprintf(stderr, "coti mkmodel: unknown option '%s' (see --help)\n", a);
-            return 1;
-        }
-    }
+    for (size_t k = 0; k < MK_N_INTS; k++)
+        if (o.int_set[k]) *(long *)((char *)h + mk_ints[k].off) = o.ints[k];
+    if (o.tied >= 0) h->tied = o.tied;
+    if (o.kv_equal) h->kv_equal = 1;
+    if (o.double_wide_ff) h->double_wide_ff = 1;
+    if (o.rope_theta > 0) h->rope_theta = o.rope_theta;
+    if (o.eps > 0) h->eps = o.eps;
+    if (o.sections_set) { memcpy(h->sections, o.sections, sizeof o.sections); h->sections_set = true; }
+    m.seed = o.seed;
+    m.wtype = o.wtype;
+    char vocab_buf[PATH_MAX];
+    n_threads = o.n_threads;
     if (!arch || (strcmp(arch, "qwen35") && strcmp(arch, "gemma4"))) {
         fprintf(stderr, "coti mkmodel: --arch qwen35 or gemma4 is required\n");
         return 1;
     }
     if (!out) { fprintf(stderr, "coti mkmodel: -o OUT.gguf is required\n"); return 1; }
     if (vocab_from) synthetic = !strcmp(vocab_from, "none");
-    else vocab_from = MK_DEFAULT_VOCAB_FROM;
+    else if (!(vocab_from = cli_find_default_model(vocab_buf, sizeof vocab_buf))) vocab_from = MK_DEFAULT_VOCAB_FROM;
     if (h->rope_dims == 0) h->rope_dims = COTI_MAX(2, h->head_dim / 4 / 2 * 2);
     if (!h->sections_set) {   /* [3/8, 3/8, 2/8] of the rotary pairs, as Qwen's [11, 11, 10, 0] */
         long pairs = h->rope_dims / 2;
@@ -849,6 +890,7 @@ int tool_mkmodel_main(int argc, char **argv) {
      * writes nothing */
     int64_t t0 = coti_time_us();
     rc = gguf_writer_write_fill(w, out, fill_tensor, &m, err, sizeof err);
+    cli_progress_end();
     if (!rc)
         fprintf(stderr, "coti mkmodel: wrote %s: %s %s, %zu tensors, %.2f M params, %s, seed %llu, %.1f s\n",
                 out, arch, shape, m.n_t, n_params / 1e6, ggml_type_traits_get(m.wtype)->name,

@@ -2,6 +2,7 @@
 #include "prompts.h"
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,11 +12,12 @@
 
 int prompts_load(const char *path, struct prompt_list *out) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
+    const bool from_stdin = !strcmp(path, "-");
+    FILE *f = from_stdin ? stdin : fopen(path, "rb");
     if (!f) { fprintf(stderr, "error: cannot open prompt file %s\n", path); return -1; }
     char *buf = malloc(PROMPTS_MAX_FILE_BYTES + 1);
     size_t n = buf ? fread(buf, 1, PROMPTS_MAX_FILE_BYTES + 1, f) : 0;
-    fclose(f);
+    if (!from_stdin) fclose(f);
     if (!buf || n > PROMPTS_MAX_FILE_BYTES) {
         fprintf(stderr, "error: %s: %s\n", path, buf ? "file larger than 64 MiB" : "out of memory");
         free(buf);

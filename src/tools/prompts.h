@@ -1,5 +1,5 @@
 /* prompts.h — prompt files for bench and equiv: a JSON array of strings, or of objects with a
- * "prompt" string field. */
+ * "prompt" string field; "-" is standard input. */
 #ifndef COTI_PROMPTS_H
 #define COTI_PROMPTS_H
 

@@ -10,17 +10,21 @@
 #include "tokenizer.h"
 #include "tools.h"
 
-static void usage(void) {
-    fprintf(stderr, "usage: coti run [-m MODEL] -p PROMPT [-n N] [options]\n"
-                    "  -p, --prompt TEXT    prompt (special tokens like <|im_start|> are parsed)\n"
-                    "  -f, --file FILE      read the prompt from FILE\n"
-                    "  -n, --n-predict N    tokens to generate (default 128)\n"
-                    "  --ignore-eos         keep generating past end-of-generation tokens\n%s",
-            cli_common_help());
+#define RUN_N_PREDICT_DEFAULT 128
+
+static void help(FILE *out, const struct cli_common *d) {
+    fprintf(out, "usage: coti run [-m MODEL] (-p PROMPT | -f FILE) [-n N] [options]\n"
+                 "Generate text from a prompt: the text to stdout, speed and speculation counts to stderr.\n"
+                 "  -p, --prompt TEXT    prompt (special tokens like <|im_start|> are parsed)\n"
+                 "  -f, --file FILE      read the prompt from FILE ('-': standard input)\n"
+                 "  -n, --n-predict N    tokens to generate (default %d)\n"
+                 "  --ignore-eos         keep generating past end-of-generation tokens\n",
+            RUN_N_PREDICT_DEFAULT);
 }
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
+/* All of a stream (a file, or standard input for "-"), NUL-terminated; NULL on failure. */
+static char *read_all(const char *path) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f) return NULL;
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
@@ -32,36 +36,57 @@ static char *read_file(const char *path) {
             else buf = nb;
         }
     }
-    fclose(f);
+    if (buf && ferror(f)) { free(buf); buf = NULL; }
+    if (f != stdin) fclose(f);
     if (buf) buf[n] = 0;
     return buf;
+}
+
+struct run_opts {
+    const char *prompt, *prompt_file;
+    long n_predict;
+    bool ignore_eos;
+};
+
+enum { OPT_IGNORE_EOS = CLI_TOOL_CODE };
+
+static int on_option(void *state, int code, const char *name, const char *arg) {
+    struct run_opts *o = state;
+    switch (code) {
+    case 'p': o->prompt = arg; return 0;
+    case 'f': o->prompt_file = arg; return 0;
+    case 'n': return cli_parse_int(name, arg, 0, 1 << 20, &o->n_predict);
+    case OPT_IGNORE_EOS: o->ignore_eos = true; return 0;
+    }
+    return -1;
 }
 
 int tool_run_main(int argc, char **argv) {
     struct cli_common c;
     cli_common_defaults(&c);
-    const char *prompt = NULL, *prompt_file = NULL;
-    long n_predict = 128;
-    bool ignore_eos = false;
-    for (int i = 1; i < argc;) {
-        int r = cli_parse_common(&c, argc, argv, &i);
-        if (r < 0) return 1;
-        if (r > 0) continue;
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!v) { usage(); return 1; } prompt = v; i += 2; }
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { if (!v) { usage(); return 1; } prompt_file = v; i += 2; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { if (cli_parse_int(a, v, 0, 1 << 20, &n_predict)) return 1; i += 2; }
-        else if (!strcmp(a, "--ignore-eos")) { ignore_eos = true; i++; }
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
-        else { fprintf(stderr, "error: unknown option '%s'\n", a); usage(); return 1; }
-    }
+    struct run_opts o = {.n_predict = RUN_N_PREDICT_DEFAULT};
+    static const struct option opts[] = {
+        {"prompt", required_argument, NULL, 'p'},
+        {"file", required_argument, NULL, 'f'},
+        {"n-predict", required_argument, NULL, 'n'},
+        {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
+        {0},
+    };
+    const struct cli_tool tool = {.name = "run", .help = help, .short_opts = "p:f:n:", .opts = opts,
+                                  .on_option = on_option, .state = &o};
+    int pr = cli_parse(&c, &tool, argc, argv);
+    if (pr != CLI_PARSE_OK) return pr == CLI_PARSE_EXIT ? 0 : 1;
+    const char *prompt = o.prompt, *prompt_file = o.prompt_file;
+    const long n_predict = o.n_predict;
+    const bool ignore_eos = o.ignore_eos;
+    if (prompt && prompt_file) { fprintf(stderr, "error: give one of -p and -f\n"); return 1; }
     char *file_text = NULL;
     if (prompt_file) {
-        file_text = read_file(prompt_file);
+        file_text = read_all(prompt_file);
         if (!file_text) { fprintf(stderr, "error: cannot read %s\n", prompt_file); return 1; }
         prompt = file_text;
     }
-    if (!prompt) { fprintf(stderr, "error: no prompt (-p or -f)\n"); usage(); return 1; }
+    if (!prompt) { fprintf(stderr, "error: no prompt (-p or -f; `coti run --help` lists the options)\n"); return 1; }
 
     struct backend *be;
     struct model *m;
@@ -125,7 +150,7 @@ int tool_run_main(int argc, char **argv) {
             n_toks, pp_s * 1e3, n_toks / (pp_s > 0 ? pp_s : 1e-9), n_gen, tg_s * 1e3,
             n_gen > 1 ? (n_gen - 1) / (tg_s > 0 ? tg_s : 1e-9) : 0.0, drafter_kind_name(c.spec.drafter), c.spec.n_max,
             st->n_drafted, st->n_accepted, st->n_drafted ? (double)st->n_accepted / st->n_drafted : 0.0, c.n_threads,
-            c.cpu_level == QUANT_CPU_AVX512 ? "avx512" : c.cpu_level == QUANT_CPU_AVX2 ? "avx2" : "ref");
+            cli_cpu_level_name(c.cpu_level));
     spec_engine_free(eng);
     rc = 0;
 done:

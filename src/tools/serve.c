@@ -8,77 +8,107 @@
 #include "server/server.h"
 #include "tools.h"
 
-static void usage(void) {
-    fprintf(stderr, "usage: coti serve [-m MODEL] [--host H] [--port P] [--parallel N] [options]\n"
-                    "  --host H             address to listen on (default 127.0.0.1)\n"
-                    "  --port P             TCP port (default 8080; 0 = any free port, printed at start)\n"
-                    "  -np, --parallel N    slots: requests decoded at once, each its own sequence (default 4)\n"
-                    "  -n, --n-predict N    default max tokens of a request (default -1 = until EOG / context)\n"
-                    "  -a, --alias NAME     model name in /v1/models and answers (default: the file name)\n"
-                    "  --max-body BYTES     largest request body (default %zu; 413 beyond)\n"
-                    "  --api-key KEY        require \"Authorization: Bearer KEY\" on every endpoint but /health\n"
-                    "                       (default: $COTI_API_KEY when set, else no key)\n"
-                    "  --cors ORIGIN        let pages of this browser origin (e.g. http://localhost:3000)\n"
-                    "                       call the server (default: no CORS headers, browsers refuse)\n"
-                    "  --no-warmup          skip recording every slot's decode and speculative steps at\n"
-                    "                       start (a device with graphs; else the first request per slot pays)\n"
-                    "Request defaults come from the sampling options below (temperature 0.8 unless --temp);\n"
-                    "requests without a seed get a random one unless --seed is given.\n%s",
-            SERVER_MAX_BODY_DEFAULT, cli_common_help());
+#define SERVE_HOST_DEFAULT "127.0.0.1"
+#define SERVE_PORT_DEFAULT 8080
+#define SERVE_PARALLEL_DEFAULT 4
+#define SERVE_N_PREDICT_DEFAULT (-1)
+
+static void help(FILE *out, const struct cli_common *d) {
+    fprintf(out, "usage: coti serve [-m MODEL] [--host H] [--port P] [--parallel N] [options]\n"
+                 "An OpenAI-compatible HTTP server (docs/server.md). The sampling options below are the\n"
+                 "defaults of requests that do not set them.\n"
+                 "  --host H             address to listen on (default %s; [::1] or ::1 for IPv6)\n"
+                 "  --port P             TCP port (default %d; 0 = any free port, printed at start)\n"
+                 "  -np, --parallel N    slots: requests decoded at once, each its own sequence (default %d)\n"
+                 "  -n, --n-predict N    default max tokens of a request (default %d = until EOG / context)\n"
+                 "  -a, --alias NAME     model name in /v1/models and answers (default: the file name)\n"
+                 "  --max-body BYTES     largest request body (default %zu; 413 beyond)\n"
+                 "  --api-key KEY        require \"Authorization: Bearer KEY\" on every endpoint but /health\n"
+                 "                       (default: $COTI_API_KEY when set, else no key)\n"
+                 "  --cors ORIGIN        let pages of this browser origin (e.g. http://localhost:3000)\n"
+                 "                       call the server (default: no CORS headers, browsers refuse)\n"
+                 "  --no-warmup          skip recording every slot's decode and speculative steps at\n"
+                 "                       start (a device with graphs; else the first request per slot pays)\n",
+            SERVE_HOST_DEFAULT, SERVE_PORT_DEFAULT, SERVE_PARALLEL_DEFAULT, SERVE_N_PREDICT_DEFAULT,
+            (size_t)SERVER_MAX_BODY_DEFAULT);
+}
+
+struct serve_opts {
+    struct server_params p;
+    bool warmup;
+    char host[256];              /* --host [v6] without its brackets */
+};
+
+enum { OPT_HOST = CLI_TOOL_CODE, OPT_PORT, OPT_PARALLEL, OPT_API_KEY, OPT_CORS, OPT_MAX_BODY, OPT_NO_WARMUP };
+
+static int on_option(void *state, int code, const char *name, const char *v) {
+    struct serve_opts *o = state;
+    struct server_params *p = &o->p;
+    long l;
+    switch (code) {
+    case OPT_HOST: {
+        /* a bracketed IPv6 address, as in a URL, is the address inside */
+        size_t n = strlen(v);
+        if (n > 2 && v[0] == '[' && v[n - 1] == ']') {
+            snprintf(o->host, sizeof o->host, "%.*s", (int)(n - 2), v + 1);
+            p->host = o->host;
+        } else {
+            p->host = v;
+        }
+        return 0;
+    }
+    case OPT_PORT: if (cli_parse_int(name, v, 0, 65535, &l)) return -1; p->port = (int)l; return 0;
+    case OPT_PARALLEL: if (cli_parse_int(name, v, 1, 256, &l)) return -1; p->n_parallel = (int)l; return 0;
+    case 'n': if (cli_parse_int(name, v, -1, 1 << 30, &l)) return -1; p->n_predict = (int)l; return 0;
+    case 'a': p->model_alias = v; return 0;
+    case OPT_API_KEY:
+        if (!*v) { fprintf(stderr, "error: --api-key needs a key\n"); return -1; }
+        p->api_key = v;
+        return 0;
+    case OPT_CORS: {
+        /* it becomes a response header: no control characters */
+        bool ok = *v;
+        for (const char *q = v; ok && *q; q++) ok = (unsigned char)*q >= 0x20 && *q != 0x7F;
+        if (!ok) { fprintf(stderr, "error: --cors needs an origin such as http://localhost:3000\n"); return -1; }
+        p->cors_origin = v;
+        return 0;
+    }
+    case OPT_MAX_BODY: if (cli_parse_int(name, v, 1024, 1L << 30, &l)) return -1; p->max_body_bytes = (size_t)l; return 0;
+    case OPT_NO_WARMUP: o->warmup = false; return 0;
+    }
+    return -1;
 }
 
 int tool_serve_main(int argc, char **argv) {
     struct cli_common c;
     cli_common_defaults(&c);
     c.temperature = 0.8f; /* llama.cpp's server default; --temp overrides */
-    struct server_params p = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .max_body_bytes = SERVER_MAX_BODY_DEFAULT,
-                              .n_predict = -1};
-    long l;
-    bool warmup = true;
-    for (int i = 1; i < argc;) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--seed")) p.seed_fixed = true;
-        if (!strcmp(a, "--no-warmup")) { warmup = false; i++; continue; }
-        int r = cli_parse_common(&c, argc, argv, &i);
-        if (r < 0) return 1;
-        if (r > 0) continue;
-        if (!strcmp(a, "--host")) {
-            if (!v) { usage(); return 1; }
-            p.host = v;
-        } else if (!strcmp(a, "--port")) {
-            if (cli_parse_int(a, v, 0, 65535, &l)) return 1;
-            p.port = (int)l;
-        } else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) {
-            if (cli_parse_int(a, v, 1, 256, &l)) return 1;
-            p.n_parallel = (int)l;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            if (cli_parse_int(a, v, -1, 1 << 30, &l)) return 1;
-            p.n_predict = (int)l;
-        } else if (!strcmp(a, "-a") || !strcmp(a, "--alias")) {
-            if (!v) { usage(); return 1; }
-            p.model_alias = v;
-        } else if (!strcmp(a, "--api-key")) {
-            if (!v || !*v) { usage(); return 1; }
-            p.api_key = v;
-        } else if (!strcmp(a, "--cors")) {
-            /* it becomes a response header: no control characters */
-            bool ok = v && *v;
-            for (const char *q = v; ok && *q; q++) ok = (unsigned char)*q >= 0x20 && *q != 0x7F;
-            if (!ok) { fprintf(stderr, "error: --cors needs an origin such as http://localhost:3000\n"); return 1; }
-            p.cors_origin = v;
-        } else if (!strcmp(a, "--max-body")) {
-            if (cli_parse_int(a, v, 1024, 1L << 30, &l)) return 1;
-            p.max_body_bytes = (size_t)l;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
-            return 0;
-        } else {
-            fprintf(stderr, "error: unknown option '%s'\n", a);
-            usage();
-            return 1;
-        }
-        i += !strcmp(a, "-h") || !strcmp(a, "--help") ? 1 : 2;
-    }
+    c.seed_random = true;
+    struct serve_opts o = {
+        .p = {.host = SERVE_HOST_DEFAULT, .port = SERVE_PORT_DEFAULT, .n_parallel = SERVE_PARALLEL_DEFAULT,
+              .max_body_bytes = SERVER_MAX_BODY_DEFAULT, .n_predict = SERVE_N_PREDICT_DEFAULT},
+        .warmup = true,
+    };
+    static const struct option opts[] = {
+        {"host", required_argument, NULL, OPT_HOST},
+        {"port", required_argument, NULL, OPT_PORT},
+        {"parallel", required_argument, NULL, OPT_PARALLEL},
+        {"np", required_argument, NULL, OPT_PARALLEL},
+        {"n-predict", required_argument, NULL, 'n'},
+        {"alias", required_argument, NULL, 'a'},
+        {"api-key", required_argument, NULL, OPT_API_KEY},
+        {"cors", required_argument, NULL, OPT_CORS},
+        {"max-body", required_argument, NULL, OPT_MAX_BODY},
+        {"no-warmup", no_argument, NULL, OPT_NO_WARMUP},
+        {0},
+    };
+    const struct cli_tool tool = {.name = "serve", .help = help, .short_opts = "n:a:", .opts = opts,
+                                  .on_option = on_option, .state = &o};
+    int pr = cli_parse(&c, &tool, argc, argv);
+    if (pr != CLI_PARSE_OK) return pr == CLI_PARSE_EXIT ? 0 : 1;
+    struct server_params p = o.p;
+    const bool warmup = o.warmup;
+    p.seed_fixed = c.seed_given;
     if (c.spec.n_min > c.spec.n_max) {
         fprintf(stderr, "error: --spec-n-min (%d) exceeds --spec-n-max (%d)\n", c.spec.n_min, c.spec.n_max);
         return 1;
