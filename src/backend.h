@@ -84,6 +84,8 @@ struct attn_prep_in {
     float *v;
     int v_stride;
     const float *v_norm;           /* NULL: v is stored as projected */
+    bool v_from_k;                 /* v's rows are first set to k's rows as given (K = V layers) */
+    const int32_t *cells2;         /* or NULL: k and v also go to cells2[t] (a ring's second store) */
     float eps;
     int n_head;
     int n_rot;

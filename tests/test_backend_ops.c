@@ -584,6 +584,39 @@ Test(backend_ops, attn_prep_with_freqs_and_v_norm_equals_its_separate_ops) {
     backend_free(be);
 }
 
+/* K = V layers and window rings: v_from_k takes v from the raw k rows (a copy before any norm)
+ * and cells2 stores every row a second time, bit for bit a copy and a second kv_store. */
+Test(backend_ops, attn_prep_v_from_k_and_second_store_equal_copy_and_kv_store) {
+    struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
+    enum { NT = 3, H = 2, HKV = 1, D = 32, CELLS = 8, QS = H * D, KV = HKV * D };
+    static float q[NT * QS], k[NT * KV], v[NT * KV], q2[NT * QS], k2[NT * KV], v2[NT * KV];
+    static float qn[D], kn[D], ones[D];
+    static uint16_t kc[CELLS * KV], vc[CELLS * KV], kc2[CELLS * KV], vc2[CELLS * KV];
+    const int32_t pos[NT] = {3, 4, 5}, cells[NT] = {3, 4, 5}, cells2[NT] = {0, 1, 7};
+    fill(q, NT * QS, 3.0f);
+    fill(k, NT * KV, 3.0f);
+    fill(v, NT * KV, 2.0f); /* overwritten from k */
+    for (int i = 0; i < D; i++) { qn[i] = 1.0f + 0.5f * frand(); kn[i] = 1.0f + 0.5f * frand(); ones[i] = 1.0f; }
+    memcpy(q2, q, sizeof q);
+    memcpy(k2, k, sizeof k);
+    memcpy(v2, k, sizeof k);
+    const struct kv_view kvv = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
+    const struct kv_view kvv2 = kv_view_make(GGML_TYPE_F16, HKV, D, kc2, vc2);
+    struct attn_prep_in in = {.q = q, .q_stride = QS, .q_head_stride = D, .q_norm = qn, .k = k, .k_stride = KV,
+                              .k_norm = kn, .v = v, .v_stride = KV, .v_norm = ones, .v_from_k = true, .cells2 = cells2,
+                              .eps = 1e-6f, .n_head = H, .n_rot = D, .rope_base = 1e4f};
+    be->attn_prep(be, &in, NT, pos, cells, &kvv);
+    in = (struct attn_prep_in){.q = q2, .q_stride = QS, .q_head_stride = D, .q_norm = qn, .k = k2, .k_stride = KV,
+                               .k_norm = kn, .v = v2, .v_stride = KV, .v_norm = ones, .eps = 1e-6f, .n_head = H,
+                               .n_rot = D, .rope_base = 1e4f};
+    be->attn_prep(be, &in, NT, pos, cells, &kvv2);
+    be->kv_store(be, k2, KV, v2, KV, NT, cells2, &kvv2);
+    cr_assert(memcmp(v, v2, sizeof v) == 0, "v rows from the raw k rows");
+    cr_assert(memcmp(kc, kc2, sizeof kc) == 0 && memcmp(vc, vc2, sizeof vc) == 0, "the cache rows, both stores");
+    cr_assert(memcmp(kc + 7 * KV, kc + 5 * KV, sizeof(uint16_t) * KV) == 0 && kc[7 * KV] != 0, "the second store");
+    backend_free(be);
+}
+
 /* The elementwise ops gemma4 adds, against their formulas in double on random values. */
 Test(backend_ops, geglu_scale_softcap_follow_their_formulas) {
     struct backend *be = backend_cpu_init(1, quant_cpu_level_detect());

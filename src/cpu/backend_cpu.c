@@ -403,6 +403,9 @@ static void cpu_attn_prep(struct backend *be, const struct attn_prep_in *in, int
     float *q = in->q, *k = in->k, *v = in->v;
     const int q_stride = in->q_stride, q_head_stride = in->q_head_stride, k_stride = in->k_stride;
     const float eps = in->eps;
+    if (in->v_from_k)
+        for (int t = 0; t < n_tok; t++)
+            memcpy(v + (size_t)t * in->v_stride, k + (size_t)t * k_stride, sizeof(float) * (size_t)n_head_kv * head_dim);
     /* per token, its heads as rmsnorm rows q_head_stride (k: head_dim) apart */
     for (int t = 0; t < n_tok; t++)
         cpu_rmsnorm(be, q + (size_t)t * q_stride, q_head_stride, in->q_norm, n_head, head_dim, eps,
@@ -417,6 +420,7 @@ static void cpu_attn_prep(struct backend *be, const struct attn_prep_in *in, int
             cpu_rmsnorm(be, v + (size_t)t * in->v_stride, head_dim, in->v_norm, n_head_kv, head_dim, eps,
                         v + (size_t)t * in->v_stride, head_dim);
     cpu_kv_store(be, k, k_stride, v, in->v_stride, n_tok, cells, kv);
+    if (in->cells2) cpu_kv_store(be, k, k_stride, v, in->v_stride, n_tok, in->cells2, kv);
 }
 
 static void cpu_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,

@@ -270,12 +270,15 @@ void cuda_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int
 /* A warp per (head, token), q heads first: the head's norm in place (cuda_warp_rms_inv, the
  * order of rmsnorm_kernel<32, ...>), the rotation of its first 2·half dims (rope_angles and
  * rope_pair, as rope_kernel), and for a k head the f16 stores of its k and v rows into
- * cache row cells[t]. Bit for bit the separate kernels, one launch instead of five. */
+ * cache row cells[t] (and cells2[t]: a ring's second store). v_from_k: the v row is first a
+ * copy of the k row as projected (K = V layers). Bit for bit the separate kernels and copies,
+ * one launch instead of five to seven. */
 __global__ void __launch_bounds__(32)
 attn_prep_kernel(float *q, int q_stride, int q_head_stride, const float *__restrict__ q_norm, float *k, int k_stride,
                  const float *__restrict__ k_norm, float *v, int v_stride, const float *__restrict__ v_norm, float eps,
                  int n_head, int n_head_kv, int D, int half, const int32_t *__restrict__ pos, float theta_scale,
-                 const float *__restrict__ freqs, const int32_t *__restrict__ cells, uint16_t *kc, uint16_t *vc) {
+                 const float *__restrict__ freqs, const int32_t *__restrict__ cells, const int32_t *__restrict__ cells2,
+                 bool v_from_k, uint16_t *kc, uint16_t *vc) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     cuda_pdl_begin();
     const int t = blockIdx.y, lane = threadIdx.x;
@@ -283,6 +286,11 @@ attn_prep_kernel(float *q, int q_stride, int q_head_stride, const float *__restr
     const int h = is_k ? blockIdx.x - n_head : blockIdx.x;
     float *row = is_k ? k + (size_t)t * k_stride + (size_t)h * D : q + (size_t)t * q_stride + (size_t)h * q_head_stride;
     const float *w = is_k ? k_norm : q_norm;
+    if (is_k && v_from_k) {
+        float *vr = v + (size_t)t * v_stride + (size_t)h * D;
+        for (int i = lane; i < D; i += 32) vr[i] = row[i];
+        __syncwarp();
+    }
     rope_angles((float)pos[t], theta_scale, half, lane, 32, freqs, cs, sn);
     const float s = cuda_warp_rms_inv(row, D, eps, lane);
     for (int i = lane; i < D; i += 32) row[i] = __fmul_rn(__fmul_rn(row[i], s), w[i]);
@@ -301,6 +309,12 @@ attn_prep_kernel(float *q, int q_stride, int q_head_stride, const float *__restr
         kc[dst + i] = cuda_f2h(row[i]);
         vc[dst + i] = cuda_f2h(vr[i]);
     }
+    if (!cells2) return;
+    const size_t dst2 = (size_t)cells2[t] * n_head_kv * D + (size_t)h * D;
+    for (int i = lane; i < D; i += 32) {
+        kc[dst2 + i] = cuda_f2h(row[i]);
+        vc[dst2 + i] = cuda_f2h(vr[i]);
+    }
 }
 
 void cuda_attn_prep(struct backend *be, const struct attn_prep_in *in, int n_tok, const int32_t *pos, const int32_t *cells,
@@ -313,7 +327,8 @@ void cuda_attn_prep(struct backend *be, const struct attn_prep_in *in, int n_tok
     const float theta_scale = powf(in->rope_base, -2.0f / (float)in->n_rot); /* as cuda_rope_neox forms it */
     cuda_launch(c, dim3(n_head + n_head_kv, n_tok), 32, attn_prep_kernel, in->q, in->q_stride, in->q_head_stride,
                 in->q_norm, in->k, in->k_stride, in->k_norm, in->v, in->v_stride, in->v_norm, in->eps, n_head, n_head_kv,
-                head_dim, half, pos, theta_scale, in->rope_freqs, cells, (uint16_t *)kv->k, (uint16_t *)kv->v);
+                head_dim, half, pos, theta_scale, in->rope_freqs, cells, in->cells2, in->v_from_k, (uint16_t *)kv->k,
+                (uint16_t *)kv->v);
 }
 
 /* ---- KV store ------------------------------------------------------------------------------------ */

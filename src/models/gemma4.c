@@ -382,14 +382,14 @@ static void attention(struct gemma4 *q, const struct layer *ly, int il, int n) {
         const struct bweight *ws[3] = {&ly->q, &ly->k, &ly->v};
         float *ys[3] = {s->q, s->k, s->v};
         be->matmul(be, ws, ys, ly->v.data ? 3 : 2, &in, n);
-        if (!ly->v.data) be->copy(be, s->v, s->k, sizeof(float) * (size_t)n * KV); /* K = V: the raw projection */
+        /* K = V layers (no attn_v): V is the raw K projection; a ring stores twice (kv.h) */
         const struct attn_prep_in prep = {.q = s->q, .q_stride = QS, .q_head_stride = D, .q_norm = ly->q_norm, .k = s->k,
                                           .k_stride = KV, .k_norm = ly->k_norm, .v = s->v, .v_stride = KV,
-                                          .v_norm = s->ones, .eps = hp->eps, .n_head = H, .n_rot = n_rot,
-                                          .rope_base = base, .rope_freqs = freqs};
+                                          .v_norm = s->ones, .v_from_k = !ly->v.data,
+                                          .cells2 = swa && q->eng.mem.kv.win.ring ? meta->win_cells2 : NULL,
+                                          .eps = hp->eps, .n_head = H, .n_rot = n_rot, .rope_base = base,
+                                          .rope_freqs = freqs};
         be->attn_prep(be, &prep, n, meta->pos, swa ? meta->win_cells : meta->cells, kv);
-        /* a ring's second store, from the rows attn_prep normed and rotated in place (kv.h) */
-        if (swa && q->eng.mem.kv.win.ring) be->kv_store(be, s->k, KV, s->v, KV, n, meta->win_cells2, kv);
     } else { /* reads kv_src's cache, stores nothing */
         be->matmul(be, (const struct bweight *const[]){&ly->q}, (float *const[]){s->q}, 1, &in, n);
         be->rmsnorm(be, s->q, D, ly->q_norm, n * H, D, hp->eps, s->q, D);

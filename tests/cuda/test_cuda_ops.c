@@ -810,8 +810,9 @@ static void test_kv_store(int n_tok, int kvd, int n_cells) {
  * as f16 of those values) and against the GPU's own separate kernels, bit for bit. q rows hold
  * [q_h ; gate_h] per head as qwen35 lays them out. */
 /* gemma: gemma4's form, rope_freqs (the first quarter of the pairs turn, 1e30 for the rest)
- * and v rows normed with a weight of ones before the store. */
-static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_cells, bool gemma) {
+ * and v rows normed with a weight of ones before the store; kv_ring: also v taken from the raw
+ * k rows (K = V layers) and a second store of every row at cells2 (a window ring's). */
+static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_cells, bool gemma, bool kv_ring) {
     char shape[96];
     const int QS = 2 * H * D, KV = HKV * D, pos0 = 40;
     const size_t nq = (size_t)n_tok * QS, nk = (size_t)n_tok * KV, nc = (size_t)n_cells * KV;
@@ -822,11 +823,17 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     uint16_t *kc = xmalloc(2 * nc), *vc = xmalloc(2 * nc), *kcg = xmalloc(2 * nc), *vcg = xmalloc(2 * nc);
     uint16_t *kcg2 = xmalloc(2 * nc), *vcg2 = xmalloc(2 * nc);
     int32_t *pos = xmalloc(sizeof(int32_t) * n_tok), *cells = xmalloc(sizeof(int32_t) * n_tok);
+    int32_t *cells2 = xmalloc(sizeof(int32_t) * n_tok); /* disjoint from cells: n_cells >= 2 n_tok */
     fill(q, nq, 3.0f);
     fill(k, nk, 3.0f);
     fill(v, nk, 2.0f);
     for (int i = 0; i < D; i++) { qn[i] = 1.0f + 0.5f * frand(); kn[i] = 1.0f + 0.5f * frand(); }
     for (int t = 0; t < n_tok; t++) { pos[t] = pos0 + t; cells[t] = (t * 5 + 2) % n_cells; }
+    for (int t = 0; t < n_tok; t++) {
+        cells2[t] = n_cells - 1 - t;
+        for (int u = 0; u < n_tok; u++)
+            if (cells[u] == cells2[t]) { fprintf(stderr, "test_attn_prep: cells overlap\n"); abort(); }
+    }
     float *ones = xmalloc(sizeof(float) * D), *freqs = xmalloc(sizeof(float) * D / 2);
     for (int i = 0; i < D; i++) ones[i] = 1.0f;
     for (int i = 0; i < D / 2; i++) freqs[i] = i < n_rot / 8 ? 1.0f : 1e30f;
@@ -837,11 +844,12 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     float *dqn = gdup(qn, sizeof(float) * D), *dkn = gdup(kn, sizeof(float) * D);
     uint16_t *dkc = gdup(kc, 2 * nc), *dvc = gdup(vc, 2 * nc);
     int32_t *dpos = gdup(pos, sizeof(int32_t) * n_tok), *dcells = gdup(cells, sizeof(int32_t) * n_tok);
+    int32_t *dcells2 = gdup(cells2, sizeof(int32_t) * n_tok);
     const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, HKV, D, dkc, dvc);
     const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
     const struct attn_prep_in gin = {.q = dq, .q_stride = QS, .q_head_stride = 2 * D, .q_norm = dqn, .k = dk,
                                      .k_stride = KV, .k_norm = dkn, .v = dv, .v_stride = KV, .v_norm = gemma ? dones : NULL,
-                                     .eps = 1e-6f, .n_head = H, .n_rot = n_rot, .rope_base = 1e7f,
+                                     .v_from_k = kv_ring, .cells2 = kv_ring ? dcells2 : NULL, .eps = 1e-6f, .n_head = H, .n_rot = n_rot, .rope_base = 1e7f,
                                      .rope_freqs = gemma ? dfreqs : NULL};
     gpu->attn_prep(gpu, &gin, n_tok, dpos, dcells, &kvg);
     gget(qg, dq, sizeof(float) * nq);
@@ -854,22 +862,25 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     gpu->upload(gpu, dv, v, sizeof(float) * nk);
     gpu->upload(gpu, dkc, kc, 2 * nc);
     gpu->upload(gpu, dvc, vc, 2 * nc);
+    if (kv_ring) gpu->copy(gpu, dv, dk, sizeof(float) * nk);
     gpu->rmsnorm(gpu, dq, 2 * D, dqn, n_tok * H, D, 1e-6f, dq, 2 * D);
     gpu->rmsnorm(gpu, dk, D, dkn, n_tok * HKV, D, 1e-6f, dk, D);
     gpu->rope_neox(gpu, dq, n_tok, QS, H, 2 * D, n_rot, dpos, 1e7f, gemma ? dfreqs : NULL);
     gpu->rope_neox(gpu, dk, n_tok, KV, HKV, D, n_rot, dpos, 1e7f, gemma ? dfreqs : NULL);
     if (gemma) gpu->rmsnorm(gpu, dv, D, dones, n_tok * HKV, D, 1e-6f, dv, D);
     gpu->kv_store(gpu, dk, KV, dv, KV, n_tok, dcells, &kvg);
+    if (kv_ring) gpu->kv_store(gpu, dk, KV, dv, KV, n_tok, dcells2, &kvg);
     gget(qg2, dq, sizeof(float) * nq);
     gget(kg2, dk, sizeof(float) * nk);
     gget(kcg2, dkc, 2 * nc);
     gget(vcg2, dvc, 2 * nc);
     const struct attn_prep_in cin = {.q = q, .q_stride = QS, .q_head_stride = 2 * D, .q_norm = qn, .k = k,
                                      .k_stride = KV, .k_norm = kn, .v = v, .v_stride = KV, .v_norm = gemma ? ones : NULL,
-                                     .eps = 1e-6f, .n_head = H, .n_rot = n_rot, .rope_base = 1e7f,
+                                     .v_from_k = kv_ring, .cells2 = kv_ring ? cells2 : NULL, .eps = 1e-6f, .n_head = H, .n_rot = n_rot, .rope_base = 1e7f,
                                      .rope_freqs = gemma ? freqs : NULL};
     cpu->attn_prep(cpu, &cin, n_tok, pos, cells, &kvc);
-    snprintf(shape, sizeof shape, "%d tok %d/%d heads of %d rot %d%s", n_tok, H, HKV, D, n_rot, gemma ? " gemma" : "");
+    snprintf(shape, sizeof shape, "%d tok %d/%d heads of %d rot %d%s%s", n_tok, H, HKV, D, n_rot, gemma ? " gemma" : "",
+             kv_ring ? " k=v ring" : "");
     check("attn_prep q", shape, qg, q, nq, 2e-6 * 3.0, 4e-6);
     check("attn_prep k", shape, kg, k, nk, 2e-6 * 3.0, 4e-6);
     check_bits("attn_prep q-sep", shape, qg, qg2, sizeof(float) * nq);
@@ -878,9 +889,9 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     check_bits("attn_prep vc-sep", shape, vcg, vcg2, 2 * nc);
     if (!gemma) check_bits("attn_prep vc", shape, vcg, vc, 2 * nc); /* v is stored as is: the CPU's f16 bits */
     gpu->free(gpu, dq); gpu->free(gpu, dk); gpu->free(gpu, dv); gpu->free(gpu, dqn); gpu->free(gpu, dkn);
-    gpu->free(gpu, dkc); gpu->free(gpu, dvc); gpu->free(gpu, dpos); gpu->free(gpu, dcells);
+    gpu->free(gpu, dkc); gpu->free(gpu, dvc); gpu->free(gpu, dpos); gpu->free(gpu, dcells); gpu->free(gpu, dcells2);
     free(q); free(k); free(v); free(qn); free(kn); free(qg); free(kg); free(qg2); free(kg2); free(kc); free(vc);
-    free(kcg); free(vcg); free(kcg2); free(vcg2); free(pos); free(cells);
+    free(kcg); free(vcg); free(kcg2); free(vcg2); free(pos); free(cells); free(cells2);
     gpu->free(gpu, dones); gpu->free(gpu, dfreqs);
     free(ones); free(freqs);
 }
@@ -1420,11 +1431,12 @@ static void run_rope_neox(void) {
     test_rope(70, 8, 64, 32, 8 * 64, 64, 0);
 }
 static void run_attn_prep(void) {
-    test_attn_prep(1, 16, 4, 256, 64, 8, false);   /* the 9B's shape, decode */
-    test_attn_prep(5, 6, 2, 64, 64, 12, false);    /* the tiny model's, a verify batch */
-    test_attn_prep(3, 4, 2, 128, 96, 4, false);    /* rotation not a multiple of the warp */
-    test_attn_prep(3, 4, 2, 128, 128, 6, true);    /* gemma4's full layer: partial rotation, v norm */
-    test_attn_prep(2, 4, 1, 64, 64, 6, true);
+    test_attn_prep(1, 16, 4, 256, 64, 8, false, false);   /* the 9B's shape, decode */
+    test_attn_prep(5, 6, 2, 64, 64, 12, false, false);    /* the tiny model's, a verify batch */
+    test_attn_prep(3, 4, 2, 128, 96, 4, false, false);    /* rotation not a multiple of the warp */
+    test_attn_prep(3, 4, 2, 128, 128, 6, true, false);    /* gemma4's full layer: partial rotation, v norm */
+    test_attn_prep(3, 4, 1, 128, 128, 6, true, true);     /* ... K = V, and a ring's second store */
+    test_attn_prep(2, 4, 1, 64, 64, 6, true, true);
 }
 static void run_kv_store(void) { test_kv_store(1, 1024, 10); test_kv_store(9, 512, 20); test_kv_store(3, 100, 5); }
 static void run_attention(void) {
