@@ -78,7 +78,7 @@ struct attn_prep_in {
     float *q;
     int q_stride, q_head_stride;   /* q rows; q heads within a row */
     const float *q_norm;
-    float *k;
+    float *k;                      /* NULL: the q heads only, nothing stored (a query-only layer) */
     int k_stride;
     const float *k_norm;
     float *v;

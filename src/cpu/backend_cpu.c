@@ -403,17 +403,18 @@ static void cpu_attn_prep(struct backend *be, const struct attn_prep_in *in, int
     float *q = in->q, *k = in->k, *v = in->v;
     const int q_stride = in->q_stride, q_head_stride = in->q_head_stride, k_stride = in->k_stride;
     const float eps = in->eps;
-    if (in->v_from_k)
+    if (k && in->v_from_k)
         for (int t = 0; t < n_tok; t++)
             memcpy(v + (size_t)t * in->v_stride, k + (size_t)t * k_stride, sizeof(float) * (size_t)n_head_kv * head_dim);
     /* per token, its heads as rmsnorm rows q_head_stride (k: head_dim) apart */
     for (int t = 0; t < n_tok; t++)
         cpu_rmsnorm(be, q + (size_t)t * q_stride, q_head_stride, in->q_norm, n_head, head_dim, eps,
                     q + (size_t)t * q_stride, q_head_stride);
+    cpu_rope_neox(be, q, n_tok, q_stride, n_head, q_head_stride, n_rot, pos, in->rope_base, in->rope_freqs);
+    if (!k) return;
     for (int t = 0; t < n_tok; t++)
         cpu_rmsnorm(be, k + (size_t)t * k_stride, head_dim, in->k_norm, n_head_kv, head_dim, eps, k + (size_t)t * k_stride,
                     head_dim);
-    cpu_rope_neox(be, q, n_tok, q_stride, n_head, q_head_stride, n_rot, pos, in->rope_base, in->rope_freqs);
     cpu_rope_neox(be, k, n_tok, k_stride, n_head_kv, head_dim, n_rot, pos, in->rope_base, in->rope_freqs);
     if (in->v_norm)
         for (int t = 0; t < n_tok; t++)

@@ -325,7 +325,7 @@ void cuda_attn_prep(struct backend *be, const struct attn_prep_in *in, int n_tok
     if (n_tok < 1) return;
     if (half > ROPE_MAX_HALF) abort(); /* model loading rejects such files (head_dim <= 512) */
     const float theta_scale = powf(in->rope_base, -2.0f / (float)in->n_rot); /* as cuda_rope_neox forms it */
-    cuda_launch(c, dim3(n_head + n_head_kv, n_tok), 32, attn_prep_kernel, in->q, in->q_stride, in->q_head_stride,
+    cuda_launch(c, dim3(n_head + (in->k ? n_head_kv : 0), n_tok), 32, attn_prep_kernel, in->q, in->q_stride, in->q_head_stride,
                 in->q_norm, in->k, in->k_stride, in->k_norm, in->v, in->v_stride, in->v_norm, in->eps, n_head, n_head_kv,
                 head_dim, half, pos, theta_scale, in->rope_freqs, cells, in->cells2, in->v_from_k, (uint16_t *)kv->k,
                 (uint16_t *)kv->v);

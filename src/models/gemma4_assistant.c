@@ -73,7 +73,7 @@ struct gemma4_assistant {
     struct g4a_globals g;
     struct gguf_file *gguf;
     void *arena;
-    float *x, *cat, *u, *a, *q, *att, *o, *fg, *fu, *n, *logits, *h;
+    float *cat, *u, *a, *q, *att, *o, *fg, *fu, *n, *logits;
     int32_t *meta;                       /* backend: pos, cell0, nctx, win_cell0, win_nctx, token */
 };
 
@@ -204,10 +204,10 @@ int gemma4_assistant_load(struct gemma4_assistant **out, const char *path, struc
     }
     const size_t f = sizeof(float);
     const struct arena_slot slots[] = {
-        {(void **)&a->x, f * a->Dt}, {(void **)&a->cat, f * 2 * a->Dt}, {(void **)&a->u, f * a->D}, {(void **)&a->a, f * a->D},
+        {(void **)&a->cat, f * 2 * a->Dt}, {(void **)&a->u, f * a->D}, {(void **)&a->a, f * a->D},
         {(void **)&a->q, f * qmax}, {(void **)&a->att, f * qmax}, {(void **)&a->o, f * a->D},
         {(void **)&a->fg, f * a->ff}, {(void **)&a->fu, f * a->ff}, {(void **)&a->n, f * a->D},
-        {(void **)&a->logits, f * a->V}, {(void **)&a->h, f * a->Dt}, {(void **)&a->meta, sizeof(int32_t) * 8},
+        {(void **)&a->logits, f * a->V}, {(void **)&a->meta, sizeof(int32_t) * 8},
     };
     if (!(a->arena = arena_alloc(a->be, slots, (int)COTI_ARRAY_LEN(slots)))) {
         rc = coti_fail(err, err_size, COTI_E_NOMEM, "out of memory for the assistant");
@@ -232,17 +232,20 @@ void gemma4_assistant_step(struct gemma4_assistant *a, const int32_t *tok_dev, c
                            const float **logits, const float **h_out) {
     struct backend *be = a->be;
     const int32_t *pos = a->meta, *cell0 = a->meta + 1, *nctx = a->meta + 2, *win_cell0 = a->meta + 3, *win_nctx = a->meta + 4;
-    a->t->vt->embed(a->t, tok_dev, 1, a->x);
-    be->copy(be, a->cat, a->x, sizeof(float) * a->Dt);
-    be->copy(be, a->cat + a->Dt, h_in, sizeof(float) * a->Dt);
+    /* cat = [the token's scaled embedding ; h_in]: a chained step's h_in is already there */
+    float *h_cat = a->cat + a->Dt;
+    a->t->vt->embed(a->t, tok_dev, 1, a->cat);
+    if (h_in != h_cat) be->copy(be, h_cat, h_in, sizeof(float) * a->Dt);
     backend_matmul(be, &a->g.pre, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = a->cat}, 1, a->u);
     for (int il = 0; il < a->n_layer; il++) {
         const struct g4a_layer *ly = &a->layers[il];
         const int D = a->head_dim[il], H = a->n_head[il];
         backend_matmul(be, &ly->q, &(struct matmul_in){.kind = MATMUL_RMSNORM, .x = a->u, .w = ly->attn_norm, .eps = a->eps, .a = a->a},
                        1, a->q);
-        be->rmsnorm(be, a->q, D, ly->q_norm, H, D, a->eps, a->q, D);
-        be->rope_neox(be, a->q, 1, H * D, H, D, a->n_rot[il], pos, a->rope_base[il], a->swa[il] ? NULL : a->g.rope_freqs);
+        const struct attn_prep_in prep = {.q = a->q, .q_stride = H * D, .q_head_stride = D, .q_norm = ly->q_norm,
+                                          .eps = a->eps, .n_head = H, .n_rot = a->n_rot[il], .rope_base = a->rope_base[il],
+                                          .rope_freqs = a->swa[il] ? NULL : a->g.rope_freqs};
+        be->attn_prep(be, &prep, 1, pos, NULL, &a->kv[il]); /* the query only: nothing is stored */
         be->attention(be, a->q, H * D, D, &a->kv[il], a->swa[il] ? win_cell0 : cell0, a->swa[il] ? win_nctx : nctx, 1, H,
                       1.0f, a->att);
         backend_matmul(be, &ly->o, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = a->att}, 1, a->o);
@@ -255,8 +258,8 @@ void gemma4_assistant_step(struct gemma4_assistant *a, const int32_t *tok_dev, c
     }
     be->rmsnorm(be, a->u, a->D, a->g.out_norm, 1, a->D, a->eps, a->n, a->D);
     backend_matmul(be, &a->g.head, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = a->n}, 1, a->logits);
-    backend_matmul(be, &a->g.post, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = a->n}, 1, a->h);
+    backend_matmul(be, &a->g.post, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = a->n}, 1, h_cat);
     if (argmax_out) be->argmax(be, a->logits, 1, a->V, argmax_out, NULL);
     *logits = a->logits;
-    *h_out = a->h;
+    *h_out = h_cat;
 }

@@ -831,7 +831,7 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     for (int t = 0; t < n_tok; t++) { pos[t] = pos0 + t; cells[t] = (t * 5 + 2) % n_cells; }
     for (int t = 0; t < n_tok; t++) {
         cells2[t] = n_cells - 1 - t;
-        for (int u = 0; u < n_tok; u++)
+        for (int u = 0; kv_ring && u < n_tok; u++)
             if (cells[u] == cells2[t]) { fprintf(stderr, "test_attn_prep: cells overlap\n"); abort(); }
     }
     float *ones = xmalloc(sizeof(float) * D), *freqs = xmalloc(sizeof(float) * D / 2);
@@ -894,6 +894,43 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     free(kcg); free(vcg); free(kcg2); free(vcg2); free(pos); free(cells); free(cells2);
     gpu->free(gpu, dones); gpu->free(gpu, dfreqs);
     free(ones); free(freqs);
+}
+
+/* attn_prep without k (a query-only layer, the assistant's): the GPU's q norm and rope kernels
+ * bit for bit, the CPU within their tolerances, and the cache untouched. */
+static void test_attn_prep_q_only(int H, int HKV, int D, int n_rot) {
+    char shape[96];
+    const size_t nq = (size_t)H * D, nc = (size_t)4 * HKV * D;
+    float *q = xmalloc(sizeof(float) * nq), *qn = xmalloc(sizeof(float) * D), *qg = xmalloc(sizeof(float) * nq);
+    float *qg2 = xmalloc(sizeof(float) * nq);
+    uint16_t *kc = xmalloc(2 * nc), *kcg = xmalloc(2 * nc);
+    const int32_t pos = 77;
+    fill(q, nq, 3.0f);
+    for (int i = 0; i < D; i++) qn[i] = 1.0f + 0.5f * frand();
+    for (size_t i = 0; i < nc; i++) kc[i] = (uint16_t)(0x3c00 + i % 512);
+    float *dq = gdup(q, sizeof(float) * nq), *dqn = gdup(qn, sizeof(float) * D);
+    uint16_t *dkc = gdup(kc, 2 * nc), *dvc = gdup(kc, 2 * nc);
+    int32_t *dpos = gdup(&pos, sizeof pos);
+    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, HKV, D, dkc, dvc);
+    struct kv_view kvc = kv_view_make(GGML_TYPE_F16, HKV, D, kc, kc);
+    const struct attn_prep_in gin = {.q = dq, .q_stride = H * D, .q_head_stride = D, .q_norm = dqn, .eps = 1e-6f,
+                                     .n_head = H, .n_rot = n_rot, .rope_base = 1e4f};
+    gpu->attn_prep(gpu, &gin, 1, dpos, NULL, &kvg);
+    gget(qg, dq, sizeof(float) * nq);
+    gget(kcg, dkc, 2 * nc);
+    gpu->upload(gpu, dq, q, sizeof(float) * nq);
+    gpu->rmsnorm(gpu, dq, D, dqn, H, D, 1e-6f, dq, D);
+    gpu->rope_neox(gpu, dq, 1, H * D, H, D, n_rot, dpos, 1e4f, NULL);
+    gget(qg2, dq, sizeof(float) * nq);
+    const struct attn_prep_in cin = {.q = q, .q_stride = H * D, .q_head_stride = D, .q_norm = qn, .eps = 1e-6f,
+                                     .n_head = H, .n_rot = n_rot, .rope_base = 1e4f};
+    cpu->attn_prep(cpu, &cin, 1, &pos, NULL, &kvc);
+    snprintf(shape, sizeof shape, "%d heads of %d rot %d, q only", H, D, n_rot);
+    check("attn_prep q", shape, qg, q, nq, 2e-6 * 3.0, 4e-6);
+    check_bits("attn_prep q-sep", shape, qg, qg2, sizeof(float) * nq);
+    check_bits("attn_prep cache kept", shape, kcg, kc, 2 * nc);
+    gpu->free(gpu, dq); gpu->free(gpu, dqn); gpu->free(gpu, dkc); gpu->free(gpu, dvc); gpu->free(gpu, dpos);
+    free(q); free(qn); free(qg); free(qg2); free(kc); free(kcg);
 }
 
 /* n_tok tokens of sequence seq continuing a cache of len0 rows (causal), n_seq sequences of
@@ -1437,6 +1474,8 @@ static void run_attn_prep(void) {
     test_attn_prep(3, 4, 2, 128, 128, 6, true, false);    /* gemma4's full layer: partial rotation, v norm */
     test_attn_prep(3, 4, 1, 128, 128, 6, true, true);     /* ... K = V, and a ring's second store */
     test_attn_prep(2, 4, 1, 64, 64, 6, true, true);
+    test_attn_prep_q_only(4, 2, 64, 64);                /* the assistant's sliding layer */
+    test_attn_prep_q_only(4, 1, 128, 128);
 }
 static void run_kv_store(void) { test_kv_store(1, 1024, 10); test_kv_store(9, 512, 20); test_kv_store(3, 100, 5); }
 static void run_attention(void) {
