@@ -9,6 +9,8 @@
 # A summary goes to stdout; full outputs to OUT_DIR. Exit status 1 if a check failed.
 # With TRACE=DIR (a `make cuda-trace` build folder carried too), the timelines of a tiny decode,
 # a tiny mtp:2 run and a 9B decode go to OUT_DIR/timeline-*.txt (scripts/cuda_timeline.py).
+# gemma4 + the assistant: logits CPU vs CUDA, the gate at n_max 1-4 (trained pair and a random
+# E2B shape with window rings), greedy ring vs no ring, the bench.
 set -u
 B=${1:-build-cuda}
 O=${2:-${OUT:-/tmp/gpu-check}}
@@ -74,6 +76,46 @@ done
 "$C" bench --device cuda --spec off,mtp:1,mtp:2,mtp:3,ngram:3 --prompts "$P" -n 128 --repeat 3 \
     --json "$O/bench-tiny.json" > "$O/bench-tiny.txt" 2>&1
 say "tiny model:"; grep -E '^(off|mtp|ngram)' "$O/bench-tiny.txt" | cut -c1-80 | tee -a "$O/summary.txt"
+
+# gemma4 + its assistant drafter: the trained pair, and a random E2B-shaped target (per-layer
+# embeddings, shared-KV layers) at window 8 with -b 16, whose sliding layers then hold rings
+# (memory/kv.h), beside the shipped assistant patched to window 8 (tests/cli.sh does the same)
+G4=models/coti-tiny-gemma4-q8_0.gguf G4A=models/coti-tiny-gemma4-assistant-q8_0.gguf
+E2B=/tmp/gpu-check-e2b.gguf A8=/tmp/gpu-check-a8.gguf
+"$C" mkmodel --arch gemma4 --shape e2b-tiny --window 8 --vocab-from "$G4" -o "$E2B" > /dev/null 2>&1
+python3 - "$G4A" "$A8" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+k = b'gemma4-assistant.attention.sliding_window'
+i = b.index(struct.pack('<Q', len(k)) + k) + 8 + len(k)
+struct.pack_into('<I', b, i + 4, 8)
+open(sys.argv[2], 'wb').write(b)
+PY
+for m in "$G4|trained" "$E2B|e2b"; do
+    cmp=$(logits_cmp "${m%%|*}" "-${m#*|}")
+    rc=$?
+    say "gemma4 ${m#*|} logits cpu vs cuda: $cmp"
+    [ $rc = 0 ] || bad=1
+done
+for n in 1 2 3 4; do
+    for run in "trained|-m $G4 -md $G4A" "e2b ring|-m $E2B -md $A8 -b 16"; do
+        # shellcheck disable=SC2086
+        r=$("$C" equiv --device cuda ${run#*|} --spec assistant --spec-n-max $n --prompts tests/data-prompts.json -n 48 2>&1 | tail -1)
+        say "gemma4 ${run%%|*} equiv assistant $n: ${r#*: }"
+        echo "$r" | grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || bad=1
+    done
+done
+r=$("$C" equiv --device cuda -m "$E2B" -b 16 --spec ngram --prompts tests/data-prompts.json -n 48 2>&1 | tail -1)
+say "gemma4 e2b ring equiv ngram: ${r#*: }"
+echo "$r" | grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || bad=1
+ring=$("$C" run --device cuda -m "$E2B" -b 16 -md "$A8" --spec assistant -p "$prompt" -n 64 2>/dev/null | md5sum)
+full=$("$C" run --device cuda -m "$E2B" -b 512 -p "$prompt" -n 64 2>/dev/null | md5sum)
+say "gemma4 e2b greedy, ring + assistant vs no ring: $([ "$ring" = "$full" ] && echo same || echo DIFFERENT)"
+[ "$ring" = "$full" ] || bad=1
+"$C" bench -m "$G4" -md "$G4A" --device cuda --spec off,assistant:1,assistant:2,assistant:3,assistant:4 --prompts "$P" \
+    -n 128 --repeat 3 > "$O/bench-gemma4.txt" 2>&1
+say "gemma4 + assistant:"; grep -E '^(off|assistant)' "$O/bench-gemma4.txt" | cut -c1-80 | tee -a "$O/summary.txt"
+rm -f "$E2B" "$A8"
 
 wait $mk
 if [ -s /tmp/gpu-check-9b.gguf ]; then
