@@ -46,6 +46,10 @@ struct routes;
 #define HTTP_MAX_HEADER_BYTES ((size_t)16 << 10)
 #define HTTP_MAX_URL_BYTES ((size_t)8 << 10)
 #define HTTP_CONNECTION_MEMORY ((size_t)64 << 10)
+/* Header fields + query arguments + cookies of one request, at most (431 beyond): MHD keeps a
+ * 64-byte record for each in the half of HTTP_CONNECTION_MEMORY that its read buffer leaves,
+ * along with a copy of the Cookie header; 128 records (8 KiB) + a 16 KiB cookie fit. */
+#define HTTP_MAX_FIELDS 128
 /* An oversized body announced by Content-Length is refused (413) before it is read; one
  * that turns out oversized (chunked) is read and dropped so the 413 reaches a client still
  * sending; past this many dropped bytes the connection is answered and closed at once. */
