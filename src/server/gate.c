@@ -203,13 +203,13 @@ static void conn_event(struct gate *g, struct gate_conn *c, uint32_t events) {
         conn_drain(g, c);
         return;
     }
-    if (c->out) {
-        if (events & EPOLLOUT) conn_write(g, c);
-        return;
-    }
     /* a reset, or the server's watchdog shut the socket down at the deadline */
     if (events & (EPOLLERR | EPOLLHUP)) {
         conn_close(g, c);
+        return;
+    }
+    if (c->out) {
+        if (events & EPOLLOUT) conn_write(g, c);
         return;
     }
     if (events & EPOLLRDHUP) c->eof = true;

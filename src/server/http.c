@@ -11,7 +11,17 @@
  * Deadlines that bytes do not extend (header, body) are enforced by a watchdog thread that
  * shuts down late sockets (shutdown(2), never close: MHD owns the descriptor and closes it).
  * Caps (total, per client address, workers, draining) are answered 503 + Retry-After in JSON
- * so a client meets a clear answer, not a reset. */
+ * so a client meets a clear answer, not a reset.
+ *
+ * MHD does not listen: the gate (gate.c) accepts, holds each new connection until its first
+ * request head is complete, answers in JSON what MHD would refuse with its own HTML (head.c)
+ * and passes the rest on with MHD_add_connection. A waiting connection is in our list as
+ * well (gate_admit), so the caps and the header deadline count it. Only the first head of a
+ * connection passes the gate: a later request on a keep-alive connection is read by MHD
+ * alone, and a malformed one still gets MHD's HTML. Closing that gap would need the
+ * connection back from MHD between requests, which 0.9.75 cannot do (it may even hold the
+ * next request's bytes in its buffer already); answer_early repeats the size checks for
+ * those requests. */
 #include "server/http.h"
 
 #include <arpa/inet.h>
