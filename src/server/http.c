@@ -11,7 +11,17 @@
  * Deadlines that bytes do not extend (header, body) are enforced by a watchdog thread that
  * shuts down late sockets (shutdown(2), never close: MHD owns the descriptor and closes it).
  * Caps (total, per client address, workers, draining) are answered 503 + Retry-After in JSON
- * so a client meets a clear answer, not a reset. */
+ * so a client meets a clear answer, not a reset.
+ *
+ * MHD does not listen: the gate (gate.c) accepts, holds each new connection until its first
+ * request head is complete, answers in JSON what MHD would refuse with its own HTML (head.c)
+ * and passes the rest on with MHD_add_connection. A waiting connection is in our list as
+ * well (gate_admit), so the caps and the header deadline count it. Only the first head of a
+ * connection passes the gate: a later request on a keep-alive connection is read by MHD
+ * alone, and a malformed one still gets MHD's HTML. Closing that gap would need the
+ * connection back from MHD between requests, which 0.9.75 cannot do (it may even hold the
+ * next request's bytes in its buffer already); answer_early repeats the size checks for
+ * those requests. */
 #include "server/http.h"
 
 #include <arpa/inet.h>
@@ -31,6 +41,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "server/gate.h"
 #include "server/openai.h"
 #include "server/routes.h"
 
@@ -69,6 +80,7 @@ struct http_server {
     bool draining, stopping;
     pthread_t watchdog;
     bool watchdog_started;
+    struct gate *gate;          /* the listening socket; new connections until their first head */
 };
 
 /* A streamed answer between its producer (the worker) and MHD (see the file comment). */
@@ -360,46 +372,106 @@ static void set_phase(struct http_server *h, struct http_conn *hc, enum conn_pha
     pthread_mutex_unlock(&h->mu);
 }
 
+/* A connection's state, from the moment it is accepted (gate) or added to MHD. */
+static struct http_conn *conn_new(int fd, const struct sockaddr *sa) {
+    struct http_conn *hc = calloc(1, sizeof *hc);
+    if (!hc) return NULL;
+    hc->fd = fd;
+    if (sa) {
+        hc->family = sa->sa_family;
+        if (sa->sa_family == AF_INET) memcpy(hc->addr, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
+        else if (sa->sa_family == AF_INET6) memcpy(hc->addr, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, 16);
+    }
+    atomic_init(&hc->released, false);
+    hc->phase = PHASE_HEADERS;
+    hc->t_phase_us = coti_time_us();
+    return hc;
+}
+
+/* Connections of hc's client address (h->mu held). */
+static int same_client(const struct http_server *h, const struct http_conn *hc) {
+    int same = 0;
+    for (const struct http_conn *c = h->conns; c; c = c->next)
+        same += c->family == hc->family && !memcmp(c->addr, hc->addr, sizeof c->addr);
+    return same;
+}
+
+static void conn_link(struct http_server *h, struct http_conn *hc) {
+    hc->next = h->conns;
+    if (h->conns) h->conns->prev = hc;
+    h->conns = hc;
+    h->n_conns++;
+}
+
+/* Forget hc and free it: its descriptor is closed (or passed on) right after, so the watchdog
+ * must not see it any more. */
+static void conn_forget(struct http_server *h, struct http_conn *hc) {
+    pthread_mutex_lock(&h->mu);
+    if (hc->prev) hc->prev->next = hc->next;
+    else h->conns = hc->next;
+    if (hc->next) hc->next->prev = hc->prev;
+    h->n_conns--;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    free(hc);
+}
+
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode code) {
     struct http_server *h = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-        struct http_conn *hc = calloc(1, sizeof *hc);
-        if (!hc) return; /* on_request refuses a connection without state */
         const union MHD_ConnectionInfo *fi = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         const union MHD_ConnectionInfo *ai = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-        hc->fd = fi ? fi->connect_fd : -1;
-        if (ai && ai->client_addr) {
-            const struct sockaddr *sa = ai->client_addr;
-            hc->family = sa->sa_family;
-            if (sa->sa_family == AF_INET) memcpy(hc->addr, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
-            else if (sa->sa_family == AF_INET6) memcpy(hc->addr, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, 16);
-        }
-        atomic_init(&hc->released, false);
-        hc->phase = PHASE_HEADERS;
-        hc->t_phase_us = coti_time_us();
+        struct http_conn *hc = conn_new(fi ? fi->connect_fd : -1, ai ? ai->client_addr : NULL);
+        if (!hc) return; /* on_request refuses a connection without state */
         pthread_mutex_lock(&h->mu);
-        hc->next = h->conns;
-        if (h->conns) h->conns->prev = hc;
-        h->conns = hc;
-        h->n_conns++;
+        conn_link(h, hc);
         pthread_mutex_unlock(&h->mu);
         *socket_context = hc;
-    } else {
-        struct http_conn *hc = *socket_context;
-        if (!hc) return;
-        /* MHD closes the descriptor after this: the watchdog must not see it any more */
-        pthread_mutex_lock(&h->mu);
-        if (hc->prev) hc->prev->next = hc->next;
-        else h->conns = hc->next;
-        if (hc->next) hc->next->prev = hc->prev;
-        h->n_conns--;
-        pthread_cond_broadcast(&h->cv);
-        pthread_mutex_unlock(&h->mu);
-        free(hc);
+    } else if (*socket_context) {
+        conn_forget(h, *socket_context);
         *socket_context = NULL;
     }
 }
+
+/* The gate's hooks (gate.h): a connection waiting for its first head is in the list too, so
+ * that the caps and the header deadline hold for it as for one in MHD. */
+
+static void *gate_admit(void *cls, int fd, const struct sockaddr *addr, socklen_t addr_len) {
+    (void)addr_len;
+    struct http_server *h = cls;
+    struct http_conn *hc = conn_new(fd, addr);
+    if (!hc) return NULL;
+    pthread_mutex_lock(&h->mu);
+    /* the hard limits, which MHD applied when it accepted: closed without an answer */
+    bool full = h->n_conns >= HTTP_MAX_CONNECTIONS || same_client(h, hc) >= 2 * HTTP_PER_IP_CONNECTIONS;
+    if (!full) conn_link(h, hc);
+    pthread_mutex_unlock(&h->mu);
+    if (full) {
+        free(hc);
+        return NULL;
+    }
+    return hc;
+}
+
+static void gate_pass(void *cls, void *conn, int fd, const struct sockaddr *addr, socklen_t addr_len) {
+    struct http_server *h = cls;
+    conn_forget(h, conn); /* MHD's notification makes a new entry */
+    if (MHD_add_connection(h->d, fd, addr, addr_len) != MHD_YES)
+        coti_log(COTI_LOG_WARN, "http", "libmicrohttpd did not take a connection: %s", strerror(errno)); /* it closed it */
+}
+
+static void gate_refused(void *cls, void *conn, const struct head_refusal *why) {
+    struct http_server *h = cls;
+    const struct http_conn *hc = conn;
+    char msg[128], note[160];
+    log_excerpt(msg, sizeof msg, why->message, 120);
+    snprintf(note, sizeof note, "error=\"%s\"", msg);
+    http_log_request(atomic_fetch_add(&h->next_id, 1), "-", "-", why->status, hc->t_phase_us, note, false);
+    routes_count_http(h->r, why->status);
+}
+
+static void gate_drop(void *cls, void *conn) { conn_forget(cls, conn); }
 
 /* Why a new request must be refused for load (NULL: it may go on). */
 static const char *over_capacity(struct http_server *h, const struct http_conn *hc) {
@@ -408,12 +480,7 @@ static const char *over_capacity(struct http_server *h, const struct http_conn *
     if (h->draining) why = "the server is shutting down";
     else if (h->n_conns > HTTP_SOFT_CONNECTIONS) why = "the server has too many connections";
     else if (h->n_workers >= HTTP_MAX_WORKERS) why = "the server is busy";
-    else {
-        int same = 0;
-        for (const struct http_conn *c = h->conns; c; c = c->next)
-            same += c->family == hc->family && !memcmp(c->addr, hc->addr, sizeof c->addr);
-        if (same > HTTP_PER_IP_CONNECTIONS) why = "too many connections from this client";
-    }
+    else if (same_client(h, hc) > HTTP_PER_IP_CONNECTIONS) why = "too many connections from this client";
     pthread_mutex_unlock(&h->mu);
     return why;
 }
@@ -642,11 +709,11 @@ int http_start(struct http_server **out, const struct http_options *o, struct ro
     pthread_cond_init(&h->cv, &ca);
     pthread_condattr_destroy(&ca);
     raise_fd_limit();
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    /* the gate listens and passes each connection on with MHD_add_connection */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+                     MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
     h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, /* first, or MHD complains */
-                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_POOL_THREADS,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(2 * HTTP_PER_IP_CONNECTIONS),
@@ -656,18 +723,25 @@ int http_start(struct http_server **out, const struct http_options *o, struct ro
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
                             MHD_OPTION_END);
+    const struct head_limits lim = {.max_head = HTTP_MAX_HEADER_BYTES, .max_target = HTTP_MAX_URL_BYTES,
+                                    .max_fields = HTTP_MAX_FIELDS, .max_body = o->max_body};
+    const struct gate_hooks hooks = {.cls = h, .admit = gate_admit, .pass = gate_pass, .refused = gate_refused,
+                                     .drop = gate_drop};
+    char why[128] = "";
+    if (!h->d) snprintf(why, sizeof why, "libmicrohttpd did not start");
+    else gate_start(&h->gate, ai->ai_addr, ai->ai_addrlen, &lim, &hooks, why, sizeof why);
     freeaddrinfo(ai);
-    if (!h->d) {
+    if (!h->gate) {
+        if (h->d) MHD_stop_daemon(h->d);
         pthread_mutex_destroy(&h->mu);
         pthread_cond_destroy(&h->cv);
         free(h);
-        return coti_fail(err, err_size, COTI_E_IO, "cannot listen on %s:%d (in use, or not an address of this machine?)",
-                         o->host, o->port);
+        return coti_fail(err, err_size, COTI_E_IO,
+                         "cannot listen on %s:%d (%s; in use, or not an address of this machine?)", o->host, o->port, why);
     }
     if (pthread_create(&h->watchdog, NULL, watchdog_main, h) == 0) h->watchdog_started = true;
     else coti_log(COTI_LOG_WARN, "http", "no watchdog thread: header and body deadlines are off");
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
-    *bound_port = di ? di->port : o->port;
+    *bound_port = gate_port(h->gate);
     *out = h;
     return 0;
 }
@@ -680,8 +754,7 @@ void http_drain(struct http_server *h) {
     pthread_mutex_unlock(&h->mu);
     if (was) return;
     /* new connections are refused by the kernel from now on */
-    MHD_socket fd = MHD_quiesce_daemon(h->d);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
+    gate_quiesce(h->gate);
 }
 
 static bool requests_in_progress(const struct http_server *h) {
@@ -710,6 +783,7 @@ void http_stop(struct http_server *h) {
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
     if (h->watchdog_started) pthread_join(h->watchdog, NULL);
+    gate_stop(h->gate); /* before MHD stops: it passes connections to MHD */
     MHD_stop_daemon(h->d);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);

@@ -1,5 +1,6 @@
 /* http.h — the transport: a libmicrohttpd daemon (epoll, a small thread pool; a complete
- * request runs on a worker thread of its own, so handlers may block while the engine works),
+ * request runs on a worker thread of its own, so handlers may block while the engine works)
+ * behind a gate that accepts connections and answers malformed first request heads (gate.h),
  * deadlines and connection caps, request bodies up to a limit, JSON / text / SSE responses,
  * CORS, draining at shutdown, and detection of clients that went away. Knows nothing of the endpoints: every
  * complete request goes to routes_handle (routes.h). */
@@ -15,13 +16,13 @@
 struct openai_error;
 struct routes;
 
-/* Connections open at once, at most (MHD closes the ones beyond); each costs a descriptor and
+/* Connections open at once, at most (closed as accepted beyond); each costs a descriptor and
  * a little memory, no thread. Beyond HTTP_SOFT_CONNECTIONS, a complete request is answered
  * 503 (Retry-After) instead. */
 #define HTTP_MAX_CONNECTIONS 4096
 #define HTTP_SOFT_CONNECTIONS 3584
-/* Connections of one client address: beyond the soft cap its requests get 503; MHD refuses
- * connections beyond twice that, so one client cannot hold every descriptor. */
+/* Connections of one client address: beyond the soft cap its requests get 503; connections
+ * beyond twice that are closed as accepted, so one client cannot hold every descriptor. */
 #define HTTP_PER_IP_CONNECTIONS 128
 /* Threads running MHD's epoll loops; they never wait for the engine (see http.c). */
 #define HTTP_POOL_THREADS 4
@@ -41,11 +42,16 @@ struct routes;
 /* Seconds a client is told to wait (Retry-After) when refused for load or shutdown. */
 #define HTTP_RETRY_AFTER_S 1
 /* Request line plus headers beyond this: 431 (JSON); a URL beyond HTTP_MAX_URL_BYTES: 414.
- * MHD's own buffer (HTTP_CONNECTION_MEMORY) is larger so these limits, not MHD's HTML
- * answers, are what clients meet. */
+ * The gate checks them on a connection's first head, answer_early on later ones; MHD's own
+ * buffer (HTTP_CONNECTION_MEMORY) is larger so these limits, not MHD's HTML answers, are
+ * what clients meet. */
 #define HTTP_MAX_HEADER_BYTES ((size_t)16 << 10)
 #define HTTP_MAX_URL_BYTES ((size_t)8 << 10)
 #define HTTP_CONNECTION_MEMORY ((size_t)64 << 10)
+/* Header fields + query arguments + cookies of one request, at most (431 beyond): MHD keeps a
+ * 64-byte record for each in the half of HTTP_CONNECTION_MEMORY that its read buffer leaves,
+ * along with a copy of the Cookie header; 128 records (8 KiB) + a 16 KiB cookie fit. */
+#define HTTP_MAX_FIELDS 128
 /* An oversized body announced by Content-Length is refused (413) before it is read; one
  * that turns out oversized (chunked) is read and dropped so the 413 reaches a client still
  * sending; past this many dropped bytes the connection is answered and closed at once. */
