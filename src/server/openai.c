@@ -247,6 +247,72 @@ static int check_unsupported(const cJSON *o, struct openai_error *e) {
     return 0;
 }
 
+/* llama.cpp's samplers that coti does not have. Each is accepted at the value that switches it
+ * off (llama.cpp's default), so a client that sends the defaults keeps working; any other value is
+ * refused by name instead of being ignored, and every value must have the field's JSON type.
+ * A parameter that only tunes a sampler (its "switch" names the field that turns that sampler
+ * on) is type-checked and otherwise free. */
+enum sampler_field_kind { SF_NUMBER, SF_INTEGER, SF_BOOL, SF_STRINGS };
+static const struct sampler_field {
+    const char *name;
+    enum sampler_field_kind kind;
+    double off;          /* the value that switches the sampler off */
+    bool tunes;          /* a tuning parameter: any value of the right type */
+    bool off_at_or_below; /* every value <= off switches it off (top_n_sigma) */
+} sampler_fields[] = {
+    {"presence_penalty", SF_NUMBER, 0.0, false, false},
+    {"frequency_penalty", SF_NUMBER, 0.0, false, false},
+    {"repeat_penalty", SF_NUMBER, 1.0, false, false},
+    {"repeat_last_n", SF_INTEGER, 0, true, false},
+    {"penalty_last_n", SF_INTEGER, 0, true, false},
+    {"typical_p", SF_NUMBER, 1.0, false, false},
+    {"dry_multiplier", SF_NUMBER, 0.0, false, false},
+    {"dry_base", SF_NUMBER, 0, true, false},
+    {"dry_allowed_length", SF_INTEGER, 0, true, false},
+    {"dry_penalty_last_n", SF_INTEGER, 0, true, false},
+    {"dry_sequence_breakers", SF_STRINGS, 0, true, false},
+    {"mirostat", SF_INTEGER, 0, false, false},
+    {"mirostat_tau", SF_NUMBER, 0, true, false},
+    {"mirostat_eta", SF_NUMBER, 0, true, false},
+    {"xtc_probability", SF_NUMBER, 0.0, false, false},
+    {"xtc_threshold", SF_NUMBER, 0, true, false},
+    {"top_n_sigma", SF_NUMBER, 0.0, false, true},
+    {"dynatemp_range", SF_NUMBER, 0.0, false, false},
+    {"dynatemp_exponent", SF_NUMBER, 0, true, false},
+    {"timings_per_token", SF_BOOL, 0, false, false},
+};
+
+static int check_sampler_fields(const cJSON *o, struct openai_error *e) {
+    for (size_t i = 0; i < COTI_ARRAY_LEN(sampler_fields); i++) {
+        const struct sampler_field *f = &sampler_fields[i];
+        const cJSON *v = field(o, f->name);
+        if (!v || cJSON_IsNull(v)) continue;
+        double d = 0;
+        switch (f->kind) {
+        case SF_NUMBER:
+        case SF_INTEGER:
+            if (!cJSON_IsNumber(v) || (f->kind == SF_INTEGER && v->valuedouble != floor(v->valuedouble)))
+                return bad_request(e, "Field '%s': expected %s", f->name, f->kind == SF_INTEGER ? "an integer" : "a number");
+            d = v->valuedouble;
+            break;
+        case SF_BOOL:
+            if (!cJSON_IsBool(v)) return bad_request(e, "Field '%s': expected a boolean", f->name);
+            d = cJSON_IsTrue(v);
+            break;
+        case SF_STRINGS: {
+            bool ok = cJSON_IsArray(v);
+            for (const cJSON *it = ok ? v->child : NULL; it; it = it->next) ok = ok && cJSON_IsString(it);
+            if (!ok) return bad_request(e, "Field '%s': expected an array of strings", f->name);
+            break;
+        }
+        }
+        if (f->tunes || d == f->off || (f->off_at_or_below && d <= f->off)) continue;
+        return bad_request(e, "Field '%s': this sampler is not supported by this server (only its off value, %g, is "
+                              "accepted)", f->name, f->off);
+    }
+    return 0;
+}
+
 static uint64_t random_u64(void) {
     uint64_t x = 0;
     if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) x = (uint64_t)coti_time_us() * 0x9E3779B97F4A7C15ull;
@@ -264,6 +330,7 @@ static int parse_params(const struct openai_ctx *c, const cJSON *o, struct opena
     const cJSON *model = field(o, "model");
     if (model && !cJSON_IsString(model)) return bad_request(e, "Field 'model': expected a string");
     if ((rc = check_unsupported(o, e))) return rc;
+    if ((rc = check_sampler_fields(o, e))) return rc;
 
     /* n_predict and its aliases, in llama.cpp's precedence order */
     static const char *np_names[] = {"n_predict", "max_completion_tokens", "max_tokens"};
@@ -289,12 +356,13 @@ static int parse_params(const struct openai_ctx *c, const cJSON *o, struct opena
     d = g->sp.min_keep;
     if ((rc = get_int(o, "min_keep", 0, 2147483647.0, true, &d, e))) return rc;
     g->sp.min_keep = (int32_t)d;
-    /* seed: -1 and 0xFFFFFFFF (llama.cpp's LLAMA_DEFAULT_SEED) mean "random" */
+    /* seed: -1 and 0xFFFFFFFF (llama.cpp's LLAMA_DEFAULT_SEED) mean "random". A drawn seed is 32
+     * bits, as llama.cpp's, so that the value reported (a JSON number) sent back replays the text. */
     d = -1;
     if ((rc = get_int(o, "seed", -1, 9007199254740992.0, false, &d, e))) return rc;
     if (d >= 0 && d != 4294967295.0) g->sp.seed = (uint64_t)d;
     else if (d < 0 && c->seed_fixed && !field(o, "seed")) g->sp.seed = c->sampling.seed;
-    else g->sp.seed = random_u64();
+    else g->sp.seed = random_u64() % 4294967295u; /* never 0xFFFFFFFF, which means "random" */
     if ((rc = get_stop(o, g, e))) return rc;
     if ((rc = get_bool(o, "stream", &r->stream, e))) return rc;
     if ((rc = get_bool(o, "ignore_eos", &g->ignore_eos, e))) return rc;
