@@ -831,10 +831,11 @@ bool openai_render_stream_end(const struct openai_ctx *c, const struct openai_re
         cJSON_AddStringToObject(ch, "finish_reason", finish_reason(res));
     }
     add_envelope(o, c, r, chat ? "chat.completion.chunk" : "text_completion");
-    /* completions always carry usage in the last chunk; chat only on request, in a chunk of
-     * its own with no choices, to which the timings then move */
-    bool usage_chunk = chat && r->include_usage;
-    if (!chat) {
+    /* stream_options.include_usage (both endpoints): usage in a chunk of its own with no
+     * choices, to which the timings then move; without it chat sends no usage and completions
+     * keep it in the last chunk, as llama-server does */
+    bool usage_chunk = r->include_usage;
+    if (!chat && !usage_chunk) {
         cJSON *u = usage_json(res);
         ok = ok && u;
         if (u) cJSON_AddItemToObject(o, "usage", u);
@@ -850,7 +851,7 @@ bool openai_render_stream_end(const struct openai_ctx *c, const struct openai_re
         cJSON *o2 = cJSON_CreateObject();
         if (!o2) { free(out[0]); *n = 0; return false; }
         bool ok2 = cJSON_AddArrayToObject(o2, "choices") != NULL;
-        add_envelope(o2, c, r, "chat.completion.chunk");
+        add_envelope(o2, c, r, chat ? "chat.completion.chunk" : "text_completion");
         cJSON *u = usage_json(res), *t = openai_timings(res);
         if (u) cJSON_AddItemToObject(o2, "usage", u);
         if (t) cJSON_AddItemToObject(o2, "timings", t);

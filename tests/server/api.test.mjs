@@ -145,6 +145,19 @@ describe('completions', () => {
     assert.equal(text, ref.choices[0].text);
     assert.equal(last.choices[0].finish_reason, 'length');
     assert.deepEqual(last.usage, ref.usage);
+    // stream_options.include_usage, as chat honours it: a last chunk with no choices and the usage
+    const withUsage = await srv.client.completions.create({
+      model: 'm', prompt: PROMPT, max_tokens: 16, stream: true, stream_options: { include_usage: true }, ...greedy,
+    });
+    const chunks = [];
+    for await (const c of withUsage) chunks.push(c);
+    assert.equal(chunks.map((c) => c.choices[0]?.text ?? '').join(''), ref.choices[0].text);
+    assert.equal(chunks.at(-2).choices[0].finish_reason, 'length');
+    assert.equal(chunks.at(-2).usage, undefined, 'usage only in its own chunk');
+    assert.deepEqual(chunks.at(-1).choices, []);
+    assert.deepEqual(chunks.at(-1).usage, ref.usage);
+    checkTimings(chunks.at(-1).timings, chunks.at(-1).usage);
+    for (const c of chunks) assert.equal(c.object, 'text_completion');
   });
 
   test('prompt as token ids gives the same text', async () => {
