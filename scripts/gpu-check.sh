@@ -83,14 +83,7 @@ say "tiny model:"; grep -E '^(off|mtp|ngram)' "$O/bench-tiny.txt" | cut -c1-80 |
 G4=models/coti-tiny-gemma4-q8_0.gguf G4A=models/coti-tiny-gemma4-assistant-q8_0.gguf
 E2B=/tmp/gpu-check-e2b.gguf A8=/tmp/gpu-check-a8.gguf
 "$C" mkmodel --arch gemma4 --shape e2b-tiny --window 8 --vocab-from "$G4" -o "$E2B" > /dev/null 2>&1
-python3 - "$G4A" "$A8" <<'PY'
-import struct, sys
-b = bytearray(open(sys.argv[1], 'rb').read())
-k = b'gemma4-assistant.attention.sliding_window'
-i = b.index(struct.pack('<Q', len(k)) + k) + 8 + len(k)
-struct.pack_into('<I', b, i + 4, 8)
-open(sys.argv[2], 'wb').write(b)
-PY
+python3 scripts/assistant-window.py "$G4A" "$A8" 8
 for m in "$G4|trained" "$E2B|e2b"; do
     cmp=$(logits_cmp "${m%%|*}" "-${m#*|}")
     rc=$?

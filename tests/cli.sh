@@ -141,15 +141,7 @@ check "gemma4 + assistant: greedy text identical, equiv Δ 0 at n_max 1-4" assis
 # position kept (-b 512: no ring).
 assistant_on_e2b_is_lossless() {
     "$COTI" mkmodel --arch gemma4 --shape e2b-tiny --window 8 --vocab-from "$G4" -o "$TMP/e2b.gguf" > /dev/null 2>&1 || return 1
-    python3 - "$G4A" "$TMP/a8.gguf" <<'PY' || return 1
-import struct, sys
-b = bytearray(open(sys.argv[1], 'rb').read())
-k = b'gemma4-assistant.attention.sliding_window'
-i = b.index(struct.pack('<Q', len(k)) + k) + 8 + len(k)
-assert struct.unpack_from('<I', b, i)[0] == 4  # GGUF u32
-struct.pack_into('<I', b, i + 4, 8)
-open(sys.argv[2], 'wb').write(b)
-PY
+    python3 scripts/assistant-window.py "$G4A" "$TMP/a8.gguf" 8 || return 1
     for n in 1 2 3 4; do
         "$COTI" equiv -m "$TMP/e2b.gguf" --spec assistant --spec-draft "$TMP/a8.gguf" --spec-n-max $n -b 16 \
             --prompts tests/data-prompts.json -n 24 -t 1 | grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || return 1
