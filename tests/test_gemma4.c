@@ -153,32 +153,43 @@ static void *kv_bytes(struct model *m, size_t *n) {
     return h;
 }
 
+/* Feed n_fed tokens to sequence 0 of m, then three assistant steps at that position (the first
+ * token from gemma4_assistant_at's upload, the others chained on the device): the target's cache
+ * bytes and length must not change, and every draft must be a token id. */
+static void assistant_steps_keep_the_cache(struct model *m, struct gemma4_assistant *a, int n_fed) {
+    struct backend *be = m->be;
+    int32_t t[N_TOK];
+    tokens(t, N_TOK, m->info.n_vocab);
+    float *logits = malloc(sizeof(float) * m->info.n_vocab);
+    feed(m, t, 0, n_fed, logits);
+    size_t n0, n1;
+    void *before = kv_bytes(m, &n0);
+    int32_t *d_tok = be->alloc(be, sizeof(int32_t) * 3);
+    float *h = be->alloc(be, sizeof(float) * m->info.n_embd);
+    be->upload(be, h, logits, sizeof(float) * m->info.n_embd); /* any nonzero hidden row */
+    const int32_t *tok = gemma4_assistant_at(a, 0, n_fed, t[n_fed]);
+    const float *lg, *ho = h;
+    for (int k = 0; k < 3; k++) {
+        gemma4_assistant_step(a, tok, ho, d_tok + k, &lg, &ho);
+        tok = d_tok + k;
+    }
+    int32_t drafts[3];
+    be->download(be, drafts, d_tok, sizeof drafts);
+    void *after = kv_bytes(m, &n1);
+    cr_assert(n0 == n1 && memcmp(before, after, n0) == 0, "the target's cache changed");
+    cr_assert_eq(m->seq_len[0], n_fed);
+    for (int k = 0; k < 3; k++) cr_assert(drafts[k] >= 0 && drafts[k] < m->info.n_vocab, "draft %d = %d", k, drafts[k]);
+    free(before); free(after); free(logits);
+    be->free(be, d_tok); be->free(be, h);
+}
+
 Test(gemma4, assistant_steps_leave_the_target_cache_as_it_was) {
     struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
     struct model *m = open_gemma4(be);
     char err[512];
     struct gemma4_assistant *a = NULL;
     cr_assert_eq(gemma4_assistant_load(&a, "models/coti-tiny-gemma4-assistant-q8_0.gguf", m, err, sizeof err), 0, "%s", err);
-    int32_t t[N_TOK];
-    tokens(t, N_TOK, m->info.n_vocab);
-    float *logits = malloc(sizeof(float) * m->info.n_vocab);
-    feed(m, t, 0, 150, logits); /* past the window */
-    size_t n0, n1;
-    void *before = kv_bytes(m, &n0);
-    int32_t *d_tok = be->alloc(be, sizeof(int32_t) * 4);
-    float *h = be->alloc(be, sizeof(float) * m->info.n_embd);
-    be->upload(be, d_tok, &t[150], sizeof(int32_t));
-    gemma4_assistant_at(a, 0, 150, t[150]);
-    const float *lg, *ho = h;
-    for (int k = 0; k < 3; k++) gemma4_assistant_step(a, d_tok + k, ho, d_tok + k + 1, &lg, &ho);
-    int32_t drafts[4];
-    be->download(be, drafts, d_tok, sizeof drafts);
-    void *after = kv_bytes(m, &n1);
-    cr_assert(n0 == n1 && memcmp(before, after, n0) == 0, "the target's cache changed");
-    cr_assert_eq(m->seq_len[0], 150);
-    for (int k = 1; k < 4; k++) cr_assert(drafts[k] >= 0 && drafts[k] < m->info.n_vocab, "draft %d = %d", k, drafts[k]);
-    free(before); free(after); free(logits);
-    be->free(be, d_tok); be->free(be, h);
+    assistant_steps_keep_the_cache(m, a, 150); /* past the window */
     gemma4_assistant_free(a);
     model_free(m);
     backend_free(be);
@@ -294,23 +305,7 @@ Test(gemma4, assistant_on_an_e2b_target_leaves_its_cache_as_it_was) {
     make_e2b_tiny(path, sizeof path, "128");
     m = open_model(be, path, E2B_BATCH); /* ring 143 + 128 cells of 512 */
     cr_assert_eq(gemma4_assistant_load(&a, "models/coti-tiny-gemma4-assistant-q8_0.gguf", m, err, sizeof err), 0, "%s", err);
-    int32_t t[N_TOK];
-    tokens(t, N_TOK, m->info.n_vocab);
-    float *logits = malloc(sizeof(float) * m->info.n_vocab);
-    feed(m, t, 0, 180, logits); /* round the ring */
-    size_t n0, n1;
-    void *before = kv_bytes(m, &n0);
-    int32_t *d_tok = be->alloc(be, sizeof(int32_t) * 4);
-    float *h = be->alloc(be, sizeof(float) * m->info.n_embd);
-    be->upload(be, d_tok, &t[180], sizeof(int32_t));
-    gemma4_assistant_at(a, 0, 180, t[180]);
-    const float *lg, *ho = h;
-    for (int k = 0; k < 3; k++) gemma4_assistant_step(a, d_tok + k, ho, d_tok + k + 1, &lg, &ho);
-    void *after = kv_bytes(m, &n1);
-    cr_assert(n0 == n1 && memcmp(before, after, n0) == 0, "the target's cache changed");
-    cr_assert_eq(m->seq_len[0], 180);
-    free(before); free(after); free(logits);
-    be->free(be, d_tok); be->free(be, h);
+    assistant_steps_keep_the_cache(m, a, 180); /* round the ring */
     gemma4_assistant_free(a);
     model_free(m);
     backend_free(be);
