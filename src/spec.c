@@ -12,6 +12,10 @@ struct spec_seq {
     struct sampler_params sp;
     struct spec_params p;
     struct spec_stats st;
+    /* a greedy draft the previous step queued for position ahead_L: ahead_n drafts in this
+     * sequence's dev_toks + 1 (0: none). It runs on the device while the caller handles the
+     * step's tokens; a step that wants another draft drops it unread. */
+    int ahead_L, ahead_n;
 };
 
 struct spec_engine {
@@ -23,7 +27,8 @@ struct spec_engine {
     float *qdense;               /* host [V]: draft distribution lookup, kept all-zero */
     struct sampler_cand *resid;  /* host [V] */
     int32_t *d_ids;              /* backend [1 + SPEC_MAX_DRAFT]: the target's argmax per row */
-    int32_t *d_toks;             /* backend [1 + SPEC_MAX_DRAFT]: the verify batch's tokens */
+    int32_t *d_toks;             /* backend [n_seq][1 + SPEC_MAX_DRAFT]: each sequence's verify
+                                    batch tokens (its own: a queued draft outlives the step) */
     int32_t *d_acc;              /* backend [2 + SPEC_MAX_DRAFT]: accept_greedy's result */
     int32_t *pos, *seqv;         /* host [n_batch] */
     bool *want;                  /* host [n_batch] */
@@ -66,7 +71,7 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     e->seqv = malloc(sizeof(int32_t) * (size_t)m->n_batch);
     e->want = malloc(sizeof(bool) * (size_t)m->n_batch);
     e->d_ids = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT));
-    e->d_toks = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT));
+    e->d_toks = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT) * (size_t)m->n_seq);
     e->d_acc = m->be->alloc(m->be, sizeof(int32_t) * (2 + SPEC_MAX_DRAFT));
     bool ok = e->seqs && e->drafters && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_toks && e->d_acc;
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
@@ -131,6 +136,7 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
     q->sp = *sp;
     q->p = *p;
     memset(&q->st, 0, sizeof q->st);
+    q->ahead_n = 0;
     if (n_keep == 0) {
         model_seq_reset(m, s);
         if (d) d->vt->reset(d, s);
@@ -218,6 +224,7 @@ int spec_engine_warmup(struct spec_engine *e, const int32_t *prompt, int n_promp
         }
         /* nothing of it may look like a reusable prefix */
         e->seqs[s].n_hist = 0;
+        e->seqs[s].ahead_n = 0;
         model_seq_reset(m, s);
     }
     return 0;
@@ -241,14 +248,19 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     k_cap = COTI_MIN(k_cap, m->n_ctx - 1 - (L + 1));
     if (probe) k_cap = COTI_MIN(k_cap, probe->n_forced - probe->n_used - 1);
     const bool drafting = d && k_cap > 0;
-    if (drafting) {
+    int32_t *d_toks = e->d_toks + (size_t)s * (1 + SPEC_MAX_DRAFT);
+    if (drafting && q->ahead_n == k_cap && q->ahead_L == L) {
+        dr.n = k_cap; /* queued by the previous step, the same call as the one below */
+        dr.on_device = true;
+    } else if (drafting) {
         struct draft_request rq = {q->hist, L, k_cap, COTI_MIN(q->p.n_min, k_cap), q->p.p_min,
-                                   q->dsmp && q->sp.temperature > 0.0f ? q->dsmp : NULL, e->d_toks + 1};
+                                   q->dsmp && q->sp.temperature > 0.0f ? q->dsmp : NULL, d_toks + 1};
         be->mark(be, 0);
         int rc = d->vt->draft(d, s, &rq, &dr, err, err_size);
         if (rc) return rc;
         be->mark(be, 1);
     }
+    q->ahead_n = 0;
     const int k = dr.n;
 
     /* verify: [pending, d1..dk] at L..L+k; drafts left on the device are read there */
@@ -261,8 +273,8 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     if (dr.on_device || (greedy && k > 0)) {
         /* the batch reads its tokens on the device (the acceptance reads the drafts there):
          * drafts left there stay, host ones go up */
-        be->upload(be, e->d_toks, toks, sizeof(int32_t) * (size_t)(dr.on_device ? 1 : k + 1));
-        b.tokens_dev = e->d_toks;
+        be->upload(be, d_toks, toks, sizeof(int32_t) * (size_t)(dr.on_device ? 1 : k + 1));
+        b.tokens_dev = d_toks;
     } else {
         b.tokens = toks;
     }
@@ -286,11 +298,15 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
             be->download(be, &acc[1], e->d_ids, sizeof(int32_t));
         }
     } else if (dr.on_device) {
-        be->download(be, dr.tokens, e->d_toks + 1, sizeof(int32_t) * (size_t)k); /* the host compares */
+        be->download(be, dr.tokens, d_toks + 1, sizeof(int32_t) * (size_t)k); /* the host compares */
     } else {
         be->sync(be); /* the verify's time is its own, not the accept loop's */
     }
     int64_t t2 = coti_time_us();
+    /* the draft's device time (a draft queued by the previous step: its marks are the last
+     * ones set); the rest up to the wait is the verify's. Read before the next draft is queued,
+     * whose marks would make this wait for it. */
+    const int64_t t_draft = drafting ? COTI_MIN((int64_t)be->mark_elapsed_us(be, 0, 1), t2 - t0) : 0;
 
     /* accept: a drafts, then the target's own token */
     int a = 0;
@@ -347,9 +363,24 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
         for (int i = 0; i < k; i++) q->st.drafted_at[i]++;
         for (int i = 0; i < a; i++) q->st.accepted_at[i]++;
     }
+    /* a drafter whose draft writes no state of its own drafts the next step now: the device
+     * works on it while the caller turns this step's tokens into text */
+    if (greedy && d && d->draft_is_pure && q->p.p_min <= 0.0f) {
+        const int L2 = q->n_hist - 1;
+        const int k2 = COTI_MIN(COTI_MIN(q->p.n_max, max_new - *n_out - 1), m->n_ctx - 1 - (L2 + 1));
+        struct draft_request rq = {q->hist, L2, k2, COTI_MIN(q->p.n_min, k2), 0.0f, NULL, d_toks + 1};
+        struct draft_result dr2 = {0};
+        if (k2 > 0) {
+            be->mark(be, 0);
+            if ((rc = d->vt->draft(d, s, &rq, &dr2, err, err_size))) return rc;
+            be->mark(be, 1);
+        }
+        if (k2 > 0 && dr2.on_device && dr2.n == k2) {
+            q->ahead_L = L2;
+            q->ahead_n = k2;
+        }
+    }
     int64_t t3 = coti_time_us();
-    /* the draft's device time; the rest up to the wait is the verify's */
-    const int64_t t_draft = drafting ? COTI_MIN((int64_t)be->mark_elapsed_us(be, 0, 1), t2 - t0) : 0;
     q->st.t_draft_us += t_draft;
     q->st.t_verify_us += t2 - t0 - t_draft;
     q->st.t_glue_us += t3 - t2;

@@ -129,6 +129,7 @@ static int assistant_init(struct drafter **out, const struct drafter_config *c, 
     t->m = m;
     t->E = m->info.n_embd;
     t->base.n_vocab = m->info.n_vocab;
+    t->base.draft_is_pure = true; /* a round reads the target and its per-sequence row only */
     int rc = gemma4_assistant_load(&t->a, c->draft_path, m, err, err_size);
     if (rc) { assistant_free(&t->base); return rc; }
     struct backend *be = m->be;

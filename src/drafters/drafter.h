@@ -62,6 +62,8 @@ struct drafter_vtable {
 struct drafter {
     const struct drafter_vtable *vt;
     int n_vocab;                 /* size of the distributions it samples from (draft sampler) */
+    bool draft_is_pure;          /* a greedy draft writes no state of the drafter's: the driver
+                                    may queue it a step early and drop it unread */
 };
 
 /* Turning one step's logits (backend memory) into draft i, for a drafter with a model of its
