@@ -32,6 +32,7 @@ Test(drafters, every_name_and_alias_parses_back_to_its_kind) {
 Test(drafters, todays_spellings_keep_their_meaning) {
     const struct { const char *s; const struct drafter_kind *k; } cases[] = {
         {"off", NULL}, {"none", NULL}, {"mtp", &drafter_kind_mtp}, {"draft-mtp", &drafter_kind_mtp}, {"ngram", &drafter_kind_ngram},
+        {"ngram-simple", &drafter_kind_ngram}, /* llama-server's name of the same prompt-lookup drafting */
     };
     for (size_t i = 0; i < COTI_ARRAY_LEN(cases); i++) {
         const struct drafter_kind *got = cases[i].k ? NULL : &drafter_kind_mtp; /* anything but the answer */
@@ -43,7 +44,7 @@ Test(drafters, todays_spellings_keep_their_meaning) {
 }
 
 Test(drafters, unknown_names_are_refused) {
-    const char *bad[] = {"", "MTP", "mtp ", " off", "of", "ngram-simple", "assistent", "draft", "mtp:2"};
+    const char *bad[] = {"", "MTP", "mtp ", " off", "of", "ngram-simple ", "assistent", "draft", "mtp:2"};
     for (size_t i = 0; i < COTI_ARRAY_LEN(bad); i++) {
         const struct drafter_kind *got = &drafter_kind_mtp;
         cr_assert_eq(drafter_kind_parse(bad[i], &got), COTI_E_ARG, "'%s' was accepted", bad[i]);
