@@ -1,7 +1,8 @@
 /* chat.c — chat formats rendered by hand: ChatML and Gemma 4.
- * Owns: template recognition and rendering of plain-text messages, and the record of which
- * rendered bytes came from the messages (spans). Knows nothing of the tokenizer (the caller
- * parses special-token text outside the spans only) nor of tools, images or output parsing.
+ * Owns: template recognition and rendering of plain-text messages and of Qwen's tool blocks,
+ * and the record of which rendered bytes came from the messages (spans). Knows nothing of the
+ * tokenizer (the caller parses special-token text outside the spans only), of JSON (the server
+ * writes the declarations), images or output parsing.
  * References: llama.cpp src/llama-chat.cpp (llm_chat_detect_template, the chatml branch of
  * llm_chat_apply_template); models/templates/google-gemma-4-31B-it.jinja in the llama.cpp
  * tree, whose text-only path is reproduced here, with Jinja's trim = strip of C isspace
@@ -83,6 +84,59 @@ const char *chat_format_name(enum chat_format f) {
 /* llama.cpp maps "developer" to "system" before rendering (except for GPT-OSS templates). */
 static const char *role_of(const struct chat_message *m) {
     return strcmp(m->role, "developer") ? m->role : "system";
+}
+
+/* Qwen3's template with tools: the "# Tools" system block (after the system message's text,
+ * when the first message is one), an assistant's calls after its text, and each run of tool
+ * results as one user turn. */
+static void render_chatml_tools(struct sbuf *b, const struct chat_message *msgs, size_t n, const struct chat_tools *t,
+                                bool add_gen) {
+    size_t first = 0;
+    const bool has_system = n > 0 && !strcmp(role_of(&msgs[0]), "system");
+    if (t && t->n) {
+        sb_str(b, "<|im_start|>system\n");
+        if (has_system) {
+            sb_msg_str(b, msgs[0].content ? msgs[0].content : "");
+            sb_str(b, "\n\n");
+            first = 1;
+        }
+        sb_str(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                  "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+        for (size_t i = 0; i < t->n; i++) {
+            sb_str(b, "\n");
+            sb_msg_str(b, t->decls[i]);
+        }
+        sb_str(b, "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                  "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+                  "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
+    }
+    for (size_t i = first; i < n; i++) {
+        const struct chat_message *m = &msgs[i];
+        const char *c = m->content ? m->content : "";
+        const size_t n_calls = t && t->calls ? t->n_calls[i] : 0;
+        if (!strcmp(m->role, "tool")) {
+            if (i == 0 || strcmp(msgs[i - 1].role, "tool")) sb_str(b, "<|im_start|>user");
+            sb_str(b, "\n<tool_response>\n");
+            sb_msg_str(b, c);
+            sb_str(b, "\n</tool_response>");
+            if (i + 1 == n || strcmp(msgs[i + 1].role, "tool")) sb_str(b, "<|im_end|>\n");
+            continue;
+        }
+        sb_str(b, "<|im_start|>");
+        sb_msg_str(b, role_of(m));
+        sb_str(b, "\n");
+        sb_msg_str(b, c);
+        for (size_t k = 0; k < n_calls; k++) {
+            if (k > 0 || *c) sb_str(b, "\n");
+            sb_str(b, "<tool_call>\n{\"name\": \"");
+            sb_msg_str(b, t->calls[i][k].name);
+            sb_str(b, "\", \"arguments\": ");
+            sb_msg_str(b, t->calls[i][k].arguments);
+            sb_str(b, "}\n</tool_call>");
+        }
+        sb_str(b, "<|im_end|>\n");
+    }
+    if (add_gen) sb_str(b, "<|im_start|>assistant\n");
 }
 
 static void render_chatml(struct sbuf *b, const struct chat_message *msgs, size_t n, bool add_gen) {
@@ -179,19 +233,37 @@ void chat_prompt_free(struct chat_prompt *p) {
     memset(p, 0, sizeof *p);
 }
 
-static int render(const char *template_str, const struct chat_message *msgs, size_t n, bool add_generation_prompt,
-                  bool enable_thinking, bool record, struct chat_prompt *out, char *err, size_t err_size) {
+bool chat_defines_tools(const char *tmpl) {
+    return tmpl && chat_detect_format(tmpl) == CHAT_FORMAT_CHATML && strstr(tmpl, "<tool_call>");
+}
+
+static int render(const char *template_str, const struct chat_message *msgs, size_t n, const struct chat_tools *tools,
+                  bool add_generation_prompt, bool enable_thinking, bool record, struct chat_prompt *out, char *err,
+                  size_t err_size) {
     memset(out, 0, sizeof *out);
     if (n && !msgs) return coti_fail(err, err_size, COTI_E_ARG, "chat: msgs is NULL");
-    for (size_t i = 0; i < n; i++)
+    bool calls = false;
+    for (size_t i = 0; i < n; i++) {
         if (!msgs[i].role) return coti_fail(err, err_size, COTI_E_ARG, "chat: message %zu has no role", i);
+        const size_t n_calls = tools && tools->calls ? tools->n_calls[i] : 0;
+        for (size_t k = 0; k < n_calls; k++)
+            if (!tools->calls[i][k].name || !tools->calls[i][k].arguments)
+                return coti_fail(err, err_size, COTI_E_ARG, "chat: tool call %zu of message %zu is incomplete", k, i);
+        calls = calls || n_calls;
+    }
+    const bool with_tools = chat_defines_tools(template_str);
+    if (!with_tools && ((tools && tools->n) || calls))
+        return coti_fail(err, err_size, COTI_E_UNSUPPORTED,
+                         "chat: the model's chat template does not define tool calls (a ChatML template with <tool_call>, "
+                         "such as Qwen's, does)");
     const enum chat_format f = chat_detect_format(template_str);
     struct sbuf b = {.record = record};
     sb_put(&b, "", 0);           /* an empty conversation still yields "" */
     int rc = COTI_OK;
     switch (f) {
     case CHAT_FORMAT_CHATML:
-        render_chatml(&b, msgs, n, add_generation_prompt);
+        if (with_tools) render_chatml_tools(&b, msgs, n, tools, add_generation_prompt);
+        else render_chatml(&b, msgs, n, add_generation_prompt);
         break;
     case CHAT_FORMAT_GEMMA4:
         rc = render_gemma4(&b, msgs, n, add_generation_prompt, enable_thinking,
@@ -222,13 +294,21 @@ static int render(const char *template_str, const struct chat_message *msgs, siz
 
 int chat_render(const char *template_str, const struct chat_message *msgs, size_t n, bool add_generation_prompt,
                 bool enable_thinking, struct chat_prompt *out, char *err, size_t err_size) {
-    return render(template_str, msgs, n, add_generation_prompt, enable_thinking, true, out, err, err_size);
+    return render(template_str, msgs, n, NULL, add_generation_prompt, enable_thinking, true, out, err, err_size);
+}
+
+int chat_render_tools(const char *template_str, const struct chat_message *msgs, size_t n, const struct chat_tools *tools,
+                      bool add_generation_prompt, bool enable_thinking, struct chat_prompt *out, char *err,
+                      size_t err_size) {
+    if (tools && ((tools->n && !tools->decls) || (tools->calls && !tools->n_calls)))
+        return coti_fail(err, err_size, COTI_E_ARG, "chat: tool declarations or call counts are NULL");
+    return render(template_str, msgs, n, tools, add_generation_prompt, enable_thinking, true, out, err, err_size);
 }
 
 int chat_apply(const char *template_str, const struct chat_message *msgs, size_t n, bool add_generation_prompt,
                bool enable_thinking, char **out, char *err, size_t err_size) {
     struct chat_prompt p;
-    int rc = render(template_str, msgs, n, add_generation_prompt, enable_thinking, false, &p, err, err_size);
+    int rc = render(template_str, msgs, n, NULL, add_generation_prompt, enable_thinking, false, &p, err, err_size);
     *out = p.text;
     return rc;
 }

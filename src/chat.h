@@ -1,16 +1,33 @@
 /* chat.h — render OpenAI-style (role, content) messages into a prompt string with the
  * model's chat format. We do not run Jinja: the format is recognised from markers in
  * tokenizer.chat_template, like llama.cpp's llm_chat_detect_template, and rendered by
- * hand exactly as the shipped template would for plain-text messages.
+ * hand exactly as the shipped template would for plain-text messages, and for tool
+ * declarations, calls and results where a ChatML template defines them (Qwen's).
  * Reference: ../shared/docs/server-api.md §6. */
 #ifndef COTI_CHAT_H
 #define COTI_CHAT_H
 
 #include "common.h"
 
+/* A tool call of an assistant message: the function's name and its arguments, JSON text as
+ * the client sent it (OpenAI's `arguments` string). */
+struct chat_tool_call {
+    const char *name, *arguments;
+};
+
 struct chat_message {
-    const char *role;        /* "system", "developer", "user", "assistant", ... */
+    const char *role;        /* "system", "developer", "user", "assistant", "tool", ... */
     const char *content;     /* NULL renders as "" */
+};
+
+/* A request's tools: the declarations, each one JSON text written as the template's `tojson`
+ * writes it (the server makes them), and the history's calls: message i (an assistant's) made
+ * calls[i][0, n_calls[i]) (calls NULL: none made). */
+struct chat_tools {
+    const char *const *decls;
+    size_t n;
+    const struct chat_tool_call *const *calls;
+    const size_t *n_calls;
 };
 
 enum chat_format {
@@ -58,5 +75,20 @@ void chat_prompt_free(struct chat_prompt *p);
  * on error *out is zeroed. */
 int chat_render(const char *template_str, const struct chat_message *msgs, size_t n, bool add_generation_prompt,
                 bool enable_thinking, struct chat_prompt *out, char *err, size_t err_size);
+
+/* Whether the template defines tool calls in the Hermes / Qwen3 way: ChatML whose text has
+ * <tool_call> (Qwen2.5, Qwen3 and their fine-tunes). Tools then render as that template does:
+ * a "# Tools" system block listing the declarations, an assistant's calls as
+ * <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>, consecutive tool results as one
+ * user turn of <tool_response> blocks. */
+bool chat_defines_tools(const char *template_str);
+
+/* chat_render with tools (NULL or n = 0: none). Tools, tool calls or a "tool" message with a
+ * template that does not define them: COTI_E_UNSUPPORTED (messages of role "tool" without
+ * tools in the template render as any other role, as before). Declarations, call names and
+ * arguments are message text (spans): the request wrote them. */
+int chat_render_tools(const char *template_str, const struct chat_message *msgs, size_t n, const struct chat_tools *tools,
+                      bool add_generation_prompt, bool enable_thinking, struct chat_prompt *out, char *err,
+                      size_t err_size);
 
 #endif

@@ -149,3 +149,24 @@ int coti_physical_cores(const char *cpu_dir) {
     if (!topology || n_cores == 0) n_cores = n_allowed;
     return COTI_MAX(n_cores, 1);
 }
+
+char *coti_read_file(const char *path, size_t max_bytes, size_t *n_out) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) return NULL;
+    size_t cap = 0, n = 0;
+    char *buf = NULL;
+    bool ok = true;
+    for (;;) {
+        if (!coti_grow(&buf, &cap, n + 4097, 1, 4097)) { ok = false; break; }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (max_bytes && n > max_bytes) { ok = false; break; }
+        if (r == 0) break;
+    }
+    if (ok && ferror(f)) ok = false;
+    if (f != stdin) fclose(f);
+    if (!ok) { free(buf); return NULL; }
+    buf[n] = 0;
+    if (n_out) *n_out = n;
+    return buf;
+}

@@ -60,6 +60,10 @@ static inline bool coti_add_size(size_t a, size_t b, size_t *out) {
  * chat renderer and the server. */
 bool coti_grow(void *ptr_addr, size_t *cap, size_t need, size_t elem, size_t first);
 
+/* All of a file (standard input for "-"), NUL-terminated, malloc'ed; its length in *n (NULL-able).
+ * NULL when it cannot be read, or when it is longer than max_bytes (0: no limit). */
+char *coti_read_file(const char *path, size_t max_bytes, size_t *n);
+
 #define COTI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define COTI_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define COTI_MAX(a, b) ((a) > (b) ? (a) : (b))

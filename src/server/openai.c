@@ -223,8 +223,6 @@ static int get_spec(const struct openai_ctx *c, const cJSON *o, struct spec_para
 /* Features llama.cpp has and coti does not: refuse rather than answer as if they were off. */
 static int check_unsupported(const cJSON *o, struct openai_error *e) {
     const cJSON *v;
-    if ((v = field(o, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
-        return bad_request(e, "Field 'tools': tool calling is not supported by this server");
     if ((v = field(o, "response_format"))) {
         const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
         if (!t || !cJSON_IsString(t) || strcmp(t->valuestring, "text"))
@@ -485,8 +483,24 @@ int openai_tokenize_prompt(const struct openai_ctx *c, const cJSON *v, const cha
     return 0;
 }
 
-int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct chat_prompt *out, struct openai_error *e) {
+static int render_messages(const struct openai_ctx *c, const cJSON *body, const struct tool_set *ts,
+                           struct chat_prompt *out, struct openai_error *e);
+
+int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct chat_prompt *out, struct tool_set *tools,
+                       struct openai_error *e) {
     memset(out, 0, sizeof *out);
+    struct tool_set local;
+    struct tool_set *ts = tools ? tools : &local;
+    int rc = tools_parse_request(body, chat_defines_tools(c->chat_template), ts, e);
+    if (rc) return rc;
+    rc = render_messages(c, body, ts, out, e);
+    if (rc || !tools) tool_set_free(ts);
+    return rc;
+}
+
+/* openai_render_chat's messages, with the tools ts parsed. */
+static int render_messages(const struct openai_ctx *c, const cJSON *body, const struct tool_set *ts,
+                           struct chat_prompt *out, struct openai_error *e) {
     const cJSON *msgs = field(body, "messages");
     if (!msgs) return bad_request(e, "'messages' is required");
     if (!cJSON_IsArray(msgs)) return bad_request(e, "Field 'messages': expected an array");
@@ -495,6 +509,8 @@ int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct cha
     bool add_gen = true, thinking = true;
     int rc;
     if ((rc = get_bool(body, "add_generation_prompt", &add_gen, e))) return rc;
+    char **owned_args = NULL;    /* tool-call arguments the request sent as objects, as text */
+    size_t n_owned_args = 0;
     const cJSON *kw = field(body, "chat_template_kwargs");
     if (kw && !cJSON_IsObject(kw)) return bad_request(e, "Field 'chat_template_kwargs': expected an object");
     if (kw && (rc = get_bool(kw, "enable_thinking", &thinking, e))) return rc;
@@ -503,7 +519,9 @@ int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct cha
 
     struct chat_message *cm = calloc((size_t)n, sizeof *cm);
     char **owned = calloc((size_t)n, sizeof *owned);
-    if (!cm || !owned) { free(cm); free(owned); return out_of_memory(e); }
+    struct chat_tool_call **calls = calloc((size_t)n, sizeof *calls); /* each message's, NULL: none */
+    size_t *n_calls = calloc((size_t)n, sizeof *n_calls);
+    if (!cm || !owned || !calls || !n_calls) { free(cm); free(owned); free(calls); free(n_calls); return out_of_memory(e); }
     int i = 0;
     rc = 0;
     for (const cJSON *m = msgs->child; m && !rc; m = m->next, i++) {
@@ -511,12 +529,15 @@ int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct cha
         if (!cJSON_IsObject(m)) { rc = bad_request(e, "Field 'messages': element %d is not an object", i); break; }
         if (!role || !cJSON_IsString(role)) { rc = bad_request(e, "Field 'messages[%d].role': expected a string", i); break; }
         cm[i].role = role->valuestring;
+        if ((rc = tools_message_calls(m, i, &calls[i], &n_calls[i], &owned_args, &n_owned_args, e))) break;
         const cJSON *content = field(m, "content");
         bool assistant = !strcmp(role->valuestring, "assistant");
         if (!content) {
             /* llama.cpp: only an assistant message (with tool calls) may omit its content */
             if (!assistant) { rc = bad_request(e, "Field 'messages[%d].content' is required", i); break; }
             cm[i].content = "";
+        } else if (cJSON_IsNull(content) && assistant) {
+            cm[i].content = ""; /* an assistant turn with tool calls only */
         } else if (cJSON_IsString(content)) {
             cm[i].content = content->valuestring;
         } else if (cJSON_IsArray(content)) {
@@ -546,10 +567,17 @@ int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct cha
     }
     if (!rc) {
         char err[256];
-        int crc = chat_render(c->chat_template, cm, (size_t)n, add_gen, thinking, out, err, sizeof err);
+        const struct chat_tools tools = {(const char *const *)ts->decls, ts->active ? (size_t)ts->n : 0,
+                                         (const struct chat_tool_call *const *)calls, n_calls};
+        int crc = chat_render_tools(c->chat_template, cm, (size_t)n, &tools, add_gen, thinking, out, err, sizeof err);
         if (crc == COTI_E_NOMEM) rc = out_of_memory(e);
         else if (crc) rc = bad_request(e, "cannot apply the chat template: %s", err);
     }
+    for (int k = 0; k < n; k++) free(calls[k]);
+    free(calls);
+    free(n_calls);
+    for (size_t k = 0; k < n_owned_args; k++) free(owned_args[k]);
+    free(owned_args);
     for (int k = 0; k < n; k++) free(owned[k]);
     free(owned);
     free(cm);
@@ -558,6 +586,7 @@ int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct cha
 
 void openai_request_free(struct openai_request *r) {
     gen_params_free(&r->g);
+    tool_set_free(&r->tools);
     free(r->prompt);
     r->prompt = NULL;
     r->n_prompt = 0;
@@ -582,7 +611,7 @@ int openai_parse_request(const struct openai_ctx *c, enum openai_api api, const 
         const long limit = c->n_ctx - 1;
         if (api == OPENAI_API_CHAT) {
             struct chat_prompt cp;
-            rc = openai_render_chat(c, body, &cp, e);
+            rc = openai_render_chat(c, body, &cp, &r->tools, e);
             if (!rc) {
                 /* the template's markers are special tokens, the messages' text never is
                  * (chat_span); the vocabulary adds BOS where it asks for one */
@@ -599,7 +628,10 @@ int openai_parse_request(const struct openai_ctx *c, enum openai_api api, const 
             chat_prompt_free(&cp);
         } else {
             const cJSON *p = field(body, "prompt");
-            if (!p) rc = bad_request(e, "'prompt' is required");
+            const cJSON *t = field(body, "tools");
+            if (t && !(cJSON_IsArray(t) && cJSON_GetArraySize(t) == 0) && !cJSON_IsNull(t))
+                rc = bad_request(e, "Field 'tools': tool calling is for /v1/chat/completions");
+            else if (!p) rc = bad_request(e, "'prompt' is required");
             else rc = openai_tokenize_prompt(c, p, "prompt", tokenizer_add_bos(c->tok), true, limit, &r->prompt, &r->n_prompt, e);
         }
     }
@@ -645,6 +677,11 @@ static cJSON *usage_json(const struct task_result *res) {
 
 static const char *finish_reason(const struct task_result *res) {
     return res->stop_type == STOP_TYPE_LIMIT ? "length" : "stop";
+}
+
+/* A chat answer that called tools ends with "tool_calls" unless the token limit cut it. */
+static const char *chat_finish_reason(const struct task_result *res, bool called) {
+    return called && res->stop_type != STOP_TYPE_LIMIT ? "tool_calls" : finish_reason(res);
 }
 
 /* The fields every OpenAI-shaped object carries. */
@@ -732,10 +769,22 @@ char *openai_render_final(const struct openai_ctx *c, const struct openai_reques
     ok = choices && ch && cJSON_AddItemToArray(choices, ch);
     if (!ok) cJSON_Delete(ch);
     if (ok && r->api == OPENAI_API_CHAT) {
-        cJSON_AddStringToObject(ch, "finish_reason", finish_reason(res));
+        struct tool_calls_out calls = {0};
+        if (r->tools.active) ok = tools_parse_output(text, n_text, &calls);
+        cJSON_AddStringToObject(ch, "finish_reason", chat_finish_reason(res, calls.n > 0));
         cJSON_AddNumberToObject(ch, "index", 0);
         cJSON *msg = cJSON_AddObjectToObject(ch, "message");
-        ok = msg && cJSON_AddStringToObject(msg, "role", "assistant") && openai_add_text(msg, "content", text, n_text);
+        ok = ok && msg && cJSON_AddStringToObject(msg, "role", "assistant");
+        if (ok && calls.n) {
+            ok = calls.content ? openai_add_text(msg, "content", calls.content, calls.n_content)
+                               : cJSON_AddNullToObject(msg, "content") != NULL;
+            cJSON *tc = ok ? tools_calls_json(&calls, r->id, false) : NULL;
+            ok = tc && cJSON_AddItemToObject(msg, "tool_calls", tc);
+            if (!ok) cJSON_Delete(tc);
+        } else if (ok) {
+            ok = openai_add_text(msg, "content", text, n_text);
+        }
+        tool_calls_out_free(&calls);
     } else if (ok) {
         ok = openai_add_text(ch, "text", text, n_text);
         cJSON_AddNumberToObject(ch, "index", 0);
@@ -747,6 +796,26 @@ char *openai_render_final(const struct openai_ctx *c, const struct openai_reques
     if (u) cJSON_AddItemToObject(o, "usage", u);
     if (t) cJSON_AddItemToObject(o, "timings", t);
     return print_free(o, ok && u && t);
+}
+
+char *openai_render_chunk_tool_calls(const struct openai_ctx *c, const struct openai_request *r,
+                                     const struct tool_calls_out *calls) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    bool ok = choices && ch && cJSON_AddItemToArray(choices, ch);
+    if (!ok) cJSON_Delete(ch);
+    if (ok) {
+        cJSON_AddNullToObject(ch, "finish_reason");
+        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        cJSON *tc = tools_calls_json(calls, r->id, true);
+        ok = d && tc && cJSON_AddItemToObject(d, "tool_calls", tc);
+        if (!ok) cJSON_Delete(tc);
+    }
+    add_envelope(o, c, r, "chat.completion.chunk");
+    return print_free(o, ok);
 }
 
 char *openai_render_chunk_role(const struct openai_ctx *c, const struct openai_request *r) {
@@ -821,7 +890,7 @@ bool openai_render_stream_end(const struct openai_ctx *c, const struct openai_re
     bool ok = choices && ch && cJSON_AddItemToArray(choices, ch);
     if (!ok) cJSON_Delete(ch);
     if (ok && chat) {
-        cJSON_AddStringToObject(ch, "finish_reason", finish_reason(res));
+        cJSON_AddStringToObject(ch, "finish_reason", chat_finish_reason(res, r->tools_called));
         cJSON_AddNumberToObject(ch, "index", 0);
         ok = cJSON_AddObjectToObject(ch, "delta") != NULL;
     } else if (ok) {

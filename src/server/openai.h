@@ -11,6 +11,7 @@
 
 #include "chat.h"
 #include "server/slots.h"
+#include "server/tools.h"
 #include "spec.h"
 #include "tokenizer.h"
 
@@ -63,6 +64,8 @@ struct openai_request {
     bool return_tokens;          /* native: "tokens" in the answer */
     char id[48];                 /* chatcmpl-<32 alnum> */
     long created;                /* unix seconds */
+    struct tool_set tools;       /* chat: the request's tools (tools.active: parse the answer) */
+    bool tools_called;           /* streaming: the answer had tool calls (set by the stream) */
 };
 void openai_request_free(struct openai_request *r);
 
@@ -72,10 +75,11 @@ void openai_request_free(struct openai_request *r);
 int openai_parse_request(const struct openai_ctx *c, enum openai_api api, const cJSON *body,
                          struct openai_request *r, struct openai_error *e);
 
-/* Render a chat request's messages into a prompt (the shared part of /apply-template and
- * /v1/chat/completions); *out owned by the caller (chat_prompt_free). Returns 0 or the HTTP
- * status with e filled. */
-int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct chat_prompt *out, struct openai_error *e);
+/* Render a chat request's messages (and tools) into a prompt (the shared part of
+ * /apply-template and /v1/chat/completions); *out owned by the caller (chat_prompt_free), and
+ * *tools when not NULL (tool_set_free). Returns 0 or the HTTP status with e filled. */
+int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct chat_prompt *out, struct tool_set *tools,
+                       struct openai_error *e);
 
 /* The prompt from /tokenize's `content` (string, or mixed array of strings and ids) or a
  * completion's `prompt`. max_tokens >= 0: more tokens than that is a 400
@@ -98,6 +102,9 @@ char *openai_render_final(const struct openai_ctx *c, const struct openai_reques
  * the native shape): the payload after "data: ", malloc'ed; NULL when out of memory. */
 char *openai_render_chunk(const struct openai_ctx *c, const struct openai_request *r, const char *text,
                           size_t len, int32_t id, int id_slot, int n_predicted);
+/* A chat stream's chunk carrying an answer's tool calls (delta.tool_calls). */
+char *openai_render_chunk_tool_calls(const struct openai_ctx *c, const struct openai_request *r,
+                                     const struct tool_calls_out *calls);
 /* The chat stream's first chunk: the assistant role with null content. */
 char *openai_render_chunk_role(const struct openai_ctx *c, const struct openai_request *r);
 /* The stream's closing events (payloads after "data: "), written into out[0..*n) (at most 2),

@@ -371,7 +371,7 @@ static enum MHD_Result route_apply_template(struct routes *r, struct http_exchan
     cJSON *b = parse_object_body(r, x, &e);
     if (!b) return http_send_error(x, &e);
     struct chat_prompt prompt;
-    int rc = openai_render_chat(&r->oc, b, &prompt, &e);
+    int rc = openai_render_chat(&r->oc, b, &prompt, NULL, &e);
     cJSON_Delete(b);
     if (rc) return http_send_error(x, &e);
     cJSON *o = cJSON_CreateObject();
@@ -401,6 +401,10 @@ struct stream {
     char *out;
     size_t n_out, off, cap;
     bool ended, role_sent, failed;
+    /* a chat with tools: the whole answer so far, of which [0, n_said) went out as content;
+     * the rest waits for the end, when it is either tool calls or more content */
+    char *said;
+    size_t n_said_text, cap_said, n_said;
     int n_predicted;
     int64_t t_last_event_us;
     /* for the log line, written when MHD is done with the stream */
@@ -433,14 +437,40 @@ static bool stream_format(struct stream *s) {
         ok = stream_event(s, openai_render_chunk_role(c, &s->req));
         s->role_sent = true;
     }
+    const bool tools = s->req.api == OPENAI_API_CHAT && s->req.tools.active;
     for (size_t i = 0; i < k->n_pieces && ok; i++) {
         const struct task_piece *p = &k->pieces[i];
         if (p->id >= 0) s->n_predicted++;
         /* OpenAI chunks carry text; a token whose text is held back (or empty) makes none */
         if (s->req.api != OPENAI_API_NATIVE && p->len == 0) continue;
+        if (tools) {
+            /* content goes out up to where a tool call may begin */
+            if (!coti_grow(&s->said, &s->cap_said, s->n_said_text + p->len + 1, 1, 1024)) { ok = false; break; }
+            memcpy(s->said + s->n_said_text, k->text + p->off, p->len);
+            s->n_said_text += p->len;
+            size_t upto = tools_content_end(s->said, s->n_said_text);
+            if (upto > s->n_said) {
+                ok = stream_event(s, openai_render_chunk(c, &s->req, s->said + s->n_said, upto - s->n_said, p->id, k->id_slot,
+                                                         s->n_predicted));
+                s->n_said = upto;
+            }
+            continue;
+        }
         ok = stream_event(s, openai_render_chunk(c, &s->req, k->text + p->off, p->len, p->id, k->id_slot, s->n_predicted));
     }
     task_chunk_clear(k);
+    if (ok && k->done && tools && !k->result.status) {
+        /* the held-back rest: the answer's tool calls, or content after all */
+        struct tool_calls_out calls;
+        const bool parsed = tools_parse_output(s->said ? s->said : "", s->n_said_text, &calls);
+        ok = parsed;
+        if (ok && calls.n) ok = stream_event(s, openai_render_chunk_tool_calls(c, &s->req, &calls));
+        else if (ok && s->n_said_text > s->n_said)
+            ok = stream_event(s, openai_render_chunk(c, &s->req, s->said + s->n_said, s->n_said_text - s->n_said, -1,
+                                                     k->id_slot, s->n_predicted));
+        s->req.tools_called = parsed && calls.n > 0;
+        if (parsed) tool_calls_out_free(&calls);
+    }
     if (ok && k->done) {
         if (k->result.status) {
             /* an error after the stream began: one error event, and the stream ends */
@@ -507,6 +537,7 @@ static void stream_free(void *cls) {
     http_log_request(s->log_id, s->method, s->url, 200, s->t_start_us, note, !s->ended || s->failed);
     task_unref(s->t);
     task_chunk_free(&s->chunk);
+    free(s->said);
     openai_request_free(&s->req);
     free(s->out);
     free(s);

@@ -26,7 +26,7 @@ int server_run(const struct server_params *p, struct model *m, const struct toke
     pthread_sigmask(SIG_BLOCK, &stop_set, &old_set);
     signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an error return, not a death */
 
-    const char *tmpl = m->info.chat_template;
+    const char *tmpl = p->chat_template ? p->chat_template : m->info.chat_template;
     const char *chat_template = tmpl;
     if (tmpl && chat_detect_format(tmpl) == CHAT_FORMAT_UNKNOWN) {
         coti_log(COTI_LOG_WARN, "server", "chat template not recognised: using ChatML");

@@ -37,6 +37,8 @@ struct server_params {
     struct spec_params spec;     /* default speculation of every slot */
     const char *cors_origin;     /* --cors: the one browser origin allowed (NULL: no CORS headers) */
     const char *api_key;         /* --api-key: "Authorization: Bearer <key>" required (NULL: open) */
+    const char *chat_template;   /* --chat-template(-file): the template text or name used instead
+                                    of the model's (NULL: the model's) */
 };
 
 /* Serve until SIGINT or SIGTERM. m must have n_seq == p->n_parallel; tok and eng belong to m.

@@ -22,26 +22,6 @@ static void help(FILE *out, const struct cli_common *d) {
             RUN_N_PREDICT_DEFAULT);
 }
 
-/* All of a stream (a file, or standard input for "-"), NUL-terminated; NULL on failure. */
-static char *read_all(const char *path) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    for (size_t r; buf && (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
-        n += r;
-        if (n + 1 == cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) { free(buf); buf = NULL; }
-            else buf = nb;
-        }
-    }
-    if (buf && ferror(f)) { free(buf); buf = NULL; }
-    if (f != stdin) fclose(f);
-    if (buf) buf[n] = 0;
-    return buf;
-}
-
 struct run_opts {
     const char *prompt, *prompt_file;
     long n_predict;
@@ -82,7 +62,7 @@ int tool_run_main(int argc, char **argv) {
     if (prompt && prompt_file) { fprintf(stderr, "error: give one of -p and -f\n"); return 1; }
     char *file_text = NULL;
     if (prompt_file) {
-        file_text = read_all(prompt_file);
+        file_text = coti_read_file(prompt_file, 0, NULL);
         if (!file_text) { fprintf(stderr, "error: cannot read %s\n", prompt_file); return 1; }
         prompt = file_text;
     }

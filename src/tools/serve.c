@@ -29,6 +29,9 @@ static void help(FILE *out, const struct cli_common *d) {
                  "                       call the server (default: no CORS headers, browsers refuse)\n"
                  "  --no-warmup          skip recording every slot's decode and speculative steps at\n"
                  "                       start (a device with graphs; else the first request per slot pays)\n"
+                 "  --chat-template NAME|TEXT  the chat template instead of the model's: chatml, gemma4 or\n"
+                 "                       template text (recognised by its markers, not run as Jinja)\n"
+                 "  --chat-template-file FILE  the same, read from a file\n"
                  "  --metrics, --slots   llama-server's switches for /metrics and /slots: accepted, both\n"
                  "                       are always on here\n",
             SERVE_HOST_DEFAULT, SERVE_PORT_DEFAULT, SERVE_PARALLEL_DEFAULT, SERVE_N_PREDICT_DEFAULT,
@@ -39,9 +42,14 @@ struct serve_opts {
     struct server_params p;
     bool warmup;
     char host[256];              /* --host [v6] without its brackets */
+    char *template_text;         /* --chat-template-file's contents (owned) */
 };
 
-enum { OPT_HOST = CLI_TOOL_CODE, OPT_PORT, OPT_PARALLEL, OPT_API_KEY, OPT_CORS, OPT_MAX_BODY, OPT_NO_WARMUP, OPT_ALWAYS_ON };
+/* A chat template file larger than this is not one (the longest shipped ones are ~20 KiB). */
+#define CHAT_TEMPLATE_MAX_BYTES ((size_t)1 << 20)
+
+enum { OPT_HOST = CLI_TOOL_CODE, OPT_PORT, OPT_PARALLEL, OPT_API_KEY, OPT_CORS, OPT_MAX_BODY, OPT_NO_WARMUP, OPT_ALWAYS_ON, OPT_CHAT_TEMPLATE,
+       OPT_CHAT_TEMPLATE_FILE };
 
 static int on_option(void *state, int code, const char *name, const char *v) {
     struct serve_opts *o = state;
@@ -78,6 +86,24 @@ static int on_option(void *state, int code, const char *name, const char *v) {
     case OPT_MAX_BODY: if (cli_parse_int(name, v, 1024, 1L << 30, &l)) return -1; p->max_body_bytes = (size_t)l; return 0;
     case OPT_NO_WARMUP: o->warmup = false; return 0;
     case OPT_ALWAYS_ON: return 0; /* llama-server's opt-ins for endpoints coti always serves */
+    case OPT_CHAT_TEMPLATE:
+        if (!*v) { fprintf(stderr, "error: --chat-template needs a name or a template\n"); return -1; }
+        p->chat_template = v;
+        return 0;
+    case OPT_CHAT_TEMPLATE_FILE: {
+        size_t n = 0;
+        char *text = coti_read_file(v, CHAT_TEMPLATE_MAX_BYTES, &n);
+        if (!text || !n || memchr(text, 0, n)) {
+            fprintf(stderr, "error: --chat-template-file %s: %s\n", v,
+                    !text ? "cannot read it (or over 1 MiB)" : "empty or not text");
+            free(text);
+            return -1;
+        }
+        free(o->template_text);
+        o->template_text = text;
+        p->chat_template = text;
+        return 0;
+    }
     }
     return -1;
 }
@@ -103,6 +129,8 @@ int tool_serve_main(int argc, char **argv) {
         {"cors", required_argument, NULL, OPT_CORS},
         {"max-body", required_argument, NULL, OPT_MAX_BODY},
         {"no-warmup", no_argument, NULL, OPT_NO_WARMUP},
+        {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
+        {"chat-template-file", required_argument, NULL, OPT_CHAT_TEMPLATE_FILE},
         {"metrics", no_argument, NULL, OPT_ALWAYS_ON},
         {"slots", no_argument, NULL, OPT_ALWAYS_ON},
         {0},
@@ -157,6 +185,7 @@ int tool_serve_main(int argc, char **argv) {
     }
     rc = server_run(&p, m, tok, eng);
 done:
+    free(o.template_text);
     spec_engine_free(eng);
     tokenizer_free(tok);
     model_free(m);
