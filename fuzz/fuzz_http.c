@@ -1,8 +1,9 @@
 /* fuzz_http.c — libFuzzer target for what the server does with an untrusted request body:
- * cJSON's parse, then src/server/openai.c's field checks, chat template rendering and prompt
- * tokenization (openai_parse_request for the three completion endpoints, openai_tokenize_prompt
- * for /tokenize), and the answer formatters on the accepted request. The first input byte
- * picks the endpoint, the rest is the body. A refusal must carry an HTTP status of 400..599 and
+ * cJSON's parse, then src/server/openai.c's field checks, chat template rendering (with tools
+ * when the first byte's bit 2 picks a template that defines them) and prompt tokenization (openai_parse_request for the three completion endpoints, openai_tokenize_prompt
+ * for /tokenize), and the answer formatters on the accepted request (with the body's own bytes as
+ * the generated text, parsed for tool calls where the request has tools). The first input byte
+ * picks the endpoint (and the template), the rest is the body. A refusal must carry an HTTP status of 400..599 and
  * a message; nothing may crash or leak. The sockets layer (libmicrohttpd) is not ours and not
  * fuzzed here. Needs the shipped model (its tokenizer, template and NextN head); run from the
  * repository root. Built by `make fuzz` into build-fuzz/; seeds in fuzz/corpus/http/. */
@@ -58,6 +59,12 @@ static void render_answers(const struct openai_request *r, const char *text, siz
     if (!r->stream) return;
     free(openai_render_chunk_role(&fuzz_oc, r));
     free(openai_render_chunk(&fuzz_oc, r, text, len, 0, 0, 1));
+    struct tool_calls_out calls;
+    if (r->tools.active && tools_parse_output(text, len, &calls)) {
+        if (tools_content_end(text, len) > len) __builtin_trap();
+        free(openai_render_chunk_tool_calls(&fuzz_oc, r, &calls));
+        tool_calls_out_free(&calls);
+    }
     char *end[2];
     int n = 0;
     if (openai_render_stream_end(&fuzz_oc, r, &res, end, &n))
@@ -67,6 +74,10 @@ static void render_answers(const struct openai_request *r, const char *text, siz
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     const int endpoint = data[0] % 4;
+    /* bit 2: a template that defines tools (tools.c's paths), else the model's */
+    static const char *model_template;
+    if (!model_template) model_template = fuzz_oc.chat_template ? fuzz_oc.chat_template : "chatml";
+    fuzz_oc.chat_template = (data[0] & 4) ? "<|im_start|> <tool_call>" : model_template;
     const char *text = (const char *)data + 1;
     const size_t len = size - 1;
     cJSON *body = cJSON_ParseWithLength(text, len);
