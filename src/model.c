@@ -83,3 +83,10 @@ int model_load(struct model **out, const char *path, struct backend *be,
 void model_free(struct model *m) {
     if (m) m->vt->free(m);
 }
+
+/* Every architecture runs on the engine, whose memory holds the checkpoints. */
+void model_seq_checkpoint(struct model *m, int s, const float *hidden) { engine_seq_checkpoint(m, s, hidden); }
+int model_seq_resume_points(const struct model *m, int src, int p, int *q, const float **hidden, int max) {
+    return engine_seq_resume_points(m, src, p, q, hidden, max);
+}
+int model_seq_resume(struct model *m, int dst, int src, int q) { return engine_seq_resume(m, dst, src, q); }

@@ -152,6 +152,13 @@ static inline const struct model_nextn *model_nextn(const struct model *m) {
 static inline void model_seq_reset(struct model *m, int s) { m->vt->seq_reset(m, s); }
 static inline int model_seq_rollback(struct model *m, int s, int n_drop) { return m->vt->seq_rollback(m, s, n_drop); }
 static inline int model_seq_copy(struct model *m, int dst, int src) { return m->vt->seq_copy(m, dst, src); }
+/* Prefix reuse (memory.h's checkpoints): remember sequence s's state at its length (hidden: the
+ * post-norm hidden row of its last position, backend memory, or NULL); the positions q <= p
+ * from which src's first q positions can be resumed (longest first, with their hidden rows or
+ * NULL); make dst hold src's first q positions. */
+void model_seq_checkpoint(struct model *m, int s, const float *hidden);
+int model_seq_resume_points(const struct model *m, int src, int p, int *q, const float **hidden, int max);
+int model_seq_resume(struct model *m, int dst, int src, int q);
 
 /* Architecture loaders (one per src/models/<arch>.c). On success the model owns g; on failure
  * g stays the caller's (model_load_gguf closes it) and nothing else is left allocated. */

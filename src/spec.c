@@ -4,6 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Resume points looked at per source sequence (a memory has a few checkpoints and its length). */
+#define SPEC_MAX_RESUME_POINTS 8
+
 struct spec_seq {
     int32_t *hist;               /* prompt + emitted tokens; the last one is pending */
     int n_hist;
@@ -105,10 +108,18 @@ const int32_t *spec_seq_tokens(const struct spec_engine *e, int s, int *n) {
     return e->seqs[s].hist;
 }
 
-/* spec_seq_begin with the first n_keep prompt tokens already held by sequence s (0: reset). */
+/* Where sequence s's prefill remembers its state (model_seq_checkpoint): the given positions
+ * and the prompt's last-but-one (an identical prompt then runs one token). */
+struct seq_checkpoints {
+    const int *at;
+    int n;
+};
+
+/* spec_seq_begin with the first n_keep prompt tokens already held by sequence s (0: reset),
+ * checkpoints at ck's positions when ck is not NULL. */
 static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt, int n_keep,
-                     const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
-                     char *err, size_t err_size) {
+                     const struct seq_checkpoints *ck, const struct sampler_params *sp, const struct spec_params *p,
+                     int32_t *first, char *err, size_t err_size) {
     struct model *m = e->m;
     if (s < 0 || s >= m->n_seq) return coti_fail(err, err_size, COTI_E_ARG, "sequence %d out of range", s);
     if (n_prompt < 1) return coti_fail(err, err_size, COTI_E_ARG, "empty prompt");
@@ -146,8 +157,16 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
 
     int64_t t0 = coti_time_us();
     struct model_output o;
-    for (int i0 = n_keep; i0 < n_prompt; i0 += m->n_batch) {
-        int n = COTI_MIN(m->n_batch, n_prompt - i0);
+    for (int i0 = n_keep, n; i0 < n_prompt; i0 += n) {
+        /* a chunk ends at n_batch rows, or where a checkpoint is wanted */
+        int end = COTI_MIN(i0 + m->n_batch, n_prompt);
+        for (int k = -1; ck && k < ck->n; k++) {
+            const int at = k < 0 ? n_prompt - 1 : ck->at[k];
+            if (at > i0 && at < end) end = at;
+        }
+        bool mark = false;
+        for (int k = -1; ck && k < ck->n; k++) mark = mark || (k < 0 ? n_prompt - 1 : ck->at[k]) == end;
+        n = end - i0;
         for (int i = 0; i < n; i++) e->pos[i] = i0 + i;
         for (int i = 0; i < n; i++) e->seqv[i] = s;
         struct model_batch b = {.n = n, .tokens = prompt + i0, .pos = e->pos, .seq = e->seqv};
@@ -155,6 +174,7 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
         rc = model_forward(m, &b, &o, err, err_size);
         if (rc) return rc;
         if (d && (rc = d->vt->observe(d, s, q->hist, i0, n, o.hidden, err, err_size))) return rc;
+        if (mark) model_seq_checkpoint(m, s, o.hidden + (size_t)(n - 1) * m->info.n_embd);
     }
     if (sp->temperature <= 0.0f) {
         m->be->download(m->be, first, e->d_ids, sizeof *first);
@@ -172,23 +192,72 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
 int spec_seq_begin(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
                    const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
                    char *err, size_t err_size) {
-    return seq_start(e, s, prompt, n_prompt, 0, sp, p, first, err, err_size);
+    return seq_start(e, s, prompt, n_prompt, 0, NULL, sp, p, first, err, err_size);
 }
 
-int spec_seq_begin_cached(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
-                          const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
-                          int *n_cached, char *err, size_t err_size) {
-    *n_cached = 0;
-    if (s < 0 || s >= e->m->n_seq) return coti_fail(err, err_size, COTI_E_ARG, "sequence %d out of range", s);
+/* Whether sequence s continues where it is: its last start succeeded with drafter kind k and the
+ * target holds exactly its history but the pending token, hist[0, n_have) = prompt[0, n_have),
+ * n_have < n_prompt. Returns n_have or 0. */
+static int continuation_len(const struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
+                            const struct drafter_kind *k) {
     const struct spec_seq *q = &e->seqs[s];
-    /* the target holds every history token but the pending one; the recurrent state cannot be
-     * cut back, so only a prefix that is the whole held state is reusable, and the drafter
-     * state is only continuable by the same drafter */
     const int n_have = q->n_hist - 1;
-    bool reuse = q->smp && n_have > 0 && n_have < n_prompt && model_seq_len(e->m, s) == n_have && q->p.drafter == p->drafter &&
-                 memcmp(q->hist, prompt, sizeof(int32_t) * (size_t)n_have) == 0;
-    int rc = seq_start(e, s, prompt, n_prompt, reuse ? n_have : 0, sp, p, first, err, err_size);
-    if (!rc) *n_cached = reuse ? n_have : 0;
+    bool ok = q->smp && n_have > 0 && n_have < n_prompt && model_seq_len(e->m, s) == n_have && q->p.drafter == k &&
+              memcmp(q->hist, prompt, sizeof(int32_t) * (size_t)n_have) == 0;
+    return ok ? n_have : 0;
+}
+
+/* The longest resume point q of src for prompt (held positions that equal the prompt's, at
+ * most n_prompt - 1) that drafter kind k's drafter can continue from; *hidden its row. */
+static int resume_point(const struct spec_engine *e, int src, const int32_t *prompt, int n_prompt,
+                        const struct drafter_kind *k, const float **hidden) {
+    const struct spec_seq *sq = &e->seqs[src];
+    int common = 0;
+    const int held = COTI_MIN(sq->n_hist - 1, model_seq_len(e->m, src));
+    const int lim = COTI_MIN(held, n_prompt - 1);
+    while (common < lim && sq->hist[common] == prompt[common]) common++;
+    if (common < 1) return 0;
+    int qs[SPEC_MAX_RESUME_POINTS];
+    const float *hs[SPEC_MAX_RESUME_POINTS];
+    const int n = model_seq_resume_points(e->m, src, common, qs, hs, SPEC_MAX_RESUME_POINTS);
+    const struct drafter *d = drafter_for(e, k);
+    for (int i = 0; i < n; i++) {
+        if (d && d->vt->can_resume && !d->vt->can_resume(d, src, qs[i], hs[i])) continue;
+        *hidden = hs[i];
+        return qs[i];
+    }
+    return 0;
+}
+
+int spec_seq_reusable(const struct spec_engine *e, int s, int src, const int32_t *prompt, int n_prompt,
+                      const struct drafter_kind *k) {
+    if (s < 0 || s >= e->m->n_seq || src < 0 || src >= e->m->n_seq || n_prompt < 1) return 0;
+    const float *h;
+    const int cont = src == s ? continuation_len(e, s, prompt, n_prompt, k) : 0;
+    return COTI_MAX(cont, resume_point(e, src, prompt, n_prompt, k, &h));
+}
+
+int spec_seq_begin_reuse(struct spec_engine *e, int s, int src, int n_reuse, const int32_t *prompt, int n_prompt,
+                         const int *ck_at, int n_ck_at, const struct sampler_params *sp, const struct spec_params *p,
+                         int32_t *first, int *n_cached, char *err, size_t err_size) {
+    *n_cached = 0;
+    if (s < 0 || s >= e->m->n_seq || src < 0 || src >= e->m->n_seq)
+        return coti_fail(err, err_size, COTI_E_ARG, "sequence %d or %d out of range", s, src);
+    const struct seq_checkpoints ck = {ck_at, COTI_MAX(n_ck_at, 0)};
+    int keep = 0;
+    if (n_reuse > 0 && src == s && continuation_len(e, s, prompt, n_prompt, p->drafter) == n_reuse) {
+        keep = n_reuse; /* s goes on from where it is */
+    } else if (n_reuse > 0) {
+        const float *hidden = NULL;
+        const int q = resume_point(e, src, prompt, n_prompt, p->drafter, &hidden);
+        struct drafter *d = drafter_for(e, p->drafter);
+        if (q == n_reuse && model_seq_resume(e->m, s, src, q) == 0) {
+            if (d && d->vt->resume) d->vt->resume(d, s, q, hidden);
+            keep = q;
+        }
+    }
+    int rc = seq_start(e, s, prompt, n_prompt, keep, &ck, sp, p, first, err, err_size);
+    if (!rc) *n_cached = keep;
     return rc;
 }
 

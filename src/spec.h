@@ -58,15 +58,19 @@ bool spec_engine_supports(const struct spec_engine *e, const struct drafter_kind
 int spec_seq_begin(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
                    const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
                    char *err, size_t err_size);
-/* spec_seq_begin that keeps what sequence s already holds when that is a prefix of the prompt:
- * when the last call on s succeeded, used the same drafter kind, and the tokens held in
- * the target (spec_seq_tokens without the pending one) are prompt[0, n) with n < n_prompt,
- * only prompt[n, n_prompt) is prefilled and *n_cached = n (stats count the prefilled part);
- * otherwise it is spec_seq_begin and *n_cached = 0. Same results as spec_seq_begin up to the
- * floating-point reduction order of the split prefill. */
-int spec_seq_begin_cached(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
-                          const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
-                          int *n_cached, char *err, size_t err_size);
+/* Prefix reuse across requests and sequences. spec_seq_reusable: how many leading prompt tokens
+ * sequence s can take from sequence src's state (src == s: its own) for drafter kind k — src's
+ * whole held state when s continues itself, else one of src's checkpoints or its length (memory.h)
+ * that the drafter can resume from; at most n_prompt - 1, 0 when nothing. spec_seq_begin_reuse:
+ * spec_seq_begin with those n_reuse tokens taken from src (0: none; a value reusable no longer
+ * falls back to a full prefill), *n_cached = what was taken; the prefill leaves checkpoints at
+ * ck_at[0, n_ck_at) and at n_prompt - 1 for later requests. Same results as spec_seq_begin up to
+ * the floating-point reduction order of the split prefill. */
+int spec_seq_reusable(const struct spec_engine *e, int s, int src, const int32_t *prompt, int n_prompt,
+                      const struct drafter_kind *k);
+int spec_seq_begin_reuse(struct spec_engine *e, int s, int src, int n_reuse, const int32_t *prompt, int n_prompt,
+                         const int *ck_at, int n_ck_at, const struct sampler_params *sp, const struct spec_params *p,
+                         int32_t *first, int *n_cached, char *err, size_t err_size);
 /* One cycle: emits 1..n_max+1 tokens into out (at most max_new), *n_out set. The last one is
  * pending (not yet in the target). probe may be NULL. */
 int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,

@@ -113,8 +113,18 @@ static int assistant_draft(struct drafter *d, int s, const struct draft_request 
     return 0;
 }
 
+/* A round starts from the target's hidden row of the position before it: that row is all. */
+static bool assistant_can_resume(const struct drafter *d, int src, int q, const float *hidden) { return hidden && q >= 1; }
+
+static void assistant_resume(struct drafter *d, int s, int q, const float *hidden) {
+    struct assistant *t = as_of(d);
+    t->m->be->copy(t->m->be, t->seqs[s].h, hidden, sizeof(float) * (size_t)t->E);
+    t->seqs[s].h_pos = q - 1;
+}
+
 static const struct drafter_vtable assistant_vtable = {
     .free = assistant_free, .reset = assistant_reset, .observe = assistant_observe, .draft = assistant_draft,
+    .can_resume = assistant_can_resume, .resume = assistant_resume,
 };
 
 static bool assistant_available(const struct drafter_config *c) { return c->draft_path != NULL; }

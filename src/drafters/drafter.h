@@ -57,6 +57,13 @@ struct drafter_vtable {
     /* The target dropped the rejected drafts of sequence s: it now holds positions [0, n_keep).
      * A drafter that keeps state for positions past that drops it; NULL: it keeps none there. */
     void (*rollback)(struct drafter *d, int s, int n_keep);
+    /* Prefix reuse: sequence s's target was made to hold [0, q) (model_seq_resume); hidden is
+     * the post-norm hidden row of position q-1 (backend memory) or NULL when not known.
+     * can_resume says whether the drafter could continue there (src: the sequence the target's
+     * state comes from, whose draft-head cells s received); resume makes it so. NULL (both): the
+     * drafter keeps no per-sequence state, any point will do. */
+    bool (*can_resume)(const struct drafter *d, int src, int q, const float *hidden);
+    void (*resume)(struct drafter *d, int s, int q, const float *hidden);
 };
 
 struct drafter {

@@ -153,10 +153,25 @@ static float *mtp_hidden_dest(struct drafter *d, int s, int pos0, int n) {
     return sq->staged + (size_t)sq->n_staged * t->E;
 }
 
+/* The head's cells [0, q) came with the target's (they were computed from true hidden rows);
+ * the stage then needs hn_{q-1} alone. */
+static bool mtp_can_resume(const struct drafter *d, int src, int q, const float *hidden) {
+    const struct mtp *t = (const struct mtp *)d;
+    return hidden && q >= 1 && t->head->seq_len(t->m, src) >= q;
+}
+
+static void mtp_resume(struct drafter *d, int s, int q, const float *hidden) {
+    struct mtp *t = mtp_of(d);
+    t->head->seq_truncate(t->m, s, q);
+    t->m->be->copy(t->m->be, t->seqs[s].staged, hidden, sizeof(float) * (size_t)t->E);
+    t->seqs[s].n_staged = 1;
+}
+
 /* No rollback hook: once a draft returns, the head holds no position past the pending token
  * (mtp_draft truncates its chained rows), and the target never drops that one. */
 static const struct drafter_vtable mtp_vtable = {
     .free = mtp_free, .reset = mtp_reset, .observe = mtp_observe, .draft = mtp_draft, .hidden_dest = mtp_hidden_dest,
+    .can_resume = mtp_can_resume, .resume = mtp_resume,
 };
 
 static bool mtp_available(const struct drafter_config *c) { return model_nextn(c->m) != NULL; }

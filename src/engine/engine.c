@@ -24,7 +24,9 @@ int engine_init(struct engine *e, struct model *m, const struct engine_params *p
     int rc = e->arena ? 0 : COTI_E_NOMEM;
     if (!rc) rc = batch_meta_init(&e->meta, m->n_batch);
     if (!rc) rc = graph_cache_init(&e->graphs, m->be, m->n_seq);
-    if (!rc) rc = memory_init(&e->mem, m->be, p->mem);
+    struct memory_params mp = *p->mem;
+    mp.n_embd = p->n_embd;
+    if (!rc) rc = memory_init(&e->mem, m->be, &mp);
     m->seq_len = e->mem.seq_len;
     return rc;
 }
@@ -161,6 +163,11 @@ void engine_seq_reset(struct model *m, int s) { memory_seq_reset(&m->engine->mem
 int engine_seq_rollback(struct model *m, int s, int n_drop) { return memory_seq_rollback(&m->engine->mem, s, n_drop); }
 int engine_seq_copy(struct model *m, int dst, int src) { return memory_seq_copy(&m->engine->mem, dst, src); }
 long engine_seq_state_read(struct model *m, int s, float *dst, size_t n) { return rec_state_read(&m->engine->mem.rec, s, dst, n); }
+void engine_seq_checkpoint(struct model *m, int s, const float *hidden) { memory_checkpoint(&m->engine->mem, s, hidden); }
+int engine_seq_resume_points(const struct model *m, int src, int p, int *q, const float **hidden, int max) {
+    return memory_resume_points(&m->engine->mem, src, p, q, hidden, max);
+}
+int engine_seq_resume(struct model *m, int dst, int src, int q) { return memory_seq_resume(&m->engine->mem, dst, src, q); }
 
 static int head_seq_len(const struct model *m, int s) { return m->engine->mem.head_len[s]; }
 static void head_seq_truncate(struct model *m, int s, int n) { memory_head_truncate(&m->engine->mem, s, n); }

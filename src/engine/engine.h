@@ -67,6 +67,9 @@ void engine_seq_reset(struct model *m, int s);
 int engine_seq_rollback(struct model *m, int s, int n_drop);
 int engine_seq_copy(struct model *m, int dst, int src);
 long engine_seq_state_read(struct model *m, int s, float *dst, size_t n);
+void engine_seq_checkpoint(struct model *m, int s, const float *hidden);
+int engine_seq_resume_points(const struct model *m, int src, int p, int *q, const float **hidden, int max);
+int engine_seq_resume(struct model *m, int dst, int src, int q);
 /* The draft head of a model whose engine has one (model_vtable.nextn). */
 extern const struct model_nextn engine_nextn;
 

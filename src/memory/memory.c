@@ -21,21 +21,29 @@ int memory_init(struct memory *mem, struct backend *be, const struct memory_para
     mem->last_run_len = calloc(ns, sizeof(int32_t));
     mem->last_run_kept = calloc(ns, sizeof(bool));
     mem->last_run_restored = calloc(ns, sizeof(bool));
-    /* two regions (K and V, or conv and delta state) per layer */
+    const size_t n_ck = ns * MEM_N_CHECKPOINTS;
+    mem->n_embd = p->n_embd;
+    mem->ck_pos = malloc(sizeof(int32_t) * n_ck);
+    mem->ck_age = calloc(n_ck, sizeof(uint64_t));
+    mem->ck_has_hidden = calloc(n_ck, sizeof(bool));
+    for (size_t i = 0; mem->ck_pos && i < n_ck; i++) mem->ck_pos[i] = -1;
+    /* two regions (K and V, or conv and delta state) per layer, two more per recurrent layer
+     * and one hidden row when a resume also copies a checkpoint */
     struct mem_regions *g = &mem->rg;
-    g->cap = 2 * (p->n_kv + p->n_rec + p->n_head_kv);
+    g->cap = 2 * (p->n_kv + 2 * p->n_rec + p->n_head_kv) + 1;
     const size_t cap = (size_t)COTI_MAX(g->cap, 1);
     g->dst = calloc(cap, sizeof *g->dst);
     g->src = calloc(cap, sizeof *g->src);
     g->step = calloc(cap, sizeof *g->step);
     g->bytes = calloc(cap, sizeof *g->bytes);
     if (!mem->seq_len || !mem->head_len || !mem->last_run_len || !mem->last_run_kept || !mem->last_run_restored ||
-        !g->dst || !g->src || !g->step || !g->bytes)
+        !mem->ck_pos || !mem->ck_age || !mem->ck_has_hidden || !g->dst || !g->src || !g->step || !g->bytes)
         return COTI_E_NOMEM;
+    if (p->n_embd > 0 && !(mem->ck_hidden = be->alloc(be, sizeof(float) * n_ck * (size_t)p->n_embd))) return COTI_E_NOMEM;
     /* a rollback drops at most a kept run (memory_seq_rollback), a forward writes at most n_batch */
     const int n_rows = mem->n_rows = COTI_MAX(p->n_batch, p->n_keep);
     int rc = kv_cache_init(&mem->kv, be, p->kv, p->n_kv, p->n_seq, p->n_ctx, n_rows, GGML_TYPE_F16);
-    if (!rc) rc = rec_state_init(&mem->rec, be, p->n_rec, p->n_seq, p->n_keep, p->conv_elems, p->ssm_elems);
+    if (!rc) rc = rec_state_init(&mem->rec, be, p->n_rec, p->n_seq, p->n_keep, MEM_N_CHECKPOINTS, p->conv_elems, p->ssm_elems);
     if (!rc) rc = kv_cache_init(&mem->head, be, p->head_kv, p->n_head_kv, p->n_seq, p->n_ctx, n_rows, GGML_TYPE_F16);
     return rc;
 }
@@ -49,7 +57,8 @@ static size_t kv_bytes_per_seq(const struct kv_cache *kv) {
 
 size_t memory_bytes_per_seq(const struct memory *mem) {
     const struct rec_state *r = &mem->rec;
-    const size_t rec = (size_t)r->n_layer * (1 + (size_t)r->n_slots) * (r->conv_elems + r->ssm_elems) * sizeof(float);
+    const size_t rec = (size_t)r->n_layer * (1 + (size_t)r->n_slots + (size_t)r->n_ck) * (r->conv_elems + r->ssm_elems) *
+                       sizeof(float);
     return kv_bytes_per_seq(&mem->kv) + kv_bytes_per_seq(&mem->head) + rec;
 }
 
@@ -60,6 +69,8 @@ void memory_free(struct memory *mem) {
     free(mem->seq_len); free(mem->head_len);
     free(mem->last_run_len); free(mem->last_run_kept); free(mem->last_run_restored);
     free(mem->rg.dst); free(mem->rg.src); free(mem->rg.step); free(mem->rg.bytes);
+    if (mem->ck_hidden) mem->be->free(mem->be, mem->ck_hidden);
+    free(mem->ck_pos); free(mem->ck_age); free(mem->ck_has_hidden);
     *mem = (struct memory){0};
 }
 
@@ -76,8 +87,13 @@ int memory_restore_regions(struct memory *mem, int s) {
     return mem->rg.n;
 }
 
+static void ck_clear(struct memory *mem, int s) {
+    for (int k = 0; k < MEM_N_CHECKPOINTS; k++) mem->ck_pos[s * MEM_N_CHECKPOINTS + k] = -1;
+}
+
 void memory_seq_reset(struct memory *mem, int s) {
     if (s < 0 || s >= mem->n_seq) return;
+    ck_clear(mem, s);
     /* attention cells need no clearing: a position is always written before it is read */
     rec_seq_zero(&mem->rec, s);
     mem->seq_len[s] = 0;
@@ -104,6 +120,8 @@ int memory_seq_rollback(struct memory *mem, int s, int n_drop) {
     }
     mem->seq_len[s] -= n_drop;
     if (mem->head_len[s] > mem->seq_len[s]) mem->head_len[s] = mem->seq_len[s];
+    for (int k = 0; k < MEM_N_CHECKPOINTS; k++)
+        if (mem->ck_pos[s * MEM_N_CHECKPOINTS + k] > mem->seq_len[s]) mem->ck_pos[s * MEM_N_CHECKPOINTS + k] = -1;
     mem->last_run_len[s] = keep_idx + 1;
     mem->last_run_kept[s] = false;
     mem->last_run_restored[s] = false;
@@ -122,6 +140,7 @@ int memory_seq_copy(struct memory *mem, int dst, int src) {
     mem->be->copy_n(mem->be, g->dst, g->src, g->bytes, g->n);
     mem->seq_len[dst] = mem->seq_len[src];
     mem->head_len[dst] = mem->head_len[src];
+    ck_clear(mem, dst);
     mem->last_run_len[dst] = 0;
     mem->last_run_kept[dst] = false;
     mem->last_run_restored[dst] = false;
@@ -130,4 +149,130 @@ int memory_seq_copy(struct memory *mem, int dst, int src) {
 
 void memory_head_truncate(struct memory *mem, int s, int n) {
     if (s >= 0 && s < mem->n_seq && n >= 0 && n < mem->head_len[s]) mem->head_len[s] = n;
+}
+
+/* ---- checkpoints ---------------------------------------------------------------------- */
+
+static float *ck_hidden_row(const struct memory *mem, int s, int k) {
+    return mem->ck_hidden + ((size_t)s * MEM_N_CHECKPOINTS + (size_t)k) * (size_t)mem->n_embd;
+}
+
+void memory_checkpoint(struct memory *mem, int s, const float *hidden) {
+    if (s < 0 || s >= mem->n_seq) return;
+    const int len = mem->seq_len[s];
+    int32_t *pos = mem->ck_pos + s * MEM_N_CHECKPOINTS;
+    uint64_t *age = mem->ck_age + s * MEM_N_CHECKPOINTS;
+    int k = -1;
+    for (int i = 0; i < MEM_N_CHECKPOINTS && k < 0; i++)
+        if (pos[i] == len) k = i;
+    for (int i = 0; i < MEM_N_CHECKPOINTS && k < 0; i++)
+        if (pos[i] < 0) k = i;
+    if (k < 0) {
+        k = 0;
+        for (int i = 1; i < MEM_N_CHECKPOINTS; i++)
+            if (age[i] < age[k]) k = i;
+    }
+    struct mem_regions *g = &mem->rg;
+    g->n = 0;
+    rec_ck_save_regions(&mem->rec, s, k, g);
+    const bool has_hidden = hidden && mem->ck_hidden;
+    if (has_hidden) mem_regions_add(g, ck_hidden_row(mem, s, k), hidden, sizeof(float) * (size_t)mem->n_embd, 0);
+    if (g->n) mem->be->copy_n(mem->be, g->dst, g->src, g->bytes, g->n);
+    pos[k] = len;
+    age[k] = ++mem->ck_clock;
+    mem->ck_has_hidden[s * MEM_N_CHECKPOINTS + k] = has_hidden;
+}
+
+/* Whether src's sliding-window ring still holds the window of positions before q. */
+static bool ring_holds(const struct memory *mem, int src, int q) {
+    const struct kv_cells *w = &mem->kv.win;
+    return !w->ring || q == 0 || q - w->window + 1 >= mem->seq_len[src] - w->ring;
+}
+
+int memory_resume_points(const struct memory *mem, int src, int p, int *q, const float **hidden, int max) {
+    if (src < 0 || src >= mem->n_seq || max < 1) return 0;
+    int n = 0;
+    const int len = mem->seq_len[src];
+    const int32_t *pos = mem->ck_pos + src * MEM_N_CHECKPOINTS;
+    /* the checkpoints, longest first (their hidden rows known), then the live length */
+    int taken[MEM_N_CHECKPOINTS] = {0};
+    for (;;) {
+        int best = -1;
+        for (int k = 0; k < MEM_N_CHECKPOINTS; k++)
+            if (!taken[k] && pos[k] > 0 && pos[k] <= p && pos[k] <= len && ring_holds(mem, src, pos[k]) &&
+                (best < 0 || pos[k] > pos[best]))
+                best = k;
+        if (best < 0 || n == max) break;
+        taken[best] = 1;
+        q[n] = pos[best];
+        hidden[n] = mem->ck_has_hidden[src * MEM_N_CHECKPOINTS + best] ? ck_hidden_row(mem, src, best) : NULL;
+        n++;
+    }
+    if (len > 0 && len <= p && n < max) {
+        /* the live state: a checkpoint at the same length already gave its hidden row */
+        bool dup = false;
+        for (int i = 0; i < n; i++) dup = dup || q[i] == len;
+        if (!dup) {
+            int at = 0;
+            while (at < n && q[at] > len) at++;
+            for (int i = n; i > at; i--) { q[i] = q[i - 1]; hidden[i] = hidden[i - 1]; }
+            q[at] = len;
+            hidden[at] = NULL;
+            n++;
+        }
+    }
+    /* without recurrent layers any shorter prefix of the cells is one too */
+    if (!mem->rec.n_layer && n < max && COTI_MIN(p, len) > 0 && (n == 0 || q[0] < COTI_MIN(p, len)) &&
+        ring_holds(mem, src, COTI_MIN(p, len))) {
+        for (int i = n; i > 0; i--) { q[i] = q[i - 1]; hidden[i] = hidden[i - 1]; }
+        q[0] = COTI_MIN(p, len);
+        hidden[0] = NULL;
+        n++;
+    }
+    return n;
+}
+
+int memory_seq_resume(struct memory *mem, int dst, int src, int q) {
+    if (dst < 0 || dst >= mem->n_seq || src < 0 || src >= mem->n_seq || q < 0 || q > mem->seq_len[src])
+        return COTI_E_ARG;
+    int k = -1;
+    for (int i = 0; i < MEM_N_CHECKPOINTS; i++)
+        if (mem->ck_pos[src * MEM_N_CHECKPOINTS + i] == q) k = i;
+    const bool live = q == mem->seq_len[src];
+    if ((!live && k < 0 && mem->rec.n_layer) || !ring_holds(mem, src, q)) return COTI_E_RANGE;
+    struct mem_regions *g = &mem->rg;
+    g->n = 0;
+    const int head = COTI_MIN(mem->head_len[src], q);
+    const int kd = 0;            /* dst keeps the checkpoint at q in its first slot */
+    if (dst != src) {
+        kv_copy_regions(&mem->kv, dst, src, q, g);
+        kv_copy_regions(&mem->head, dst, src, head, g);
+    }
+    if (k >= 0) {
+        /* the state at q from the checkpoint (also when live: the same state), which dst keeps */
+        if (dst != src || !live) rec_ck_load_regions(&mem->rec, dst, src, k, dst == src ? k : kd, g);
+        if (dst != src && mem->ck_has_hidden[src * MEM_N_CHECKPOINTS + k])
+            mem_regions_add(g, ck_hidden_row(mem, dst, kd), ck_hidden_row(mem, src, k), sizeof(float) * (size_t)mem->n_embd, 0);
+    } else if (dst != src) {
+        rec_copy_regions(&mem->rec, dst, src, g);
+    }
+    if (g->n) mem->be->copy_n(mem->be, g->dst, g->src, g->bytes, g->n);
+    if (dst != src) {
+        const bool had_hidden = k >= 0 && mem->ck_has_hidden[src * MEM_N_CHECKPOINTS + k];
+        ck_clear(mem, dst);
+        if (k >= 0) {
+            mem->ck_pos[dst * MEM_N_CHECKPOINTS + kd] = q;
+            mem->ck_age[dst * MEM_N_CHECKPOINTS + kd] = ++mem->ck_clock;
+            mem->ck_has_hidden[dst * MEM_N_CHECKPOINTS + kd] = had_hidden;
+        }
+    } else {
+        for (int i = 0; i < MEM_N_CHECKPOINTS; i++)
+            if (mem->ck_pos[dst * MEM_N_CHECKPOINTS + i] > q) mem->ck_pos[dst * MEM_N_CHECKPOINTS + i] = -1;
+    }
+    mem->seq_len[dst] = q;
+    mem->head_len[dst] = head;
+    mem->last_run_len[dst] = 0;
+    mem->last_run_kept[dst] = false;
+    mem->last_run_restored[dst] = false;
+    return 0;
 }

@@ -1,7 +1,8 @@
 /* memory.h — a model's per-sequence memory and its policy: how many positions each sequence
  * holds, the trunk's KV cache and recurrent state, a draft head's own KV cache (NextN), and the
  * operations a server and the speculative driver need on a sequence: reset, roll back the last
- * forward's rejected tokens, copy onto another sequence. Architectures describe their layers;
+ * forward's rejected tokens, copy onto another sequence, checkpoints to resume a prefix from
+ * (prompt reuse across requests and slots). Architectures describe their layers;
  * the rules live here once. */
 #ifndef COTI_MEMORY_H
 #define COTI_MEMORY_H
@@ -19,8 +20,14 @@ struct mem_regions {
 
 void mem_regions_add(struct mem_regions *g, void *dst, const void *src, size_t bytes, size_t step);
 
+/* Checkpoints per sequence: positions a sequence can be resumed from later (by itself or by
+ * another sequence whose prompt starts the same way), each with the recurrent state there and
+ * the post-norm hidden row of the position before it (what a drafter resumes from). */
+#define MEM_N_CHECKPOINTS 4
+
 struct memory_params {
     int n_seq, n_ctx;
+    int n_embd;                  /* a checkpoint's hidden row (set by the engine) */
     int n_keep;                  /* longest run whose per-token states a forward may keep */
     int n_batch;                 /* most rows one forward writes (sliding-window rings: kv.h) */
     const struct kv_layer_spec *kv;      /* trunk attention layers */
@@ -45,6 +52,13 @@ struct memory {
     int32_t *last_run_len;
     bool *last_run_kept, *last_run_restored;
     struct mem_regions rg;       /* scratch for one sequence's regions */
+    /* checkpoints, [n_seq][MEM_N_CHECKPOINTS] each: the position (-1: empty), an age for
+     * replacement, whether the hidden row is known; the hidden rows on the backend */
+    int n_embd;
+    int32_t *ck_pos;
+    uint64_t *ck_age, ck_clock;
+    bool *ck_has_hidden;
+    float *ck_hidden;
 };
 
 int memory_init(struct memory *mem, struct backend *be, const struct memory_params *p);
@@ -64,5 +78,20 @@ void memory_seq_reset(struct memory *mem, int s);
 int memory_seq_rollback(struct memory *mem, int s, int n_drop);
 int memory_seq_copy(struct memory *mem, int dst, int src);
 void memory_head_truncate(struct memory *mem, int s, int n);
+
+/* Remember sequence s's state at its current length (a checkpoint there replaces an older one at
+ * the same length, else the oldest goes); hidden: backend memory of the post-norm hidden row of
+ * its last position, or NULL when not known. */
+void memory_checkpoint(struct memory *mem, int s, const float *hidden);
+/* A position q <= p that another sequence (or src itself) can resume src's first q positions
+ * from: src's length when it is <= p, else one of its checkpoints. Writes the candidates, longest
+ * first, into q[0, max) and their hidden rows (backend memory, or NULL when not known) into
+ * hidden[]; returns their count. A sliding-window ring must still hold the window before q. */
+int memory_resume_points(const struct memory *mem, int src, int p, int *q, const float **hidden, int max);
+/* Make dst hold the first q positions of src, q one of its resume points: the KV cells (trunk and
+ * draft head; the head keeps what src's head held of them), the recurrent state of the
+ * checkpoint at q (or src's live state when q is its length); dst keeps that one checkpoint.
+ * dst == src goes back to the checkpoint. Returns 0 or COTI_E_ARG / COTI_E_RANGE. */
+int memory_seq_resume(struct memory *mem, int dst, int src, int q);
 
 #endif

@@ -14,18 +14,20 @@ static size_t float_bytes(size_t a, size_t b, size_t c) {
     return bytes;
 }
 
-int rec_state_init(struct rec_state *r, struct backend *be, int n_layer, int n_seq, int n_keep, size_t conv_elems,
-                   size_t ssm_elems) {
+int rec_state_init(struct rec_state *r, struct backend *be, int n_layer, int n_seq, int n_keep, int n_ck,
+                   size_t conv_elems, size_t ssm_elems) {
     *r = (struct rec_state){.be = be, .n_layer = n_layer, .n_seq = n_seq, .n_keep = n_keep, .n_slots = COTI_MAX(n_keep, 1),
-                           
-                            .conv_elems = conv_elems, .ssm_elems = ssm_elems};
+                            .n_ck = COTI_MAX(n_ck, 1), .conv_elems = conv_elems, .ssm_elems = ssm_elems};
     if (!n_layer) return 0;
     r->layers = calloc((size_t)n_layer, sizeof *r->layers);
     if (!r->layers) return COTI_E_NOMEM;
     const size_t ns = (size_t)n_seq, keep = (size_t)r->n_slots;
     const size_t conv = float_bytes(ns, 1, conv_elems), conv_snap = float_bytes(ns, keep, conv_elems);
     const size_t ssm = float_bytes(ns, 1, ssm_elems), ssm_snap = float_bytes(ns, keep, ssm_elems);
-    if (conv == SIZE_MAX || conv_snap == SIZE_MAX || ssm == SIZE_MAX || ssm_snap == SIZE_MAX) return COTI_E_NOMEM;
+    const size_t conv_ck = float_bytes(ns, (size_t)r->n_ck, conv_elems), ssm_ck = float_bytes(ns, (size_t)r->n_ck, ssm_elems);
+    if (conv == SIZE_MAX || conv_snap == SIZE_MAX || ssm == SIZE_MAX || ssm_snap == SIZE_MAX || conv_ck == SIZE_MAX ||
+        ssm_ck == SIZE_MAX)
+        return COTI_E_NOMEM;
     for (int il = 0; il < n_layer; il++) {
         struct rec_layer *ly = &r->layers[il];
         /* the conv buffers get one float more: the backends' conv kernels may read a vector
@@ -34,14 +36,17 @@ int rec_state_init(struct rec_state *r, struct backend *be, int n_layer, int n_s
         ly->ssm = be->alloc(be, ssm);
         ly->conv_snap = be->alloc(be, conv_snap + 4);
         ly->ssm_snap = be->alloc(be, ssm_snap);
-        if (!ly->conv || !ly->ssm || !ly->conv_snap || !ly->ssm_snap) return COTI_E_NOMEM;
+        ly->conv_ck = be->alloc(be, conv_ck);
+        ly->ssm_ck = be->alloc(be, ssm_ck);
+        if (!ly->conv || !ly->ssm || !ly->conv_snap || !ly->ssm_snap || !ly->conv_ck || !ly->ssm_ck) return COTI_E_NOMEM;
     }
     return 0;
 }
 
 void rec_state_free(struct rec_state *r) {
     for (int il = 0; r->layers && il < r->n_layer; il++) {
-        float *p[] = {r->layers[il].conv, r->layers[il].ssm, r->layers[il].conv_snap, r->layers[il].ssm_snap};
+        float *p[] = {r->layers[il].conv,      r->layers[il].ssm,    r->layers[il].conv_snap,
+                      r->layers[il].ssm_snap, r->layers[il].conv_ck, r->layers[il].ssm_ck};
         for (size_t i = 0; i < COTI_ARRAY_LEN(p); i++) if (p[i]) r->be->free(r->be, p[i]);
     }
     free(r->layers);
@@ -75,6 +80,26 @@ void rec_copy_regions(const struct rec_state *r, int dst, int src, struct mem_re
     for (int il = 0; il < r->n_layer; il++) {
         mem_regions_add(g, rec_conv(r, il, dst), rec_conv(r, il, src), cb, cb);
         mem_regions_add(g, rec_ssm(r, il, dst), rec_ssm(r, il, src), sb, sb);
+    }
+}
+
+void rec_ck_save_regions(const struct rec_state *r, int s, int k, struct mem_regions *g) {
+    const size_t cb = sizeof(float) * r->conv_elems, sb = sizeof(float) * r->ssm_elems;
+    for (int il = 0; il < r->n_layer; il++) {
+        mem_regions_add(g, rec_conv_ck(r, il, s, k), rec_conv(r, il, s), cb, cb);
+        mem_regions_add(g, rec_ssm_ck(r, il, s, k), rec_ssm(r, il, s), sb, sb);
+    }
+}
+
+void rec_ck_load_regions(const struct rec_state *r, int dst, int src, int k, int kd, struct mem_regions *g) {
+    const size_t cb = sizeof(float) * r->conv_elems, sb = sizeof(float) * r->ssm_elems;
+    for (int il = 0; il < r->n_layer; il++) {
+        mem_regions_add(g, rec_conv(r, il, dst), rec_conv_ck(r, il, src, k), cb, cb);
+        mem_regions_add(g, rec_ssm(r, il, dst), rec_ssm_ck(r, il, src, k), sb, sb);
+        if (dst != src || kd != k) {
+            mem_regions_add(g, rec_conv_ck(r, il, dst, kd), rec_conv_ck(r, il, src, k), cb, cb);
+            mem_regions_add(g, rec_ssm_ck(r, il, dst, kd), rec_ssm_ck(r, il, src, k), sb, sb);
+        }
     }
 }
 

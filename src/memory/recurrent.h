@@ -11,6 +11,7 @@
 struct rec_layer {
     float *conv, *ssm;           /* live: [n_seq][conv_elems], [n_seq][ssm_elems] */
     float *conv_snap, *ssm_snap; /* [n_seq][n_slots][...] */
+    float *conv_ck, *ssm_ck;     /* checkpoints (memory.h): [n_seq][n_ck][...] */
 };
 
 struct rec_state {
@@ -18,12 +19,13 @@ struct rec_state {
     int n_layer, n_seq;
     int n_keep;                  /* longest run whose per-token states a forward may keep */
     int n_slots;                 /* snapshot slots per sequence: max(n_keep, 1) */
+    int n_ck;                    /* checkpoint slots per sequence */
     size_t conv_elems, ssm_elems;/* per sequence and layer */
     struct rec_layer *layers;
 };
 
-int rec_state_init(struct rec_state *r, struct backend *be, int n_layer, int n_seq, int n_keep, size_t conv_elems,
-                   size_t ssm_elems);
+int rec_state_init(struct rec_state *r, struct backend *be, int n_layer, int n_seq, int n_keep, int n_ck,
+                   size_t conv_elems, size_t ssm_elems);
 void rec_state_free(struct rec_state *r);
 
 static inline float *rec_conv(const struct rec_state *r, int il, int s) {
@@ -49,6 +51,17 @@ struct mem_regions;
 void rec_restore_regions(const struct rec_state *r, int s, struct mem_regions *g);
 /* Regions that copy sequence src's live state onto dst. */
 void rec_copy_regions(const struct rec_state *r, int dst, int src, struct mem_regions *g);
+/* Checkpoint slot k of sequence s: its conv and delta state of layer il. */
+static inline float *rec_conv_ck(const struct rec_state *r, int il, int s, int k) {
+    return r->layers[il].conv_ck + ((size_t)s * r->n_ck + (size_t)k) * r->conv_elems;
+}
+static inline float *rec_ssm_ck(const struct rec_state *r, int il, int s, int k) {
+    return r->layers[il].ssm_ck + ((size_t)s * r->n_ck + (size_t)k) * r->ssm_elems;
+}
+/* Regions live state of s -> its checkpoint slot k (save), or the reverse (load), or checkpoint
+ * slot k of src -> live state of dst and its slot kd (load_to). */
+void rec_ck_save_regions(const struct rec_state *r, int s, int k, struct mem_regions *g);
+void rec_ck_load_regions(const struct rec_state *r, int dst, int src, int k, int kd, struct mem_regions *g);
 /* Sequence s's live state, layer by layer (conv then delta state), to host dst of n floats;
  * returns the floats it needs (n = 0 asks) or COTI_E_ARG. */
 long rec_state_read(const struct rec_state *r, int s, float *dst, size_t n);

@@ -484,23 +484,31 @@ int openai_tokenize_prompt(const struct openai_ctx *c, const cJSON *v, const cha
 }
 
 static int render_messages(const struct openai_ctx *c, const cJSON *body, const struct tool_set *ts,
-                           struct chat_prompt *out, struct openai_error *e);
+                           struct chat_prompt *out, struct chat_prompt *head, struct openai_error *e);
 
-int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct chat_prompt *out, struct tool_set *tools,
-                       struct openai_error *e) {
+/* openai_render_chat, and into *head (when not NULL) the messages but the last without a
+ * generation prompt (empty when there is one message). */
+static int render_chat(const struct openai_ctx *c, const cJSON *body, struct chat_prompt *out, struct chat_prompt *head,
+                       struct tool_set *tools, struct openai_error *e) {
     memset(out, 0, sizeof *out);
+    if (head) memset(head, 0, sizeof *head);
     struct tool_set local;
     struct tool_set *ts = tools ? tools : &local;
     int rc = tools_parse_request(body, chat_defines_tools(c->chat_template), ts, e);
     if (rc) return rc;
-    rc = render_messages(c, body, ts, out, e);
+    rc = render_messages(c, body, ts, out, head, e);
     if (rc || !tools) tool_set_free(ts);
     return rc;
 }
 
+int openai_render_chat(const struct openai_ctx *c, const cJSON *body, struct chat_prompt *out, struct tool_set *tools,
+                       struct openai_error *e) {
+    return render_chat(c, body, out, NULL, tools, e);
+}
+
 /* openai_render_chat's messages, with the tools ts parsed. */
 static int render_messages(const struct openai_ctx *c, const cJSON *body, const struct tool_set *ts,
-                           struct chat_prompt *out, struct openai_error *e) {
+                           struct chat_prompt *out, struct chat_prompt *head, struct openai_error *e) {
     const cJSON *msgs = field(body, "messages");
     if (!msgs) return bad_request(e, "'messages' is required");
     if (!cJSON_IsArray(msgs)) return bad_request(e, "Field 'messages': expected an array");
@@ -572,6 +580,10 @@ static int render_messages(const struct openai_ctx *c, const cJSON *body, const 
         int crc = chat_render_tools(c->chat_template, cm, (size_t)n, &tools, add_gen, thinking, out, err, sizeof err);
         if (crc == COTI_E_NOMEM) rc = out_of_memory(e);
         else if (crc) rc = bad_request(e, "cannot apply the chat template: %s", err);
+        /* the conversation before its last message: where a follow-up request shares the prompt */
+        if (!rc && head && n >= 2 &&
+            chat_render_tools(c->chat_template, cm, (size_t)n - 1, &tools, false, thinking, head, err, sizeof err))
+            memset(head, 0, sizeof *head);
     }
     for (int k = 0; k < n; k++) free(calls[k]);
     free(calls);
@@ -592,6 +604,24 @@ void openai_request_free(struct openai_request *r) {
     r->n_prompt = 0;
 }
 
+/* The tokens of a conversation's head (all messages but the last) when they are exactly the
+ * first tokens of the full prompt (its text a prefix, tokenized alike): the position a follow-up
+ * or a request sharing the system prompt resumes from. 0 when not. */
+static int shared_prefix_tokens(const struct openai_ctx *c, const struct chat_prompt *head, const struct chat_prompt *full,
+                                const int32_t *prompt, int n_prompt) {
+    if (!head->text || head->n_text == 0 || head->n_text >= full->n_text || memcmp(head->text, full->text, head->n_text))
+        return 0;
+    struct tokv tv = {.limit = n_prompt};
+    struct openai_error e;
+    int n = 0;
+    if (!encode_text(c, head->text, head->n_text, (const struct tokenizer_span *)head->spans, head->n_spans, true, true,
+                     &tv, &e) &&
+        !tv.over && tv.n > 0 && (int)tv.n < n_prompt && !memcmp(tv.p, prompt, sizeof(int32_t) * tv.n))
+        n = (int)tv.n;
+    free(tv.p);
+    return n;
+}
+
 int openai_parse_request(const struct openai_ctx *c, enum openai_api api, const cJSON *body,
                          struct openai_request *r, struct openai_error *e) {
     memset(r, 0, sizeof *r);
@@ -610,8 +640,8 @@ int openai_parse_request(const struct openai_ctx *c, enum openai_api api, const 
         /* a prompt must leave room for one generated token: n_ctx - 1 tokens at most */
         const long limit = c->n_ctx - 1;
         if (api == OPENAI_API_CHAT) {
-            struct chat_prompt cp;
-            rc = openai_render_chat(c, body, &cp, &r->tools, e);
+            struct chat_prompt cp, head;
+            rc = render_chat(c, body, &cp, &head, &r->tools, e);
             if (!rc) {
                 /* the template's markers are special tokens, the messages' text never is
                  * (chat_span); the vocabulary adds BOS where it asks for one */
@@ -623,9 +653,11 @@ int openai_parse_request(const struct openai_ctx *c, enum openai_api api, const 
                 } else {
                     r->prompt = tv.p;
                     r->n_prompt = (int)tv.n;
+                    r->g.reuse_mark = shared_prefix_tokens(c, &head, &cp, r->prompt, r->n_prompt);
                 }
             }
             chat_prompt_free(&cp);
+            chat_prompt_free(&head);
         } else {
             const cJSON *p = field(body, "prompt");
             const cJSON *t = field(body, "tools");

@@ -195,6 +195,8 @@ struct slot {
     bool state_ok;               /* the last driver call on this sequence succeeded, so its
                                     state matches spec_seq_tokens (prompt-cache reuse) */
     uint64_t last_used;          /* LRU among idle slots */
+    int reuse_src, reuse_n;      /* picked for the task: take reuse_n prompt tokens from slot
+                                    reuse_src's state (spec_seq_begin_reuse) */
 };
 
 struct slots {
@@ -243,31 +245,35 @@ int slots_submit(struct slots *s, struct task *t) {
     return 0;
 }
 
-/* Tokens held in the target for sequence i (the driver's history minus the pending token). */
-static int slot_cached_len(struct slots *s, struct slot *sl, const int32_t *prompt, int n_prompt) {
-    if (!sl->state_ok) return 0;
-    int n;
-    const int32_t *h = spec_seq_tokens(s->e, sl->id, &n);
-    n -= 1;
-    if (n <= 0 || n >= n_prompt) return 0;
-    return memcmp(h, prompt, sizeof(int32_t) * (size_t)n) == 0 ? n : 0;
-}
-
-/* The idle slot for t (engine thread, under mu): the one whose cached state is the longest
- * prefix of t's prompt when the task allows reuse, else the least recently used. NULL when
- * every slot is busy. */
+/* The idle slot for t (engine thread, under mu), and what it reuses: the prompt tokens any
+ * slot's state (busy or idle, its last driver call good) can give (spec_seq_reusable: its own
+ * continuation, a checkpoint, another slot's prefix), the most of them, taken by the idle slot
+ * that holds them itself, else by the least recently used. NULL when every slot is busy. */
 static struct slot *slots_pick(struct slots *s, const struct task *t) {
     struct slot *best = NULL;
-    int best_n = -1;
+    int best_n = -1, best_src = -1;
     for (int i = 0; i < s->n; i++) {
         struct slot *sl = &s->slot[i];
         if (sl->t) continue;
-        int n = t->g.cache_prompt ? slot_cached_len(s, sl, t->prompt, t->n_prompt) : 0;
-        if (n > best_n || (n == best_n && sl->last_used < best->last_used)) {
+        int n = t->g.cache_prompt && sl->state_ok ? spec_seq_reusable(s->e, sl->id, sl->id, t->prompt, t->n_prompt, t->g.spec.drafter) : 0;
+        if (!best || n > best_n || (n == best_n && sl->last_used < best->last_used)) {
             best = sl;
             best_n = n;
+            best_src = sl->id;
         }
     }
+    if (!best) return NULL;
+    for (int j = 0; t->g.cache_prompt && j < s->n; j++) {
+        const struct slot *src = &s->slot[j];
+        if (src == best || !src->state_ok) continue;
+        const int n = spec_seq_reusable(s->e, best->id, src->id, t->prompt, t->n_prompt, t->g.spec.drafter);
+        if (n > best_n) {
+            best_n = n;
+            best_src = src->id;
+        }
+    }
+    best->reuse_src = best_src;
+    best->reuse_n = COTI_MAX(best_n, 0);
     return best;
 }
 
@@ -443,11 +449,11 @@ static void slot_begin(struct slots *s, struct slot *sl) {
     sl->n_decoded = 0;
     sl->cache_n = 0;
     int64_t t0 = coti_time_us();
-    /* reuse only a state the driver left consistent: the last call on this slot succeeded */
-    int rc = t->g.cache_prompt && sl->state_ok
-                 ? spec_seq_begin_cached(s->e, sl->id, t->prompt, t->n_prompt, &t->g.sp, &t->g.spec, &first, &sl->cache_n,
-                                         err, sizeof err)
-                 : spec_seq_begin(s->e, sl->id, t->prompt, t->n_prompt, &t->g.sp, &t->g.spec, &first, err, sizeof err);
+    /* what slots_pick chose to reuse (only states the driver left consistent); the prefill
+     * leaves checkpoints for later requests */
+    const int n_mark = t->g.reuse_mark > 0 && t->g.reuse_mark < t->n_prompt ? 1 : 0;
+    int rc = spec_seq_begin_reuse(s->e, sl->id, sl->reuse_src, sl->reuse_n, t->prompt, t->n_prompt, &t->g.reuse_mark,
+                                  n_mark, &t->g.sp, &t->g.spec, &first, &sl->cache_n, err, sizeof err);
     sl->state_ok = rc == 0;
     sl->t_first_us = sl->t_last_us = coti_time_us();
     sl->prompt_ms = (sl->t_first_us - t0) / 1e3;

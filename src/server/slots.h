@@ -33,6 +33,8 @@ struct gen_params {
     bool cache_prompt;           /* reuse the slot's state when it is a prefix of the prompt */
     char **stop;                 /* owned; matched across token boundaries, never emitted */
     int n_stop;
+    int reuse_mark;              /* a prompt position later requests may share up to (a chat's
+                                    last message starts there): the prefill checkpoints it; 0: none */
 };
 void gen_params_free(struct gen_params *g);
 

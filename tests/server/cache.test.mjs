@@ -38,21 +38,31 @@ test('a continuation reuses the slot that holds its prefix', async () => {
   assert.equal(full.choices[0].text, cached.choices[0].text, 'reuse gives the same greedy text');
 });
 
-test('a prompt that diverges from the held tokens is processed in full', async () => {
+test('a prompt that diverges from the held tokens resumes from the checkpoint before it', async () => {
   const p = await tokenize('static int add(int a, int b) {');
   const a = await postJson(srv.base, '/completion', { prompt: p, n_predict: 4, temperature: 0, return_tokens: true });
   const b = [...p, ...a.json.tokens.slice(0, -2), 5, 6, 7];
   const r = await postJson(srv.base, '/completion', { prompt: b, n_predict: 4, temperature: 0 });
-  assert.equal(r.json.timings.cache_n, 0);
-  assert.equal(r.json.timings.prompt_n, b.length);
+  // the recurrent state is known where the prefill of p left a checkpoint: before p's last token
+  assert.equal(r.json.timings.cache_n, p.length - 1);
+  assert.equal(r.json.timings.prompt_n, b.length - (p.length - 1));
+  const cold = await postJson(srv.base, '/completion', { prompt: b, n_predict: 4, temperature: 0, cache_prompt: false });
+  assert.equal(cold.json.timings.cache_n, 0);
+  assert.equal(r.json.content, cold.json.content);
 });
 
-test('reuse with a different speculation type is refused, and results stay equal', async () => {
+test('another speculation type reuses what it can continue from, and results stay equal', async () => {
   const p = await tokenize('#include <stdlib.h>\n');
   const a = await postJson(srv.base, '/completion', { prompt: p, n_predict: 6, temperature: 0, return_tokens: true });
   const b = [...p, ...a.json.tokens, ...(await tokenize('\n'))];
+  // speculation off needs no drafter state: the slot's whole held state serves
   const r = await postJson(srv.base, '/completion', { prompt: b, n_predict: 6, temperature: 0, 'speculative.type': 'off' });
-  assert.equal(r.json.timings.cache_n, 0, 'the MTP drafter state cannot continue under another drafter');
+  assert.equal(r.json.timings.cache_n, p.length + a.json.tokens.length - 1);
   const again = await postJson(srv.base, '/completion', { prompt: b, n_predict: 6, temperature: 0, 'speculative.type': 'off', cache_prompt: false });
   assert.equal(r.json.content, again.json.content);
+  // back to mtp: the head's state resumes only where a checkpoint holds the hidden row it needs
+  const m = await postJson(srv.base, '/completion', { prompt: b, n_predict: 6, temperature: 0 });
+  const mCold = await postJson(srv.base, '/completion', { prompt: b, n_predict: 6, temperature: 0, cache_prompt: false });
+  assert.equal(m.json.content, mCold.json.content);
+  assert.ok(m.json.timings.cache_n < b.length);
 });
