@@ -66,3 +66,41 @@ test('another speculation type reuses what it can continue from, and results sta
   assert.equal(m.json.content, mCold.json.content);
   assert.ok(m.json.timings.cache_n < b.length);
 });
+
+test('four clients sharing a long system prompt: the first prefills it, the others only their own part', async () => {
+  const s4 = await startServer(['-np', '4', '--spec', 'mtp', '-c', '2048']);
+  try {
+    const lines = [];
+    for (let i = 0; lines.join('\n').length < 3600; i++) lines.push(`int f${i}(int x) { return x * ${i} + ${i % 7}; }`);
+    const system = `You are a C assistant. Here is the code base:\n${lines.join('\n')}`;
+    const questions = ['What does f3 return?', 'Write f2 in Rust.', 'Is f5 pure?', 'Explain f1 briefly.'];
+    const body = (q, extra = {}) => ({
+      model: 'm', messages: [{ role: 'system', content: system }, { role: 'user', content: q }], max_tokens: 8,
+      temperature: 0, ...extra,
+    });
+    // the system turn's tokens: where every request's prompt stops being shared
+    const head = await postJson(s4.base, '/apply-template', { messages: [{ role: 'system', content: system }], add_generation_prompt: false });
+    const nHead = (await postJson(s4.base, '/tokenize', { content: head.json.prompt, parse_special: true })).json.tokens.length;
+    assert.ok(nHead >= 1000, `the system prompt has ${nHead} tokens`);
+    const first = await s4.client.chat.completions.create(body(questions[0]));
+    assert.equal(first.timings.cache_n, 0);
+    const rest = await Promise.all(questions.slice(1).map((q) => s4.client.chat.completions.create(body(q))));
+    for (const r of rest) {
+      assert.equal(r.timings.cache_n, nHead, 'the shared system turn is taken, not prefilled');
+      assert.equal(r.timings.prompt_n, r.usage.prompt_tokens - nHead);
+    }
+    // the same answers as cold prefills
+    for (const [i, r] of [first, ...rest].entries()) {
+      const cold = await s4.client.chat.completions.create(body(questions[i], { cache_prompt: false }));
+      assert.equal(cold.timings.cache_n, 0);
+      assert.equal(r.choices[0].message.content, cold.choices[0].message.content, questions[i]);
+    }
+    // an identical request runs only its last prompt token
+    const again = await s4.client.chat.completions.create(body(questions[0]));
+    assert.equal(again.timings.prompt_n, 1);
+    assert.equal(again.choices[0].message.content, first.choices[0].message.content);
+  } finally {
+    const r = await s4.stop();
+    assert.deepEqual(r, { code: 0, signal: null });
+  }
+});
