@@ -110,6 +110,12 @@ say "gemma4 e2b greedy, ring + assistant vs no ring: $([ "$ring" = "$full" ] && 
 say "gemma4 + assistant:"; grep -E '^(off|assistant)' "$O/bench-gemma4.txt" | cut -c1-80 | tee -a "$O/summary.txt"
 rm -f "$E2B" "$A8"
 
+for spec in mtp off; do
+    r=$(python3 scripts/reuse-check.py "$C" --device cuda --spec $spec 2>&1 | tail -1)
+    say "prefix reuse, spec $spec: $r"
+    echo "$r" | grep -q ': ok$' || bad=1
+done
+
 wait $mk
 if [ -s /tmp/gpu-check-9b.gguf ]; then
     "$C" bench -m /tmp/gpu-check-9b.gguf --device cuda --spec off --prompts "$P" -n 128 --repeat 2 > "$O/bench-9b.txt" 2>&1
