@@ -15,8 +15,7 @@
 #define CHI2_DF5_P1E6 35.888
 
 static struct sampler *make(float temp, int32_t top_k, float top_p, float min_p, uint64_t seed, int n_vocab) {
-    struct sampler_params p = {.temperature = temp, .top_k = top_k, .top_p = top_p, .min_p = min_p,
-                               .min_keep = 0, .seed = seed};
+    struct sampler_params p = sampler_params_basic(temp, top_k, top_p, min_p, seed);
     struct sampler *s = NULL;
     char err[256] = "";
     cr_assert_eq(sampler_init(&s, &p, n_vocab, err, sizeof err), 0, "%s", err);
@@ -54,10 +53,10 @@ Test(sample, argmax_ties_lowest_id) {
     cr_assert_eq(sample_argmax(l, 0), -1);
 
     struct sampler *s = make(0.0f, 40, 0.95f, 0.05f, 1, 5);
-    for (int i = 0; i < 10; i++) cr_assert_eq(sampler_sample(s, l), 1);
+    for (int i = 0; i < 10; i++) cr_assert_eq(sampler_sample(s, l, NULL, 0), 1);
     const struct sampler_cand *c;
     size_t n;
-    sampler_probs(s, l, &c, &n);
+    sampler_probs(s, l, NULL, 0, &c, &n);
     cr_assert_eq(n, 1);
     cr_assert_eq(c[0].id, 1);
     cr_assert_float_eq(c[0].p, 1.0f, 0.0f);
@@ -86,15 +85,15 @@ Test(sample, seed_reproducible) {
     int32_t first[N];
     int diff = 0;
     for (int i = 0; i < N; i++) {
-        first[i] = sampler_sample(a, l);
-        cr_assert_eq(first[i], sampler_sample(b, l));
-        diff += first[i] != sampler_sample(c, l);
+        first[i] = sampler_sample(a, l, NULL, 0);
+        cr_assert_eq(first[i], sampler_sample(b, l, NULL, 0));
+        diff += first[i] != sampler_sample(c, l, NULL, 0);
     }
     cr_assert_gt(diff, N / 4, "another seed should give another sequence (%d of %d differ)", diff, N);
     /* reset restarts the stream */
-    struct sampler_params p = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 42};
+    struct sampler_params p = sampler_params_basic(1.0f, 0, 1.0f, 0.0f, 42);
     cr_assert_eq(sampler_reset(a, &p, NULL, 0), 0);
-    for (int i = 0; i < N; i++) cr_assert_eq(sampler_sample(a, l), first[i]);
+    for (int i = 0; i < N; i++) cr_assert_eq(sampler_sample(a, l, NULL, 0), first[i]);
     sampler_free(a);
     sampler_free(b);
     sampler_free(c);
@@ -108,10 +107,10 @@ Test(sample, temperature_to_zero_is_argmax) {
     const int32_t am = sample_argmax(l, V);
     /* the gap to the runner-up is >= 1e-4; at temp 1e-6 its odds are e^-100 */
     struct sampler *s = make(1e-6f, 0, 1.0f, 0.0f, 5, V);
-    for (int i = 0; i < 500; i++) cr_assert_eq(sampler_sample(s, l), am);
+    for (int i = 0; i < 500; i++) cr_assert_eq(sampler_sample(s, l, NULL, 0), am);
     /* an extreme temperature overflows logit/temp to inf; still the argmax, never NaN */
     struct sampler *t = make(1e-38f, 0, 1.0f, 0.0f, 5, V);
-    for (int i = 0; i < 50; i++) cr_assert_eq(sampler_sample(t, l), am);
+    for (int i = 0; i < 50; i++) cr_assert_eq(sampler_sample(t, l, NULL, 0), am);
     sampler_free(s);
     sampler_free(t);
 }
@@ -123,7 +122,7 @@ Test(sample, top_k_1_is_greedy) {
     struct sampler *s = make(1.5f, 1, 0.95f, 0.05f, 9, V);
     for (int round = 0; round < 50; round++) {
         for (int i = 0; i < V; i++) l[i] = (float)(lcg(&x) % 64) / 8.0f; /* many ties */
-        cr_assert_eq(sampler_sample(s, l), sample_argmax(l, V));
+        cr_assert_eq(sampler_sample(s, l, NULL, 0), sample_argmax(l, V));
     }
     sampler_free(s);
 }
@@ -135,7 +134,7 @@ Test(sample, top_p_and_min_p_sets) {
     size_t n;
 
     struct sampler *s = make(1.0f, 0, 0.85f, 0.0f, 1, 5);
-    sampler_probs(s, l, &c, &n);
+    sampler_probs(s, l, NULL, 0, &c, &n);
     cr_assert_eq(n, 2); /* .6364 + .2341 = .8705 >= .85 */
     cr_assert_eq(c[0].id, 1);
     cr_assert_eq(c[1].id, 3);
@@ -145,7 +144,7 @@ Test(sample, top_p_and_min_p_sets) {
 
     /* min_p 0.1: keep p >= 0.1 * .6364, i.e. logits >= 3 + ln 0.1 = 0.697: ids 1, 3, 0 */
     s = make(1.0f, 0, 1.0f, 0.1f, 1, 5);
-    sampler_probs(s, l, &c, &n);
+    sampler_probs(s, l, NULL, 0, &c, &n);
     cr_assert_eq(n, 3);
     int seen = 0;
     for (size_t i = 0; i < n; i++) seen |= 1 << c[i].id;
@@ -154,7 +153,7 @@ Test(sample, top_p_and_min_p_sets) {
 
     /* top_k 4 then temperature 2: p over {3, 2, 1, 0} / 2 */
     s = make(2.0f, 4, 1.0f, 0.0f, 1, 5);
-    sampler_probs(s, l, &c, &n);
+    sampler_probs(s, l, NULL, 0, &c, &n);
     cr_assert_eq(n, 4);
     const float kept[4] = {3.0f, 2.0f, 1.0f, 0.0f};
     double ref[4];
@@ -172,7 +171,7 @@ Test(sample, large_vocab_top_p_partial_sort) {
     struct sampler *s = make(1.0f, 0, 0.9f, 0.0f, 1, V);
     const struct sampler_cand *c;
     size_t n;
-    sampler_probs(s, l, &c, &n);
+    sampler_probs(s, l, NULL, 0, &c, &n);
     cr_assert_gt(n, 256);
     cr_assert_lt(n, V);
     double sum = 0;
@@ -188,14 +187,14 @@ Test(sample, non_finite_logits) {
     const float l[] = {NAN, 1.0f, INFINITY, 0.0f, INFINITY};
     struct sampler *s = make(1.0f, 0, 1.0f, 0.0f, 3, 5);
     int hits[5] = {0};
-    for (int i = 0; i < 200; i++) hits[sampler_sample(s, l)]++;
+    for (int i = 0; i < 200; i++) hits[sampler_sample(s, l, NULL, 0)]++;
     cr_assert_eq(hits[0] + hits[1] + hits[3], 0);
     cr_assert_gt(hits[2], 0);
     cr_assert_gt(hits[4], 0);
     const float none[] = {-INFINITY, NAN, -INFINITY};
     struct sampler *t = make(0.7f, 40, 0.95f, 0.05f, 3, 3);
     for (int i = 0; i < 20; i++) {
-        int32_t id = sampler_sample(t, none);
+        int32_t id = sampler_sample(t, none, NULL, 0);
         cr_assert(id >= 0 && id < 3);
     }
     sampler_free(s);
@@ -211,7 +210,7 @@ Test(sample, empirical_distribution_chi_square) {
     softmax_ref(l, V, 1.2, wrong); /* a sampler that forgot the temperature would look like this */
     struct sampler *s = make(1.0f, 0, 1.0f, 0.0f, 20240601, V);
     int obs[V] = {0};
-    for (int i = 0; i < DRAWS; i++) obs[sampler_sample(s, l)]++;
+    for (int i = 0; i < DRAWS; i++) obs[sampler_sample(s, l, NULL, 0)]++;
     const double x_ok = chi2(obs, p, V, DRAWS);
     const double x_wrong = chi2(obs, wrong, V, DRAWS);
     cr_assert_lt(x_ok, CHI2_DF5_P1E6, "chi2 vs softmax = %.2f", x_ok);
@@ -235,7 +234,7 @@ Test(sample, default_chain_distribution) {
     struct sampler *s = NULL;
     cr_assert_eq(sampler_init(&s, &prm, V, NULL, 0), 0);
     int obs[V] = {0};
-    for (int i = 0; i < DRAWS; i++) obs[sampler_sample(s, l)]++;
+    for (int i = 0; i < DRAWS; i++) obs[sampler_sample(s, l, NULL, 0)]++;
     cr_assert_eq(obs[2] + obs[5], 0);
     int o4[4];
     for (int i = 0; i < 4; i++) o4[i] = obs[kept_id[i]];
@@ -245,7 +244,7 @@ Test(sample, default_chain_distribution) {
 
     const struct sampler_cand *c;
     size_t n;
-    sampler_probs(s, l, &c, &n);
+    sampler_probs(s, l, NULL, 0, &c, &n);
     cr_assert_eq(n, 4);
     for (int i = 0; i < 4; i++) {
         cr_assert_eq(c[i].id, kept_id[i]);
@@ -283,7 +282,7 @@ Test(sample, uniform_stream_and_draw) {
 /* Draw d ~ q_true, run the rule with the q it is told; histogram of emitted tokens. */
 static double run_rejection(const double *p, const double *q_true, const double *q_told) {
     struct sampler *smp;
-    struct sampler_params sp = {1.0f, 0, 1.0f, 0.0f, 0, 12345};
+    struct sampler_params sp = sampler_params_basic(1.0f, 0, 1.0f, 0.0f, 12345);
     char err[128];
     cr_assert_eq(sampler_init(&smp, &sp, RS_V, err, sizeof err), 0);
     struct sampler_cand pc[RS_V], qc[RS_V], qt[RS_V], resid[RS_V];

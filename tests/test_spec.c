@@ -59,7 +59,7 @@ static void generate_with(struct env *v, const int32_t *prompt, int np, const st
 /* Greedy generation of n tokens with the given speculation. */
 static void generate(struct env *v, const int32_t *prompt, int np, const struct drafter_kind *k, int n_max, int32_t *out,
                      int n) {
-    struct sampler_params sp = {0.0f, 0, 1.0f, 0.0f, 0, 1};
+    struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
     struct spec_params p = spec_params_default();
     p.drafter = k;
     p.n_max = n_max;
@@ -126,7 +126,7 @@ Test(spec, sampled_and_p_min_paths_match_plain_decoding, .timeout = 120) {
     const int32_t prompt[] = {1, 35, 2000, 17, 5, 90, 400, 12};
     const int np = (int)(sizeof prompt / sizeof prompt[0]);
     int32_t ref[48], got[48];
-    struct sampler_params hot = {0.8f, 40, 0.95f, 0.0f, 0, 7};
+    struct sampler_params hot = sampler_params_basic(0.8f, 40, 0.95f, 0.0f, 7);
     struct spec_params p = spec_params_default();
     generate_with(&v, prompt, np, &hot, &p, ref, 48);
     p.drafter = &drafter_kind_mtp;
@@ -135,7 +135,7 @@ Test(spec, sampled_and_p_min_paths_match_plain_decoding, .timeout = 120) {
         for (int k = 0; k < 48; k++) cr_assert_eq(got[k], ref[k], "temperature 0.8, n_max %d: token %d differs", p.n_max, k);
         cr_assert_gt(spec_seq_stats(v.e, 0)->n_accepted, 0, "no draft was accepted at n_max %d", p.n_max);
     }
-    struct sampler_params greedy = {0.0f, 0, 1.0f, 0.0f, 0, 1};
+    struct sampler_params greedy = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
     p.drafter = NULL;
     generate_with(&v, prompt, np, &greedy, &p, ref, 48);
     p.drafter = &drafter_kind_mtp;
@@ -185,7 +185,7 @@ Test(spec, warmup_leaves_every_sequence_as_new, .timeout = 120) {
     struct env v = env_open(MODEL_PATH), w = env_open(MODEL_PATH);
     char err[512];
     int32_t warm[6] = {300, 301, 302, 303, 304, 305}, prompt[9] = {11, 220, 1500, 42, 901, 17, 5, 660, 8};
-    struct sampler_params sp = {0.0f, 0, 1.0f, 0.0f, 0, 7};
+    struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 7);
     for (int t = -1; t < n_drafter_kinds; t++) { /* -1: off */
         const struct drafter_kind *k = t < 0 ? NULL : drafter_kinds[t];
         if (!spec_engine_supports(v.e, k)) continue; /* a drafter this model has no file for */
