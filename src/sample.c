@@ -67,15 +67,13 @@ double sampler_next_uniform(struct sampler *s) {
 /* ---- parameters ------------------------------------------------------------------------ */
 
 struct sampler_params sampler_params_default(uint64_t seed) {
-    struct sampler_params p = sampler_params_basic(0.8f, 40, 0.95f, 0.05f, seed);
-    p.repeat_last_n = 64;
-    return p;
+    return sampler_params_basic(0.8f, 40, 0.95f, 0.05f, seed);
 }
 
 struct sampler_params sampler_params_basic(float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed) {
     return (struct sampler_params){
         .temperature = temperature, .top_k = top_k, .top_p = top_p, .min_p = min_p, .min_keep = 0, .seed = seed,
-        .repeat_last_n = 0, .repeat_penalty = 1.0f, .frequency_penalty = 0.0f, .presence_penalty = 0.0f, .typical_p = 1.0f,
+        .repeat_last_n = 64, .repeat_penalty = 1.0f, .frequency_penalty = 0.0f, .presence_penalty = 0.0f, .typical_p = 1.0f,
     };
 }
 

@@ -39,7 +39,8 @@ struct sampler;
 /* llama.cpp server defaults: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, min_keep 0,
  * repeat_last_n 64 with the penalties off (1, 0, 0), typical_p 1. */
 struct sampler_params sampler_params_default(uint64_t seed);
-/* The four-stage chain only: the given settings, min_keep 0, penalties and typical_p off. */
+/* The four-stage chain only: the given settings, min_keep 0, typical_p off, the penalties off
+ * (1, 0, 0) over llama.cpp's default window of 64 tokens. */
 struct sampler_params sampler_params_basic(float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed);
 /* Whether p's pick is the argmax of the raw logits: greedy, and no stage before the
  * temperature can move the argmax (penalties off, typical_p off). A device-side argmax can

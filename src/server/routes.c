@@ -77,11 +77,16 @@ static cJSON *params_json(const struct sampler_params *sp, const struct spec_par
     cJSON_AddNumberToObject(o, "top_p", sp->top_p);
     cJSON_AddNumberToObject(o, "min_p", sp->min_p);
     cJSON_AddNumberToObject(o, "min_keep", sp->min_keep);
+    cJSON_AddNumberToObject(o, "typical_p", sp->typical_p);
+    cJSON_AddNumberToObject(o, "repeat_last_n", sp->repeat_last_n);
+    cJSON_AddNumberToObject(o, "repeat_penalty", sp->repeat_penalty);
+    cJSON_AddNumberToObject(o, "presence_penalty", sp->presence_penalty);
+    cJSON_AddNumberToObject(o, "frequency_penalty", sp->frequency_penalty);
     cJSON_AddNumberToObject(o, "max_tokens", n_predict);
     cJSON_AddNumberToObject(o, "n_predict", n_predict);
     cJSON_AddBoolToObject(o, "ignore_eos", ignore_eos);
     cJSON *s = cJSON_AddArrayToObject(o, "samplers");
-    static const char *chain[] = {"top_k", "top_p", "min_p", "temperature"};
+    static const char *chain[] = {"penalties", "top_k", "typ_p", "top_p", "min_p", "temperature"};
     for (size_t i = 0; s && i < COTI_ARRAY_LEN(chain); i++) cJSON_AddItemToArray(s, cJSON_CreateString(chain[i]));
     cJSON_AddStringToObject(o, "speculative.types", drafter_kind_llama_name(spec->drafter));
     cJSON_AddNumberToObject(o, "speculative.n_max", spec->n_max);
@@ -438,7 +443,7 @@ static bool stream_format(struct stream *s) {
         if (p->id >= 0) s->n_predicted++;
         /* OpenAI chunks carry text; a token whose text is held back (or empty) makes none */
         if (s->req.api != OPENAI_API_NATIVE && p->len == 0) continue;
-        ok = stream_event(s, openai_render_chunk(c, &s->req, k->text + p->off, p->len, p->id, k->id_slot, s->n_predicted));
+        ok = stream_event(s, openai_render_chunk(c, &s->req, k->text + p->off, p->len, p->id, k->id_slot, s->n_predicted, &k->progress));
     }
     task_chunk_clear(k);
     if (ok && k->done) {

@@ -133,6 +133,7 @@ bool task_take(struct task *t, int timeout_ms, struct task_chunk *c) {
     c->id_slot = t->out.id_slot;
     c->done = t->out.done;
     c->result = t->out.result;
+    c->progress = t->out.progress;
     pthread_mutex_unlock(&t->mu);
     if (!ok && !c->done) {
         /* the taker ran out of memory: end the task rather than lose text silently */
@@ -154,8 +155,9 @@ static bool task_emit(struct task *t, int32_t id, const char *text, size_t len) 
     return ok;
 }
 
-static void task_wake(struct task *t) {
+static void task_wake(struct task *t, const struct task_result *progress) {
     pthread_mutex_lock(&t->mu);
+    t->out.progress = *progress;
     pthread_cond_broadcast(&t->cv);
     pthread_mutex_unlock(&t->mu);
 }
@@ -291,9 +293,8 @@ static void slot_view_update(struct slots *s, struct slot *sl) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* End sl's task with r (status 0 = generated): fill the numbers, hand the result over, free
- * the slot and count it. */
-static void slot_finish(struct slots *s, struct slot *sl, struct task_result *r) {
+/* The numbers of sl's task so far into r (ids, token counts, timings). */
+static void slot_numbers(struct slots *s, struct slot *sl, struct task_result *r) {
     struct task *t = sl->t;
     const struct spec_stats *st = spec_seq_stats(s->e, sl->id);
     int n_hist = 0;
@@ -309,6 +310,16 @@ static void slot_finish(struct slots *s, struct slot *sl, struct task_result *r)
     /* llama.cpp keeps predicted_ms >= 1 us so the per-token rates stay finite */
     r->predicted_ms = sl->begun ? COTI_MAX((sl->t_last_us - sl->t_first_us) / 1e3, 1e-3) : 0.0;
     r->tokens_cached = sl->begun && sl->state_ok ? n_hist - 1 : 0;
+}
+
+/* End sl's task with r (status 0 = generated): fill the numbers, hand the result over, free
+ * the slot and count it. */
+static void slot_finish(struct slots *s, struct slot *sl, struct task_result *r) {
+    struct task *t = sl->t;
+    const struct spec_stats *st = spec_seq_stats(s->e, sl->id);
+    int n_hist = 0;
+    spec_seq_tokens(s->e, sl->id, &n_hist);
+    slot_numbers(s, sl, r);
     struct metrics_task mt = {.cancelled = r->cancelled, .failed = r->status >= 500, .prompt_n = r->prompt_n,
                               .cache_n = r->cache_n, .predicted_n = r->predicted_n, .n_ctx_used = sl->begun ? n_hist : 0,
                               .prompt_s = r->prompt_ms / 1e3, .predicted_s = r->predicted_n ? r->predicted_ms / 1e3 : 0.0};
@@ -430,6 +441,13 @@ oom:
     return true;
 }
 
+/* Hand the step's pieces to the taker, with the numbers so far (timings_per_token). */
+static void slot_wake(struct slots *s, struct slot *sl) {
+    struct task_result now = {.stop_type = STOP_TYPE_NONE, .stop_index = -1};
+    slot_numbers(s, sl, &now);
+    task_wake(sl->t, &now);
+}
+
 /* Room left in the context for generated tokens (the driver's history must stay < n_ctx). */
 static int slot_room(struct slots *s, struct slot *sl) {
     return s->m->n_ctx - (sl->t->n_prompt + sl->n_decoded);
@@ -466,7 +484,7 @@ static void slot_begin(struct slots *s, struct slot *sl) {
         return;
     }
     if (slot_take_token(s, sl, first)) return;
-    task_wake(t);
+    slot_wake(s, sl);
     slot_view_update(s, sl);
 }
 
@@ -493,7 +511,7 @@ static void slot_step(struct slots *s, struct slot *sl) {
     }
     for (int i = 0; i < n_out; i++)
         if (slot_take_token(s, sl, out[i])) return;
-    task_wake(t);
+    slot_wake(s, sl);
     slot_view_update(s, sl);
 }
 
