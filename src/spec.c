@@ -6,8 +6,8 @@
 
 struct spec_seq {
     int32_t *hist;               /* prompt + emitted tokens; the last one is pending. During a
-                                    cycle the drafts follow it (the penalties' history of each
-                                    verify row), room for SPEC_MAX_DRAFT + 1 past n_ctx */
+                                    cycle the drafts follow it (each verify row's penalty
+                                    history); n_ctx + SPEC_MAX_DRAFT + 2 entries */
     int n_hist;
     struct sampler *smp;         /* target sampler */
     struct sampler *dsmp;        /* draft sampler (sampled drafts) */

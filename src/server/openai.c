@@ -3,8 +3,9 @@
  * (server-api.md §3.2); the shapes follow server-task.cpp (§4, §5). Deviations, each chosen
  * so that a client is told rather than silently served something else, are listed in
  * docs/server.md: wrong JSON types and malformed JSON are 400 (llama.cpp: 500 for some),
- * unsupported features (tools, grammars, logprobs, n > 1, several prompts) are 400, and the
- * per-request `speculative.*` fields are honoured (llama.cpp ignores them). */
+ * unsupported features (tools, grammars, logprobs, n > 1, several prompts, samplers such as
+ * Mirostat turned on) are 400, and the per-request `speculative.*` fields are honoured
+ * (llama.cpp ignores them). */
 #include "server/openai.h"
 
 #include <float.h>
@@ -264,10 +265,10 @@ static uint64_t random_seed(void) {
     return x;
 }
 
-/* llama.cpp samplers coti does not have. Each is off at its llama.cpp default, or whenever
- * `off` says so; a request that turns one on is refused naming the field rather than served
- * without it. Their companion settings only matter while the sampler is on (as in llama.cpp),
- * so they are type-checked and accepted. */
+/* llama.cpp samplers coti does not have. A request that turns one on is refused naming the
+ * field rather than served without it; at its llama.cpp default (or any setting llama.cpp
+ * skips it at) it is accepted. Their companion settings only matter while the sampler is on
+ * (as in llama.cpp), so they are type-checked and accepted. */
 static int check_unsupported_samplers(const cJSON *o, struct openai_error *e) {
     /* llama.cpp's defaults */
     double dry_multiplier = 0, dry_base = 1.75, dry_allowed_length = 2, dry_penalty_last_n = 64;
@@ -317,7 +318,7 @@ static int get_penalties(const cJSON *o, struct sampler_params *sp, struct opena
     sp->repeat_last_n = (int32_t)d;
     d = sp->repeat_penalty;
     if ((rc = get_num(o, "repeat_penalty", -FLT_MAX, FLT_MAX, false, &d, e))) return rc;
-    if (!(d > 0)) return bad_request(e, "Field 'repeat_penalty': Value must be greater than 0 (1 turns it off)");
+    if (!((float)d > 0)) return bad_request(e, "Field 'repeat_penalty': Value must be greater than 0 (1 turns it off)");
     sp->repeat_penalty = (float)d;
     d = sp->frequency_penalty;
     if ((rc = get_num(o, "frequency_penalty", -FLT_MAX, FLT_MAX, false, &d, e))) return rc;

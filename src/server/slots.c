@@ -148,16 +148,16 @@ bool task_take(struct task *t, int timeout_ms, struct task_chunk *c) {
 /* Engine side of the channel. A piece is appended without waking the taker: a step emits up to
  * 1 + n_max tokens and wakes it once (task_wake), so the taker takes a step's pieces together
  * instead of a futex wake-up and a turn on the mutex per token. */
-static bool task_emit(struct task *t, int32_t id, const char *text, size_t len) {
+static bool task_emit(struct task *t, int32_t id, const char *text, size_t len, const struct task_result *progress) {
     pthread_mutex_lock(&t->mu);
     bool ok = chunk_append(&t->out, id, text, len);
+    t->out.progress = *progress; /* with the piece: a taker never sees one without the other */
     pthread_mutex_unlock(&t->mu);
     return ok;
 }
 
-static void task_wake(struct task *t, const struct task_result *progress) {
+static void task_wake(struct task *t) {
     pthread_mutex_lock(&t->mu);
-    t->out.progress = *progress;
     pthread_cond_broadcast(&t->cv);
     pthread_mutex_unlock(&t->mu);
 }
@@ -348,10 +348,13 @@ static void slot_fail(struct slots *s, struct slot *sl, int status, const char *
     slot_finish(s, sl, &r);
 }
 
-/* Release generated text [n_sent, upto) as the piece of token id. */
-static bool slot_release(struct slot *sl, int32_t id, size_t upto) {
+/* Release generated text [n_sent, upto) as the piece of token id, with the numbers so far
+ * (timings_per_token reads them). */
+static bool slot_release(struct slots *s, struct slot *sl, int32_t id, size_t upto) {
+    struct task_result now = {.stop_type = STOP_TYPE_NONE, .stop_index = -1};
+    slot_numbers(s, sl, &now);
     /* no pointer arithmetic on a NULL text (nothing generated yet) */
-    bool ok = task_emit(sl->t, id, upto > sl->n_sent ? sl->text + sl->n_sent : "", upto - sl->n_sent);
+    bool ok = task_emit(sl->t, id, upto > sl->n_sent ? sl->text + sl->n_sent : "", upto - sl->n_sent, &now);
     sl->n_sent = upto;
     return ok;
 }
@@ -397,7 +400,7 @@ static bool slot_take_token(struct slots *s, struct slot *sl, int32_t id) {
     struct task_result r = {.stop_type = STOP_TYPE_NONE, .stop_index = -1};
     if (!g->ignore_eos && tokenizer_is_eog(s->tok, id)) {
         r.stop_type = STOP_TYPE_EOS;
-        if (!slot_release(sl, id, sl->n_text)) goto oom;
+        if (!slot_release(s, sl, id, sl->n_text)) goto oom;
         slot_finish(s, sl, &r);
         return true;
     }
@@ -422,30 +425,23 @@ static bool slot_take_token(struct slots *s, struct slot *sl, int32_t id) {
     if (stop_at != SIZE_MAX) {
         sl->n_text = stop_at;
         r.stop_type = STOP_TYPE_WORD;
-        if (!slot_release(sl, id, stop_at)) goto oom;
+        if (!slot_release(s, sl, id, stop_at)) goto oom;
         slot_finish(s, sl, &r);
         return true;
     }
     if (g->n_predict >= 0 && sl->n_decoded >= g->n_predict) {
         r.stop_type = STOP_TYPE_LIMIT;
-        if (!slot_release(sl, id, sl->n_text)) goto oom;
+        if (!slot_release(s, sl, id, sl->n_text)) goto oom;
         slot_finish(s, sl, &r);
         return true;
     }
     size_t safe = sl->n_text - stop_partial_len(g, sl->text, sl->n_sent, sl->n_text);
     safe = COTI_MAX(utf8_complete_end(sl->text, safe), sl->n_sent);
-    if (!slot_release(sl, id, safe)) goto oom;
+    if (!slot_release(s, sl, id, safe)) goto oom;
     return false;
 oom:
     slot_fail(s, sl, 500, "out of memory");
     return true;
-}
-
-/* Hand the step's pieces to the taker, with the numbers so far (timings_per_token). */
-static void slot_wake(struct slots *s, struct slot *sl) {
-    struct task_result now = {.stop_type = STOP_TYPE_NONE, .stop_index = -1};
-    slot_numbers(s, sl, &now);
-    task_wake(sl->t, &now);
 }
 
 /* Room left in the context for generated tokens (the driver's history must stay < n_ctx). */
@@ -484,7 +480,7 @@ static void slot_begin(struct slots *s, struct slot *sl) {
         return;
     }
     if (slot_take_token(s, sl, first)) return;
-    slot_wake(s, sl);
+    task_wake(t);
     slot_view_update(s, sl);
 }
 
@@ -494,7 +490,7 @@ static void slot_step(struct slots *s, struct slot *sl) {
     if (room <= 0) {
         /* the context is full: stop as if n_predict were reached (server-api.md §6 "Stops") */
         struct task_result r = {.stop_type = STOP_TYPE_LIMIT, .stop_index = -1};
-        slot_release(sl, -1, sl->n_text);
+        slot_release(s, sl, -1, sl->n_text);
         slot_finish(s, sl, &r);
         return;
     }
@@ -511,7 +507,7 @@ static void slot_step(struct slots *s, struct slot *sl) {
     }
     for (int i = 0; i < n_out; i++)
         if (slot_take_token(s, sl, out[i])) return;
-    slot_wake(s, sl);
+    task_wake(t);
     slot_view_update(s, sl);
 }
 
