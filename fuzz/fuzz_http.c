@@ -58,7 +58,7 @@ static void render_answers(const struct openai_request *r, const char *text, siz
     free(openai_render_final(&fuzz_oc, r, text, len, r->prompt, (size_t)r->n_prompt, &res));
     if (!r->stream) return;
     free(openai_render_chunk_role(&fuzz_oc, r));
-    free(openai_render_chunk(&fuzz_oc, r, text, len, 0, 0, 1));
+    free(openai_render_chunk(&fuzz_oc, r, text, len, 0, 0, 1, &res));
     struct tool_calls_out calls;
     if (r->tools.active && tools_parse_output(text, len, &calls)) {
         if (tools_content_end(text, len) > len) __builtin_trap();

@@ -1,8 +1,9 @@
 /* sample.h — token samplers over one row of logits: greedy argmax and llama.cpp's default
- * chain top_k -> top_p -> min_p -> temperature -> dist, with a seeded per-object PRNG.
- * Knows nothing of models or tokenizers: it sees n_vocab floats.
- * Reference: llama.cpp src/llama-sampler.cpp (top_k/top_p/min_p/temp/dist) and
- * common/sampling.cpp (chain order); ../shared/docs/server-api.md §3.2–3.3. */
+ * chain penalties -> top_k -> typical -> top_p -> min_p -> temperature -> dist, with a seeded
+ * per-object PRNG. Knows nothing of models or tokenizers: it sees n_vocab floats and the ids
+ * of the tokens before the row (the penalties' history).
+ * Reference: llama.cpp src/llama-sampler.cpp (penalties/top_k/typical/top_p/min_p/temp/dist)
+ * and common/sampling.cpp (chain order); ../shared/docs/server-api.md §3.2–3.3. */
 #ifndef COTI_SAMPLE_H
 #define COTI_SAMPLE_H
 
@@ -15,6 +16,15 @@ struct sampler_params {
     float min_p;         /* <= 0: disabled */
     int32_t min_keep;    /* top_p/min_p keep at least this many candidates (llama.cpp min_keep) */
     uint64_t seed;       /* the whole draw sequence is a function of this seed */
+    /* llama.cpp's penalties, first in the chain, on the tokens among the last repeat_last_n
+     * of the history: logit / repeat_penalty when positive (* when not), then
+     * - (count * frequency_penalty + presence_penalty). Off when repeat_last_n is 0 or the
+     * three are 1, 0, 0. */
+    int32_t repeat_last_n;       /* < 0: the whole history */
+    float repeat_penalty;        /* > 0 and finite */
+    float frequency_penalty;
+    float presence_penalty;
+    float typical_p;             /* >= 1: off; locally typical sampling after top_k */
 };
 
 /* One surviving candidate after the chain: p is normalized over the candidate set. */
@@ -26,31 +36,45 @@ struct sampler_cand {
 
 struct sampler;
 
-/* llama.cpp server defaults: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, min_keep 0. */
+/* llama.cpp server defaults: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, min_keep 0,
+ * repeat_last_n 64 with the penalties off (1, 0, 0), typical_p 1. */
 struct sampler_params sampler_params_default(uint64_t seed);
+/* The four-stage chain only: the given settings, min_keep 0, typical_p off, the penalties off
+ * (1, 0, 0) over llama.cpp's default window of 64 tokens. */
+struct sampler_params sampler_params_basic(float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed);
+/* Whether p's pick is the argmax of the raw logits: greedy, and no stage before the
+ * temperature can move the argmax (penalties off, typical_p off). A device-side argmax can
+ * then stand in for the sampler. */
+bool sampler_params_plain_argmax(const struct sampler_params *p);
 
 /* Allocate a sampler whose scratch holds n_vocab candidates, so sampling never allocates.
- * Returns 0 and *out, COTI_E_ARG for n_vocab <= 0 or a NaN parameter, COTI_E_NOMEM. */
+ * Returns 0 and *out, COTI_E_ARG for n_vocab <= 0 or a bad parameter (NaN, a penalty that is
+ * not finite, repeat_penalty <= 0), COTI_E_NOMEM. */
 int sampler_init(struct sampler **out, const struct sampler_params *params, int32_t n_vocab,
                  char *err, size_t err_size);
 void sampler_free(struct sampler *s);
 
 /* Replace the parameters and restart the PRNG from params->seed (slot reuse without
- * reallocating). Returns 0 or COTI_E_ARG (NaN parameter); on error s is unchanged. */
+ * reallocating). Returns 0 or COTI_E_ARG (bad parameter); on error s is unchanged. */
 int sampler_reset(struct sampler *s, const struct sampler_params *params, char *err, size_t err_size);
 
-/* Sample one token from logits[0..n_vocab). Greedy when temperature <= 0 (no PRNG draw);
- * otherwise runs the chain and draws once from the PRNG. NaN logits count as -inf.
- * Always returns an id in [0, n_vocab). */
-int32_t sampler_sample(struct sampler *s, const float *logits);
+/* Sample one token from logits[0..n_vocab), the row that follows the tokens prev[0..n_prev)
+ * (prompt and generated so far: the penalties read the last repeat_last_n of them, ids
+ * outside [0, n_vocab) are ignored; prev may be NULL when n_prev is 0). Greedy when
+ * temperature <= 0 (no PRNG draw): the argmax of what the chain keeps; otherwise runs the
+ * chain and draws once from the PRNG. NaN logits count as -inf. Always returns an id in
+ * [0, n_vocab). */
+int32_t sampler_sample(struct sampler *s, const float *logits, const int32_t *prev, int n_prev);
 
-/* Run the chain without drawing and expose the final distribution: *cands points to *n
- * candidates in sampler-owned scratch (valid until the next call on s), sorted by
- * descending probability when the chain sorted them (it does whenever top_k, top_p or
- * min_p's fallback ran); probabilities sum to 1. For greedy this is the argmax with p = 1.
+/* Run the chain (prev as in sampler_sample) without drawing and expose the final
+ * distribution: *cands points to *n candidates in sampler-owned scratch (valid until the next
+ * call on s), sorted by descending probability when the chain sorted them (it does whenever
+ * top_k, top_p or min_p's fallback ran, and typical_p did not reorder them last); probabilities
+ * sum to 1. For greedy this is the argmax with p = 1.
  * This is the distribution sampler_sample draws from, so speculative decoding can do exact
  * rejection sampling. Always *n >= 1. */
-void sampler_probs(struct sampler *s, const float *logits, const struct sampler_cand **cands, size_t *n);
+void sampler_probs(struct sampler *s, const float *logits, const int32_t *prev, int n_prev,
+                   const struct sampler_cand **cands, size_t *n);
 
 /* Draw u uniform in [0, 1) from the sampler's own stream (53-bit resolution). */
 double sampler_next_uniform(struct sampler *s);

@@ -8,7 +8,9 @@
 #define SPEC_MAX_RESUME_POINTS 8
 
 struct spec_seq {
-    int32_t *hist;               /* prompt + emitted tokens; the last one is pending */
+    int32_t *hist;               /* prompt + emitted tokens; the last one is pending. During a
+                                    cycle the drafts follow it (each verify row's penalty
+                                    history); n_ctx + SPEC_MAX_DRAFT + 2 entries */
     int n_hist;
     struct sampler *smp;         /* target sampler */
     struct sampler *dsmp;        /* draft sampler (sampled drafts) */
@@ -170,17 +172,17 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
         for (int i = 0; i < n; i++) e->pos[i] = i0 + i;
         for (int i = 0; i < n; i++) e->seqv[i] = s;
         struct model_batch b = {.n = n, .tokens = prompt + i0, .pos = e->pos, .seq = e->seqv};
-        if (sp->temperature <= 0.0f) b.argmax_out = e->d_ids; /* the greedy pick, in the forward's work */
+        if (sampler_params_plain_argmax(sp)) b.argmax_out = e->d_ids; /* the greedy pick, in the forward's work */
         rc = model_forward(m, &b, &o, err, err_size);
         if (rc) return rc;
         if (d && (rc = d->vt->observe(d, s, q->hist, i0, n, o.hidden, err, err_size))) return rc;
         if (mark) model_seq_checkpoint(m, s, o.hidden + (size_t)(n - 1) * m->info.n_embd);
     }
-    if (sp->temperature <= 0.0f) {
+    if (sampler_params_plain_argmax(sp)) {
         m->be->download(m->be, first, e->d_ids, sizeof *first);
     } else {
         m->be->download(m->be, e->row, o.logits, sizeof(float) * (size_t)e->V);
-        *first = sampler_sample(q->smp, e->row);
+        *first = sampler_sample(q->smp, e->row, q->hist, q->n_hist);
     }
     q->hist[q->n_hist++] = *first;
     q->st.n_prompt = n_prompt - n_keep;
@@ -337,7 +339,11 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     toks[0] = q->hist[L];
     for (int i = 0; i <= k; i++) { e->pos[i] = L + i; e->seqv[i] = s; e->want[i] = true; }
     struct model_batch b = {.n = k + 1, .pos = e->pos, .seq = e->seqv, .want_logits = e->want, .keep_states = k > 0};
-    const bool greedy = q->sp.temperature <= 0.0f && !probe;
+    /* greedy on the device only when the pick is the raw argmax: penalties and typical_p make
+     * it depend on the history, which the device-side acceptance does not know, so such
+     * requests take the host path below (sample-and-match, which for a greedy sampler is the
+     * same rule: accept while the draft equals the pick) */
+    const bool greedy = sampler_params_plain_argmax(&q->sp) && !probe;
     if (!dr.on_device) for (int i = 0; i < k; i++) toks[1 + i] = dr.tokens[i];
     if (dr.on_device || (greedy && k > 0)) {
         /* the batch reads its tokens on the device (the acceptance reads the drafts there):
@@ -376,6 +382,9 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
      * ones set); the rest up to the wait is the verify's. Read before the next draft is queued,
      * whose marks would make this wait for it. */
     const int64_t t_draft = drafting ? COTI_MIN((int64_t)be->mark_elapsed_us(be, 0, 1), t2 - t0) : 0;
+    /* row i follows hist[0, L] and the drafts before it: the tokens that were emitted before
+     * it if it is reached, so its penalties are those of plain decoding at that position */
+    if (!greedy) memcpy(q->hist + L + 1, dr.tokens, sizeof(int32_t) * (size_t)k);
 
     /* accept: a drafts, then the target's own token */
     int a = 0;
@@ -400,13 +409,13 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
             be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
             const struct sampler_cand *pc;
             size_t pn;
-            sampler_probs(q->smp, e->row, &pc, &pn);
+            sampler_probs(q->smp, e->row, q->hist, L + 1 + i, &pc, &pn);
             int32_t r = sampler_rejection_step(q->smp, pc, pn, dr.q[i], dr.q_n[i], dr.tokens[i], e->qdense, e->resid);
             if (r < 0) a++;
             else next = r;
         } else {
             be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
-            int32_t t = sampler_sample(q->smp, e->row);
+            int32_t t = sampler_sample(q->smp, e->row, q->hist, L + 1 + i);
             if (i < k && t == dr.tokens[i]) a++;
             else next = t;
         }

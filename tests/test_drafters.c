@@ -88,7 +88,7 @@ Test(drafters, mtp_is_available_only_with_a_nextn_head, .timeout = 60) {
                          drafter_kinds[i]->name, nextn);
         /* a request for a drafter the engine lacks is refused, not run without it */
         const int32_t prompt[4] = {260, 261, 262, 263};
-        const struct sampler_params sp = {0.0f, 0, 1.0f, 0.0f, 0, 1};
+        const struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
         struct spec_params p = spec_params_default();
         p.drafter = &drafter_kind_mtp;
         int32_t first;

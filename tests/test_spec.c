@@ -59,7 +59,7 @@ static void generate_with(struct env *v, const int32_t *prompt, int np, const st
 /* Greedy generation of n tokens with the given speculation. */
 static void generate(struct env *v, const int32_t *prompt, int np, const struct drafter_kind *k, int n_max, int32_t *out,
                      int n) {
-    struct sampler_params sp = {0.0f, 0, 1.0f, 0.0f, 0, 1};
+    struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
     struct spec_params p = spec_params_default();
     p.drafter = k;
     p.n_max = n_max;
@@ -126,7 +126,7 @@ Test(spec, sampled_and_p_min_paths_match_plain_decoding, .timeout = 120) {
     const int32_t prompt[] = {1, 35, 2000, 17, 5, 90, 400, 12};
     const int np = (int)(sizeof prompt / sizeof prompt[0]);
     int32_t ref[48], got[48];
-    struct sampler_params hot = {0.8f, 40, 0.95f, 0.0f, 0, 7};
+    struct sampler_params hot = sampler_params_basic(0.8f, 40, 0.95f, 0.0f, 7);
     struct spec_params p = spec_params_default();
     generate_with(&v, prompt, np, &hot, &p, ref, 48);
     p.drafter = &drafter_kind_mtp;
@@ -135,7 +135,7 @@ Test(spec, sampled_and_p_min_paths_match_plain_decoding, .timeout = 120) {
         for (int k = 0; k < 48; k++) cr_assert_eq(got[k], ref[k], "temperature 0.8, n_max %d: token %d differs", p.n_max, k);
         cr_assert_gt(spec_seq_stats(v.e, 0)->n_accepted, 0, "no draft was accepted at n_max %d", p.n_max);
     }
-    struct sampler_params greedy = {0.0f, 0, 1.0f, 0.0f, 0, 1};
+    struct sampler_params greedy = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
     p.drafter = NULL;
     generate_with(&v, prompt, np, &greedy, &p, ref, 48);
     p.drafter = &drafter_kind_mtp;
@@ -185,7 +185,7 @@ Test(spec, warmup_leaves_every_sequence_as_new, .timeout = 120) {
     struct env v = env_open(MODEL_PATH), w = env_open(MODEL_PATH);
     char err[512];
     int32_t warm[6] = {300, 301, 302, 303, 304, 305}, prompt[9] = {11, 220, 1500, 42, 901, 17, 5, 660, 8};
-    struct sampler_params sp = {0.0f, 0, 1.0f, 0.0f, 0, 7};
+    struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 7);
     for (int t = -1; t < n_drafter_kinds; t++) { /* -1: off */
         const struct drafter_kind *k = t < 0 ? NULL : drafter_kinds[t];
         if (!spec_engine_supports(v.e, k)) continue; /* a drafter this model has no file for */
@@ -204,4 +204,123 @@ Test(spec, warmup_leaves_every_sequence_as_new, .timeout = 120) {
     }
     env_close(&v);
     env_close(&w);
+}
+
+/* ---- penalties and typical_p under speculation ---- */
+
+#define PEN_N 40
+
+/* The probe's view of plain penalised greedy decoding: each row's argmax after penalties
+ * computed here from the definition (counts over the last 64 tokens before the row). */
+struct pen_check {
+    const int32_t *full;         /* prompt + generated */
+    struct sampler_params sp;
+    int n_rows, n_wrong, n_moved; /* rows seen; picks that differ; rows where the penalty moved the argmax */
+    float *pen;
+};
+
+static void pen_on_row(void *user, int pos, const float *logits, int n_vocab) {
+    struct pen_check *c = user;
+    memcpy(c->pen, logits, sizeof(float) * (size_t)n_vocab);
+    const int n_prev = pos + 1, w0 = n_prev > c->sp.repeat_last_n ? n_prev - c->sp.repeat_last_n : 0;
+    for (int t = 0; t < n_vocab; t++) {
+        int count = 0;
+        for (int i = w0; i < n_prev; i++) count += c->full[i] == t;
+        if (!count) continue;
+        float x = logits[t] <= 0 ? logits[t] * c->sp.repeat_penalty : logits[t] / c->sp.repeat_penalty;
+        c->pen[t] = x - ((float)count * c->sp.frequency_penalty + c->sp.presence_penalty);
+    }
+    const int32_t want = sample_argmax(c->pen, n_vocab);
+    c->n_wrong += want != c->full[pos + 1];
+    c->n_moved += want != sample_argmax(logits, n_vocab);
+    c->n_rows++;
+}
+
+/* Every verify row is sampled with the history plain decoding had at that position (the
+ * drafts before it included), so with penalties and typical_p greedy output equals plain
+ * decoding for every drafter and depth, and so does sampled output at the same seed (greedy
+ * drafts: one target draw per emitted token, as in plain decoding); and plain greedy with
+ * penalties is the argmax of each row's penalised logits. */
+Test(spec, penalties_and_typical_lossless_with_speculation, .timeout = 300) {
+    struct env v = env_open(MODEL_PATH);
+    /* the second prompt is "int main(" in the shipped vocabulary: its greedy continuation under
+     * a frequency penalty repeats three-token groups, which the n-gram drafter picks up */
+    const int32_t prompts[2][8] = {{1, 35, 2000, 17, 5, 90, 400, 12}, {370, 4756, 10}};
+    const int n_prompt[2] = {8, 3};
+    const int32_t scrub[8] = {9, 900, 90, 9000, 99, 909, 999, 9};
+    struct sampler_params settings[4];
+    settings[0] = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
+    settings[0].repeat_penalty = 1.3f;
+    settings[0].frequency_penalty = 0.3f;
+    settings[0].presence_penalty = 0.2f;
+    settings[1] = settings[0];
+    settings[1].typical_p = 0.9f;
+    settings[1].top_k = 40;
+    settings[2] = sampler_params_basic(0.8f, 40, 0.95f, 0.0f, 7);
+    settings[2].repeat_penalty = 1.2f;
+    settings[2].presence_penalty = 0.5f;
+    settings[2].typical_p = 0.9f;
+    settings[3] = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
+    settings[3].frequency_penalty = 0.3f;
+    int32_t ref[PEN_N], got[PEN_N], plain[PEN_N];
+    long drafted[SPEC_MAX_DRAFT] = {0}, accepted[SPEC_MAX_DRAFT] = {0};
+    int moved = 0;
+    for (int si = 0; si < 4; si++) {
+        for (int pi = 0; pi < 2; pi++) {
+            struct spec_params p = spec_params_default();
+            generate_with(&v, prompts[pi], n_prompt[pi], &settings[si], &p, ref, PEN_N);
+            if (si == 0) {
+                struct sampler_params none = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
+                generate_with(&v, prompts[pi], n_prompt[pi], &none, &p, plain, PEN_N);
+                moved += memcmp(plain, ref, sizeof ref) != 0;
+            }
+            for (int t = 0; t < n_drafter_kinds; t++) {
+                if (!spec_engine_supports(v.e, drafter_kinds[t])) continue;
+                p.drafter = drafter_kinds[t];
+                for (p.n_max = 1; p.n_max <= 4; p.n_max++) {
+                    /* the driver's history past the pending token still holds what the last
+                     * run left there; another text there makes a row that read it instead of
+                     * this cycle's drafts go wrong */
+                    struct spec_params off = spec_params_default();
+                    struct sampler_params none = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
+                    generate_with(&v, scrub, 8, &none, &off, got, PEN_N);
+                    generate_with(&v, prompts[pi], n_prompt[pi], &settings[si], &p, got, PEN_N);
+                    for (int k = 0; k < PEN_N; k++)
+                        cr_assert_eq(got[k], ref[k], "setting %d prompt %d %s n_max %d: token %d is %d, plain decoding gave %d", si, pi,
+                                     drafter_kinds[t]->name, p.n_max, k, got[k], ref[k]);
+                    drafted[t] += spec_seq_stats(v.e, 0)->n_drafted;
+                    accepted[t] += spec_seq_stats(v.e, 0)->n_accepted;
+                }
+            }
+        }
+    }
+    cr_assert_gt(moved, 0, "the penalties changed no greedy output");
+    /* every drafter's drafts were accepted, so verify rows after drafts were sampled */
+    for (int t = 0; t < n_drafter_kinds; t++) {
+        if (!spec_engine_supports(v.e, drafter_kinds[t])) continue;
+        cr_assert_gt(accepted[t], 0, "%s: %ld drafted, none accepted", drafter_kinds[t]->name, drafted[t]);
+    }
+
+    /* teacher-force the penalised greedy output and check each row's pick by hand */
+    struct spec_params off = spec_params_default();
+    generate_with(&v, prompts[0], 8, &settings[0], &off, ref, PEN_N);
+    int32_t full[8 + PEN_N];
+    memcpy(full, prompts[0], sizeof prompts[0]);
+    memcpy(full + 8, ref, sizeof ref);
+    struct pen_check chk = {.full = full, .sp = settings[0], .pen = malloc(sizeof(float) * (size_t)v.m->info.n_vocab)};
+    cr_assert_not_null(chk.pen);
+    char err[512];
+    int32_t first, buf[SPEC_MAX_DRAFT + 1];
+    cr_assert_eq(spec_seq_begin(v.e, 0, prompts[0], 8, &settings[0], &off, &first, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(first, ref[0]);
+    struct spec_probe probe = {.forced = ref + 1, .n_forced = PEN_N - 1, .on_row = pen_on_row, .user = &chk};
+    while (probe.n_used < probe.n_forced) {
+        int nb;
+        cr_assert_eq(spec_seq_step(v.e, 0, PEN_N, buf, &nb, &probe, err, sizeof err), 0, "%s", err);
+    }
+    cr_assert_eq(chk.n_rows, PEN_N - 1);
+    cr_assert_eq(chk.n_wrong, 0, "%d of %d penalised greedy picks are not the argmax of the penalised row", chk.n_wrong, chk.n_rows);
+    cr_assert_gt(chk.n_moved, 0, "no row's pick was moved by the penalties");
+    free(chk.pen);
+    env_close(&v);
 }

@@ -13,7 +13,10 @@
 #define SPEC_MAX_DRAFT 8
 
 struct draft_request {
-    const int32_t *history;      /* tokens of the sequence: [0, L) in the target, [L] pending */
+    int32_t *history;            /* tokens of the sequence: [0, L) in the target, [L] pending,
+                                    room for n_max more: a draft sampled through the chain is
+                                    written at [L + 1 + i], so the chain's penalties see it
+                                    when draft i + 1 is sampled */
     int L;
     int n_max;                   /* propose at most this many */
     int n_min;                   /* ...and at least this many unless the drafter has nothing */

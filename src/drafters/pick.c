@@ -28,9 +28,10 @@ bool draft_pick(struct draft_picker *p, const float *logits, const struct draft_
         const struct sampler_cand *cands;
         size_t nc;
         be->download(be, p->host_logits, logits, sizeof(float) * (size_t)p->n_vocab);
-        sampler_probs(rq->sampler, p->host_logits, &cands, &nc);
+        sampler_probs(rq->sampler, p->host_logits, rq->history, rq->L + 1 + i, &cands, &nc);
         memcpy(p->qbuf[i], cands, nc * sizeof *cands);
         out->tokens[i] = sampler_draw(rq->sampler, p->qbuf[i], nc);
+        rq->history[rq->L + 1 + i] = out->tokens[i];
         out->q[i] = p->qbuf[i];
         out->q_n[i] = nc;
         return true;

@@ -3,10 +3,12 @@
  * (server-api.md §3.2); the shapes follow server-task.cpp (§4, §5). Deviations, each chosen
  * so that a client is told rather than silently served something else, are listed in
  * docs/server.md: wrong JSON types and malformed JSON are 400 (llama.cpp: 500 for some),
- * unsupported features (tools, grammars, logprobs, n > 1, several prompts) are 400, and the
- * per-request `speculative.*` fields are honoured (llama.cpp ignores them). */
+ * unsupported features (tools, grammars, logprobs, n > 1, several prompts, samplers such as
+ * Mirostat turned on) are 400, and the per-request `speculative.*` fields are honoured
+ * (llama.cpp ignores them). */
 #include "server/openai.h"
 
+#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdarg.h>
@@ -245,76 +247,87 @@ static int check_unsupported(const cJSON *o, struct openai_error *e) {
     return 0;
 }
 
-/* llama.cpp's samplers that coti does not have. Each is accepted at the value that switches it
- * off (llama.cpp's default), so a client that sends the defaults keeps working; any other value is
- * refused by name instead of being ignored, and every value must have the field's JSON type.
- * A parameter that only tunes a sampler (its "switch" names the field that turns that sampler
- * on) is type-checked and otherwise free. */
-enum sampler_field_kind { SF_NUMBER, SF_INTEGER, SF_BOOL, SF_STRINGS };
-static const struct sampler_field {
-    const char *name;
-    enum sampler_field_kind kind;
-    double off;          /* the value that switches the sampler off */
-    bool tunes;          /* a tuning parameter: any value of the right type */
-    bool off_at_or_below; /* every value <= off switches it off (top_n_sigma) */
-} sampler_fields[] = {
-    {"presence_penalty", SF_NUMBER, 0.0, false, false},
-    {"frequency_penalty", SF_NUMBER, 0.0, false, false},
-    {"repeat_penalty", SF_NUMBER, 1.0, false, false},
-    {"repeat_last_n", SF_INTEGER, 0, true, false},
-    {"penalty_last_n", SF_INTEGER, 0, true, false},
-    {"typical_p", SF_NUMBER, 1.0, false, false},
-    {"dry_multiplier", SF_NUMBER, 0.0, false, false},
-    {"dry_base", SF_NUMBER, 0, true, false},
-    {"dry_allowed_length", SF_INTEGER, 0, true, false},
-    {"dry_penalty_last_n", SF_INTEGER, 0, true, false},
-    {"dry_sequence_breakers", SF_STRINGS, 0, true, false},
-    {"mirostat", SF_INTEGER, 0, false, false},
-    {"mirostat_tau", SF_NUMBER, 0, true, false},
-    {"mirostat_eta", SF_NUMBER, 0, true, false},
-    {"xtc_probability", SF_NUMBER, 0.0, false, false},
-    {"xtc_threshold", SF_NUMBER, 0, true, false},
-    {"top_n_sigma", SF_NUMBER, 0.0, false, true},
-    {"dynatemp_range", SF_NUMBER, 0.0, false, false},
-    {"dynatemp_exponent", SF_NUMBER, 0, true, false},
-    {"timings_per_token", SF_BOOL, 0, false, false},
-};
-
-static int check_sampler_fields(const cJSON *o, struct openai_error *e) {
-    for (size_t i = 0; i < COTI_ARRAY_LEN(sampler_fields); i++) {
-        const struct sampler_field *f = &sampler_fields[i];
-        const cJSON *v = field(o, f->name);
-        if (!v || cJSON_IsNull(v)) continue;
-        double d = 0;
-        switch (f->kind) {
-        case SF_NUMBER:
-        case SF_INTEGER:
-            if (!cJSON_IsNumber(v) || (f->kind == SF_INTEGER && v->valuedouble != floor(v->valuedouble)))
-                return bad_request(e, "Field '%s': expected %s", f->name, f->kind == SF_INTEGER ? "an integer" : "a number");
-            d = v->valuedouble;
-            break;
-        case SF_BOOL:
-            if (!cJSON_IsBool(v)) return bad_request(e, "Field '%s': expected a boolean", f->name);
-            d = cJSON_IsTrue(v);
-            break;
-        case SF_STRINGS: {
-            bool ok = cJSON_IsArray(v);
-            for (const cJSON *it = ok ? v->child : NULL; it; it = it->next) ok = ok && cJSON_IsString(it);
-            if (!ok) return bad_request(e, "Field '%s': expected an array of strings", f->name);
-            break;
-        }
-        }
-        if (f->tunes || d == f->off || (f->off_at_or_below && d <= f->off)) continue;
-        return bad_request(e, "Field '%s': this sampler is not supported by this server (only its off value, %g, is "
-                              "accepted)", f->name, f->off);
-    }
-    return 0;
-}
-
 static uint64_t random_u64(void) {
     uint64_t x = 0;
     if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) x = (uint64_t)coti_time_us() * 0x9E3779B97F4A7C15ull;
     return x;
+}
+
+/* A seed for a request that asked for a random one: 32 bits, as llama.cpp draws them, so the
+ * value reported in generation_settings is an exact JSON integer that, sent back, replays the
+ * request; never 0xFFFFFFFF, which would mean "random" again. */
+static uint64_t random_seed(void) {
+    uint32_t x;
+    do x = (uint32_t)random_u64();
+    while (x == 0xFFFFFFFFu);
+    return x;
+}
+
+/* llama.cpp samplers coti does not have. A request that turns one on is refused naming the
+ * field rather than served without it; at its llama.cpp default (or any setting llama.cpp
+ * skips it at) it is accepted. Their companion settings only matter while the sampler is on
+ * (as in llama.cpp), so they are type-checked and accepted. */
+static int check_unsupported_samplers(const cJSON *o, struct openai_error *e) {
+    /* llama.cpp's defaults */
+    double dry_multiplier = 0, dry_base = 1.75, dry_allowed_length = 2, dry_penalty_last_n = 64;
+    double xtc_probability = 0, xtc_threshold = 0.1, top_n_sigma = -1, dynatemp_range = 0, dynatemp_exponent = 1;
+    double mirostat = 0, mirostat_tau = 5, mirostat_eta = 0.1;
+    int rc;
+    if ((rc = get_num(o, "dry_multiplier", -FLT_MAX, FLT_MAX, false, &dry_multiplier, e)) ||
+        (rc = get_num(o, "dry_base", -FLT_MAX, FLT_MAX, false, &dry_base, e)) ||
+        (rc = get_int(o, "dry_allowed_length", 0, 2147483647.0, false, &dry_allowed_length, e)) ||
+        (rc = get_int(o, "dry_penalty_last_n", -1, 2147483647.0, false, &dry_penalty_last_n, e)) ||
+        (rc = get_num(o, "xtc_probability", -FLT_MAX, FLT_MAX, false, &xtc_probability, e)) ||
+        (rc = get_num(o, "xtc_threshold", -FLT_MAX, FLT_MAX, false, &xtc_threshold, e)) ||
+        (rc = get_num(o, "top_n_sigma", -FLT_MAX, FLT_MAX, false, &top_n_sigma, e)) ||
+        (rc = get_num(o, "dynatemp_range", -FLT_MAX, FLT_MAX, false, &dynatemp_range, e)) ||
+        (rc = get_num(o, "dynatemp_exponent", -FLT_MAX, FLT_MAX, false, &dynatemp_exponent, e)) ||
+        (rc = get_int(o, "mirostat", 0, 2, false, &mirostat, e)) ||
+        (rc = get_num(o, "mirostat_tau", -FLT_MAX, FLT_MAX, false, &mirostat_tau, e)) ||
+        (rc = get_num(o, "mirostat_eta", -FLT_MAX, FLT_MAX, false, &mirostat_eta, e)))
+        return rc;
+    const cJSON *br = field(o, "dry_sequence_breakers");
+    if (br) {
+        bool ok = cJSON_IsArray(br);
+        for (const cJSON *x = ok ? br->child : NULL; x; x = x->next) ok = ok && cJSON_IsString(x);
+        if (!ok) return bad_request(e, "Field 'dry_sequence_breakers': expected an array of strings");
+    }
+    /* when each is off, as llama-sampler.cpp decides it: DRY with a zero multiplier or window,
+     * XTC with a zero probability or a threshold above 0.5, top_n_sigma and dynatemp_range <= 0 */
+    if (dry_multiplier != 0 && dry_penalty_last_n != 0)
+        return bad_request(e, "Field 'dry_multiplier': DRY sampling is not supported by this server (0 turns it off)");
+    if (xtc_probability > 0 && xtc_threshold <= 0.5)
+        return bad_request(e, "Field 'xtc_probability': XTC sampling is not supported by this server (0 turns it off)");
+    if (top_n_sigma > 0)
+        return bad_request(e, "Field 'top_n_sigma': top-n-sigma sampling is not supported by this server (-1 turns it off)");
+    if (dynatemp_range > 0)
+        return bad_request(e, "Field 'dynatemp_range': dynamic temperature is not supported by this server (0 turns it off)");
+    if (mirostat != 0) return bad_request(e, "Field 'mirostat': Mirostat sampling is not supported by this server (0 turns it off)");
+    return 0;
+}
+
+/* llama.cpp's penalties and typical_p (server-api.md §3.2), with its limits: repeat_penalty
+ * must be finite and > 0 (llama.cpp refuses the rest when it builds the sampler),
+ * repeat_last_n is -1 (the whole context) or a window of >= 0 tokens (0: off). */
+static int get_penalties(const cJSON *o, struct sampler_params *sp, struct openai_error *e) {
+    int rc;
+    double d = sp->repeat_last_n;
+    if ((rc = get_int(o, "repeat_last_n", -1, 2147483647.0, false, &d, e))) return rc;
+    sp->repeat_last_n = (int32_t)d;
+    d = sp->repeat_penalty;
+    if ((rc = get_num(o, "repeat_penalty", -FLT_MAX, FLT_MAX, false, &d, e))) return rc;
+    if (!((float)d > 0)) return bad_request(e, "Field 'repeat_penalty': Value must be greater than 0 (1 turns it off)");
+    sp->repeat_penalty = (float)d;
+    d = sp->frequency_penalty;
+    if ((rc = get_num(o, "frequency_penalty", -FLT_MAX, FLT_MAX, false, &d, e))) return rc;
+    sp->frequency_penalty = (float)d;
+    d = sp->presence_penalty;
+    if ((rc = get_num(o, "presence_penalty", -FLT_MAX, FLT_MAX, false, &d, e))) return rc;
+    sp->presence_penalty = (float)d;
+    d = sp->typical_p;
+    if ((rc = get_num(o, "typical_p", 0, 1, true, &d, e))) return rc;
+    sp->typical_p = (float)d;
+    return 0;
 }
 
 /* Sampling, limits and speculation (server-api.md §3.2). */
@@ -328,7 +341,6 @@ static int parse_params(const struct openai_ctx *c, const cJSON *o, struct opena
     const cJSON *model = field(o, "model");
     if (model && !cJSON_IsString(model)) return bad_request(e, "Field 'model': expected a string");
     if ((rc = check_unsupported(o, e))) return rc;
-    if ((rc = check_sampler_fields(o, e))) return rc;
 
     /* n_predict and its aliases, in llama.cpp's precedence order */
     static const char *np_names[] = {"n_predict", "max_completion_tokens", "max_tokens"};
@@ -354,18 +366,21 @@ static int parse_params(const struct openai_ctx *c, const cJSON *o, struct opena
     d = g->sp.min_keep;
     if ((rc = get_int(o, "min_keep", 0, 2147483647.0, true, &d, e))) return rc;
     g->sp.min_keep = (int32_t)d;
-    /* seed: -1 and 0xFFFFFFFF (llama.cpp's LLAMA_DEFAULT_SEED) mean "random". A drawn seed is 32
-     * bits, as llama.cpp's, so that the value reported (a JSON number) sent back replays the text. */
+    if ((rc = get_penalties(o, &g->sp, e))) return rc;
+    if ((rc = check_unsupported_samplers(o, e))) return rc;
+    /* seed: -1 and 0xFFFFFFFF (llama.cpp's LLAMA_DEFAULT_SEED) mean "random"; any integer up
+     * to 2^53 is taken exactly (a JSON number is a double) */
     d = -1;
     if ((rc = get_int(o, "seed", -1, 9007199254740992.0, false, &d, e))) return rc;
     if (d >= 0 && d != 4294967295.0) g->sp.seed = (uint64_t)d;
     else if (d < 0 && c->seed_fixed && !field(o, "seed")) g->sp.seed = c->sampling.seed;
-    else g->sp.seed = random_u64() % 4294967295u; /* never 0xFFFFFFFF, which means "random" */
+    else g->sp.seed = random_seed();
     if ((rc = get_stop(o, g, e))) return rc;
     if ((rc = get_bool(o, "stream", &r->stream, e))) return rc;
     if ((rc = get_bool(o, "ignore_eos", &g->ignore_eos, e))) return rc;
     if ((rc = get_bool(o, "cache_prompt", &g->cache_prompt, e))) return rc;
     if ((rc = get_bool(o, "return_tokens", &r->return_tokens, e))) return rc;
+    if ((rc = get_bool(o, "timings_per_token", &r->timings_per_token, e))) return rc;
     const cJSON *so = field(o, "stream_options");
     if (so && !cJSON_IsObject(so)) return bad_request(e, "Field 'stream_options': expected an object");
     if (so && (rc = get_bool(so, "include_usage", &r->include_usage, e))) return rc;
@@ -756,6 +771,12 @@ static cJSON *native_object(const struct openai_ctx *c, const struct openai_requ
         cJSON_AddNumberToObject(gs, "top_p", r->g.sp.top_p);
         cJSON_AddNumberToObject(gs, "min_p", r->g.sp.min_p);
         cJSON_AddNumberToObject(gs, "min_keep", r->g.sp.min_keep);
+        cJSON_AddNumberToObject(gs, "typical_p", r->g.sp.typical_p);
+        cJSON_AddNumberToObject(gs, "repeat_last_n", r->g.sp.repeat_last_n);
+        cJSON_AddNumberToObject(gs, "repeat_penalty", r->g.sp.repeat_penalty);
+        cJSON_AddNumberToObject(gs, "presence_penalty", r->g.sp.presence_penalty);
+        cJSON_AddNumberToObject(gs, "frequency_penalty", r->g.sp.frequency_penalty);
+        cJSON_AddBoolToObject(gs, "timings_per_token", r->timings_per_token);
         cJSON_AddNumberToObject(gs, "n_predict", r->g.n_predict);
         cJSON_AddNumberToObject(gs, "max_tokens", r->g.n_predict);
         cJSON_AddBoolToObject(gs, "ignore_eos", r->g.ignore_eos);
@@ -867,8 +888,17 @@ char *openai_render_chunk_role(const struct openai_ctx *c, const struct openai_r
     return print_free(o, ok);
 }
 
+/* timings_per_token: a token event carries the timings so far (llama.cpp's partial results).
+ * Returns false when out of memory. */
+static bool add_timings_so_far(cJSON *o, const struct openai_request *r, const struct task_result *now) {
+    if (!r->timings_per_token || !now) return true;
+    cJSON *t = openai_timings(now);
+    if (t) cJSON_AddItemToObject(o, "timings", t);
+    return t != NULL;
+}
+
 char *openai_render_chunk(const struct openai_ctx *c, const struct openai_request *r, const char *text,
-                          size_t len, int32_t id, int id_slot, int n_predicted) {
+                          size_t len, int32_t id, int id_slot, int n_predicted, const struct task_result *now) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     bool ok = true;
@@ -882,7 +912,7 @@ char *openai_render_chunk(const struct openai_ctx *c, const struct openai_reques
         cJSON_AddNumberToObject(o, "id_slot", id_slot);
         cJSON_AddNumberToObject(o, "tokens_predicted", n_predicted);
         cJSON_AddNumberToObject(o, "tokens_evaluated", r->n_prompt);
-        return print_free(o, ok);
+        return print_free(o, add_timings_so_far(o, r, now) && ok);
     }
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
@@ -900,7 +930,7 @@ char *openai_render_chunk(const struct openai_ctx *c, const struct openai_reques
         cJSON_AddNullToObject(ch, "finish_reason");
     }
     add_envelope(o, c, r, r->api == OPENAI_API_CHAT ? "chat.completion.chunk" : "text_completion");
-    return print_free(o, ok);
+    return print_free(o, add_timings_so_far(o, r, now) && ok);
 }
 
 bool openai_render_stream_end(const struct openai_ctx *c, const struct openai_request *r,
@@ -914,7 +944,8 @@ bool openai_render_stream_end(const struct openai_ctx *c, const struct openai_re
         *n = 1;
         return true;
     }
-    bool chat = r->api == OPENAI_API_CHAT;
+    const bool chat = r->api == OPENAI_API_CHAT;
+    const char *object = chat ? "chat.completion.chunk" : "text_completion";
     cJSON *o = cJSON_CreateObject();
     if (!o) return false;
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
@@ -931,11 +962,11 @@ bool openai_render_stream_end(const struct openai_ctx *c, const struct openai_re
         cJSON_AddNullToObject(ch, "logprobs");
         cJSON_AddStringToObject(ch, "finish_reason", finish_reason(res));
     }
-    add_envelope(o, c, r, chat ? "chat.completion.chunk" : "text_completion");
-    /* stream_options.include_usage (both endpoints): usage in a chunk of its own with no
-     * choices, to which the timings then move; without it chat sends no usage and completions
-     * keep it in the last chunk, as llama-server does */
-    bool usage_chunk = r->include_usage;
+    add_envelope(o, c, r, object);
+    /* with stream_options.include_usage the usage comes in a chunk of its own with no choices
+     * (OpenAI's shape), to which the timings then move; without it, chat has none and
+     * completions keep it in the last chunk, as llama.cpp always does */
+    const bool usage_chunk = r->include_usage;
     if (!chat && !usage_chunk) {
         cJSON *u = usage_json(res);
         ok = ok && u;
@@ -952,7 +983,7 @@ bool openai_render_stream_end(const struct openai_ctx *c, const struct openai_re
         cJSON *o2 = cJSON_CreateObject();
         if (!o2) { free(out[0]); *n = 0; return false; }
         bool ok2 = cJSON_AddArrayToObject(o2, "choices") != NULL;
-        add_envelope(o2, c, r, chat ? "chat.completion.chunk" : "text_completion");
+        add_envelope(o2, c, r, object);
         cJSON *u = usage_json(res), *t = openai_timings(res);
         if (u) cJSON_AddItemToObject(o2, "usage", u);
         if (t) cJSON_AddItemToObject(o2, "timings", t);

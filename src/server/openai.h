@@ -62,6 +62,7 @@ struct openai_request {
     bool stream;
     bool include_usage;          /* stream_options.include_usage */
     bool return_tokens;          /* native: "tokens" in the answer */
+    bool timings_per_token;      /* streamed token events carry the timings so far */
     char id[48];                 /* chatcmpl-<32 alnum> */
     long created;                /* unix seconds */
     struct tool_set tools;       /* chat: the request's tools (tools.active: parse the answer) */
@@ -99,9 +100,11 @@ char *openai_render_final(const struct openai_ctx *c, const struct openai_reques
                           size_t n_text, const int32_t *tokens, size_t n_tokens, const struct task_result *res);
 
 /* One stream event for text released at token id (n_predicted tokens so far, id_slot for
- * the native shape): the payload after "data: ", malloc'ed; NULL when out of memory. */
+ * the native shape; now: the numbers so far, written as `timings` when the request asked for
+ * timings_per_token, may be NULL): the payload after "data: ", malloc'ed; NULL when out of
+ * memory. */
 char *openai_render_chunk(const struct openai_ctx *c, const struct openai_request *r, const char *text,
-                          size_t len, int32_t id, int id_slot, int n_predicted);
+                          size_t len, int32_t id, int id_slot, int n_predicted, const struct task_result *now);
 /* A chat stream's chunk carrying an answer's tool calls (delta.tool_calls). */
 char *openai_render_chunk_tool_calls(const struct openai_ctx *c, const struct openai_request *r,
                                      const struct tool_calls_out *calls);

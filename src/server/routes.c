@@ -77,11 +77,16 @@ static cJSON *params_json(const struct sampler_params *sp, const struct spec_par
     cJSON_AddNumberToObject(o, "top_p", sp->top_p);
     cJSON_AddNumberToObject(o, "min_p", sp->min_p);
     cJSON_AddNumberToObject(o, "min_keep", sp->min_keep);
+    cJSON_AddNumberToObject(o, "typical_p", sp->typical_p);
+    cJSON_AddNumberToObject(o, "repeat_last_n", sp->repeat_last_n);
+    cJSON_AddNumberToObject(o, "repeat_penalty", sp->repeat_penalty);
+    cJSON_AddNumberToObject(o, "presence_penalty", sp->presence_penalty);
+    cJSON_AddNumberToObject(o, "frequency_penalty", sp->frequency_penalty);
     cJSON_AddNumberToObject(o, "max_tokens", n_predict);
     cJSON_AddNumberToObject(o, "n_predict", n_predict);
     cJSON_AddBoolToObject(o, "ignore_eos", ignore_eos);
     cJSON *s = cJSON_AddArrayToObject(o, "samplers");
-    static const char *chain[] = {"top_k", "top_p", "min_p", "temperature"};
+    static const char *chain[] = {"penalties", "top_k", "typ_p", "top_p", "min_p", "temperature"};
     for (size_t i = 0; s && i < COTI_ARRAY_LEN(chain); i++) cJSON_AddItemToArray(s, cJSON_CreateString(chain[i]));
     cJSON_AddStringToObject(o, "speculative.types", drafter_kind_llama_name(spec->drafter));
     cJSON_AddNumberToObject(o, "speculative.n_max", spec->n_max);
@@ -451,12 +456,12 @@ static bool stream_format(struct stream *s) {
             size_t upto = tools_content_end(s->said, s->n_said_text);
             if (upto > s->n_said) {
                 ok = stream_event(s, openai_render_chunk(c, &s->req, s->said + s->n_said, upto - s->n_said, p->id, k->id_slot,
-                                                         s->n_predicted));
+                                                         s->n_predicted, &k->progress));
                 s->n_said = upto;
             }
             continue;
         }
-        ok = stream_event(s, openai_render_chunk(c, &s->req, k->text + p->off, p->len, p->id, k->id_slot, s->n_predicted));
+        ok = stream_event(s, openai_render_chunk(c, &s->req, k->text + p->off, p->len, p->id, k->id_slot, s->n_predicted, &k->progress));
     }
     task_chunk_clear(k);
     if (ok && k->done && tools && !k->result.status) {
@@ -467,7 +472,7 @@ static bool stream_format(struct stream *s) {
         if (ok && calls.n) ok = stream_event(s, openai_render_chunk_tool_calls(c, &s->req, &calls));
         else if (ok && s->n_said_text > s->n_said)
             ok = stream_event(s, openai_render_chunk(c, &s->req, s->said + s->n_said, s->n_said_text - s->n_said, -1,
-                                                     k->id_slot, s->n_predicted));
+                                                     k->id_slot, s->n_predicted, &k->progress));
         s->req.tools_called = parsed && calls.n > 0;
         if (parsed) tool_calls_out_free(&calls);
     }

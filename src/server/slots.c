@@ -133,6 +133,7 @@ bool task_take(struct task *t, int timeout_ms, struct task_chunk *c) {
     c->id_slot = t->out.id_slot;
     c->done = t->out.done;
     c->result = t->out.result;
+    c->progress = t->out.progress;
     pthread_mutex_unlock(&t->mu);
     if (!ok && !c->done) {
         /* the taker ran out of memory: end the task rather than lose text silently */
@@ -147,9 +148,10 @@ bool task_take(struct task *t, int timeout_ms, struct task_chunk *c) {
 /* Engine side of the channel. A piece is appended without waking the taker: a step emits up to
  * 1 + n_max tokens and wakes it once (task_wake), so the taker takes a step's pieces together
  * instead of a futex wake-up and a turn on the mutex per token. */
-static bool task_emit(struct task *t, int32_t id, const char *text, size_t len) {
+static bool task_emit(struct task *t, int32_t id, const char *text, size_t len, const struct task_result *progress) {
     pthread_mutex_lock(&t->mu);
     bool ok = chunk_append(&t->out, id, text, len);
+    t->out.progress = *progress; /* with the piece: a taker never sees one without the other */
     pthread_mutex_unlock(&t->mu);
     return ok;
 }
@@ -297,9 +299,8 @@ static void slot_view_update(struct slots *s, struct slot *sl) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* End sl's task with r (status 0 = generated): fill the numbers, hand the result over, free
- * the slot and count it. */
-static void slot_finish(struct slots *s, struct slot *sl, struct task_result *r) {
+/* The numbers of sl's task so far into r (ids, token counts, timings). */
+static void slot_numbers(struct slots *s, struct slot *sl, struct task_result *r) {
     struct task *t = sl->t;
     const struct spec_stats *st = spec_seq_stats(s->e, sl->id);
     int n_hist = 0;
@@ -315,6 +316,16 @@ static void slot_finish(struct slots *s, struct slot *sl, struct task_result *r)
     /* llama.cpp keeps predicted_ms >= 1 us so the per-token rates stay finite */
     r->predicted_ms = sl->begun ? COTI_MAX((sl->t_last_us - sl->t_first_us) / 1e3, 1e-3) : 0.0;
     r->tokens_cached = sl->begun && sl->state_ok ? n_hist - 1 : 0;
+}
+
+/* End sl's task with r (status 0 = generated): fill the numbers, hand the result over, free
+ * the slot and count it. */
+static void slot_finish(struct slots *s, struct slot *sl, struct task_result *r) {
+    struct task *t = sl->t;
+    const struct spec_stats *st = spec_seq_stats(s->e, sl->id);
+    int n_hist = 0;
+    spec_seq_tokens(s->e, sl->id, &n_hist);
+    slot_numbers(s, sl, r);
     struct metrics_task mt = {.cancelled = r->cancelled, .failed = r->status >= 500, .prompt_n = r->prompt_n,
                               .cache_n = r->cache_n, .predicted_n = r->predicted_n, .n_ctx_used = sl->begun ? n_hist : 0,
                               .prompt_s = r->prompt_ms / 1e3, .predicted_s = r->predicted_n ? r->predicted_ms / 1e3 : 0.0};
@@ -343,10 +354,13 @@ static void slot_fail(struct slots *s, struct slot *sl, int status, const char *
     slot_finish(s, sl, &r);
 }
 
-/* Release generated text [n_sent, upto) as the piece of token id. */
-static bool slot_release(struct slot *sl, int32_t id, size_t upto) {
+/* Release generated text [n_sent, upto) as the piece of token id, with the numbers so far
+ * (timings_per_token reads them). */
+static bool slot_release(struct slots *s, struct slot *sl, int32_t id, size_t upto) {
+    struct task_result now = {.stop_type = STOP_TYPE_NONE, .stop_index = -1};
+    slot_numbers(s, sl, &now);
     /* no pointer arithmetic on a NULL text (nothing generated yet) */
-    bool ok = task_emit(sl->t, id, upto > sl->n_sent ? sl->text + sl->n_sent : "", upto - sl->n_sent);
+    bool ok = task_emit(sl->t, id, upto > sl->n_sent ? sl->text + sl->n_sent : "", upto - sl->n_sent, &now);
     sl->n_sent = upto;
     return ok;
 }
@@ -392,7 +406,7 @@ static bool slot_take_token(struct slots *s, struct slot *sl, int32_t id) {
     struct task_result r = {.stop_type = STOP_TYPE_NONE, .stop_index = -1};
     if (!g->ignore_eos && tokenizer_is_eog(s->tok, id)) {
         r.stop_type = STOP_TYPE_EOS;
-        if (!slot_release(sl, id, sl->n_text)) goto oom;
+        if (!slot_release(s, sl, id, sl->n_text)) goto oom;
         slot_finish(s, sl, &r);
         return true;
     }
@@ -417,19 +431,19 @@ static bool slot_take_token(struct slots *s, struct slot *sl, int32_t id) {
     if (stop_at != SIZE_MAX) {
         sl->n_text = stop_at;
         r.stop_type = STOP_TYPE_WORD;
-        if (!slot_release(sl, id, stop_at)) goto oom;
+        if (!slot_release(s, sl, id, stop_at)) goto oom;
         slot_finish(s, sl, &r);
         return true;
     }
     if (g->n_predict >= 0 && sl->n_decoded >= g->n_predict) {
         r.stop_type = STOP_TYPE_LIMIT;
-        if (!slot_release(sl, id, sl->n_text)) goto oom;
+        if (!slot_release(s, sl, id, sl->n_text)) goto oom;
         slot_finish(s, sl, &r);
         return true;
     }
     size_t safe = sl->n_text - stop_partial_len(g, sl->text, sl->n_sent, sl->n_text);
     safe = COTI_MAX(utf8_complete_end(sl->text, safe), sl->n_sent);
-    if (!slot_release(sl, id, safe)) goto oom;
+    if (!slot_release(s, sl, id, safe)) goto oom;
     return false;
 oom:
     slot_fail(s, sl, 500, "out of memory");
@@ -482,7 +496,7 @@ static void slot_step(struct slots *s, struct slot *sl) {
     if (room <= 0) {
         /* the context is full: stop as if n_predict were reached (server-api.md §6 "Stops") */
         struct task_result r = {.stop_type = STOP_TYPE_LIMIT, .stop_index = -1};
-        slot_release(sl, -1, sl->n_text);
+        slot_release(s, sl, -1, sl->n_text);
         slot_finish(s, sl, &r);
         return;
     }

@@ -73,6 +73,7 @@ struct task_chunk {
     int id_slot;                 /* with started: the slot running the task */
     bool done;                   /* result is valid; nothing more will come */
     struct task_result result;
+    struct task_result progress; /* the numbers as of the latest pieces (timings_per_token) */
 };
 void task_chunk_clear(struct task_chunk *c); /* forget text and pieces, keep the buffers */
 void task_chunk_free(struct task_chunk *c);

@@ -237,7 +237,7 @@ int tool_bench_main(int argc, char **argv) {
     }
     /* greedy unless --temp: at temperature > 0 outputs differ by design (the RNG is used
      * differently), so the `same` column is only meaningful for greedy runs */
-    struct bench_io io = {eng, {c.temperature, c.top_k, c.top_p, c.min_p, 0, c.seed}, pl.n, ptoks, np, n_gen, gen, ref, false};
+    struct bench_io io = {eng, sampler_params_basic(c.temperature, c.top_k, c.top_p, c.min_p, c.seed), pl.n, ptoks, np, n_gen, gen, ref, false};
     if (want_op_cost) {
         rc = op_cost(&io, be, &cfg[0], repeat, c.model_path, c.n_threads);
         goto done;

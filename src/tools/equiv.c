@@ -130,7 +130,7 @@ int tool_equiv_main(int argc, char **argv) {
     plain.inject_pos = -1;
     struct equiv_stats st;
     equiv_stats_init(&st);
-    struct sampler_params greedy = {0.0f, 0, 1.0f, 0.0f, 0, c.seed};
+    struct sampler_params greedy = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, c.seed);
     struct spec_params off = c.spec;
     off.drafter = NULL;
     long free_diff_prompts = 0;

@@ -87,7 +87,7 @@ int tool_run_main(int argc, char **argv) {
         fprintf(stderr, "error: prompt (%zu tokens) + n_predict (%ld) exceeds the context (%d)\n", n_toks, n_predict, c.n_ctx);
         goto done;
     }
-    struct sampler_params sp = {c.temperature, c.top_k, c.top_p, c.min_p, 0, c.seed};
+    struct sampler_params sp = sampler_params_basic(c.temperature, c.top_k, c.top_p, c.min_p, c.seed);
     if (sampler_init(&smp, &sp, m->info.n_vocab, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
 
     struct spec_engine *eng = NULL;

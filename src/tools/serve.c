@@ -152,7 +152,7 @@ int tool_serve_main(int argc, char **argv) {
     p.model_path = c.model_path;
     p.n_ctx = c.n_ctx;
     p.n_threads = c.n_threads;
-    p.sampling = (struct sampler_params){c.temperature, c.top_k, c.top_p, c.min_p, 0, c.seed};
+    p.sampling = sampler_params_basic(c.temperature, c.top_k, c.top_p, c.min_p, c.seed);
     p.spec = c.spec;
 
     struct backend *be;
