@@ -225,6 +225,13 @@ assert [x['config'] for x in b['configs']]==['off','ngram:3'], b
 }
 check "--opt=value, -f -, --prompts - and --json -" option_spellings
 
+bench_prefill() {
+    "$COTI" bench --prefill 16,40 --repeat 2 -t 1 > "$TMP/pp.txt" 2>/dev/null || return 1
+    awk '$1 == 16 || $1 == 40 { if ($2 > 0 && $3 > 0) n++ } END { exit n == 2 ? 0 : 1 }' "$TMP/pp.txt" || return 1
+    "$COTI" bench --prefill 16 --prompts x -t 1 > /dev/null 2>&1; [ $? -eq 1 ]
+}
+check "coti bench --prefill: cold and warm tok/s per size" bench_prefill
+
 # Loading prints one summary line (on a terminal a progress line before it); every log line
 # has a timestamp; the request log escapes quotes as JSON does.
 TS='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z '

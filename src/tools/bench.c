@@ -8,7 +8,10 @@
  * acceptance = accepted/drafted over the same requests, tokens per verify, the split of time
  * into draft / verify / glue, and whether the output equals the first configuration's.
  * --op-cost: one configuration, timed with each family of backend ops left out in turn
- * (opcost.h); the time a family's absence saves is its cost per token. */
+ * (opcost.h); the time a family's absence saves is its cost per token.
+ * --prefill N[,N...]: prompt processing of N random tokens (as llama-bench's ppN): the first run
+ * of each size after the model is loaded (cold: new shapes, scratch growth) and the median of
+ * --repeat runs after it (warm); every run starts a fresh sequence. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +38,8 @@ static void help(FILE *out, const struct cli_common *d) {
                  "  -n N                 tokens per request (default %d)\n"
                  "  --repeat R           passes over the prompts (default %d)\n"
                  "  --json PATH          the results as JSON too ('-': to stdout, the table then goes to stderr)\n"
-                 "  --op-cost            decode time with each family of ops left out in turn (outputs are garbage then)\n",
+                 "  --op-cost            decode time with each family of ops left out in turn (outputs are garbage then)\n"
+                 "  --prefill N[,N...]   prompt processing of N random tokens instead (tok/s, cold and warm; no --prompts)\n",
             BENCH_SPEC_DEFAULT, BENCH_N_GEN_DEFAULT, BENCH_REPEAT_DEFAULT);
 }
 
@@ -139,13 +143,56 @@ static int op_cost(struct bench_io *io, struct backend *be, struct config *k, lo
     return 0;
 }
 
+/* --prefill: each size's cold run and its warm median (module comment). */
+static int prefill_bench(struct spec_engine *eng, const struct model *m, const char *sizes, long repeat, const char *model_path,
+                         int n_threads) {
+    char list[256], err[512];
+    snprintf(list, sizeof list, "%s", sizes);
+    printf("# bench --prefill %s | %s | %ld warm runs, threads %d | fresh sequence each run, random tokens\n", sizes, model_path,
+           repeat, n_threads);
+    printf("%-10s %14s %14s   %s\n", "tokens", "cold tok/s", "warm tok/s", "(warm runs)");
+    int rc = 0;
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
+        long n;
+        if (cli_parse_int("--prefill", t, 1, m->n_ctx - 1, &n)) return 1;
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
+        double *tps = malloc(sizeof(double) * (size_t)(repeat + 1));
+        if (!toks || !tps) { free(toks); free(tps); fprintf(stderr, "error: out of memory\n"); return 1; }
+        uint64_t x = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+        for (long i = 0; i < n; i++) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            toks[i] = (int32_t)(x % (uint64_t)m->info.n_vocab);
+        }
+        const struct sampler_params greedy = sampler_params_basic(0.0f, 1, 1.0f, 0.0f, 0);
+        const struct spec_params off = spec_params_default();
+        for (long r = 0; r <= repeat && !rc; r++) {
+            int32_t first;
+            rc = spec_seq_begin(eng, 0, toks, (int)n, &greedy, &off, &first, err, sizeof err);
+            if (rc) { fprintf(stderr, "error: %s\n", err); break; }
+            const int64_t us = spec_seq_stats(eng, 0)->t_prompt_us;
+            tps[r] = us > 0 ? n / (us / 1e6) : 0.0;
+        }
+        if (!rc) {
+            printf("%-10ld %14.1f", n, tps[0]);
+            char runs[512];
+            int at = 0;
+            for (long r = 1; r <= repeat && at < (int)sizeof runs; r++)
+                at += snprintf(runs + at, sizeof runs - (size_t)at, "%s%.1f", r > 1 ? " " : "", tps[r]);
+            printf(" %14.1f   (%s)\n", median(tps + 1, repeat), runs); /* median sorts: the runs first */
+        }
+        free(toks);
+        free(tps);
+    }
+    return rc;
+}
+
 struct bench_opts {
-    const char *prompts_path, *json_path, *spec_list;
+    const char *prompts_path, *json_path, *spec_list, *prefill;
     long n_gen, repeat;
     bool op_cost, spec_given;
 };
 
-enum { OPT_SPEC_LIST = CLI_TOOL_CODE, OPT_OP_COST, OPT_PROMPTS, OPT_JSON, OPT_REPEAT };
+enum { OPT_SPEC_LIST = CLI_TOOL_CODE, OPT_OP_COST, OPT_PROMPTS, OPT_JSON, OPT_REPEAT, OPT_PREFILL };
 
 static int on_option(void *state, int code, const char *name, const char *v) {
     struct bench_opts *o = state;
@@ -154,6 +201,7 @@ static int on_option(void *state, int code, const char *name, const char *v) {
     case OPT_OP_COST: o->op_cost = true; return 0;
     case OPT_PROMPTS: o->prompts_path = v; return 0;
     case OPT_JSON: o->json_path = v; return 0;
+    case OPT_PREFILL: o->prefill = v; return 0;
     case 'n': return cli_parse_int(name, v, 2, 1 << 16, &o->n_gen);
     case OPT_REPEAT: return cli_parse_int(name, v, 1, 1000, &o->repeat);
     }
@@ -170,6 +218,7 @@ int tool_bench_main(int argc, char **argv) {
         {"prompts", required_argument, NULL, OPT_PROMPTS},
         {"json", required_argument, NULL, OPT_JSON},
         {"repeat", required_argument, NULL, OPT_REPEAT},
+        {"prefill", required_argument, NULL, OPT_PREFILL},
         {0},
     };
     const struct cli_tool tool = {.name = "bench", .help = help, .short_opts = "n:", .opts = opts,
@@ -179,6 +228,24 @@ int tool_bench_main(int argc, char **argv) {
     const char *prompts_path = o.prompts_path, *json_path = o.json_path, *spec_list = o.spec_list;
     const long n_gen = o.n_gen, repeat = o.repeat;
     const bool want_op_cost = o.op_cost, spec_given = o.spec_given;
+    if (o.prefill) {
+        if (want_op_cost || spec_given || prompts_path || json_path) {
+            fprintf(stderr, "error: --prefill times prompt processing alone (no --spec, --prompts, --op-cost or --json)\n");
+            return 1;
+        }
+        struct backend *be;
+        struct model *m;
+        if (cli_open_model(&c, 1, SPEC_MAX_DRAFT + 1, &be, &m)) return 1;
+        char err[512];
+        struct spec_engine *eng = NULL;
+        int rc = spec_engine_init(&eng, m, NULL, err, sizeof err);
+        if (rc) fprintf(stderr, "error: %s\n", err);
+        else rc = prefill_bench(eng, m, o.prefill, repeat, c.model_path, c.n_threads);
+        spec_engine_free(eng);
+        model_free(m);
+        backend_free(be);
+        return rc ? 1 : 0;
+    }
     if (!prompts_path) { fprintf(stderr, "error: --prompts FILE is required (`coti bench --help` lists the options)\n"); return 1; }
     if (want_op_cost && !spec_given) spec_list = "off";
     struct config cfg[BENCH_MAX_CONFIGS];
