@@ -851,39 +851,40 @@ char *openai_render_final(const struct openai_ctx *c, const struct openai_reques
     return print_free(o, ok && u && t);
 }
 
-char *openai_render_chunk_tool_calls(const struct openai_ctx *c, const struct openai_request *r,
-                                     const struct tool_calls_out *calls) {
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return NULL;
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+/* A chat stream chunk of one choice with a null finish_reason: its delta object, to be filled
+ * (NULL when out of memory; *o is then freed or NULL). */
+static cJSON *chat_chunk_delta(cJSON **o) {
+    *o = cJSON_CreateObject();
+    if (!*o) return NULL;
+    cJSON *choices = cJSON_AddArrayToObject(*o, "choices");
     cJSON *ch = cJSON_CreateObject();
-    bool ok = choices && ch && cJSON_AddItemToArray(choices, ch);
-    if (!ok) cJSON_Delete(ch);
-    if (ok) {
+    cJSON *d = NULL;
+    if (choices && ch && cJSON_AddItemToArray(choices, ch)) {
         cJSON_AddNullToObject(ch, "finish_reason");
         cJSON_AddNumberToObject(ch, "index", 0);
-        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
-        cJSON *tc = tools_calls_json(calls, r->id, true);
-        ok = d && tc && cJSON_AddItemToObject(d, "tool_calls", tc);
-        if (!ok) cJSON_Delete(tc);
+        d = cJSON_AddObjectToObject(ch, "delta");
+    } else {
+        cJSON_Delete(ch);
     }
+    if (!d) { cJSON_Delete(*o); *o = NULL; }
+    return d;
+}
+
+char *openai_render_chunk_tool_calls(const struct openai_ctx *c, const struct openai_request *r,
+                                     const struct tool_calls_out *calls) {
+    cJSON *o, *d = chat_chunk_delta(&o);
+    if (!d) return NULL;
+    cJSON *tc = tools_calls_json(calls, r->id, true);
+    const bool ok = tc && cJSON_AddItemToObject(d, "tool_calls", tc);
+    if (!ok) cJSON_Delete(tc);
     add_envelope(o, c, r, "chat.completion.chunk");
     return print_free(o, ok);
 }
 
 char *openai_render_chunk_role(const struct openai_ctx *c, const struct openai_request *r) {
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return NULL;
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON *ch = cJSON_CreateObject();
-    bool ok = choices && ch && cJSON_AddItemToArray(choices, ch);
-    if (!ok) cJSON_Delete(ch);
-    if (ok) {
-        cJSON_AddNullToObject(ch, "finish_reason");
-        cJSON_AddNumberToObject(ch, "index", 0);
-        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
-        ok = d && cJSON_AddStringToObject(d, "role", "assistant") && cJSON_AddNullToObject(d, "content");
-    }
+    cJSON *o, *d = chat_chunk_delta(&o);
+    if (!d) return NULL;
+    const bool ok = cJSON_AddStringToObject(d, "role", "assistant") && cJSON_AddNullToObject(d, "content");
     add_envelope(o, c, r, "chat.completion.chunk");
     return print_free(o, ok);
 }
