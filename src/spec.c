@@ -1,6 +1,7 @@
 /* spec.c — the speculative driver (see spec.h). */
 #include "spec.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,8 @@ struct spec_seq {
      * sequence's dev_toks + 1 (0: none). It runs on the device while the caller handles the
      * step's tokens; a step that wants another draft drops it unread. */
     int ahead_L, ahead_n;
+    int n_top_probs;             /* < 0: no log-probabilities (spec_seq_want_probs) */
+    struct spec_token_prob probs[SPEC_MAX_DRAFT + 1]; /* the last begin's / step's tokens' */
 };
 
 struct spec_engine {
@@ -80,6 +83,7 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     e->d_acc = m->be->alloc(m->be, sizeof(int32_t) * (2 + SPEC_MAX_DRAFT));
     bool ok = e->seqs && e->drafters && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_toks && e->d_acc;
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
+    for (int s = 0; ok && s < m->n_seq; s++) e->seqs[s].n_top_probs = -1;
     if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
     /* every available drafter exists from here on: a request only picks one */
     const struct drafter_config dc = {.m = m, .n_seq = m->n_seq, .draft_path = draft_path};
@@ -104,6 +108,38 @@ bool spec_engine_supports(const struct spec_engine *e, const struct drafter_kind
 }
 
 const struct spec_stats *spec_seq_stats(const struct spec_engine *e, int s) { return &e->seqs[s].st; }
+
+void spec_seq_want_probs(struct spec_engine *e, int s, int n_top) {
+    if (s >= 0 && s < e->m->n_seq) e->seqs[s].n_top_probs = COTI_MIN(n_top, SPEC_MAX_TOP_LOGPROBS);
+}
+
+const struct spec_token_prob *spec_seq_probs(const struct spec_engine *e, int s) {
+    return e->seqs[s].n_top_probs >= 0 ? e->seqs[s].probs : NULL;
+}
+
+void spec_token_prob_of_row(const float *row, int n, int32_t id, int n_top, struct spec_token_prob *p) {
+    /* log-softmax in double: max, then the log of the sum of exponentials */
+    float mx = row[0];
+    for (int i = 1; i < n; i++) mx = row[i] > mx ? row[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)row[i] - mx);
+    const double lse = mx + log(sum);
+    p->logprob = id >= 0 && id < n ? (float)(row[id] - lse) : -INFINITY;
+    /* the n_top best by insertion: n_top <= 20, one pass over the row */
+    p->n_top = 0;
+    n_top = COTI_MAX(COTI_MIN(n_top, SPEC_MAX_TOP_LOGPROBS), 0);
+    for (int i = 0; i < n && n_top > 0; i++) {
+        const float v = row[i];
+        if (p->n_top == n_top && v <= row[p->top_id[n_top - 1]]) continue; /* ties: the lower id stays */
+        int at = p->n_top < n_top ? p->n_top++ : n_top - 1;
+        while (at > 0 && row[p->top_id[at - 1]] < v) {
+            p->top_id[at] = p->top_id[at - 1];
+            at--;
+        }
+        p->top_id[at] = i;
+    }
+    for (int k = 0; k < p->n_top; k++) p->top_logprob[k] = (float)(row[p->top_id[k]] - lse);
+}
 
 const int32_t *spec_seq_tokens(const struct spec_engine *e, int s, int *n) {
     *n = e->seqs[s].n_hist;
@@ -180,10 +216,12 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
     }
     if (sampler_params_plain_argmax(sp)) {
         m->be->download(m->be, first, e->d_ids, sizeof *first);
+        if (q->n_top_probs >= 0) m->be->download(m->be, e->row, o.logits, sizeof(float) * (size_t)e->V);
     } else {
         m->be->download(m->be, e->row, o.logits, sizeof(float) * (size_t)e->V);
         *first = sampler_sample(q->smp, e->row, q->hist, q->n_hist);
     }
+    if (q->n_top_probs >= 0) spec_token_prob_of_row(e->row, e->V, *first, q->n_top_probs, &q->probs[0]);
     q->hist[q->n_hist++] = *first;
     q->st.n_prompt = n_prompt - n_keep;
     q->st.n_gen = 1;
@@ -421,6 +459,12 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
         }
     }
     if (probe) probe->n_used += a + 1;
+    /* the emitted tokens' log-probabilities: verify row i is token i's distribution (read
+     * before anything else is queued, which the downloads would wait for) */
+    for (int i = 0; q->n_top_probs >= 0 && i <= a; i++) {
+        be->download(be, e->row, o.logits + (size_t)i * e->V, sizeof(float) * (size_t)e->V);
+        spec_token_prob_of_row(e->row, e->V, i < a ? dr.tokens[i] : next, q->n_top_probs, &q->probs[i]);
+    }
     if (k - a > 0) {
         if ((rc = model_seq_rollback(m, s, k - a))) return coti_fail(err, err_size, rc, "rollback of %d positions failed", k - a);
         if (d->vt->rollback) d->vt->rollback(d, s, L + 1 + a);

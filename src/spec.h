@@ -44,6 +44,22 @@ struct spec_probe {
     void *user;
 };
 
+/* Token log-probabilities (OpenAI's logprobs, llama.cpp's n_probs): of an emitted token under
+ * the target's distribution at its position (log-softmax of the raw logits row: before any
+ * sampler transform), and the n_top most likely tokens there, most likely first (lower id on
+ * ties). The verify row of a token accepted from a draft is the row plain decoding computes, so
+ * these values do not depend on speculation. */
+#define SPEC_MAX_TOP_LOGPROBS 20
+struct spec_token_prob {
+    float logprob;
+    int n_top;
+    int32_t top_id[SPEC_MAX_TOP_LOGPROBS];
+    float top_logprob[SPEC_MAX_TOP_LOGPROBS];
+};
+
+/* The log-probabilities of a logits row (n floats, host) for token id: fills p with n_top best. */
+void spec_token_prob_of_row(const float *row, int n, int32_t id, int n_top, struct spec_token_prob *p);
+
 struct spec_engine;
 
 /* Engine over a loaded model: owns one drafter of every registered kind available for it
@@ -83,6 +99,12 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
 int spec_engine_warmup(struct spec_engine *e, const int32_t *prompt, int n_prompt, const struct sampler_params *sp,
                        const struct spec_params *p, int n_gen, char *err, size_t err_size);
 const struct spec_stats *spec_seq_stats(const struct spec_engine *e, int s);
+/* Sequence s's next begins and steps also report their tokens' log-probabilities with n_top
+ * alternatives each (0..SPEC_MAX_TOP_LOGPROBS; < 0: none, the default: the rows then stay on
+ * the device). spec_seq_probs: those of the tokens the last begin (1) or step (*n_out) emitted,
+ * in order; NULL when not asked for. Valid until the next call on s. */
+void spec_seq_want_probs(struct spec_engine *e, int s, int n_top);
+const struct spec_token_prob *spec_seq_probs(const struct spec_engine *e, int s);
 /* Tokens of the sequence so far (prompt + emitted); *n set. */
 const int32_t *spec_seq_tokens(const struct spec_engine *e, int s, int *n);
 

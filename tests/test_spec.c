@@ -324,3 +324,63 @@ Test(spec, penalties_and_typical_lossless_with_speculation, .timeout = 300) {
     free(chk.pen);
     env_close(&v);
 }
+
+/* Greedy generation of n tokens with their log-probabilities (5 alternatives each). */
+static void generate_probs(struct env *v, const int32_t *prompt, int np, const struct drafter_kind *k, int n_max,
+                           int32_t *out, struct spec_token_prob *probs, int n) {
+    char err[512];
+    struct sampler_params sp = sampler_params_default(1);
+    sp.temperature = 0.0f;
+    struct spec_params p = spec_params_default();
+    p.drafter = k;
+    p.n_max = n_max;
+    spec_seq_want_probs(v->e, 0, 5);
+    int32_t first;
+    cr_assert_eq(spec_seq_begin(v->e, 0, prompt, np, &sp, &p, &first, err, sizeof err), 0, "%s", err);
+    out[0] = first;
+    probs[0] = spec_seq_probs(v->e, 0)[0];
+    int32_t buf[SPEC_MAX_DRAFT + 1];
+    for (int g = 1, nb; g < n; g += nb) {
+        cr_assert_eq(spec_seq_step(v->e, 0, n - g, buf, &nb, NULL, err, sizeof err), 0, "%s", err);
+        memcpy(out + g, buf, sizeof(int32_t) * (size_t)nb);
+        memcpy(probs + g, spec_seq_probs(v->e, 0), sizeof *probs * (size_t)nb);
+    }
+    spec_seq_want_probs(v->e, 0, -1);
+}
+
+Test(spec, logprobs_do_not_depend_on_speculation, .timeout = 120) {
+    struct env v = env_open(MODEL_PATH);
+    const int32_t prompt[] = {1, 400, 401, 402, 403, 400, 401, 402, 403, 400, 401};
+    const int np = (int)COTI_ARRAY_LEN(prompt);
+    int32_t ref[N_GEN], out[N_GEN];
+    struct spec_token_prob pref[N_GEN], p[N_GEN];
+    generate_probs(&v, prompt, np, NULL, 1, ref, pref, N_GEN);
+    for (int i = 0; i < N_GEN; i++) {
+        cr_assert_eq(pref[i].n_top, 5);
+        cr_assert_eq(pref[i].top_id[0], ref[i], "greedy picks the most likely token");
+        cr_assert_eq(pref[i].logprob, pref[i].top_logprob[0]);
+        double mass = 0;
+        for (int k = 0; k < 5; k++) {
+            mass += exp(pref[i].top_logprob[k]);
+            if (k) cr_assert(pref[i].top_logprob[k] <= pref[i].top_logprob[k - 1], "sorted");
+            cr_assert(pref[i].top_logprob[k] <= 0.0f);
+        }
+        cr_assert(mass <= 1.0 + 1e-5 && mass > 0.0, "mass %g", mass);
+    }
+    const struct { const struct drafter_kind *k; int n_max; } runs[] = {
+        {&drafter_kind_mtp, 1}, {&drafter_kind_mtp, 3}, {&drafter_kind_ngram, 4},
+    };
+    for (size_t r = 0; r < COTI_ARRAY_LEN(runs); r++) {
+        generate_probs(&v, prompt, np, runs[r].k, runs[r].n_max, out, p, N_GEN);
+        cr_assert_arr_eq(out, ref, sizeof ref);
+        for (int i = 0; i < N_GEN; i++) {
+            bool same = p[i].logprob == pref[i].logprob && p[i].n_top == pref[i].n_top;
+            for (int k = 0; same && k < p[i].n_top; k++)
+                same = p[i].top_id[k] == pref[i].top_id[k] && p[i].top_logprob[k] == pref[i].top_logprob[k];
+            cr_assert(same, "token %d: log-probabilities differ with %s:%d", i, drafter_kind_name(runs[r].k), runs[r].n_max);
+        }
+        cr_assert_gt(spec_seq_stats(v.e, 0)->n_accepted, 0, "%s:%d accepted no draft: the test shows nothing",
+                     drafter_kind_name(runs[r].k), runs[r].n_max);
+    }
+    env_close(&v);
+}
