@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -55,10 +56,13 @@ static void check_refusal(int status, const struct openai_error *e) {
  * the formatters must repair invalid UTF-8 and NULs). */
 static void render_answers(const struct openai_request *r, const char *text, size_t len) {
     struct task_result res = {.n_prompt = r->n_prompt, .prompt_n = r->n_prompt, .predicted_n = 1};
-    free(openai_render_final(&fuzz_oc, r, text, len, r->prompt, (size_t)r->n_prompt, &res));
+    struct spec_token_prob pr = {.logprob = -1.0f, .n_top = 2, .top_id = {0, 1}, .top_logprob = {-0.5f, -INFINITY}};
+    const int32_t pid = 0;
+    const struct token_probs tp = {&pid, &pr, 1};
+    free(openai_render_final(&fuzz_oc, r, text, len, r->prompt, (size_t)r->n_prompt, &tp, &res));
     if (!r->stream) return;
     free(openai_render_chunk_role(&fuzz_oc, r));
-    free(openai_render_chunk(&fuzz_oc, r, text, len, 0, 0, 1, &res));
+    free(openai_render_chunk(&fuzz_oc, r, text, len, 0, 0, 1, &res, &tp));
     struct tool_calls_out calls;
     if (r->tools.active && tools_parse_output(text, len, &calls)) {
         if (tools_content_end(text, len) > len) __builtin_trap();

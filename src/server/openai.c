@@ -3,7 +3,7 @@
  * (server-api.md §3.2); the shapes follow server-task.cpp (§4, §5). Deviations, each chosen
  * so that a client is told rather than silently served something else, are listed in
  * docs/server.md: wrong JSON types and malformed JSON are 400 (llama.cpp: 500 for some),
- * unsupported features (tools, grammars, logprobs, n > 1, several prompts, samplers such as
+ * unsupported features (grammars, n > 1, several prompts, samplers such as
  * Mirostat turned on) are 400, and the per-request `speculative.*` fields are honoured
  * (llama.cpp ignores them). */
 #include "server/openai.h"
@@ -236,10 +236,6 @@ static int check_unsupported(const cJSON *o, struct openai_error *e) {
             !(cJSON_IsObject(v) && !v->child))
             return bad_request(e, "Field '%s' is not supported by this server", absent[i]);
     if ((v = field(o, "echo")) && !cJSON_IsFalse(v)) return bad_request(e, "Field 'echo' is not supported");
-    if ((v = field(o, "logprobs")) && !cJSON_IsFalse(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
-        return bad_request(e, "Field 'logprobs': token probabilities are not supported by this server");
-    if ((v = field(o, "n_probs")) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
-        return bad_request(e, "Field 'n_probs': token probabilities are not supported by this server");
     static const char *ones[] = {"n", "n_cmpl", "best_of"};
     for (size_t i = 0; i < COTI_ARRAY_LEN(ones); i++)
         if ((v = field(o, ones[i])) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
@@ -330,6 +326,31 @@ static int get_penalties(const cJSON *o, struct sampler_params *sp, struct opena
     return 0;
 }
 
+/* Token log-probabilities: chat's `logprobs` (bool) + `top_logprobs` (0..20, OpenAI's rule: only
+ * with logprobs), completions' `logprobs` (the number of alternatives), native `n_probs` (> 0
+ * asks). Into g->n_probs (< 0: none). */
+static int get_probs(const cJSON *o, enum openai_api api, struct gen_params *g, struct openai_error *e) {
+    int rc;
+    double n = -1;
+    const cJSON *lp = field(o, "logprobs"), *top = field(o, "top_logprobs");
+    if (api == OPENAI_API_CHAT) {
+        bool want = false;
+        if ((rc = get_bool(o, "logprobs", &want, e))) return rc;
+        if (top && !cJSON_IsNull(top) && !want) return bad_request(e, "Field 'top_logprobs': only with \"logprobs\": true");
+        double k = 0;
+        if ((rc = get_int(o, "top_logprobs", 0, SPEC_MAX_TOP_LOGPROBS, false, &k, e))) return rc;
+        n = want ? k : -1;
+    } else if (api == OPENAI_API_COMPLETIONS) {
+        if (lp && !cJSON_IsNull(lp) && (rc = get_int(o, "logprobs", 0, SPEC_MAX_TOP_LOGPROBS, false, &n, e))) return rc;
+    } else {
+        double k = 0;
+        if ((rc = get_int(o, "n_probs", 0, SPEC_MAX_TOP_LOGPROBS, false, &k, e))) return rc;
+        n = k > 0 ? k : -1;
+    }
+    g->n_probs = (int)n;
+    return 0;
+}
+
 /* Sampling, limits and speculation (server-api.md §3.2). */
 static int parse_params(const struct openai_ctx *c, const cJSON *o, struct openai_request *r, struct openai_error *e) {
     struct gen_params *g = &r->g;
@@ -338,6 +359,7 @@ static int parse_params(const struct openai_ctx *c, const cJSON *o, struct opena
     g->spec = c->spec;
     g->n_predict = c->n_predict;
     g->cache_prompt = true;
+    g->n_probs = -1;
     const cJSON *model = field(o, "model");
     if (model && !cJSON_IsString(model)) return bad_request(e, "Field 'model': expected a string");
     if ((rc = check_unsupported(o, e))) return rc;
@@ -379,6 +401,7 @@ static int parse_params(const struct openai_ctx *c, const cJSON *o, struct opena
     if ((rc = get_bool(o, "stream", &r->stream, e))) return rc;
     if ((rc = get_bool(o, "ignore_eos", &g->ignore_eos, e))) return rc;
     if ((rc = get_bool(o, "cache_prompt", &g->cache_prompt, e))) return rc;
+    if ((rc = get_probs(o, r->api, g, e))) return rc;
     if ((rc = get_bool(o, "return_tokens", &r->return_tokens, e))) return rc;
     if ((rc = get_bool(o, "timings_per_token", &r->timings_per_token, e))) return rc;
     const cJSON *so = field(o, "stream_options");
@@ -749,6 +772,50 @@ static char *print_free(cJSON *o, bool ok) {
     return s;
 }
 
+/* One token of an entry: id, its text (repaired to valid UTF-8) and its raw bytes. */
+static bool add_token(cJSON *o, const struct openai_ctx *c, int32_t id, float logprob) {
+    const char *piece = "";
+    size_t len = 0;
+    tokenizer_token_to_piece(c->tok, id, false, &piece, &len);
+    cJSON_AddNumberToObject(o, "id", id);
+    bool ok = openai_add_text(o, "token", piece, len);
+    cJSON *bytes = cJSON_AddArrayToObject(o, "bytes");
+    for (size_t i = 0; bytes && i < len; i++) cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)piece[i]));
+    /* JSON has no -inf: llama.cpp writes the most negative float */
+    cJSON_AddNumberToObject(o, "logprob", isfinite(logprob) ? logprob : -FLT_MAX);
+    return ok && bytes;
+}
+
+/* The entries of tp as an array (NULL when out of memory). */
+static cJSON *probs_json(const struct openai_ctx *c, const struct token_probs *tp) {
+    cJSON *a = cJSON_CreateArray();
+    bool ok = a != NULL;
+    for (size_t i = 0; ok && i < tp->n; i++) {
+        const struct spec_token_prob *p = &tp->probs[i];
+        cJSON *en = cJSON_CreateObject();
+        ok = en && cJSON_AddItemToArray(a, en) && add_token(en, c, tp->ids[i], p->logprob);
+        cJSON *top = ok ? cJSON_AddArrayToObject(en, "top_logprobs") : NULL;
+        ok = ok && top;
+        for (int k = 0; ok && k < p->n_top; k++) {
+            cJSON *t = cJSON_CreateObject();
+            ok = t && cJSON_AddItemToArray(top, t) && add_token(t, c, p->top_id[k], p->top_logprob[k]);
+        }
+    }
+    if (!ok) { cJSON_Delete(a); return NULL; }
+    return a;
+}
+
+/* choices[].logprobs: {"content": [...]} when asked for, else null. */
+static bool add_choice_probs(cJSON *ch, const struct openai_ctx *c, const struct openai_request *r, const struct token_probs *tp) {
+    if (r->g.n_probs < 0) return cJSON_AddNullToObject(ch, "logprobs") != NULL;
+    static const struct token_probs none = {0};
+    cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
+    cJSON *content = probs_json(c, tp ? tp : &none);
+    if (lp && content && cJSON_AddItemToObject(lp, "content", content)) return true;
+    cJSON_Delete(content);
+    return false;
+}
+
 static cJSON *native_object(const struct openai_ctx *c, const struct openai_request *r, const char *text, size_t n_text,
                             const int32_t *tokens, size_t n_tokens, const struct task_result *res, bool *ok) {
     cJSON *o = cJSON_CreateObject();
@@ -809,10 +876,17 @@ static cJSON *native_object(const struct openai_ctx *c, const struct openai_requ
 }
 
 char *openai_render_final(const struct openai_ctx *c, const struct openai_request *r, const char *text,
-                          size_t n_text, const int32_t *tokens, size_t n_tokens, const struct task_result *res) {
+                          size_t n_text, const int32_t *tokens, size_t n_tokens, const struct token_probs *tp,
+                          const struct task_result *res) {
     bool ok = true;
     if (r->api == OPENAI_API_NATIVE) {
         cJSON *o = native_object(c, r, text, n_text, tokens, n_tokens, res, &ok);
+        if (o && r->g.n_probs >= 0) {
+            static const struct token_probs none = {0};
+            cJSON *a = probs_json(c, tp ? tp : &none);
+            ok = a && cJSON_AddItemToObject(o, "completion_probabilities", a) && ok;
+            if (!ok) cJSON_Delete(a);
+        }
         return print_free(o, ok);
     }
     cJSON *o = cJSON_CreateObject();
@@ -838,10 +912,11 @@ char *openai_render_final(const struct openai_ctx *c, const struct openai_reques
             ok = openai_add_text(msg, "content", text, n_text);
         }
         tool_calls_out_free(&calls);
+        ok = ok && (r->g.n_probs < 0 || add_choice_probs(ch, c, r, tp));
     } else if (ok) {
         ok = openai_add_text(ch, "text", text, n_text);
         cJSON_AddNumberToObject(ch, "index", 0);
-        cJSON_AddNullToObject(ch, "logprobs");
+        ok = add_choice_probs(ch, c, r, tp) && ok;
         cJSON_AddStringToObject(ch, "finish_reason", finish_reason(res));
     }
     add_envelope(o, c, r, r->api == OPENAI_API_CHAT ? "chat.completion" : "text_completion");
@@ -899,11 +974,18 @@ static bool add_timings_so_far(cJSON *o, const struct openai_request *r, const s
 }
 
 char *openai_render_chunk(const struct openai_ctx *c, const struct openai_request *r, const char *text,
-                          size_t len, int32_t id, int id_slot, int n_predicted, const struct task_result *now) {
+                          size_t len, int32_t id, int id_slot, int n_predicted, const struct task_result *now,
+                          const struct token_probs *tp) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     bool ok = true;
+    const bool probs = r->g.n_probs >= 0 && tp && tp->n;
     if (r->api == OPENAI_API_NATIVE) {
+        if (probs) {
+            cJSON *a = probs_json(c, tp);
+            ok = a && cJSON_AddItemToObject(o, "completion_probabilities", a);
+            if (!ok) cJSON_Delete(a);
+        }
         cJSON_AddNumberToObject(o, "index", 0);
         ok = openai_add_text(o, "content", text, len);
         cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
@@ -924,10 +1006,11 @@ char *openai_render_chunk(const struct openai_ctx *c, const struct openai_reques
         cJSON_AddNumberToObject(ch, "index", 0);
         cJSON *d = cJSON_AddObjectToObject(ch, "delta");
         ok = d && openai_add_text(d, "content", text, len);
+        ok = ok && (!probs || add_choice_probs(ch, c, r, tp));
     } else if (ok) {
         ok = openai_add_text(ch, "text", text, len);
         cJSON_AddNumberToObject(ch, "index", 0);
-        cJSON_AddNullToObject(ch, "logprobs");
+        ok = (probs ? add_choice_probs(ch, c, r, tp) : cJSON_AddNullToObject(ch, "logprobs") != NULL) && ok;
         cJSON_AddNullToObject(ch, "finish_reason");
     }
     add_envelope(o, c, r, r->api == OPENAI_API_CHAT ? "chat.completion.chunk" : "text_completion");

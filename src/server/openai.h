@@ -94,17 +94,29 @@ int openai_tokenize_prompt(const struct openai_ctx *c, const cJSON *v, const cha
  * Returns false when out of memory. */
 bool openai_add_text(cJSON *obj, const char *key, const char *text, size_t len);
 
+/* Tokens with their log-probabilities (gen_params.n_probs): written as llama.cpp's entries
+ * {id, token, bytes, logprob, top_logprobs: [{id, token, bytes, logprob}]} — in
+ * `completion_probabilities` (native) or `choices[].logprobs.content` (chat, completions). */
+struct token_probs {
+    const int32_t *ids;
+    const struct spec_token_prob *probs;
+    size_t n;
+};
+
 /* The final, non-streamed answer to r: text[0..n_text) generated, tokens[0..n_tokens) their
- * ids (native return_tokens). A malloc'ed JSON string, NULL when out of memory. */
+ * ids (native return_tokens), tp their log-probabilities (NULL: not asked for). A malloc'ed
+ * JSON string, NULL when out of memory. */
 char *openai_render_final(const struct openai_ctx *c, const struct openai_request *r, const char *text,
-                          size_t n_text, const int32_t *tokens, size_t n_tokens, const struct task_result *res);
+                          size_t n_text, const int32_t *tokens, size_t n_tokens, const struct token_probs *tp,
+                          const struct task_result *res);
 
 /* One stream event for text released at token id (n_predicted tokens so far, id_slot for
  * the native shape; now: the numbers so far, written as `timings` when the request asked for
- * timings_per_token, may be NULL): the payload after "data: ", malloc'ed; NULL when out of
- * memory. */
+ * timings_per_token, may be NULL; tp: the log-probabilities of the tokens it releases, NULL or
+ * empty when none): the payload after "data: ", malloc'ed; NULL when out of memory. */
 char *openai_render_chunk(const struct openai_ctx *c, const struct openai_request *r, const char *text,
-                          size_t len, int32_t id, int id_slot, int n_predicted, const struct task_result *now);
+                          size_t len, int32_t id, int id_slot, int n_predicted, const struct task_result *now,
+                          const struct token_probs *tp);
 /* A chat stream's chunk carrying an answer's tool calls (delta.tool_calls). */
 char *openai_render_chunk_tool_calls(const struct openai_ctx *c, const struct openai_request *r,
                                      const struct tool_calls_out *calls);

@@ -410,6 +410,10 @@ struct stream {
      * the rest waits for the end, when it is either tool calls or more content */
     char *said;
     size_t n_said_text, cap_said, n_said;
+    /* log-probabilities of tokens whose text has not gone out yet (held back, or empty) */
+    int32_t *pend_ids;
+    struct spec_token_prob *pend;
+    size_t n_pend, cap_pend_ids, cap_pend;
     int n_predicted;
     int64_t t_last_event_us;
     /* for the log line, written when MHD is done with the stream */
@@ -446,6 +450,13 @@ static bool stream_format(struct stream *s) {
     for (size_t i = 0; i < k->n_pieces && ok; i++) {
         const struct task_piece *p = &k->pieces[i];
         if (p->id >= 0) s->n_predicted++;
+        if (p->prob >= 0) { /* travels with the next text that goes out */
+            if (!coti_grow(&s->pend_ids, &s->cap_pend_ids, s->n_pend + 1, sizeof *s->pend_ids, 16) ||
+                !coti_grow(&s->pend, &s->cap_pend, s->n_pend + 1, sizeof *s->pend, 16)) { ok = false; break; }
+            s->pend_ids[s->n_pend] = p->id;
+            s->pend[s->n_pend++] = k->probs[p->prob];
+        }
+        const struct token_probs tp = {s->pend_ids, s->pend, s->n_pend};
         /* OpenAI chunks carry text; a token whose text is held back (or empty) makes none */
         if (s->req.api != OPENAI_API_NATIVE && p->len == 0) continue;
         if (tools) {
@@ -456,12 +467,15 @@ static bool stream_format(struct stream *s) {
             size_t upto = tools_content_end(s->said, s->n_said_text);
             if (upto > s->n_said) {
                 ok = stream_event(s, openai_render_chunk(c, &s->req, s->said + s->n_said, upto - s->n_said, p->id, k->id_slot,
-                                                         s->n_predicted, &k->progress));
+                                                         s->n_predicted, &k->progress, &tp));
                 s->n_said = upto;
+                s->n_pend = 0;
             }
             continue;
         }
-        ok = stream_event(s, openai_render_chunk(c, &s->req, k->text + p->off, p->len, p->id, k->id_slot, s->n_predicted, &k->progress));
+        ok = stream_event(s, openai_render_chunk(c, &s->req, k->text + p->off, p->len, p->id, k->id_slot, s->n_predicted,
+                                                 &k->progress, &tp));
+        s->n_pend = 0;
     }
     task_chunk_clear(k);
     if (ok && k->done && tools && !k->result.status) {
@@ -472,9 +486,18 @@ static bool stream_format(struct stream *s) {
         if (ok && calls.n) ok = stream_event(s, openai_render_chunk_tool_calls(c, &s->req, &calls));
         else if (ok && s->n_said_text > s->n_said)
             ok = stream_event(s, openai_render_chunk(c, &s->req, s->said + s->n_said, s->n_said_text - s->n_said, -1,
-                                                     k->id_slot, s->n_predicted, &k->progress));
+                                                     k->id_slot, s->n_predicted, &k->progress,
+                                                     &(struct token_probs){s->pend_ids, s->pend, s->n_pend}));
+        if (ok && !calls.n) s->n_pend = 0;
         s->req.tools_called = parsed && calls.n > 0;
         if (parsed) tool_calls_out_free(&calls);
+    }
+    if (ok && k->done && !k->result.status && s->n_pend && s->req.api != OPENAI_API_NATIVE) {
+        /* tokens whose text never went out (held back at a stop, an end-of-generation token):
+         * their log-probabilities in a chunk without text */
+        ok = stream_event(s, openai_render_chunk(c, &s->req, "", 0, -1, k->id_slot, s->n_predicted, &k->progress,
+                                                 &(struct token_probs){s->pend_ids, s->pend, s->n_pend}));
+        s->n_pend = 0;
     }
     if (ok && k->done) {
         if (k->result.status) {
@@ -543,6 +566,8 @@ static void stream_free(void *cls) {
     task_unref(s->t);
     task_chunk_free(&s->chunk);
     free(s->said);
+    free(s->pend_ids);
+    free(s->pend);
     openai_request_free(&s->req);
     free(s->out);
     free(s);
@@ -625,14 +650,22 @@ static enum MHD_Result route_generate(struct routes *r, struct http_exchange *x,
         s->t_start_us = x->t_start_us;
         return http_send_stream(x, stream_read, s, stream_free);
     }
-    /* the ids of the generated tokens, for the native return_tokens */
+    /* the ids of the generated tokens (native return_tokens), and those with log-probabilities */
     int32_t *ids = malloc(sizeof *ids * (chunk.n_pieces ? chunk.n_pieces : 1));
-    size_t n_ids = 0;
-    for (size_t i = 0; ids && i < chunk.n_pieces; i++)
+    int32_t *prob_ids = malloc(sizeof *prob_ids * (chunk.n_pieces ? chunk.n_pieces : 1));
+    size_t n_ids = 0, n_prob = 0;
+    for (size_t i = 0; ids && prob_ids && i < chunk.n_pieces; i++) {
         if (chunk.pieces[i].id >= 0) ids[n_ids++] = chunk.pieces[i].id;
-    char *json = ids ? openai_render_final(&r->oc, &req, chunk.text ? chunk.text : "", chunk.n_text, ids, n_ids, &chunk.result) : NULL;
+        if (chunk.pieces[i].prob >= 0) prob_ids[n_prob++] = chunk.pieces[i].id;
+    }
+    /* pieces carry their log-probabilities in order: probs[j] is the j-th such piece's */
+    const struct token_probs tp = {prob_ids, chunk.probs, COTI_MIN(n_prob, chunk.n_probs)};
+    char *json = ids && prob_ids ? openai_render_final(&r->oc, &req, chunk.text ? chunk.text : "", chunk.n_text, ids, n_ids, &tp,
+                                                       &chunk.result)
+                                 : NULL;
     note_result(x->note, sizeof x->note, t, &chunk.result);
     free(ids);
+    free(prob_ids);
     task_unref(t);
     task_chunk_free(&chunk);
     openai_request_free(&req);

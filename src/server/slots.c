@@ -47,21 +47,25 @@ const char *stop_type_name(enum stop_type t) {
 void task_chunk_clear(struct task_chunk *c) {
     c->n_text = 0;
     c->n_pieces = 0;
+    c->n_probs = 0;
 }
 
 void task_chunk_free(struct task_chunk *c) {
     free(c->text);
     free(c->pieces);
+    free(c->probs);
     memset(c, 0, sizeof *c);
 }
 
 /* Append len bytes as one piece of token id. Returns false when out of memory. */
-static bool chunk_append(struct task_chunk *c, int32_t id, const char *text, size_t len) {
+static bool chunk_append(struct task_chunk *c, int32_t id, const char *text, size_t len, const struct spec_token_prob *prob) {
     if (!coti_grow(&c->text, &c->cap_text, c->n_text + len + 1, 1, 256) ||
-        !coti_grow(&c->pieces, &c->cap_pieces, c->n_pieces + 1, sizeof *c->pieces, 16))
+        !coti_grow(&c->pieces, &c->cap_pieces, c->n_pieces + 1, sizeof *c->pieces, 16) ||
+        (prob && !coti_grow(&c->probs, &c->cap_probs, c->n_probs + 1, sizeof *c->probs, 16)))
         return false;
     if (len) memcpy(c->text + c->n_text, text, len); /* text may be NULL when len == 0 */
-    c->pieces[c->n_pieces++] = (struct task_piece){id, c->n_text, len};
+    if (prob) c->probs[c->n_probs++] = *prob;
+    c->pieces[c->n_pieces++] = (struct task_piece){id, c->n_text, len, prob ? (int)c->n_probs - 1 : -1};
     c->n_text += len;
     c->text[c->n_text] = 0;
     return true;
@@ -126,7 +130,7 @@ bool task_take(struct task *t, int timeout_ms, struct task_chunk *c) {
     bool ok = true;
     for (size_t i = 0; i < t->out.n_pieces && ok; i++) {
         const struct task_piece *p = &t->out.pieces[i];
-        ok = chunk_append(c, p->id, t->out.text + p->off, p->len);
+        ok = chunk_append(c, p->id, t->out.text + p->off, p->len, p->prob >= 0 ? &t->out.probs[p->prob] : NULL);
     }
     task_chunk_clear(&t->out);
     c->started = t->out.started;
@@ -148,9 +152,10 @@ bool task_take(struct task *t, int timeout_ms, struct task_chunk *c) {
 /* Engine side of the channel. A piece is appended without waking the taker: a step emits up to
  * 1 + n_max tokens and wakes it once (task_wake), so the taker takes a step's pieces together
  * instead of a futex wake-up and a turn on the mutex per token. */
-static bool task_emit(struct task *t, int32_t id, const char *text, size_t len, const struct task_result *progress) {
+static bool task_emit(struct task *t, int32_t id, const char *text, size_t len, const struct spec_token_prob *prob,
+                      const struct task_result *progress) {
     pthread_mutex_lock(&t->mu);
-    bool ok = chunk_append(&t->out, id, text, len);
+    bool ok = chunk_append(&t->out, id, text, len, prob);
     t->out.progress = *progress; /* with the piece: a taker never sees one without the other */
     pthread_mutex_unlock(&t->mu);
     return ok;
@@ -356,11 +361,11 @@ static void slot_fail(struct slots *s, struct slot *sl, int status, const char *
 
 /* Release generated text [n_sent, upto) as the piece of token id, with the numbers so far
  * (timings_per_token reads them). */
-static bool slot_release(struct slots *s, struct slot *sl, int32_t id, size_t upto) {
+static bool slot_release(struct slots *s, struct slot *sl, int32_t id, size_t upto, const struct spec_token_prob *prob) {
     struct task_result now = {.stop_type = STOP_TYPE_NONE, .stop_index = -1};
     slot_numbers(s, sl, &now);
     /* no pointer arithmetic on a NULL text (nothing generated yet) */
-    bool ok = task_emit(sl->t, id, upto > sl->n_sent ? sl->text + sl->n_sent : "", upto - sl->n_sent, &now);
+    bool ok = task_emit(sl->t, id, upto > sl->n_sent ? sl->text + sl->n_sent : "", upto - sl->n_sent, prob, &now);
     sl->n_sent = upto;
     return ok;
 }
@@ -399,14 +404,14 @@ static bool text_reserve(struct slot *sl, size_t add) {
 
 /* Take one generated token: render it, look for stop strings and release what is safe.
  * Returns true when the task has ended (slot_finish has run). */
-static bool slot_take_token(struct slots *s, struct slot *sl, int32_t id) {
+static bool slot_take_token(struct slots *s, struct slot *sl, int32_t id, const struct spec_token_prob *prob) {
     const struct gen_params *g = &sl->t->g;
     sl->n_decoded++;
     sl->t_last_us = coti_time_us();
     struct task_result r = {.stop_type = STOP_TYPE_NONE, .stop_index = -1};
     if (!g->ignore_eos && tokenizer_is_eog(s->tok, id)) {
         r.stop_type = STOP_TYPE_EOS;
-        if (!slot_release(s, sl, id, sl->n_text)) goto oom;
+        if (!slot_release(s, sl, id, sl->n_text, prob)) goto oom;
         slot_finish(s, sl, &r);
         return true;
     }
@@ -431,19 +436,19 @@ static bool slot_take_token(struct slots *s, struct slot *sl, int32_t id) {
     if (stop_at != SIZE_MAX) {
         sl->n_text = stop_at;
         r.stop_type = STOP_TYPE_WORD;
-        if (!slot_release(s, sl, id, stop_at)) goto oom;
+        if (!slot_release(s, sl, id, stop_at, prob)) goto oom;
         slot_finish(s, sl, &r);
         return true;
     }
     if (g->n_predict >= 0 && sl->n_decoded >= g->n_predict) {
         r.stop_type = STOP_TYPE_LIMIT;
-        if (!slot_release(s, sl, id, sl->n_text)) goto oom;
+        if (!slot_release(s, sl, id, sl->n_text, prob)) goto oom;
         slot_finish(s, sl, &r);
         return true;
     }
     size_t safe = sl->n_text - stop_partial_len(g, sl->text, sl->n_sent, sl->n_text);
     safe = COTI_MAX(utf8_complete_end(sl->text, safe), sl->n_sent);
-    if (!slot_release(s, sl, id, safe)) goto oom;
+    if (!slot_release(s, sl, id, safe, prob)) goto oom;
     return false;
 oom:
     slot_fail(s, sl, 500, "out of memory");
@@ -466,6 +471,7 @@ static void slot_begin(struct slots *s, struct slot *sl) {
     /* what slots_pick chose to reuse (only states the driver left consistent); the prefill
      * leaves checkpoints for later requests */
     const int n_mark = t->g.reuse_mark > 0 && t->g.reuse_mark < t->n_prompt ? 1 : 0;
+    spec_seq_want_probs(s->e, sl->id, t->g.n_probs);
     int rc = spec_seq_begin_reuse(s->e, sl->id, sl->reuse_src, sl->reuse_n, t->prompt, t->n_prompt, &t->g.reuse_mark,
                                   n_mark, &t->g.sp, &t->g.spec, &first, &sl->cache_n, err, sizeof err);
     sl->state_ok = rc == 0;
@@ -485,7 +491,8 @@ static void slot_begin(struct slots *s, struct slot *sl) {
         slot_finish(s, sl, &r);
         return;
     }
-    if (slot_take_token(s, sl, first)) return;
+    const struct spec_token_prob *probs = spec_seq_probs(s->e, sl->id);
+    if (slot_take_token(s, sl, first, probs ? &probs[0] : NULL)) return;
     task_wake(t);
     slot_view_update(s, sl);
 }
@@ -496,7 +503,7 @@ static void slot_step(struct slots *s, struct slot *sl) {
     if (room <= 0) {
         /* the context is full: stop as if n_predict were reached (server-api.md §6 "Stops") */
         struct task_result r = {.stop_type = STOP_TYPE_LIMIT, .stop_index = -1};
-        slot_release(s, sl, -1, sl->n_text);
+        slot_release(s, sl, -1, sl->n_text, NULL);
         slot_finish(s, sl, &r);
         return;
     }
@@ -511,8 +518,9 @@ static void slot_step(struct slots *s, struct slot *sl) {
         slot_fail(s, sl, 500, err);
         return;
     }
+    const struct spec_token_prob *probs = spec_seq_probs(s->e, sl->id);
     for (int i = 0; i < n_out; i++)
-        if (slot_take_token(s, sl, out[i])) return;
+        if (slot_take_token(s, sl, out[i], probs ? &probs[i] : NULL)) return;
     task_wake(t);
     slot_view_update(s, sl);
 }

@@ -33,6 +33,8 @@ struct gen_params {
     bool cache_prompt;           /* reuse the slot's state when it is a prefix of the prompt */
     char **stop;                 /* owned; matched across token boundaries, never emitted */
     int n_stop;
+    int n_probs;                 /* log-probabilities with this many alternatives per token
+                                    (0..SPEC_MAX_TOP_LOGPROBS); < 0: none */
     int reuse_mark;              /* a prompt position later requests may share up to (a chat's
                                     last message starts there): the prefill checkpoints it; 0: none */
 };
@@ -61,6 +63,7 @@ struct task_result {
 struct task_piece {
     int32_t id;
     size_t off, len;
+    int prob;                    /* index into the chunk's probs, -1: none (gen_params.n_probs) */
 };
 
 /* What the HTTP side takes from a task's channel; task_take appends to it. */
@@ -69,6 +72,8 @@ struct task_chunk {
     size_t n_text, cap_text;
     struct task_piece *pieces;
     size_t n_pieces, cap_pieces;
+    struct spec_token_prob *probs; /* the pieces' tokens' log-probabilities, when asked for */
+    size_t n_probs, cap_probs;
     bool started;                /* the prompt has been processed (or the task failed) */
     int id_slot;                 /* with started: the slot running the task */
     bool done;                   /* result is valid; nothing more will come */
