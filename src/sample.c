@@ -1,4 +1,4 @@
-/* sample.c — greedy and the penalties -> top_k -> typical -> top_p -> min_p -> temperature
+/* sample.c — greedy and the logit bias -> penalties -> top_k -> typical -> top_p -> min_p -> temperature
  * -> dist chain.
  * Owns: the candidate scratch (n_vocab entries, allocated once), the penalties' count and
  * typical_p's key scratch, and a xoshiro256** PRNG seeded through splitmix64, one per sampler
@@ -15,6 +15,7 @@
 #include "sample.h"
 
 #include <math.h>
+#include <string.h>
 #include <stdlib.h>
 
 /* top_p sorts only this many candidates first when the set is large (llama.cpp does the
@@ -30,6 +31,8 @@ struct sampler {
     int32_t *count;               /* (n_vocab) occurrences in the penalty window; all zero
                                      between calls */
     float *key;                   /* (n_vocab) typical_p's sort key by id */
+    struct logit_bias *bias;      /* params.bias points here: the sampler's own copy */
+    size_t cap_bias;
 };
 
 /* ---- PRNG ------------------------------------------------------------------------------ */
@@ -82,7 +85,7 @@ static bool penalties_on(const struct sampler_params *p) {
 }
 
 bool sampler_params_plain_argmax(const struct sampler_params *p) {
-    return p->temperature <= 0.0f && !penalties_on(p) && !(p->typical_p < 1.0f);
+    return p->temperature <= 0.0f && !penalties_on(p) && !(p->typical_p < 1.0f) && p->n_bias == 0;
 }
 
 static int params_check(const struct sampler_params *p, char *err, size_t err_size) {
@@ -94,6 +97,25 @@ static int params_check(const struct sampler_params *p, char *err, size_t err_si
     if (!(p->repeat_penalty > 0.0f && isfinite(p->repeat_penalty)))
         return coti_fail(err, err_size, COTI_E_ARG, "sampler: repeat_penalty is %g but must be finite and > 0",
                          (double)p->repeat_penalty);
+    if (p->n_bias < 0 || (p->n_bias > 0 && !p->bias)) return coti_fail(err, err_size, COTI_E_ARG, "sampler: bad bias list");
+    for (int32_t i = 0; i < p->n_bias; i++)
+        if (isnan(p->bias[i].bias) || p->bias[i].bias == INFINITY)
+            return coti_fail(err, err_size, COTI_E_ARG, "sampler: the bias of token %d is not a number", (int)p->bias[i].id);
+    return COTI_OK;
+}
+
+/* Take params, with a copy of its biases (ids checked against the vocabulary). */
+static int take_params(struct sampler *s, const struct sampler_params *p, char *err, size_t err_size) {
+    for (int32_t i = 0; i < p->n_bias; i++)
+        if (p->bias[i].id < 0 || p->bias[i].id >= s->n_vocab)
+            return coti_fail(err, err_size, COTI_E_ARG, "sampler: biased token %d is outside the vocabulary of %d",
+                             (int)p->bias[i].id, (int)s->n_vocab);
+    if (p->n_bias && !coti_grow(&s->bias, &s->cap_bias, (size_t)p->n_bias, sizeof *s->bias, 16))
+        return coti_fail(err, err_size, COTI_E_NOMEM, "sampler: out of memory");
+    if (p->n_bias) memcpy(s->bias, p->bias, sizeof *s->bias * (size_t)p->n_bias);
+    s->params = *p;
+    s->params.bias = s->bias;
+    rng_seed(s->rng, p->seed);
     return COTI_OK;
 }
 
@@ -114,8 +136,10 @@ int sampler_init(struct sampler **out, const struct sampler_params *params, int3
         return coti_fail(err, err_size, COTI_E_NOMEM, "sampler: out of memory for %d candidates", (int)n_vocab);
     }
     s->n_vocab = n_vocab;
-    s->params = *params;
-    rng_seed(s->rng, params->seed);
+    if ((rc = take_params(s, params, err, err_size))) {
+        sampler_free(s);
+        return rc;
+    }
     *out = s;
     return COTI_OK;
 }
@@ -125,15 +149,14 @@ void sampler_free(struct sampler *s) {
     free(s->cand);
     free(s->count);
     free(s->key);
+    free(s->bias);
     free(s);
 }
 
 int sampler_reset(struct sampler *s, const struct sampler_params *params, char *err, size_t err_size) {
     int rc = params_check(params, err, err_size);
     if (rc) return rc;
-    s->params = *params;
-    rng_seed(s->rng, params->seed);
-    return COTI_OK;
+    return take_params(s, params, err, err_size);
 }
 
 /* ---- helpers --------------------------------------------------------------------------- */
@@ -369,6 +392,7 @@ static size_t chain_run(struct sampler *s, const float *logits, const int32_t *p
     const size_t min_keep = pp->min_keep > 0 ? (size_t)pp->min_keep : 0;
     bool sorted = false;
     size_t n = n_vocab;
+    for (int32_t i = 0; i < pp->n_bias; i++) c[pp->bias[i].id].logit += pp->bias[i].bias;
     chain_penalties(s, prev, n_prev);
     /* greedy keeps only the best survivor (llama.cpp's temperature <= 0); top_k, top_p and
      * min_p always keep the best logit, so only typical_p can change the greedy pick */

@@ -9,6 +9,13 @@
 
 #include "common.h"
 
+/* A logit bias (OpenAI's logit_bias): added to token id's logit before the chain;
+ * -INFINITY bans it. */
+struct logit_bias {
+    int32_t id;
+    float bias;
+};
+
 struct sampler_params {
     float temperature;   /* <= 0: greedy (argmax, lowest id wins ties) */
     int32_t top_k;       /* <= 0: disabled */
@@ -25,6 +32,10 @@ struct sampler_params {
     float frequency_penalty;
     float presence_penalty;
     float typical_p;             /* >= 1: off; locally typical sampling after top_k */
+    /* biases applied first (llama.cpp's chain starts with them): the sampler keeps its own
+     * copy, so these need only live through sampler_init / sampler_reset */
+    const struct logit_bias *bias;
+    int32_t n_bias;
 };
 
 /* One surviving candidate after the chain: p is normalized over the candidate set. */
@@ -43,13 +54,13 @@ struct sampler_params sampler_params_default(uint64_t seed);
  * (1, 0, 0) over llama.cpp's default window of 64 tokens. */
 struct sampler_params sampler_params_basic(float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed);
 /* Whether p's pick is the argmax of the raw logits: greedy, and no stage before the
- * temperature can move the argmax (penalties off, typical_p off). A device-side argmax can
- * then stand in for the sampler. */
+ * temperature can move the argmax (no bias, penalties off, typical_p off). A device-side argmax
+ * can then stand in for the sampler. */
 bool sampler_params_plain_argmax(const struct sampler_params *p);
 
 /* Allocate a sampler whose scratch holds n_vocab candidates, so sampling never allocates.
  * Returns 0 and *out, COTI_E_ARG for n_vocab <= 0 or a bad parameter (NaN, a penalty that is
- * not finite, repeat_penalty <= 0), COTI_E_NOMEM. */
+ * not finite, repeat_penalty <= 0, a biased id outside the vocabulary), COTI_E_NOMEM. */
 int sampler_init(struct sampler **out, const struct sampler_params *params, int32_t n_vocab,
                  char *err, size_t err_size);
 void sampler_free(struct sampler *s);

@@ -183,6 +183,7 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
         if ((rc = sampler_init(&q->dsmp, &dsp, d->n_vocab, err, err_size))) return rc;
     }
     q->sp = *sp;
+    q->sp.bias = NULL; /* the samplers hold their copies; the caller's list may go away */
     q->p = *p;
     memset(&q->st, 0, sizeof q->st);
     q->ahead_n = 0;

@@ -485,3 +485,38 @@ Test(sample, rejection_sampling_exact_with_penalties) {
     const double raw = chi2(count, p_raw, RS_V, RS_TRIALS);
     cr_assert_gt(raw, CHI2_DF5_P1E6, "the penalties made no measurable difference: chi2 against raw %.1f", raw);
 }
+
+Test(sample, logit_bias_moves_and_bans) {
+    float row[8] = {0.5f, 3.0f, 1.0f, 2.9f, -1.0f, 0.0f, 0.2f, 2.0f};
+    char err[128];
+    struct logit_bias ban = {1, -INFINITY}, lift = {4, 10.0f};
+    struct sampler_params p = sampler_params_basic(0.0f, 40, 0.95f, 0.05f, 1);
+    cr_assert(sampler_params_plain_argmax(&p));
+    struct sampler *s;
+    p.bias = &ban;
+    p.n_bias = 1;
+    cr_assert_not(sampler_params_plain_argmax(&p), "a bias can move the argmax");
+    cr_assert_eq(sampler_init(&s, &p, 8, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(sampler_sample(s, row, NULL, 0), 3, "the banned best gives way to the next");
+    struct logit_bias both[2] = {ban, lift};
+    p.bias = both;
+    p.n_bias = 2;
+    cr_assert_eq(sampler_reset(s, &p, err, sizeof err), 0, "%s", err);
+    both[1].id = 0; /* the sampler keeps its own copy */
+    cr_assert_eq(sampler_sample(s, row, NULL, 0), 4, "a large bias forces its token");
+    /* sampled: a banned token is never drawn */
+    p.temperature = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.bias = &ban;
+    p.n_bias = 1;
+    cr_assert_eq(sampler_reset(s, &p, err, sizeof err), 0, "%s", err);
+    for (int i = 0; i < 2000; i++) cr_assert_neq(sampler_sample(s, row, NULL, 0), 1);
+    struct logit_bias bad = {8, 1.0f};
+    p.bias = &bad;
+    cr_assert_eq(sampler_reset(s, &p, err, sizeof err), COTI_E_ARG, "an id outside the vocabulary");
+    bad = (struct logit_bias){2, NAN};
+    cr_assert_eq(sampler_reset(s, &p, err, sizeof err), COTI_E_ARG, "a NaN bias");
+    sampler_free(s);
+}

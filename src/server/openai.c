@@ -230,7 +230,7 @@ static int check_unsupported(const cJSON *o, struct openai_error *e) {
         if (!t || !cJSON_IsString(t) || strcmp(t->valuestring, "text"))
             return bad_request(e, "Field 'response_format': only {\"type\": \"text\"} is supported");
     }
-    static const char *absent[] = {"grammar", "json_schema", "logit_bias", "suffix"};
+    static const char *absent[] = {"grammar", "json_schema", "suffix"};
     for (size_t i = 0; i < COTI_ARRAY_LEN(absent); i++)
         if ((v = field(o, absent[i])) && !(cJSON_IsString(v) && !v->valuestring[0]) && !(cJSON_IsArray(v) && !cJSON_GetArraySize(v)) &&
             !(cJSON_IsObject(v) && !v->child))
@@ -326,6 +326,63 @@ static int get_penalties(const cJSON *o, struct sampler_params *sp, struct opena
     return 0;
 }
 
+/* One logit_bias entry: key an id (a number, or a string of digits as OpenAI's map keys are)
+ * or a token's text (every token of it, as llama.cpp does); value a number or false (ban). */
+static int add_bias(const struct openai_ctx *c, const cJSON *key_num, const char *key_str, const cJSON *value,
+                    struct logit_bias **list, size_t *n, size_t *cap, struct openai_error *e) {
+    float b;
+    if (cJSON_IsFalse(value)) b = -INFINITY;
+    else if (cJSON_IsNumber(value) && isfinite(value->valuedouble)) b = (float)value->valuedouble;
+    else return bad_request(e, "Field 'logit_bias': a bias must be a number or false");
+    int32_t one;
+    int32_t *ids = &one;
+    size_t n_ids = 1;
+    char *end = NULL;
+    if (key_num) {
+        if (key_num->valuedouble != floor(key_num->valuedouble)) return bad_request(e, "Field 'logit_bias': a token id must be an integer");
+        one = key_num->valuedouble >= 0 && key_num->valuedouble < c->n_vocab ? (int32_t)key_num->valuedouble : -1;
+        if (one < 0) return bad_request(e, "Field 'logit_bias': token id %.0f is outside the vocabulary of %d", key_num->valuedouble, c->n_vocab);
+    } else if (key_str[0] && (one = (int32_t)strtol(key_str, &end, 10), *end == '\0')) {
+        if (one < 0 || one >= c->n_vocab) return bad_request(e, "Field 'logit_bias': token id %s is outside the vocabulary of %d", key_str, c->n_vocab);
+    } else {
+        char err[128];
+        ids = NULL;
+        if (tokenizer_encode(c->tok, key_str, strlen(key_str), false, false, &ids, &n_ids, err, sizeof err))
+            return bad_request(e, "Field 'logit_bias': cannot tokenize \"%.40s\"", key_str);
+    }
+    int rc = 0;
+    if (!coti_grow(list, cap, *n + n_ids, sizeof **list, 16)) rc = out_of_memory(e);
+    for (size_t i = 0; !rc && i < n_ids; i++) (*list)[(*n)++] = (struct logit_bias){ids[i], b};
+    if (ids != &one) free(ids);
+    return rc;
+}
+
+/* logit_bias: OpenAI's {"id": bias} or llama.cpp's [[id or text, bias or false], ...]. */
+static int get_logit_bias(const struct openai_ctx *c, const cJSON *o, struct sampler_params *sp, struct openai_error *e) {
+    const cJSON *v = field(o, "logit_bias");
+    if (!v) return 0;
+    struct logit_bias *list = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    if (cJSON_IsObject(v)) {
+        for (const cJSON *m = v->child; m && !rc; m = m->next) rc = add_bias(c, NULL, m->string, m, &list, &n, &cap, e);
+    } else if (cJSON_IsArray(v)) {
+        for (const cJSON *m = v->child; m && !rc; m = m->next) {
+            const cJSON *k = cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 ? m->child : NULL;
+            if (!k || !(cJSON_IsNumber(k) || cJSON_IsString(k)))
+                rc = bad_request(e, "Field 'logit_bias': expected [token id or text, bias] pairs");
+            else rc = add_bias(c, cJSON_IsNumber(k) ? k : NULL, cJSON_IsString(k) ? k->valuestring : NULL, k->next, &list, &n, &cap, e);
+        }
+    } else {
+        rc = bad_request(e, "Field 'logit_bias': expected an object or an array");
+    }
+    if (rc || n == 0) { free(list); return rc; }
+    free((void *)sp->bias);
+    sp->bias = list;
+    sp->n_bias = (int32_t)n;
+    return 0;
+}
+
 /* Token log-probabilities: chat's `logprobs` (bool) + `top_logprobs` (0..20, OpenAI's rule: only
  * with logprobs), completions' `logprobs` (the number of alternatives), native `n_probs` (> 0
  * asks). Into g->n_probs (< 0: none). */
@@ -402,6 +459,7 @@ static int parse_params(const struct openai_ctx *c, const cJSON *o, struct opena
     if ((rc = get_bool(o, "ignore_eos", &g->ignore_eos, e))) return rc;
     if ((rc = get_bool(o, "cache_prompt", &g->cache_prompt, e))) return rc;
     if ((rc = get_probs(o, r->api, g, e))) return rc;
+    if ((rc = get_logit_bias(c, o, &g->sp, e))) return rc;
     if ((rc = get_bool(o, "return_tokens", &r->return_tokens, e))) return rc;
     if ((rc = get_bool(o, "timings_per_token", &r->timings_per_token, e))) return rc;
     const cJSON *so = field(o, "stream_options");

@@ -38,6 +38,9 @@ void gen_params_free(struct gen_params *g) {
     free(g->stop);
     g->stop = NULL;
     g->n_stop = 0;
+    free((void *)g->sp.bias);
+    g->sp.bias = NULL;
+    g->sp.n_bias = 0;
 }
 
 const char *stop_type_name(enum stop_type t) {
@@ -78,7 +81,11 @@ struct task *task_new(const int32_t *prompt, int n_prompt, const struct gen_para
     t->g = *g;
     t->g.stop = calloc((size_t)(g->n_stop > 0 ? g->n_stop : 1), sizeof *t->g.stop);
     t->g.n_stop = 0;
-    bool ok = t->prompt && t->g.stop;
+    struct logit_bias *bias = g->sp.n_bias > 0 ? malloc(sizeof *bias * (size_t)g->sp.n_bias) : NULL;
+    if (bias) memcpy(bias, g->sp.bias, sizeof *bias * (size_t)g->sp.n_bias);
+    t->g.sp.bias = bias;
+    t->g.sp.n_bias = bias ? g->sp.n_bias : 0;
+    bool ok = t->prompt && t->g.stop && (g->sp.n_bias <= 0 || bias);
     for (int i = 0; ok && i < g->n_stop; i++) ok = (t->g.stop[t->g.n_stop++] = strdup(g->stop[i])) != NULL;
     if (!ok) {
         gen_params_free(&t->g);

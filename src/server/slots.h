@@ -26,7 +26,7 @@ struct metrics;
 
 /* What the engine needs to run one request. */
 struct gen_params {
-    struct sampler_params sp;
+    struct sampler_params sp;    /* its bias list is owned (gen_params_free) */
     struct spec_params spec;
     int n_predict;               /* -1: until end of generation or a full context */
     bool ignore_eos;             /* end-of-generation tokens do not stop (they render as "") */

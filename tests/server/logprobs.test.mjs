@@ -1,7 +1,8 @@
 // logprobs.test.mjs — token log-probabilities (issue 26 item 1): chat `logprobs` + `top_logprobs`,
 // completions `logprobs`, native `n_probs`, streamed and not, for every emitted token including
 // those accepted from a draft: at temperature 0 the values are identical with speculation off,
-// mtp and ngram (the verify row is the row plain decoding computes).
+// mtp and ngram (the verify row is the row plain decoding computes). logit_bias (OpenAI map,
+// llama.cpp pairs, false bans) changes the text alike with and without speculation.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { postJson, startServer } from './helpers.mjs';
@@ -79,6 +80,37 @@ describe('logprobs', () => {
     ];
     for (const [body, re] of bad) {
       const r = await postJson(servers[0].base, '/v1/chat/completions', body);
+      assert.equal(r.status, 400, r.text);
+      assert.match(r.json.error.message, re);
+    }
+  });
+});
+
+describe('logit_bias', () => {
+  const base = { model: 'm', prompt: 'int main(void) {', max_tokens: 12, temperature: 0, cache_prompt: false };
+  test('a ban and a push change the greedy text alike with speculation off, mtp and ngram', async () => {
+    const plain = await servers[0].client.completions.create({ ...base, logprobs: 1 });
+    const first = plain.choices[0].logprobs.content[0];
+    // OpenAI's map: ban the first greedy token
+    const banned = await Promise.all(servers.map((s) => s.client.completions.create({ ...base, logprobs: 1, logit_bias: { [first.id]: -100 } })));
+    assert.notEqual(banned[0].choices[0].logprobs.content[0].id, first.id);
+    for (const b of banned) assert.equal(b.choices[0].text, banned[0].choices[0].text);
+    // llama.cpp's pairs: false bans, a large bias forces
+    const forced = await Promise.all(servers.map((s) => postJson(s.base, '/completion', {
+      ...base, n_predict: 12, n_probs: 1, logit_bias: [[first.id, false], [42, 50]] })));
+    for (const f of forced) {
+      assert.equal(f.status, 200, f.text);
+      assert.ok(f.json.completion_probabilities.every((e) => e.id === 42), 'token 42 forced every time');
+      assert.equal(f.json.content, forced[0].json.content);
+    }
+    // the reported log-probabilities stay those of the model (before the bias)
+    assert.equal(forced[0].json.completion_probabilities[0].top_logprobs[0].id, first.id);
+  });
+
+  test('bad biases are 400', async () => {
+    const bad = [[{ 999999: 1 }, /outside the vocabulary/], [{ 5: 'x' }, /number or false/], [[[1]], /pairs/], [3, /object or an array/]];
+    for (const [logit_bias, re] of bad) {
+      const r = await postJson(servers[0].base, '/v1/completions', { ...base, logit_bias });
       assert.equal(r.status, 400, r.text);
       assert.match(r.json.error.message, re);
     }
