@@ -236,10 +236,8 @@ static int check_unsupported(const cJSON *o, struct openai_error *e) {
             !(cJSON_IsObject(v) && !v->child))
             return bad_request(e, "Field '%s' is not supported by this server", absent[i]);
     if ((v = field(o, "echo")) && !cJSON_IsFalse(v)) return bad_request(e, "Field 'echo' is not supported");
-    static const char *ones[] = {"n", "n_cmpl", "best_of"};
-    for (size_t i = 0; i < COTI_ARRAY_LEN(ones); i++)
-        if ((v = field(o, ones[i])) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
-            return bad_request(e, "Field '%s': Value must be between 1 and 1 (one completion per request)", ones[i]);
+    if ((v = field(o, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
+        return bad_request(e, "Field 'best_of': Value must be between 1 and 1 (one completion per choice)");
     return 0;
 }
 
@@ -460,6 +458,14 @@ static int parse_params(const struct openai_ctx *c, const cJSON *o, struct opena
     if ((rc = get_bool(o, "cache_prompt", &g->cache_prompt, e))) return rc;
     if ((rc = get_probs(o, r->api, g, e))) return rc;
     if ((rc = get_logit_bias(c, o, &g->sp, e))) return rc;
+    /* n (OpenAI) / n_cmpl (llama.cpp): independent answers */
+    double nc = 1;
+    for (size_t i = 0; i < 2; i++)
+        if ((rc = get_int(o, i ? "n_cmpl" : "n", 1, OPENAI_MAX_CHOICES, false, &nc, e))) return rc;
+    r->n_choices = (int)nc;
+    if (r->n_choices > 1 && r->api == OPENAI_API_NATIVE)
+        return bad_request(e, "Field 'n': one answer per request on /completion (use /v1/completions)");
+    if (r->n_choices > 1 && r->stream) return bad_request(e, "Field 'n': n > 1 is not supported with stream");
     if ((rc = get_bool(o, "return_tokens", &r->return_tokens, e))) return rc;
     if ((rc = get_bool(o, "timings_per_token", &r->timings_per_token, e))) return rc;
     const cJSON *so = field(o, "stream_options");
@@ -933,31 +939,17 @@ static cJSON *native_object(const struct openai_ctx *c, const struct openai_requ
     return o;
 }
 
-char *openai_render_final(const struct openai_ctx *c, const struct openai_request *r, const char *text,
-                          size_t n_text, const int32_t *tokens, size_t n_tokens, const struct token_probs *tp,
-                          const struct task_result *res) {
-    bool ok = true;
-    if (r->api == OPENAI_API_NATIVE) {
-        cJSON *o = native_object(c, r, text, n_text, tokens, n_tokens, res, &ok);
-        if (o && r->g.n_probs >= 0) {
-            static const struct token_probs none = {0};
-            cJSON *a = probs_json(c, tp ? tp : &none);
-            ok = a && cJSON_AddItemToObject(o, "completion_probabilities", a) && ok;
-            if (!ok) cJSON_Delete(a);
-        }
-        return print_free(o, ok);
-    }
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return NULL;
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+/* One OpenAI choice (chat or completions) of index i onto choices. */
+static bool add_choice(cJSON *choices, const struct openai_ctx *c, const struct openai_request *r, int i,
+                       const struct openai_choice *x) {
     cJSON *ch = cJSON_CreateObject();
-    ok = choices && ch && cJSON_AddItemToArray(choices, ch);
-    if (!ok) cJSON_Delete(ch);
-    if (ok && r->api == OPENAI_API_CHAT) {
+    bool ok = ch && cJSON_AddItemToArray(choices, ch);
+    if (!ok) { cJSON_Delete(ch); return false; }
+    if (r->api == OPENAI_API_CHAT) {
         struct tool_calls_out calls = {0};
-        if (r->tools.active) ok = tools_parse_output(text, n_text, &calls);
-        cJSON_AddStringToObject(ch, "finish_reason", chat_finish_reason(res, calls.n > 0));
-        cJSON_AddNumberToObject(ch, "index", 0);
+        if (r->tools.active) ok = tools_parse_output(x->text, x->n_text, &calls);
+        cJSON_AddStringToObject(ch, "finish_reason", chat_finish_reason(x->res, calls.n > 0));
+        cJSON_AddNumberToObject(ch, "index", i);
         cJSON *msg = cJSON_AddObjectToObject(ch, "message");
         ok = ok && msg && cJSON_AddStringToObject(msg, "role", "assistant");
         if (ok && calls.n) {
@@ -967,21 +959,51 @@ char *openai_render_final(const struct openai_ctx *c, const struct openai_reques
             ok = tc && cJSON_AddItemToObject(msg, "tool_calls", tc);
             if (!ok) cJSON_Delete(tc);
         } else if (ok) {
-            ok = openai_add_text(msg, "content", text, n_text);
+            ok = openai_add_text(msg, "content", x->text, x->n_text);
         }
         tool_calls_out_free(&calls);
-        ok = ok && (r->g.n_probs < 0 || add_choice_probs(ch, c, r, tp));
-    } else if (ok) {
-        ok = openai_add_text(ch, "text", text, n_text);
-        cJSON_AddNumberToObject(ch, "index", 0);
-        ok = add_choice_probs(ch, c, r, tp) && ok;
-        cJSON_AddStringToObject(ch, "finish_reason", finish_reason(res));
+        return ok && (r->g.n_probs < 0 || add_choice_probs(ch, c, r, x->tp));
     }
+    ok = openai_add_text(ch, "text", x->text, x->n_text);
+    cJSON_AddNumberToObject(ch, "index", i);
+    ok = add_choice_probs(ch, c, r, x->tp) && ok;
+    cJSON_AddStringToObject(ch, "finish_reason", finish_reason(x->res));
+    return ok;
+}
+
+char *openai_render_final_n(const struct openai_ctx *c, const struct openai_request *r, const struct openai_choice *x,
+                            int n) {
+    bool ok = true;
+    if (r->api == OPENAI_API_NATIVE) {
+        cJSON *o = native_object(c, r, x->text, x->n_text, x->tokens, x->n_tokens, x->res, &ok);
+        if (o && r->g.n_probs >= 0) {
+            static const struct token_probs none = {0};
+            cJSON *a = probs_json(c, x->tp ? x->tp : &none);
+            ok = a && cJSON_AddItemToObject(o, "completion_probabilities", a) && ok;
+            if (!ok) cJSON_Delete(a);
+        }
+        return print_free(o, ok);
+    }
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    ok = choices != NULL;
+    for (int i = 0; ok && i < n; i++) ok = add_choice(choices, c, r, i, &x[i]);
     add_envelope(o, c, r, r->api == OPENAI_API_CHAT ? "chat.completion" : "text_completion");
-    cJSON *u = usage_json(res), *t = openai_timings(res);
+    /* usage counts every choice's tokens (the prompt once); the timings are the first's */
+    struct task_result sum = *x[0].res;
+    for (int i = 1; i < n; i++) sum.predicted_n += x[i].res->predicted_n;
+    cJSON *u = usage_json(&sum), *t = openai_timings(x[0].res);
     if (u) cJSON_AddItemToObject(o, "usage", u);
     if (t) cJSON_AddItemToObject(o, "timings", t);
     return print_free(o, ok && u && t);
+}
+
+char *openai_render_final(const struct openai_ctx *c, const struct openai_request *r, const char *text,
+                          size_t n_text, const int32_t *tokens, size_t n_tokens, const struct token_probs *tp,
+                          const struct task_result *res) {
+    const struct openai_choice x = {text, n_text, tokens, n_tokens, tp, res};
+    return openai_render_final_n(c, r, &x, 1);
 }
 
 /* A chat stream chunk of one choice with a null finish_reason: its delta object, to be filled

@@ -20,6 +20,8 @@
  * any real use and keeps the per-token search trivial). */
 #define OPENAI_MAX_STOP 64
 #define OPENAI_MAX_STOP_BYTES 1024
+/* Most answers per request (`n`): each is a task of its own, queued after the first. */
+#define OPENAI_MAX_CHOICES 16
 
 enum openai_api {
     OPENAI_API_CHAT,             /* POST /v1/chat/completions */
@@ -67,6 +69,7 @@ struct openai_request {
     long created;                /* unix seconds */
     struct tool_set tools;       /* chat: the request's tools (tools.active: parse the answer) */
     bool tools_called;           /* streaming: the answer had tool calls (set by the stream) */
+    int n_choices;               /* OpenAI's `n` (n_cmpl): independent answers, each its own task */
 };
 void openai_request_free(struct openai_request *r);
 
@@ -109,6 +112,20 @@ struct token_probs {
 char *openai_render_final(const struct openai_ctx *c, const struct openai_request *r, const char *text,
                           size_t n_text, const int32_t *tokens, size_t n_tokens, const struct token_probs *tp,
                           const struct task_result *res);
+
+/* The final answer with n > 1 choices (OpenAI's `n`): choice i generated x[i]; usage counts
+ * the tokens of all of them (the prompt once), the timings are choice 0's. The native shape has
+ * one choice. */
+struct openai_choice {
+    const char *text;
+    size_t n_text;
+    const int32_t *tokens;
+    size_t n_tokens;
+    const struct token_probs *tp;
+    const struct task_result *res;
+};
+char *openai_render_final_n(const struct openai_ctx *c, const struct openai_request *r, const struct openai_choice *x,
+                            int n);
 
 /* One stream event for text released at token id (n_predicted tokens so far, id_slot for
  * the native shape; now: the numbers so far, written as `timings` when the request asked for

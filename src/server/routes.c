@@ -591,6 +591,75 @@ static bool wait_task(struct task *t, struct MHD_Connection *conn, struct task_c
     return true;
 }
 
+/* A chunk's generated token ids (*ids) and those with log-probabilities (*prob_ids), as the
+ * final answer wants them; false when out of memory. */
+static bool chunk_ids(const struct task_chunk *chunk, int32_t **ids, size_t *n_ids, int32_t **prob_ids, size_t *n_prob) {
+    *ids = malloc(sizeof **ids * (chunk->n_pieces ? chunk->n_pieces : 1));
+    *prob_ids = malloc(sizeof **prob_ids * (chunk->n_pieces ? chunk->n_pieces : 1));
+    *n_ids = *n_prob = 0;
+    for (size_t i = 0; *ids && *prob_ids && i < chunk->n_pieces; i++) {
+        if (chunk->pieces[i].id >= 0) (*ids)[(*n_ids)++] = chunk->pieces[i].id;
+        if (chunk->pieces[i].prob >= 0) (*prob_ids)[(*n_prob)++] = chunk->pieces[i].id;
+    }
+    return *ids && *prob_ids;
+}
+
+/* OpenAI's n > 1 (not streamed): n tasks, the others queued after the first so that they take
+ * its prompt from the memory; each its own seed (the request's + its index). */
+static enum MHD_Result route_generate_n(struct routes *r, struct http_exchange *x, struct openai_request *req) {
+    const int n = req->n_choices;
+    struct task *t[OPENAI_MAX_CHOICES] = {0};
+    struct task_chunk chunk[OPENAI_MAX_CHOICES] = {0};
+    struct openai_error e = {0};
+    int status = 0;
+    for (int i = 0; i < n && !status; i++) {
+        struct gen_params g = req->g;
+        g.sp.seed = req->g.sp.seed + (uint64_t)i;
+        if (!(t[i] = task_new(req->prompt, req->n_prompt, &g))) status = 500;
+        else if (i) task_after(t[i], t[0]);
+    }
+    int submitted = 0;
+    for (; !status && submitted < n; submitted++)
+        if (slots_submit(r->slots, t[submitted])) status = 503;
+    bool gone = false;
+    for (int i = 0; i < submitted && !status && !gone; i++) gone = !wait_task(t[i], x->conn, &chunk[i], false);
+    for (int i = 0; !status && !gone && i < n; i++)
+        if (chunk[i].result.status) {
+            status = chunk[i].result.status;
+            openai_error_set(&e, status, status == 503 ? "unavailable_error" : status < 500 ? "invalid_request_error" : "server_error",
+                             "%s", chunk[i].result.message);
+        }
+    char *json = NULL;
+    int32_t *ids[OPENAI_MAX_CHOICES] = {0}, *prob_ids[OPENAI_MAX_CHOICES] = {0};
+    struct token_probs tp[OPENAI_MAX_CHOICES];
+    struct openai_choice ch[OPENAI_MAX_CHOICES];
+    bool ok = !status && !gone;
+    for (int i = 0; ok && i < n; i++) {
+        size_t n_ids, n_prob;
+        ok = chunk_ids(&chunk[i], &ids[i], &n_ids, &prob_ids[i], &n_prob);
+        tp[i] = (struct token_probs){prob_ids[i], chunk[i].probs, COTI_MIN(n_prob, chunk[i].n_probs)};
+        ch[i] = (struct openai_choice){chunk[i].text ? chunk[i].text : "", chunk[i].n_text, ids[i], n_ids, &tp[i], &chunk[i].result};
+    }
+    if (ok) json = openai_render_final_n(&r->oc, req, ch, n);
+    if (!status && !gone) note_result(x->note, sizeof x->note, t[0], &chunk[0].result);
+    for (int i = 0; i < n; i++) {
+        if (t[i] && (gone || status)) task_cancel(t[i]);
+        task_unref(t[i]);
+        task_chunk_free(&chunk[i]);
+        free(ids[i]);
+        free(prob_ids[i]);
+    }
+    openai_request_free(req);
+    if (gone) {
+        snprintf(x->note, sizeof x->note, "cancelled: client gone");
+        return MHD_NO;
+    }
+    if (status == 500 && !e.message[0]) openai_error_set(&e, 500, "server_error", "out of memory");
+    if (status == 503 && !e.message[0]) openai_error_set(&e, 503, "unavailable_error", "the server is busy or shutting down, retry later");
+    if (status) return http_send_error(x, &e);
+    return http_send_json(x, 200, json);
+}
+
 static enum MHD_Result route_generate(struct routes *r, struct http_exchange *x, enum openai_api api) {
     struct openai_error e;
     cJSON *b = parse_body(r, x, &e);
@@ -599,6 +668,7 @@ static enum MHD_Result route_generate(struct routes *r, struct http_exchange *x,
     int rc = openai_parse_request(&r->oc, api, b, &req, &e);
     cJSON_Delete(b);
     if (rc) return http_send_error(x, &e);
+    if (req.n_choices > 1) return route_generate_n(r, x, &req);
     struct task *t = task_new(req.prompt, req.n_prompt, &req.g);
     if (!t) {
         openai_request_free(&req);
@@ -650,19 +720,15 @@ static enum MHD_Result route_generate(struct routes *r, struct http_exchange *x,
         s->t_start_us = x->t_start_us;
         return http_send_stream(x, stream_read, s, stream_free);
     }
-    /* the ids of the generated tokens (native return_tokens), and those with log-probabilities */
-    int32_t *ids = malloc(sizeof *ids * (chunk.n_pieces ? chunk.n_pieces : 1));
-    int32_t *prob_ids = malloc(sizeof *prob_ids * (chunk.n_pieces ? chunk.n_pieces : 1));
-    size_t n_ids = 0, n_prob = 0;
-    for (size_t i = 0; ids && prob_ids && i < chunk.n_pieces; i++) {
-        if (chunk.pieces[i].id >= 0) ids[n_ids++] = chunk.pieces[i].id;
-        if (chunk.pieces[i].prob >= 0) prob_ids[n_prob++] = chunk.pieces[i].id;
-    }
-    /* pieces carry their log-probabilities in order: probs[j] is the j-th such piece's */
+    /* the ids of the generated tokens (native return_tokens), and those with log-probabilities:
+     * pieces carry them in order, probs[j] is the j-th such piece's */
+    int32_t *ids, *prob_ids;
+    size_t n_ids, n_prob;
+    const bool have = chunk_ids(&chunk, &ids, &n_ids, &prob_ids, &n_prob);
     const struct token_probs tp = {prob_ids, chunk.probs, COTI_MIN(n_prob, chunk.n_probs)};
-    char *json = ids && prob_ids ? openai_render_final(&r->oc, &req, chunk.text ? chunk.text : "", chunk.n_text, ids, n_ids, &tp,
-                                                       &chunk.result)
-                                 : NULL;
+    char *json = have ? openai_render_final(&r->oc, &req, chunk.text ? chunk.text : "", chunk.n_text, ids, n_ids, &tp,
+                                            &chunk.result)
+                      : NULL;
     note_result(x->note, sizeof x->note, t, &chunk.result);
     free(ids);
     free(prob_ids);

@@ -31,6 +31,8 @@ struct task {
     struct gen_params g;
     struct task_chunk out;       /* produced, not yet taken (guarded by mu) */
     struct task *next;           /* queue link (guarded by slots.mu) */
+    struct task *after;          /* stays queued until this one has begun (task_after) */
+    atomic_bool begun;           /* its prompt processing has started */
 };
 
 void gen_params_free(struct gen_params *g) {
@@ -103,16 +105,28 @@ struct task *task_new(const int32_t *prompt, int n_prompt, const struct gen_para
     pthread_condattr_destroy(&ca);
     atomic_init(&t->refs, 1);
     atomic_init(&t->cancel, false);
+    atomic_init(&t->begun, false);
     t->id = -1;
     return t;
 }
 
 static void task_ref(struct task *t) { atomic_fetch_add(&t->refs, 1); }
 
+void task_after(struct task *t, struct task *first) {
+    task_ref(first);
+    t->after = first;
+}
+
+/* Whether t may take a slot: what it waits for has begun (or will never). */
+static bool task_ready(const struct task *t) {
+    return !t->after || atomic_load(&t->after->begun) || atomic_load(&t->after->cancel);
+}
+
 void task_unref(struct task *t) {
     if (!t || atomic_fetch_sub(&t->refs, 1) != 1) return;
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->cv);
+    task_unref(t->after);
     free(t->prompt);
     gen_params_free(&t->g);
     task_chunk_free(&t->out);
@@ -469,6 +483,7 @@ static int slot_room(struct slots *s, struct slot *sl) {
 
 static void slot_begin(struct slots *s, struct slot *sl) {
     struct task *t = sl->t;
+    atomic_store(&t->begun, true);
     char err[256];
     int32_t first = -1;
     sl->n_text = sl->n_sent = 0;
@@ -562,7 +577,7 @@ static void *slots_engine_main(void *arg) {
         }
         /* hand queued tasks to idle slots, oldest first */
         struct slot *sl;
-        while (s->q_head && (sl = slots_pick(s, s->q_head))) {
+        while (s->q_head && task_ready(s->q_head) && (sl = slots_pick(s, s->q_head))) {
             struct task *t = s->q_head;
             s->q_head = t->next;
             if (!s->q_head) s->q_tail = NULL;

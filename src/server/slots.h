@@ -125,6 +125,9 @@ void slots_free(struct slots *s);
 /* Queue t (the slots take their own reference). Returns 0, or COTI_E_RANGE when the queue
  * is full or the server is shutting down (the task is then untouched). */
 int slots_submit(struct slots *s, struct task *t);
+/* t (not yet submitted) stays queued until first has begun, so that it can take first's
+ * prompt from the memory (prefix reuse) instead of prefilling it alongside: OpenAI's n > 1. */
+void task_after(struct task *t, struct task *first);
 int slots_count(const struct slots *s);
 /* Copy the slots' state into out[0..slots_count). */
 void slots_view(struct slots *s, struct slot_view *out);

@@ -2,7 +2,8 @@
 // completions `logprobs`, native `n_probs`, streamed and not, for every emitted token including
 // those accepted from a draft: at temperature 0 the values are identical with speculation off,
 // mtp and ngram (the verify row is the row plain decoding computes). logit_bias (OpenAI map,
-// llama.cpp pairs, false bans) changes the text alike with and without speculation.
+// llama.cpp pairs, false bans) changes the text alike with and without speculation. n = 3 gives
+// three choices, reproducible with a seed.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { postJson, startServer } from './helpers.mjs';
@@ -111,6 +112,29 @@ describe('logit_bias', () => {
     const bad = [[{ 999999: 1 }, /outside the vocabulary/], [{ 5: 'x' }, /number or false/], [[[1]], /pairs/], [3, /object or an array/]];
     for (const [logit_bias, re] of bad) {
       const r = await postJson(servers[0].base, '/v1/completions', { ...base, logit_bias });
+      assert.equal(r.status, 400, r.text);
+      assert.match(r.json.error.message, re);
+    }
+  });
+});
+
+describe('n > 1', () => {
+  test('n = 3 gives 3 choices; the 2nd and 3rd take the prompt from the memory', async () => {
+    const body = { model: 'm', messages: MESSAGES, max_tokens: 10, temperature: 0, n: 3 };
+    const a = await servers[1].client.chat.completions.create(body);
+    assert.equal(a.choices.length, 3);
+    assert.deepEqual(a.choices.map((c) => c.index), [0, 1, 2]);
+    // greedy: the same answer three times, and usage counts all of them
+    for (const c of a.choices) assert.equal(c.message.content, a.choices[0].message.content);
+    assert.equal(a.usage.completion_tokens, 30);
+    // sampled with a seed: reproducible, choice by choice
+    const hot = { model: 'm', prompt: 'The quick brown fox', max_tokens: 16, temperature: 1.0, seed: 11, n: 3 };
+    const [x, y] = [await servers[0].client.completions.create(hot), await servers[0].client.completions.create(hot)];
+    assert.deepEqual(x.choices.map((c) => c.text), y.choices.map((c) => c.text));
+    assert.ok(new Set(x.choices.map((c) => c.text)).size > 1, 'three samples, not one');
+    const bad = [[{ ...body, n: 0 }, /'n'/], [{ ...body, n: 17 }, /'n'/], [{ ...body, stream: true }, /stream/]];
+    for (const [b, re] of bad) {
+      const r = await postJson(servers[0].base, '/v1/chat/completions', b);
       assert.equal(r.status, 400, r.text);
       assert.match(r.json.error.message, re);
     }
