@@ -151,7 +151,7 @@ struct backend {
                        int64_t n_in, int64_t n_out, const void *host_data);
     void (*weight_free)(struct backend *be, struct bweight *w);
 
-    /* Whether this backend computes `op` for `type`: the weight type of matmul and get_rows (what
+    /* Whether this backend computes `op` for `type`: the weight type of matmul, matmul_id and get_rows (what
      * weight_init accepts), the cache cells' type of attn_prep, kv_store and attention, GGML_TYPE_F32
      * (the activations) for the other ops. What the loader and the tests ask before choosing a
      * path; derived from the kernels the backend has. */

@@ -577,6 +577,7 @@ Test(backend_ops, every_listed_op_is_filled_and_supports_matches_weight_init) {
         if (taken) cpu->weight_free(cpu, &w);
         cr_assert_eq(cpu->supports(cpu, BACKEND_OP_matmul, (enum ggml_type)t), taken, "type %d", t);
         cr_assert_eq(cpu->supports(cpu, BACKEND_OP_get_rows, (enum ggml_type)t), taken, "type %d", t);
+        cr_assert_eq(cpu->supports(cpu, BACKEND_OP_matmul_id, (enum ggml_type)t), taken, "type %d", t);
         cr_assert_eq(oc->supports(oc, BACKEND_OP_matmul, (enum ggml_type)t), taken, "type %d through opcost", t);
         n_types += taken;
     }

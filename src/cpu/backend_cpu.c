@@ -63,6 +63,7 @@ static void cpu_sync(struct backend *be) {}
 static bool cpu_supports(struct backend *be, enum backend_op op, enum ggml_type type) {
     switch (op) {
     case BACKEND_OP_matmul:
+    case BACKEND_OP_matmul_id:
     case BACKEND_OP_get_rows: return (int)type >= 0 && type < GGML_TYPE_COUNT && cpu(be)->have_kernels[type];
     case BACKEND_OP_attn_prep:
     case BACKEND_OP_kv_store:
