@@ -460,7 +460,8 @@ Test(gguf, mkmodel_qwen35moe_35b_a3b_layout) {
               gate->type == GGML_TYPE_Q4_K);
     cr_assert(down && down->n_dims == 3 && down->ne[0] == 512 && down->ne[1] == 2048 && down->ne[2] == 256);
     cr_assert(shg && shg->n_dims == 1 && shg->ne[0] == 2048 && shg->type == GGML_TYPE_F32);
-    cr_assert(inp && inp->n_dims == 2 && inp->ne[0] == 2048 && inp->ne[1] == 256);
+    cr_assert(inp && inp->n_dims == 2 && inp->ne[0] == 2048 && inp->ne[1] == 256 && inp->type == GGML_TYPE_F32,
+              "the router stays F32, as llama-quantize leaves it");
     cr_assert(nx && nx->ne[2] == 256, "the NextN block is MoE too");
     /* ~35 B parameters: 34.7 B in the trunk and head, ~0.85 B in the NextN block */
     cr_assert(n_params > 34500000000ull && n_params < 36000000000ull, "%llu params", (unsigned long long)n_params);

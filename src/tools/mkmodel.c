@@ -165,14 +165,15 @@ static int add_tensor(struct mk_model *m, const struct weight_desc *d, int layer
     weight_name(d, layer, t->name, sizeof t->name);
     /* a tensor of one width is 1-D, a matrix's too (qwen35moe's shared-expert gate), and kept
      * F32 by the converter like every 1-D tensor; ssm_conv1d is a 2-D vector (F32); stacked
-     * experts are 3-D */
-    const bool one_d = d->out == WEIGHT_WIDTH_ONE, matrix = d->kind == WEIGHT_MATRIX || d->kind == WEIGHT_EXPERTS;
-    t->n_dims = d->kind == WEIGHT_EXPERTS ? 3 : one_d ? 1 : 2;
+     * experts are 3-D; a MoE router stays F32, as llama-quantize leaves it (by its name) */
+    const bool keep_f32 = d->out == WEIGHT_WIDTH_ONE || strstr(d->name, "ffn_gate_inp.weight"),
+               matrix = d->kind == WEIGHT_MATRIX || d->kind == WEIGHT_EXPERTS;
+    t->n_dims = d->kind == WEIGHT_EXPERTS ? 3 : d->out == WEIGHT_WIDTH_ONE ? 1 : 2;
     t->ne[0] = widths[d->in];
     t->ne[1] = widths[d->out];
     t->ne[2] = d->kind == WEIGHT_EXPERTS ? n_expert : 1;
     t->init = d->init;
-    t->type = !matrix || one_d ? GGML_TYPE_F32 : pick_type(m->wtype, t->ne[0]);
+    t->type = !matrix || keep_f32 ? GGML_TYPE_F32 : pick_type(m->wtype, t->ne[0]);
     return 0;
 }
 
