@@ -120,6 +120,34 @@ Test(model, moe_prefill_equals_token_by_token_bitwise) {
     }
 }
 
+/* qwen35moe's experts with gate and up merged (ffn_gate_up_exps) compute what the separate
+ * tensors of the same weights do, bit for bit (mkmodel writes the same rows either way). */
+Test(model, moe_gate_up_merged_equals_separate) {
+    char p1[128], p2[128], cmd[768];
+    snprintf(p1, sizeof p1, "/tmp/coti-test-model-moe-apart-%d.gguf", (int)getpid());
+    snprintf(p2, sizeof p2, "/tmp/coti-test-model-moe-merged-%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd,
+             "./coti mkmodel --arch qwen35moe -o %s --seed 9 > /dev/null 2>&1 && "
+             "./coti mkmodel --arch qwen35moe -o %s --seed 9 --gate-up-merged > /dev/null 2>&1", p1, p2);
+    cr_assert_eq(system(cmd), 0, "mkmodel failed");
+    struct fixture a = open_model_at(p1, 1, 0, quant_cpu_level_detect(), 2), b = open_model_at(p2, 1, 0, quant_cpu_level_detect(), 2);
+    const int V = a.m->info.n_vocab, n = 12;
+    int32_t t[12];
+    random_tokens(t, n, V, 3);
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    feed(&a, 0, t, n, 0, false, la);
+    feed(&b, 0, t, n, 0, false, lb);
+    cr_assert_eq(memcmp(la, lb, sizeof(float) * V), 0, "max diff %g", max_abs_diff(la, lb, V));
+    feed(&a, 0, t, 1, n, false, la);
+    feed(&b, 0, t, 1, n, false, lb);
+    cr_assert_eq(memcmp(la, lb, sizeof(float) * V), 0, "decode: max diff %g", max_abs_diff(la, lb, V));
+    free(la); free(lb);
+    close_model(&a);
+    close_model(&b);
+    remove(p1);
+    remove(p2);
+}
+
 Test(model, chunked_prefill_close_to_token_by_token) {
     struct fixture f = open_model(2, 0, quant_cpu_level_detect(), 2);
     const int V = f.m->info.n_vocab, n = 150; /* > 2 chunks of 64, last one partial */

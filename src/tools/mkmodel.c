@@ -63,6 +63,7 @@ struct mk_hparams {
     long n_embd_per_layer, double_wide_ff;   /* PLE width P; 2x n_ff on the shared-KV layers */
     long d_state, n_group, dt_rank, conv, interval, nextn, rope_dims, ctx;
     long n_expert, n_expert_used, n_ff_exp, n_ff_shexp;   /* qwen35moe */
+    bool gate_up_merged;         /* qwen35moe: ffn_gate_up_exps instead of ffn_gate_exps + ffn_up_exps */
     long sections[4];
     bool sections_set;
     double rope_theta, eps;
@@ -108,8 +109,22 @@ static float uniform_pm1(uint64_t *s) {
     return (float)(splitmix64(s) >> 40) * (2.0f / 16777216.0f) - 1.0f;
 }
 
+/* A merged ffn_gate_up_exps holds, per expert, the rows the separate ffn_gate_exps and
+ * ffn_up_exps of the same seed would: the two layouts make the same model. */
+static const char *gen_source(const struct mk_model *m, const struct mk_tensor *t, int64_t *row, char *buf, size_t size) {
+    const char *at = strstr(t->name, "ffn_gate_up_exps");
+    if (!at) return t->name;
+    const int64_t F = m->hp.n_ff_exp, e = *row / (2 * F), j = *row % (2 * F);
+    snprintf(buf, size, "%.*s%s%s", (int)(at - t->name), t->name, j < F ? "ffn_gate_exps" : "ffn_up_exps",
+             at + strlen("ffn_gate_up_exps"));
+    *row = e * F + j % F;
+    return buf;
+}
+
 static void gen_row(const struct mk_model *m, const struct mk_tensor *t, int64_t row, float *dst) {
-    uint64_t s = m->seed ^ fnv1a64(t->name);
+    char src[80];
+    const char *name = gen_source(m, t, &row, src, sizeof src);
+    uint64_t s = m->seed ^ fnv1a64(name);
     uint64_t st = splitmix64(&s) + (uint64_t)row * 0xD1B54A32D192ED03ull;
     int64_t n = t->ne[0];
     switch (t->init) {
@@ -234,8 +249,13 @@ static int build_tensor_list(struct mk_model *m) {
         if (g4) gemma4_widths(&gh, L, widths);
         for (int i = 0; i < n_tab && !rc; i++) {
             const struct weight_desc *d = &tab[i];
-            if (d->layers == WEIGHT_GLOBAL_LAST || !(d->layers & kind) || d->presence == WEIGHT_ALTERNATIVE) continue;
+            if (d->layers == WEIGHT_GLOBAL_LAST || !(d->layers & kind)) continue;
             if (g4 && m->hp.kv_equal && !gh.swa[L] && !strcmp(d->name, "blk.%d.attn_v.weight")) continue;
+            /* qwen35moe's experts: gate and up apart (the table's default), or merged */
+            const bool merged = strstr(d->name, "ffn_gate_up_exps") != NULL;
+            if (m->hp.gate_up_merged ? !merged && (strstr(d->name, "ffn_gate_exps") || strstr(d->name, "ffn_up_exps"))
+                                     : d->presence == WEIGHT_ALTERNATIVE)
+                continue;
             rc = add_tensor(m, d, L, widths, qh.n_expert);
         }
     }
@@ -569,7 +589,8 @@ static void help(FILE *out, const struct cli_common *unused) {
         "  --ssm-d-state N --ssm-n-group N --ssm-dt-rank N --ssm-conv N\n"
         "  --full-attn-interval N --nextn 0|1 --ctx N\n"
         "  qwen35moe: --n-expert N --n-expert-used K --n-ff-exp N --n-ff-shexp N (experts, chosen per token,\n"
-        "          an expert's and the shared expert's FFN width)\n"
+        "          an expert's and the shared expert's FFN width); --gate-up-merged (ffn_gate_up_exps, the same\n"
+        "          weights as the separate ffn_gate_exps and ffn_up_exps of the seed)\n"
         "  --rope-dims N (default head-dim/4) --rope-sections A,B,C,D --rope-theta X --eps X\n"
         "  --tied | --untied   share token_embd as the LM head (default tied; 9b: untied)\n"        "  gemma4: --head-dim (sliding layers) --head-dim-full N --n-head-kv (sliding) --n-head-kv-full N\n"
         "          --window N --kv-shared N --kv-equal (no attn_v on full layers); a full layer every\n"
@@ -616,6 +637,7 @@ static int check_hparams(const struct mk_hparams *h) {
     else if (h->sections[0] + h->sections[1] + h->sections[2] + h->sections[3] > h->rope_dims / 2)
         why = "--rope-sections must sum to at most rope-dims/2";
     else if (h->arch == MK_QWEN35MOE && h->n_expert_used > h->n_expert) why = "--n-expert-used must be at most --n-expert";
+    else if (h->arch != MK_QWEN35MOE && h->gate_up_merged) why = "--gate-up-merged is for --arch qwen35moe";
     if (why) fprintf(stderr, "coti mkmodel: %s\n", why);
     return why ? -1 : 0;
 }
@@ -762,7 +784,7 @@ struct mk_opts {
     long ints[MK_N_INTS];
     bool int_set[MK_N_INTS];
     int tied;                    /* -1 preset, 0 untied, 1 tied */
-    bool kv_equal, double_wide_ff, sections_set;
+    bool kv_equal, double_wide_ff, sections_set, gate_up_merged;
     long sections[4];
     double rope_theta, eps;      /* 0: the preset's */
     uint64_t seed;
@@ -773,7 +795,7 @@ struct mk_opts {
 enum {
     OPT_INT = CLI_TOOL_CODE,     /* + index into mk_ints */
     OPT_ARCH = CLI_TOOL_CODE + 100, OPT_SHAPE, OPT_VOCAB_FROM, OPT_MK_SEED, OPT_TYPE, OPT_MK_THREADS, OPT_ROPE_THETA,
-    OPT_EPS, OPT_ROPE_SECTIONS, OPT_TIED, OPT_UNTIED, OPT_KV_EQUAL, OPT_DOUBLE_WIDE_FF,
+    OPT_EPS, OPT_ROPE_SECTIONS, OPT_TIED, OPT_UNTIED, OPT_KV_EQUAL, OPT_DOUBLE_WIDE_FF, OPT_GATE_UP_MERGED,
 };
 
 static int on_option(void *state, int code, const char *name, const char *val) {
@@ -791,6 +813,7 @@ static int on_option(void *state, int code, const char *name, const char *val) {
     case OPT_TIED: o->tied = 1; return 0;
     case OPT_UNTIED: o->tied = 0; return 0;
     case OPT_KV_EQUAL: o->kv_equal = true; return 0;
+    case OPT_GATE_UP_MERGED: o->gate_up_merged = true; return 0;
     case OPT_DOUBLE_WIDE_FF: o->double_wide_ff = true; return 0;
     case OPT_MK_SEED: {
         char *end;
@@ -850,8 +873,9 @@ int tool_mkmodel_main(int argc, char **argv) {
         {"untied", no_argument, NULL, OPT_UNTIED},
         {"kv-equal", no_argument, NULL, OPT_KV_EQUAL},
         {"double-wide-ff", no_argument, NULL, OPT_DOUBLE_WIDE_FF},
+        {"gate-up-merged", no_argument, NULL, OPT_GATE_UP_MERGED},
     };
-    for (size_t k = 0, n = 14; k < MK_N_INTS; k++, n++)
+    for (size_t k = 0, n = 15; k < MK_N_INTS; k++, n++)
         opts[n] = (struct option){mk_ints[k].opt, required_argument, NULL, OPT_INT + (int)k};
     const struct cli_tool tool = {.name = "mkmodel", .help = help, .short_opts = "o:", .opts = opts,
                                   .on_option = on_option, .state = &o, .no_common = true};
@@ -875,6 +899,7 @@ int tool_mkmodel_main(int argc, char **argv) {
         if (o.int_set[k]) *(long *)((char *)h + mk_ints[k].off) = o.ints[k];
     if (o.tied >= 0) h->tied = o.tied;
     if (o.kv_equal) h->kv_equal = 1;
+    if (o.gate_up_merged) h->gate_up_merged = true;
     if (o.double_wide_ff) h->double_wide_ff = 1;
     if (o.rope_theta > 0) h->rope_theta = o.rope_theta;
     if (o.eps > 0) h->eps = o.eps;
