@@ -2,8 +2,9 @@
  * (`qwen35moe`, Qwen3.6-35B-A3B): hparams from GGUF metadata, their tensor table, and the block
  * order of the trunk (gated delta nets with a gated full-attention block every interval-th
  * layer, each followed by its FFN: SwiGLU, or routed experts + a gated shared expert) and of
- * the NextN (MTP) draft head, whose FFN is of the same kind. The blocks are models/blocks.c, memory, batching, graphs and the forward
- * driver the engine's (src/engine/); the LM head's Q4_0 copy for drafting is made here.
+ * the NextN (MTP) draft head, whose FFN is of the same kind. The blocks are models/blocks.c,
+ * memory, batching, graphs and the forward driver the engine's (src/engine/); the LM head's
+ * Q4_0 copy for drafting is made here.
  * Reference: ../shared/docs/arch-qwen35.md; llama.cpp src/models/qwen35.cpp and qwen35moe.cpp
  * (behaviour). */
 #include "models/qwen35.h"
@@ -175,9 +176,11 @@ static int read_moe_hparams(const struct weight_loader *L, struct qwen35_hparams
     if ((rc = weights_get_u32(L, "expert_used_count", &hp->n_expert_used))) return rc;
     if (hp->n_expert < 1 || hp->n_expert > BACKEND_MOE_MAX_EXPERTS || hp->n_expert_used < 1 ||
         hp->n_expert_used > hp->n_expert || hp->n_expert_used > QWEN35_MAX_EXPERTS_USED)
-        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "expert_count %d / expert_used_count %d out of range (at most %d / %d)",
-                         hp->n_expert, hp->n_expert_used, BACKEND_MOE_MAX_EXPERTS, QWEN35_MAX_EXPERTS_USED);
-    if ((rc = weights_get_u32_opt(L, "expert_feed_forward_length", &hp->n_ff_exp, hp->n_ff / hp->n_expert_used))) return rc;
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                         "expert_count %d / expert_used_count %d out of range (at most %d / %d)", hp->n_expert,
+                         hp->n_expert_used, BACKEND_MOE_MAX_EXPERTS, QWEN35_MAX_EXPERTS_USED);
+    if ((rc = weights_get_u32_opt(L, "expert_feed_forward_length", &hp->n_ff_exp, hp->n_ff / hp->n_expert_used)))
+        return rc;
     if ((rc = weights_get_u32_opt(L, "expert_shared_feed_forward_length", &hp->n_ff_shexp, hp->n_ff))) return rc;
     const int64_t widths[] = {hp->n_ff_exp, hp->n_ff_shexp, (int64_t)hp->n_expert * hp->n_ff_exp * 2,
                               (int64_t)hp->n_expert * hp->n_embd,
@@ -355,8 +358,8 @@ static int check_moe_layer(const struct weight_loader *L, const struct qwen35_hp
     const int64_t rows[4] = {hp->n_ff_exp, hp->n_ff_exp, 2 * (int64_t)hp->n_ff_exp, hp->n_embd};
     for (int i = 0; i < 4; i++)
         if (stacks[i]->data && stacks[i]->n_out != rows[i] * hp->n_expert)
-            return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "block %d: an expert tensor does not hold expert_count %d experts",
-                             il, hp->n_expert);
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                             "block %d: an expert tensor does not hold expert_count %d experts", il, hp->n_expert);
     return 0;
 }
 
@@ -414,7 +417,8 @@ static int load(struct model **out, struct gguf_file *g, struct backend *be, con
                        m->n_seq, m->n_ctx, m->n_batch);
         goto fail;
     }
-    m->info = (struct model_info){.arch = moe ? "qwen35moe" : "qwen35", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .n_layer = hp->n_layer,
+    m->info = (struct model_info){.arch = moe ? "qwen35moe" : "qwen35", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd,
+                                  .n_layer = hp->n_layer,
                                   .n_ctx_train = hp->n_ctx_train, .has_mtp = hp->n_mtp == 1, .has_recurrent = true};
     *out = m;
     return 0;
@@ -441,8 +445,8 @@ static struct block_ctx block_ctx(struct qwen35 *q) {
 }
 
 /* The block's FFN: dense or routed, as its kind says. */
-static void block_ffn(const struct qwen35 *q, const struct block_ctx *c, const struct layer *ly, const struct block_in *in,
-                      int n) {
+static void block_ffn(const struct qwen35 *q, const struct block_ctx *c, const struct layer *ly,
+                      const struct block_in *in, int n) {
     if (ly->kind & L_MOE) block_moe_ffn(c, &ly->moe, &q->moe, in, n, q->s.m);
     else block_glu_ffn(c, &ly->ffn, in, n, q->s.m);
 }
