@@ -73,6 +73,23 @@ struct matmul_in {
     int gate_stride, gate_head_stride;
 };
 
+/* What matmul_id multiplies: the weight stacks n_expert matrices of n_out / n_expert rows each
+ * (expert e's rows are e·rows.. of it, as llama.cpp's 3-D expert tensors lay them out); slot k
+ * of token t (k < n_used) multiplies expert ids[t·n_used + k] with the input row at
+ * x + t·tok_stride + k·slot_stride (tok_stride n_in and slot_stride 0: every slot of a token
+ * reads the token's row), formed as silu(g) ⊙ u of its halves when swiglu (the row is then
+ * [g ; u], 2·n_in wide), and writes y + (t·n_used + k)·y_stride. An id out of [0, n_expert)
+ * leaves its slot's output unwritten. */
+#define BACKEND_MOE_MAX_EXPERTS 512   /* llama.cpp's LLAMA_MAX_EXPERTS */
+struct matmul_id_in {
+    const int32_t *ids;
+    int n_used, n_expert;
+    const float *x;
+    int tok_stride, slot_stride;
+    bool swiglu;
+    int y_stride;
+};
+
 /* What attn_prep reads and writes besides the slice's positions and cells. */
 struct attn_prep_in {
     float *q;
@@ -134,7 +151,7 @@ struct backend {
                        int64_t n_in, int64_t n_out, const void *host_data);
     void (*weight_free)(struct backend *be, struct bweight *w);
 
-    /* Whether this backend computes `op` for `type`: the weight type of matmul and get_rows (what
+    /* Whether this backend computes `op` for `type`: the weight type of matmul, matmul_id and get_rows (what
      * weight_init accepts), the cache cells' type of attn_prep, kv_store and attention, GGML_TYPE_F32
      * (the activations) for the other ops. What the loader and the tests ask before choosing a
      * path; derived from the kernels the backend has. */

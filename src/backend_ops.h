@@ -116,6 +116,26 @@ BACKEND_OP(gdn_chunked, DELTANET,
             int n_tok, int nk, int nv, int dk, int dv, float eps, float *out),
            (qkv, qkv_stride, gates, state, n_tok, nk, nv, dk, dv, eps, out))
 
+/* Mixture-of-experts routing, per row t of logits (n_expert wide): p = softmax(row), the n_used
+ * largest p in descending order (the lower index first on ties) as ids[t·n_used + k], and their
+ * p divided by the sum of the n_used (the sum at least 2^-14, llama.cpp's clamp) as
+ * wts[t·n_used + k]. */
+BACKEND_OP(moe_route, MOE,
+           (struct backend *be, const float *logits, int n_tok, int n_expert, int n_used, int32_t *ids, float *wts),
+           (logits, n_tok, n_expert, n_used, ids, wts))
+/* The routed experts' matmul (struct matmul_id_in): each slot's rows of its expert only, every
+ * expert's weights read once per call whatever number of slots chose it; a slot's output does
+ * not depend on the other slots of the call. */
+BACKEND_OP(matmul_id, MOE,
+           (struct backend *be, const struct bweight *w, const struct matmul_id_in *in, int n_tok, float *y),
+           (w, in, n_tok, y))
+/* The experts' outputs summed: out[t] = Σ_k wts[t·n_used + k] · y[t·n_used + k] (k in order,
+ * rows of dim) + sigmoid(gate[t]) · shared[t] (the gated shared expert). */
+BACKEND_OP(moe_sum, MOE,
+           (struct backend *be, const float *y, const float *wts, int n_tok, int n_used, int dim, const float *shared,
+            const float *gate, float *out),
+           (y, wts, n_tok, n_used, dim, shared, gate, out))
+
 /* out[r] = index of the max of row r (lowest index on ties); if p_max, also the softmax
  * probability of that max (drafters' p_min check) — only ids and scalars leave the op. */
 BACKEND_OP(argmax, ARGMAX, (struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max),

@@ -12,6 +12,7 @@ static const struct {
                 char *, size_t);
 } model_archs[] = {
     {"qwen35", qwen35_load},
+    {"qwen35moe", qwen35moe_load},
     {"gemma4", gemma4_load},
 };
 

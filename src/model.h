@@ -164,6 +164,8 @@ int model_seq_resume(struct model *m, int dst, int src, int q);
  * g stays the caller's (model_load_gguf closes it) and nothing else is left allocated. */
 int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
                 const struct model_params *p, char *err, size_t err_size);
+int qwen35moe_load(struct model **out, struct gguf_file *g, struct backend *be, const struct model_params *p,
+                   char *err, size_t err_size);
 int gemma4_load(struct model **out, struct gguf_file *g, struct backend *be,
                 const struct model_params *p, char *err, size_t err_size);
 

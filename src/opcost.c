@@ -18,7 +18,7 @@ struct opcost_graph {
 
 static const char *const family_names[OPCOST_COUNT] = {
     "matmul, <= n_in outputs", "matmul, wider", "matmul, LM head", "norms", "attention",
-    "rope, kv store, gate", "delta-net", "add, swiglu", "embedding rows", "argmax, accept",
+    "rope, kv store, gate", "delta-net", "add, swiglu", "embedding rows", "argmax, accept", "routed experts",
 };
 
 const char *opcost_family_name(int family) {

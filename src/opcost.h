@@ -19,6 +19,7 @@ enum opcost_family {
     OPCOST_ELEMENTWISE,     /* add, swiglu */
     OPCOST_EMBED,           /* get_rows */
     OPCOST_ARGMAX,          /* argmax, greedy acceptance */
+    OPCOST_MOE,             /* routing, the routed experts' matmuls and their sum */
     OPCOST_COUNT
 };
 

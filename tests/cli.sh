@@ -52,6 +52,18 @@ equiv_random_models() {
 }
 check "coti equiv: 0 real disagreements on random q8_0/q4_0/f16 models" equiv_random_models
 
+# qwen35moe: verify rows share their experts' matmuls; each must equal the decode row (n_max 1..4)
+equiv_random_moe_models() {
+    for t in q8_0 q4_0 f16; do
+        "$COTI" mkmodel --arch qwen35moe -o "$TMP/m-$t.gguf" --type "$t" --seed 5 >/dev/null 2>&1 || return 1
+        for n in 1 2 3 4; do
+            "$COTI" equiv -m "$TMP/m-$t.gguf" --spec mtp --spec-n-max "$n" -p 'hello world, hello world, hello' -n 24 -t 2 |
+                grep -q 'real disagreements 0' || return 1
+        done
+    done
+}
+check "coti equiv: 0 real disagreements on random qwen35moe models, n_max 1..4" equiv_random_moe_models
+
 bench_runs() {
     printf '["int main(void)\\n{\\n", {"prompt": "static void f(int x)\\n{\\n"}]' > "$TMP/p.json"
     "$COTI" bench --spec off,mtp:2,ngram --prompts "$TMP/p.json" -n 24 --repeat 1 -t 1 --json "$TMP/b.json" > "$TMP/b.txt" &&

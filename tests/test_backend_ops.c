@@ -398,6 +398,159 @@ Test(backend_ops, matmul_inputs_equal_their_separate_ops) {
     backend_free(be);
 }
 
+/* ---- mixture of experts ---- */
+
+/* moe_route against a double reference: softmax, the top k in descending order, renormalized.
+ * Logits are distinct by construction (a permutation of spaced values plus noise), so the order
+ * is defined; one row is all equal (ties: lower index first) and one row has a single huge
+ * logit (the selected weights' sum is tiny for all but the first: the normalization's clamp). */
+Test(backend_ops, moe_route_matches_reference) {
+    enum { NT = 6, NE = 40, K = 7 };
+    static float l[NT * NE], wts[NT * K];
+    static int32_t ids[NT * K];
+    for (int t = 0; t < NT; t++)
+        for (int e = 0; e < NE; e++) l[t * NE + e] = 0.37f * (float)((e * 17 + t * 5) % NE) - 6.0f + 0.01f * frand();
+    for (int e = 0; e < NE; e++) l[4 * NE + e] = 0.5f;
+    l[5 * NE + 11] = 80.0f;
+    for (int lv = QUANT_CPU_REF; lv <= (int)quant_cpu_level_detect(); lv++) {
+        struct backend *be = backend_cpu_init(2, (enum quant_cpu_level)lv);
+        be->moe_route(be, l, NT, NE, K, ids, wts);
+        for (int t = 0; t < NT; t++) {
+            const float *r = l + t * NE;
+            double mx = -1e30, sum = 0, p[NE];
+            for (int e = 0; e < NE; e++) mx = fmax(mx, r[e]);
+            for (int e = 0; e < NE; e++) sum += p[e] = exp((double)r[e] - mx);
+            bool used[NE] = {false};
+            double sel = 0, want_p[K];
+            int want[K];
+            for (int k = 0; k < K; k++) {
+                int b = -1;
+                for (int e = 0; e < NE; e++)
+                    if (!used[e] && (b < 0 || p[e] > p[b])) b = e;
+                used[b] = true;
+                want[k] = b;
+                want_p[k] = p[b] / sum;
+                sel += want_p[k];
+            }
+            sel = fmax(sel, 6.103515625e-5);
+            for (int k = 0; k < K; k++) {
+                cr_assert_eq(ids[t * K + k], want[k], "level %d row %d slot %d: expert %d, want %d", lv, t, k,
+                             ids[t * K + k], want[k]);
+                cr_assert_float_eq(wts[t * K + k], want_p[k] / sel, 2e-6 * (want_p[k] / sel) + 1e-30,
+                                   "row %d slot %d", t, k);
+            }
+        }
+        cr_assert(wts[4 * K] > 0.14f && wts[4 * K] < 0.15f && ids[4 * K + 1] == 1, "ties: equal weights 1/K, lower index first");
+        cr_assert(ids[5 * K] == 11 && wts[5 * K] > 0.99f, "one dominant expert");
+        backend_free(be);
+    }
+}
+
+/* n_expert experts of `rows` rows each over n_in, stacked, random, in type t. */
+static void *expert_stack(enum ggml_type t, int n_in, int rows, int n_expert, float scale) {
+    const size_t rb = ggml_row_size(t, n_in);
+    uint8_t *q = malloc(rb * (size_t)rows * n_expert);
+    float *f = malloc(sizeof(float) * (size_t)n_in);
+    for (int r = 0; r < rows * n_expert; r++) {
+        fill(f, (size_t)n_in, scale);
+        quant_quantize_row_ref(t, f, q + (size_t)r * rb, n_in);
+    }
+    free(f);
+    return q;
+}
+
+/* matmul_id against the plain matmul of each slot's own expert (a bweight over that expert's
+ * rows), bit for bit, at every CPU level: with one input row per token (gate, up) and one per
+ * slot formed as silu(g) ⊙ u (down), outputs at a row stride; every slot of a 5-token batch
+ * equals the same token computed alone (a verify row equals the decode row it replaces); an id
+ * out of range leaves its slot alone. */
+static void check_matmul_id(enum quant_cpu_level level, enum ggml_type t, int n_in, int rows) {
+    enum { NT = 5, K = 3, NE = 6 };
+    const size_t rb = ggml_row_size(t, n_in);
+    uint8_t *W = expert_stack(t, n_in, rows, NE, 0.5f);
+    struct backend *be = backend_cpu_init(2, level);
+    struct bweight w = {0}, we[NE];
+    cr_assert_eq(be->weight_init(be, &w, t, n_in, (int64_t)rows * NE, W), 0);
+    for (int e = 0; e < NE; e++) {
+        we[e] = (struct bweight){0};
+        cr_assert_eq(be->weight_init(be, &we[e], t, n_in, rows, W + (size_t)e * rows * rb), 0);
+    }
+    /* expert 2 chosen by every token (read once for 5 slots), 5 never, a repeated pair */
+    const int32_t ids[NT * K] = {2, 0, 4, 1, 2, 3, 2, 4, 0, 3, 1, 2, 0, 2, 1};
+    const int ys = rows + 3;
+    float *x = malloc(sizeof(float) * NT * K * 2 * n_in), *y = malloc(sizeof(float) * NT * K * ys);
+    float *y1 = malloc(sizeof(float) * K * ys), *ref = malloc(sizeof(float) * rows), *a = malloc(sizeof(float) * n_in);
+    fill(x, (size_t)NT * K * 2 * n_in, 2.0f);
+    for (int swiglu = 0; swiglu < 2; swiglu++) {
+        const struct matmul_id_in in = {.ids = ids, .n_used = K, .n_expert = NE, .x = x,
+                                        .tok_stride = swiglu ? K * 2 * n_in : n_in, .slot_stride = swiglu ? 2 * n_in : 0,
+                                        .swiglu = swiglu, .y_stride = ys};
+        for (int i = 0; i < NT * K * ys; i++) y[i] = 1234.5f;
+        be->matmul_id(be, &w, &in, NT, y);
+        for (int tk = 0; tk < NT; tk++)
+            for (int k = 0; k < K; k++) {
+                const float *xr = swiglu ? x + (size_t)(tk * K + k) * 2 * n_in : x + (size_t)tk * n_in;
+                if (swiglu) be->swiglu(be, xr, xr + n_in, n_in, a);
+                else memcpy(a, xr, sizeof(float) * n_in);
+                backend_matmul(be, &we[ids[tk * K + k]], &(struct matmul_in){.kind = MATMUL_PLAIN, .x = a}, 1, ref);
+                const float *got = y + (size_t)(tk * K + k) * ys;
+                cr_assert(memcmp(got, ref, sizeof(float) * rows) == 0,
+                          "level %d type %d swiglu %d: token %d slot %d differs from its expert's matmul (%g vs %g)",
+                          (int)level, (int)t, swiglu, tk, k, got[0], ref[0]);
+                cr_assert(got[rows] == 1234.5f, "wrote past the row");
+            }
+        /* token 3 alone: its slots as in the batch */
+        struct matmul_id_in one = in;
+        one.ids = ids + 3 * K;
+        one.x = x + (size_t)3 * in.tok_stride;
+        be->matmul_id(be, &w, &one, 1, y1);
+        for (int k = 0; k < K; k++)
+            cr_assert(memcmp(y1 + (size_t)k * ys, y + (size_t)(3 * K + k) * ys, sizeof(float) * rows) == 0,
+                      "a slot depends on the batch");
+    }
+    const int32_t bad[K] = {1, NE, -1};
+    for (int i = 0; i < K * ys; i++) y1[i] = 7.0f;
+    be->matmul_id(be, &w, &(struct matmul_id_in){.ids = bad, .n_used = K, .n_expert = NE, .x = x, .tok_stride = n_in,
+                                                 .y_stride = ys},
+                  1, y1);
+    cr_assert(y1[ys] == 7.0f && y1[2 * ys] == 7.0f && y1[0] != 7.0f, "out-of-range ids are skipped");
+    for (int e = 0; e < NE; e++) be->weight_free(be, &we[e]);
+    be->weight_free(be, &w);
+    backend_free(be);
+    free(W); free(x); free(y); free(y1); free(ref); free(a);
+}
+
+Test(backend_ops, matmul_id_equals_each_slots_expert_matmul) {
+    for (int l = QUANT_CPU_REF; l <= (int)quant_cpu_level_detect(); l++) {
+        const enum quant_cpu_level lv = (enum quant_cpu_level)l;
+        check_matmul_id(lv, GGML_TYPE_Q8_0, 256, 32);   /* packed at the SIMD levels */
+        check_matmul_id(lv, GGML_TYPE_Q4_0, 128, 48);
+        check_matmul_id(lv, GGML_TYPE_Q4_K, 256, 16);
+        check_matmul_id(lv, GGML_TYPE_F16, 64, 32);
+        check_matmul_id(lv, GGML_TYPE_F32, 48, 16);
+    }
+}
+
+/* moe_sum: the weighted slots in order, then the sigmoid-gated shared row, in f32. */
+Test(backend_ops, moe_sum_matches_reference) {
+    enum { NT = 3, K = 4, D = 300 };
+    static float y[NT * K * D], w[NT * K], sh[NT * D], g[NT], out[NT * D];
+    fill(y, NT * K * D, 2.0f);
+    fill(w, NT * K, 1.0f);
+    fill(sh, NT * D, 2.0f);
+    fill(g, NT, 4.0f);
+    struct backend *be = backend_cpu_init(1, quant_cpu_level_detect());
+    be->moe_sum(be, y, w, NT, K, D, sh, g, out);
+    for (int t = 0; t < NT; t++)
+        for (int i = 0; i < D; i++) {
+            double r = 0;
+            for (int k = 0; k < K; k++) r += (double)y[(t * K + k) * D + i] * w[t * K + k];
+            r += sh[t * D + i] / (1.0 + exp(-(double)g[t]));
+            cr_assert_float_eq(out[t * D + i], r, 1e-5, "token %d element %d", t, i);
+        }
+    backend_free(be);
+}
+
 /* The op list makes every table: each op has a distinct name, the CPU backend and the op-cost
  * wrapper fill every op, and supports() says yes to exactly the weight types weight_init takes. */
 Test(backend_ops, every_listed_op_is_filled_and_supports_matches_weight_init) {
@@ -424,6 +577,7 @@ Test(backend_ops, every_listed_op_is_filled_and_supports_matches_weight_init) {
         if (taken) cpu->weight_free(cpu, &w);
         cr_assert_eq(cpu->supports(cpu, BACKEND_OP_matmul, (enum ggml_type)t), taken, "type %d", t);
         cr_assert_eq(cpu->supports(cpu, BACKEND_OP_get_rows, (enum ggml_type)t), taken, "type %d", t);
+        cr_assert_eq(cpu->supports(cpu, BACKEND_OP_matmul_id, (enum ggml_type)t), taken, "type %d", t);
         cr_assert_eq(oc->supports(oc, BACKEND_OP_matmul, (enum ggml_type)t), taken, "type %d through opcost", t);
         n_types += taken;
     }

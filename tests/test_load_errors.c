@@ -167,6 +167,56 @@ Test(load_errors, kv_cache_that_cannot_be_allocated) {
     free(b.p);
 }
 
+/* A small random qwen35moe (two layers, 8 experts of 32, a NextN layer). */
+static struct blob make_moe(const char *path) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "./coti mkmodel --arch qwen35moe -o %s --vocab-from none --n-vocab 300 --n-layer 2 --n-expert 8 "
+             "--n-expert-used 2 --seed 7 > /dev/null 2>&1", path);
+    cr_assert_eq(system(cmd), 0, "mkmodel failed");
+    return read_all(path);
+}
+
+Test(load_errors, moe_unedited_loads_and_gate_up_half_missing) {
+    char *path = scratch("moe");
+    struct blob b = make_moe(path);
+    write_all(path, b);
+    struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+    struct model_params p = {1, 64, 16, 4, NULL};
+    struct model *m = NULL;
+    char err[512];
+    cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(m->info.arch, "qwen35moe");
+    model_free(m);
+    backend_free(be);
+    /* gate without up (and no merged gate_up): refused with what a block needs */
+    find_gguf_string(b, "blk.1.ffn_up_exps.weight")[strlen("blk.1.ffn_up_exps.weight") - 1] = 'X';
+    expect_refused(path, b, "ffn_gate_up_exps", 1, 64);
+    free(b.p);
+}
+
+Test(load_errors, moe_expert_stack_and_counts_that_disagree) {
+    char *path = scratch("moe-stack");
+    struct blob b = make_moe(path);
+    /* a stack of 4 experts where expert_count says 8 (half the bytes: still inside the file) */
+    uint64_t ne2 = 4;
+    memcpy(tensor_ne(b, "blk.0.ffn_down_exps.weight") + 16, &ne2, 8);
+    expect_refused(path, b, "expert_count 8", 1, 64);
+    free(b.p);
+    b = make_moe(path);
+    uint8_t *at = find_gguf_string(b, "qwen35moe.expert_used_count") + strlen("qwen35moe.expert_used_count") + 4;
+    const uint32_t k = 9; /* more than the 8 experts */
+    memcpy(at, &k, 4);
+    expect_refused(path, b, "out of range", 1, 64);
+    free(b.p);
+    b = make_moe(path);
+    at = find_gguf_string(b, "qwen35moe.expert_feed_forward_length") + strlen("qwen35moe.expert_feed_forward_length") + 4;
+    const uint32_t ff = 24; /* not whole pack groups */
+    memcpy(at, &ff, 4);
+    expect_refused(path, b, "multiples of 16", 1, 64);
+    free(b.p);
+}
+
 /* gemma4 E-series files: the per-layer embedding tables are required once the metadata gives
  * P > 0, and P · n_layer is bounded. */
 static struct blob make_e2b(const char *path) {
@@ -212,7 +262,7 @@ Test(load_errors, unknown_architecture_lists_the_supported_ones) {
     char *path = scratch("arch");
     struct blob b = make_model(path);
     memcpy(find_gguf_string(b, "qwen35"), "qwen99", 6);   /* general.architecture's value */
-    expect_refused(path, b, "architecture 'qwen99' is not supported (supported: qwen35, gemma4)", 1, 64);
+    expect_refused(path, b, "architecture 'qwen99' is not supported (supported: qwen35, qwen35moe, gemma4)", 1, 64);
     free(b.p);
 }
 

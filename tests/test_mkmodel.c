@@ -434,6 +434,40 @@ Test(gguf, mkmodel_9b_layout) {
     free(m.t);
 }
 
+/* qwen35moe: the 35b-a3b preset is Qwen3.6-35B-A3B's layout (checked without its data): every
+ * block's FFN is 256 stacked experts of 512 (3-D tensors), a router, a shared expert and its
+ * 1-D F32 gate; the NextN block's too. */
+Test(gguf, mkmodel_qwen35moe_35b_a3b_layout) {
+    struct mk_model m = {.wtype = GGML_TYPE_Q4_K, .seed = 1};
+    cr_assert_eq(hp_preset(&m.hp, "35b-a3b", MK_QWEN35MOE), 0);
+    cr_assert_eq(check_hparams(&m.hp), 0);
+    cr_assert_eq(build_tensor_list(&m), 0);
+    /* globals 3; delta blocks 30 x (9 + 2 norms + 8 FFN); attention 10 x (6 + 2 + 8); NextN 6 + 2 + 8 + 4 */
+    cr_assert_eq(m.n_t, 3 + 30 * 19 + 10 * 16 + 20, "%zu tensors", m.n_t);
+    uint64_t n_params = 0;
+    const struct mk_tensor *gate = NULL, *down = NULL, *shg = NULL, *inp = NULL, *nx = NULL;
+    for (size_t i = 0; i < m.n_t; i++) {
+        const struct mk_tensor *t = &m.t[i];
+        n_params += (uint64_t)t->ne[0] * (uint64_t)t->ne[1] * (uint64_t)t->ne[2];
+        cr_assert(strstr(t->name, "ffn_gate.") == NULL && strstr(t->name, "ffn_gate_up_exps") == NULL, "%s", t->name);
+        if (!strcmp(t->name, "blk.0.ffn_gate_exps.weight")) gate = t;
+        if (!strcmp(t->name, "blk.39.ffn_down_exps.weight")) down = t;
+        if (!strcmp(t->name, "blk.3.ffn_gate_inp_shexp.weight")) shg = t;
+        if (!strcmp(t->name, "blk.5.ffn_gate_inp.weight")) inp = t;
+        if (!strcmp(t->name, "blk.40.ffn_up_exps.weight")) nx = t;
+    }
+    cr_assert(gate && gate->n_dims == 3 && gate->ne[0] == 2048 && gate->ne[1] == 512 && gate->ne[2] == 256 &&
+              gate->type == GGML_TYPE_Q4_K);
+    cr_assert(down && down->n_dims == 3 && down->ne[0] == 512 && down->ne[1] == 2048 && down->ne[2] == 256);
+    cr_assert(shg && shg->n_dims == 1 && shg->ne[0] == 2048 && shg->type == GGML_TYPE_F32);
+    cr_assert(inp && inp->n_dims == 2 && inp->ne[0] == 2048 && inp->ne[1] == 256 && inp->type == GGML_TYPE_F32,
+              "the router stays F32, as llama-quantize leaves it");
+    cr_assert(nx && nx->ne[2] == 256, "the NextN block is MoE too");
+    /* ~35 B parameters: 34.7 B in the trunk and head, ~0.85 B in the NextN block */
+    cr_assert(n_params > 34500000000ull && n_params < 36000000000ull, "%llu params", (unsigned long long)n_params);
+    free(m.t);
+}
+
 /* gemma4's coti-tiny preset lists exactly the shipped trained file's tensors: names, order,
  * dimensions and types (the converter's layout, from gemma4's table). */
 Test(gguf, mkmodel_gemma4_layout_is_the_shipped_files) {

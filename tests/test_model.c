@@ -19,15 +19,19 @@ struct fixture {
     struct model *m;
 };
 
-static struct fixture open_model(int n_seq, int n_keep, enum quant_cpu_level level, int n_threads) {
+static struct fixture open_model_at(const char *path, int n_seq, int n_keep, enum quant_cpu_level level, int n_threads) {
     struct fixture f;
     char err[512];
     f.be = backend_cpu_init(n_threads, level);
     cr_assert_not_null(f.be);
     struct model_params p = {n_seq, 512, 128, n_keep, NULL};
-    int rc = model_load(&f.m, MODEL_PATH, f.be, &p, err, sizeof err);
+    int rc = model_load(&f.m, path, f.be, &p, err, sizeof err);
     cr_assert_eq(rc, 0, "load: %s", err);
     return f;
+}
+
+static struct fixture open_model(int n_seq, int n_keep, enum quant_cpu_level level, int n_threads) {
+    return open_model_at(MODEL_PATH, n_seq, n_keep, level, n_threads);
 }
 
 static void close_model(struct fixture *f) {
@@ -86,6 +90,62 @@ Test(model, prefill_equals_token_by_token_bitwise) {
     cr_assert_eq(memcmp(a, b, sizeof(float) * V), 0, "max diff %g", max_abs_diff(a, b, V));
     free(a); free(b);
     close_model(&f);
+}
+
+/* qwen35moe: a prefill's rows share their experts' matmuls (grouped by expert), yet its last
+ * row equals decoding token by token, bit for bit, at every CPU level and weight type. */
+Test(model, moe_prefill_equals_token_by_token_bitwise) {
+    const char *types[3] = {"q8_0", "q4_0", "f16"};
+    for (int ti = 0; ti < 3; ti++) {
+        char path[128], cmd[512];
+        snprintf(path, sizeof path, "/tmp/coti-test-model-moe-%d-%s.gguf", (int)getpid(), types[ti]);
+        snprintf(cmd, sizeof cmd, "./coti mkmodel --arch qwen35moe -o %s --type %s --seed %d > /dev/null 2>&1", path,
+                 types[ti], 30 + ti);
+        cr_assert_eq(system(cmd), 0, "mkmodel failed: %s", cmd);
+        for (int l = QUANT_CPU_REF; l <= (int)quant_cpu_level_detect(); l++) {
+            struct fixture f = open_model_at(path, 2, 0, (enum quant_cpu_level)l, 2);
+            cr_assert_str_eq(f.m->info.arch, "qwen35moe");
+            const int V = f.m->info.n_vocab, n = 40;
+            int32_t t[40];
+            random_tokens(t, n, V, 5 + ti);
+            float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
+            feed(&f, 0, t, n, 0, false, a);
+            for (int i = 0; i < n; i++) feed(&f, 1, t + i, 1, i, false, b);
+            cr_assert_eq(memcmp(a, b, sizeof(float) * V), 0, "%s level %d: max diff %g", types[ti], l, max_abs_diff(a, b, V));
+            cr_assert_gt(max_abs_diff(a, a + 1, (size_t)V - 1), 0.0f, "real logits");
+            free(a); free(b);
+            close_model(&f);
+        }
+        remove(path);
+    }
+}
+
+/* qwen35moe's experts with gate and up merged (ffn_gate_up_exps) compute what the separate
+ * tensors of the same weights do, bit for bit (mkmodel writes the same rows either way). */
+Test(model, moe_gate_up_merged_equals_separate) {
+    char p1[128], p2[128], cmd[768];
+    snprintf(p1, sizeof p1, "/tmp/coti-test-model-moe-apart-%d.gguf", (int)getpid());
+    snprintf(p2, sizeof p2, "/tmp/coti-test-model-moe-merged-%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd,
+             "./coti mkmodel --arch qwen35moe -o %s --seed 9 > /dev/null 2>&1 && "
+             "./coti mkmodel --arch qwen35moe -o %s --seed 9 --gate-up-merged > /dev/null 2>&1", p1, p2);
+    cr_assert_eq(system(cmd), 0, "mkmodel failed");
+    struct fixture a = open_model_at(p1, 1, 0, quant_cpu_level_detect(), 2), b = open_model_at(p2, 1, 0, quant_cpu_level_detect(), 2);
+    const int V = a.m->info.n_vocab, n = 12;
+    int32_t t[12];
+    random_tokens(t, n, V, 3);
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    feed(&a, 0, t, n, 0, false, la);
+    feed(&b, 0, t, n, 0, false, lb);
+    cr_assert_eq(memcmp(la, lb, sizeof(float) * V), 0, "max diff %g", max_abs_diff(la, lb, V));
+    feed(&a, 0, t, 1, n, false, la);
+    feed(&b, 0, t, 1, n, false, lb);
+    cr_assert_eq(memcmp(la, lb, sizeof(float) * V), 0, "decode: max diff %g", max_abs_diff(la, lb, V));
+    free(la); free(lb);
+    close_model(&a);
+    close_model(&b);
+    remove(p1);
+    remove(p2);
 }
 
 Test(model, chunked_prefill_close_to_token_by_token) {

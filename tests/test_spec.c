@@ -162,14 +162,16 @@ static void random_prompt(int32_t *t, int n, int V, uint32_t seed) {
     }
 }
 
-Test(spec, greedy_lossless_on_random_models, .timeout = 300) {
-    const char *types[2] = {"q8_0", "f32"};
+/* Random models of an architecture, at two weight types each: spec on equals spec off. */
+static void check_random_models(const char *arch, const char *const types[2], int seed) {
     for (int ti = 0; ti < 2; ti++) {
         char path[128], cmd[512];
-        snprintf(path, sizeof path, "/tmp/coti-test-spec-%d-%s.gguf", (int)getpid(), types[ti]);
-        snprintf(cmd, sizeof cmd, "./coti mkmodel --arch qwen35 -o %s --type %s --seed %d > /dev/null 2>&1", path, types[ti], 40 + ti);
+        snprintf(path, sizeof path, "/tmp/coti-test-spec-%d-%s-%s.gguf", (int)getpid(), arch, types[ti]);
+        snprintf(cmd, sizeof cmd, "./coti mkmodel --arch %s -o %s --type %s --seed %d > /dev/null 2>&1", arch, path,
+                 types[ti], seed + ti);
         cr_assert_eq(system(cmd), 0, "mkmodel failed: %s", cmd);
         struct env v = env_open(path);
+        cr_assert_str_eq(v.m->info.arch, arch);
         int32_t p[6][24], *pp[6];
         int np[6];
         for (int i = 0; i < 6; i++) { random_prompt(p[i], 24, v.m->info.n_vocab, 100 + i); pp[i] = p[i]; np[i] = 24; }
@@ -177,6 +179,16 @@ Test(spec, greedy_lossless_on_random_models, .timeout = 300) {
         env_close(&v);
         remove(path);
     }
+}
+
+Test(spec, greedy_lossless_on_random_models, .timeout = 300) {
+    check_random_models("qwen35", (const char *const[2]){"q8_0", "f32"}, 40);
+}
+
+/* qwen35moe: verify batches route every row to its own experts, grouped with the other rows'
+ * (matmul_id); each row must still equal the decode row it replaces. */
+Test(spec, greedy_lossless_on_random_moe_models, .timeout = 300) {
+    check_random_models("qwen35moe", (const char *const[2]){"q8_0", "q4_0"}, 60);
 }
 
 /* A warmup leaves nothing behind: every sequence is empty afterwards (no cached prefix), and

@@ -27,6 +27,8 @@ struct cpu_ctx {
     struct gdn_chunk_scratch *chunk_scratch; /* one per thread (~300 KB each) */
     float *gates;                /* a delta-rule call's formed g, then beta; grown on demand */
     size_t gates_n;
+    void *moe;                   /* matmul_id's slot order, formed rows and outputs; grown on demand */
+    size_t moe_size;
     int64_t marks_us[BACKEND_N_MARKS];
 };
 
@@ -61,6 +63,7 @@ static void cpu_sync(struct backend *be) {}
 static bool cpu_supports(struct backend *be, enum backend_op op, enum ggml_type type) {
     switch (op) {
     case BACKEND_OP_matmul:
+    case BACKEND_OP_matmul_id:
     case BACKEND_OP_get_rows: return (int)type >= 0 && type < GGML_TYPE_COUNT && cpu(be)->have_kernels[type];
     case BACKEND_OP_attn_prep:
     case BACKEND_OP_kv_store:
@@ -367,6 +370,153 @@ static void cpu_matmul(struct backend *be, const struct bweight *const *ws, floa
     cpu_matmul_n(be, ws, ys, n_w, x, n_tok);
 }
 
+/* ---- mixture of experts ------------------------------------------------------------ */
+
+/* Softmax as llama.cpp's CPU forms it (f32 exponentials of x - max, their sum in double, one
+ * reciprocal), the top n_used by selection, the selected p normalized by their f32 sum. */
+static void cpu_moe_route(struct backend *be, const float *logits, int n_tok, int n_expert, int n_used, int32_t *ids,
+                          float *wts) {
+    if (n_expert > BACKEND_MOE_MAX_EXPERTS || n_used > n_expert) return; /* a caller bug */
+    float p[BACKEND_MOE_MAX_EXPERTS];
+    for (int t = 0; t < n_tok; t++) {
+        const float *l = logits + (size_t)t * n_expert;
+        int32_t *id = ids + (size_t)t * n_used;
+        float *wt = wts + (size_t)t * n_used;
+        float mx = -INFINITY;
+        for (int e = 0; e < n_expert; e++) mx = fmaxf(mx, l[e]);
+        double sum = 0.0;
+        for (int e = 0; e < n_expert; e++) sum += (p[e] = expf(l[e] - mx));
+        const float inv = (float)(1.0 / sum);
+        for (int e = 0; e < n_expert; e++) p[e] *= inv;
+        float wsum = 0.0f;
+        for (int k = 0; k < n_used; k++) {
+            int best = 0;
+            for (int e = 1; e < n_expert; e++)
+                if (p[e] > p[best]) best = e;
+            id[k] = best;
+            wt[k] = p[best];
+            wsum += wt[k];
+            p[best] = -1.0f; /* taken */
+        }
+        wsum = fmaxf(wsum, 6.103515625e-5f);
+        for (int k = 0; k < n_used; k++) wt[k] /= wsum;
+    }
+}
+
+struct matmul_id_job {
+    struct cpu_ctx *c;
+    const struct bweight *w;
+    int64_t rows;                /* per expert */
+    const int32_t *active;       /* the experts chosen by some slot, ascending */
+    const int32_t *start, *count;/* per expert: its first position in slot order, its slots */
+    const uint8_t *x;            /* converted input rows in slot order */
+    size_t x_row_bytes;
+    float *y;                    /* output rows in slot order, `rows` wide */
+    int64_t n_active, quanta;    /* quanta per expert */
+};
+
+/* Thread ith takes a contiguous run of (active expert, row quantum) pairs: every expert's rows
+ * are read once, against all of its slots' inputs at once. */
+static void matmul_id_worker(void *arg, int ith, int nth) {
+    const struct matmul_id_job *j = arg;
+    const struct bweight *w = j->w;
+    const struct quant_kernels *k = &j->c->kernels[w->type];
+    const int64_t total = j->n_active * j->quanta, q0 = total * ith / nth, q1 = total * (ith + 1) / nth;
+    for (int64_t q = q0; q < q1;) {
+        const int64_t a = q / j->quanta, lo_q = q % j->quanta;
+        const int64_t hi_q = COTI_MIN(j->quanta, lo_q + (q1 - q));
+        const int32_t e = j->active[a];
+        const int64_t lo = lo_q * CPU_MATMUL_ROW_QUANTUM, hi = COTI_MIN(hi_q * CPU_MATMUL_ROW_QUANTUM, j->rows);
+        const int64_t row0 = (int64_t)e * j->rows + lo;
+        const uint8_t *x = j->x + (size_t)j->start[e] * j->x_row_bytes;
+        float *y = j->y + (size_t)j->start[e] * j->rows + lo;
+        if (w->repacked)
+            k->packed_gemm(w->n_in, (const uint8_t *)w->data + k->packed_size(w->n_in, row0), hi - lo, x,
+                           j->x_row_bytes, j->count[e], y, j->rows);
+        else
+            k->gemm(w->n_in, (const uint8_t *)w->data + (size_t)row0 * w->row_bytes, w->row_bytes, hi - lo, x,
+                    j->x_row_bytes, j->count[e], y, j->rows);
+        q += hi_q - lo_q;
+    }
+}
+
+/* Slots are put in expert order (a counting sort, stable), their input rows converted once, and
+ * each chosen expert multiplied with all of its slots as one gemm; the outputs go back to the
+ * slots' rows. A slot's row is computed as the plain matmul of its input would be: the gemm
+ * kernels compute every (row, token) alike whatever the token count. A packed weight is cut at
+ * expert bounds, so rows per expert must be whole pack groups (the loader checks it). */
+static void cpu_matmul_id(struct backend *be, const struct bweight *w, const struct matmul_id_in *in, int n_tok,
+                          float *y) {
+    struct cpu_ctx *c = cpu(be);
+    const struct quant_kernels *k = &c->kernels[w->type];
+    const int n_slots = n_tok * in->n_used, E = in->n_expert, n_in = (int)w->n_in;
+    const int64_t rows = w->n_out / E;
+    if (n_slots <= 0 || E <= 0 || (w->repacked && rows % CPU_MATMUL_ROW_QUANTUM)) return;
+    const size_t xrb = ggml_row_size(k->vec_dot_type, n_in);
+    /* scratch: start, count, active [E]; order [n_slots]; one formed row; converted rows; outputs */
+    const size_t ints = (size_t)3 * E + (size_t)n_slots, xoff = (ints * sizeof(int32_t) + 63) & ~(size_t)63;
+    const size_t formed = (sizeof(float) * (size_t)n_in + 63) & ~(size_t)63;
+    const size_t xbytes = (xrb * (size_t)n_slots + 63) & ~(size_t)63;
+    const size_t need = xoff + formed + xbytes + sizeof(float) * (size_t)n_slots * (size_t)rows;
+    if (need > c->moe_size) {
+        free(c->moe);
+        c->moe = NULL;
+        if (posix_memalign(&c->moe, 64, need) != 0) abort(); /* resource failure at warm-up */
+        c->moe_size = need;
+    }
+    int32_t *start = c->moe, *count = start + E, *active = count + E, *order = active + E;
+    float *row = (float *)((uint8_t *)c->moe + xoff);
+    uint8_t *xc = (uint8_t *)row + formed;
+    float *ys = (float *)(xc + xbytes);
+    memset(count, 0, sizeof(int32_t) * (size_t)E);
+    for (int s = 0; s < n_slots; s++) {
+        const int32_t e = in->ids[s];
+        if (e >= 0 && e < E) count[e]++;
+    }
+    int64_t n_active = 0;
+    int32_t pos = 0;
+    for (int e = 0; e < E; e++) {
+        start[e] = pos;
+        pos += count[e];
+        if (count[e]) active[n_active++] = e;
+        count[e] = 0;
+    }
+    for (int s = 0; s < n_slots; s++) {
+        const int32_t e = in->ids[s];
+        if (e < 0 || e >= E) continue;
+        const int p = start[e] + count[e]++;
+        order[p] = s;
+        const float *x = in->x + (size_t)(s / in->n_used) * in->tok_stride + (size_t)(s % in->n_used) * in->slot_stride;
+        if (in->swiglu) {
+            cpu_swiglu(be, x, x + n_in, n_in, row);
+            x = row;
+        }
+        k->from_float(x, xc + (size_t)p * xrb, n_in);
+    }
+    struct matmul_id_job j = {c, w, rows, active, start, count, xc, xrb, ys, n_active,
+                              (rows + CPU_MATMUL_ROW_QUANTUM - 1) / CPU_MATMUL_ROW_QUANTUM};
+    threadpool_run(c->tp, matmul_id_worker, &j);
+    for (int p = 0; p < pos; p++)
+        memcpy(y + (size_t)order[p] * in->y_stride, ys + (size_t)p * rows, sizeof(float) * (size_t)rows);
+}
+
+/* The sum in llama.cpp's order: the weighted experts added in slot order, then the gated
+ * shared expert. */
+static void cpu_moe_sum(struct backend *be, const float *y, const float *wts, int n_tok, int n_used, int dim,
+                        const float *shared, const float *gate, float *out) {
+    for (int t = 0; t < n_tok; t++) {
+        const float *yt = y + (size_t)t * n_used * dim, *wt = wts + (size_t)t * n_used;
+        float *o = out + (size_t)t * dim;
+        for (int i = 0; i < dim; i++) o[i] = yt[i] * wt[0];
+        for (int k = 1; k < n_used; k++)
+            for (int i = 0; i < dim; i++) o[i] += yt[(size_t)k * dim + i] * wt[k];
+        float g;
+        cpu(be)->ops->sigmoid(gate + t, &g, 1);
+        const float *sh = shared + (size_t)t * dim;
+        for (int i = 0; i < dim; i++) o[i] += sh[i] * g;
+    }
+}
+
 /* ---- rope and attention ------------------------------------------------------------ */
 
 static void cpu_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int n_head,
@@ -554,6 +704,7 @@ static void cpu_destroy(struct backend *be) {
     free(c->xconv);
     free(c->chunk_scratch);
     free(c->gates);
+    free(c->moe);
     free(c);
     free(be);
 }

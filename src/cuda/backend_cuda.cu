@@ -208,6 +208,7 @@ static void cuda_graph_free(struct backend *be, void *graph) {
 static bool cuda_supports(struct backend *be, enum backend_op op, enum ggml_type type) {
     switch (op) {
     case BACKEND_OP_matmul:
+    case BACKEND_OP_matmul_id:
     case BACKEND_OP_get_rows: return cuda_weight_type_supported(type);
     case BACKEND_OP_attn_prep:
     case BACKEND_OP_kv_store:

@@ -19,6 +19,7 @@ static void trace_point_all(unsigned long long *p) {
     cuda_trace_set_attention(p);
     cuda_trace_set_deltanet(p);
     cuda_trace_set_ops(p);
+    cuda_trace_set_moe(p);
 }
 
 void cuda_trace_open(void) {

@@ -71,6 +71,7 @@ void cuda_trace_set_get_rows(unsigned long long *p);
 void cuda_trace_set_attention(unsigned long long *p);
 void cuda_trace_set_deltanet(unsigned long long *p);
 void cuda_trace_set_ops(unsigned long long *p);
+void cuda_trace_set_moe(unsigned long long *p);
 /* trace.cu: allocate the records where COTI_TRACE names a file; write them out */
 void cuda_trace_open(void);
 void cuda_trace_close(void);

@@ -26,19 +26,34 @@ void weight_name(const struct weight_desc *d, int il, char *out, size_t size) {
 #pragma GCC diagnostic pop
 }
 
-int weights_bind_matrix(const struct weight_loader *L, struct bweight *w, const char *name, int64_t n_in, int64_t n_out) {
+/* A tensor {n_in, n_out, n_mat} (n_mat 0: 2-D, or 1-D when n_out is 1; else 3-D with any ne[2] up
+ * to n_mat) on the backend as one bweight of ne[2]·n_out rows. */
+static int bind_rows(const struct weight_loader *L, struct bweight *w, const char *name, int64_t n_in, int64_t n_out,
+                     int64_t n_mat) {
     const struct gguf_tensor *t = gguf_find_tensor(L->g, name);
     if (!t) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing tensor %s", name);
-    if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
+    const uint32_t dims = n_mat ? 3 : n_out == 1 ? t->n_dims : 2;
+    if (t->n_dims != dims || t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] < 1 || t->ne[2] > COTI_MAX(n_mat, 1) ||
+        t->ne[3] != 1)
         return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
-                         "tensor %s has shape {%lld, %lld} (%u dims), expected {%lld, %lld}", name,
-                         (long long)t->ne[0], (long long)t->ne[1], t->n_dims, (long long)n_in, (long long)n_out);
+                         "tensor %s has shape {%lld, %lld, %lld} (%u dims), expected {%lld, %lld%s}", name,
+                         (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], t->n_dims, (long long)n_in,
+                         (long long)n_out, n_mat ? ", n_expert" : "");
     if (!ggml_type_supported(t->type))
         return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "tensor %s has unsupported type %d", name, (int)t->type);
-    int rc = L->be->weight_init(L->be, w, t->type, n_in, n_out, t->data);
+    int rc = L->be->weight_init(L->be, w, t->type, n_in, n_out * t->ne[2], t->data);
     if (rc) return coti_fail(L->err, L->err_size, rc, "backend cannot hold tensor %s", name);
     note_progress(L, t->size_bytes);
     return 0;
+}
+
+int weights_bind_matrix(const struct weight_loader *L, struct bweight *w, const char *name, int64_t n_in, int64_t n_out) {
+    return bind_rows(L, w, name, n_in, n_out, 0);
+}
+
+int weights_bind_experts(const struct weight_loader *L, struct bweight *w, const char *name, int64_t n_in,
+                         int64_t n_out) {
+    return bind_rows(L, w, name, n_in, n_out, BACKEND_MOE_MAX_EXPERTS);
 }
 
 int weights_bind_vector(const struct weight_loader *L, float **out, const char *name, int64_t n) {
@@ -78,7 +93,8 @@ int weights_bind(const struct weight_loader *L, const struct weight_desc *table,
         weight_name(d, il, name, sizeof name);
         if (d->presence != WEIGHT_REQUIRED && !gguf_find_tensor(L->g, name)) continue;
         void *field = (uint8_t *)base + d->offset;
-        int rc = d->kind == WEIGHT_MATRIX   ? weights_bind_matrix(L, field, name, widths[d->in], widths[d->out])
+        int rc = d->kind == WEIGHT_EXPERTS  ? weights_bind_experts(L, field, name, widths[d->in], widths[d->out])
+                 : d->kind == WEIGHT_MATRIX ? weights_bind_matrix(L, field, name, widths[d->in], widths[d->out])
                  : d->kind == WEIGHT_VECTOR ? weights_bind_vector(L, field, name, widths[d->in] * widths[d->out])
                                             : weights_bind_scalar(L, field, name);
         if (rc) return rc;
@@ -90,7 +106,7 @@ void weights_unbind(struct backend *be, const struct weight_desc *table, int n, 
     for (int i = 0; i < n; i++) {
         if (!weight_in_kind(&table[i], kind) || table[i].kind == WEIGHT_SCALAR) continue;
         void *field = (uint8_t *)base + table[i].offset;
-        if (table[i].kind == WEIGHT_MATRIX) {
+        if (table[i].kind == WEIGHT_MATRIX || table[i].kind == WEIGHT_EXPERTS) {
             struct bweight *w = field;
             if (w->data) be->weight_free(be, w);
             *w = (struct bweight){0};

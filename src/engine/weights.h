@@ -17,12 +17,18 @@ enum weight_kind {
     WEIGHT_MATRIX,               /* a struct bweight: {n_in, n_out} of any supported type */
     WEIGHT_VECTOR,               /* a float * on the backend: F32 of width[in]·width[out] elements */
     WEIGHT_SCALAR,               /* a float on the host: an F32 tensor of one element */
+    WEIGHT_EXPERTS,              /* a struct bweight: a 3-D {n_in, n_out, n_expert} stack of a MoE's
+                                    experts, bound as n_expert·n_out rows (n_expert from the file,
+                                    at most BACKEND_MOE_MAX_EXPERTS: the architecture checks it) */
 };
 
 enum weight_presence {
     WEIGHT_REQUIRED,
     WEIGHT_OPTIONAL,             /* may be absent; the generator writes it */
     WEIGHT_TIED,                 /* absent when the LM head is tied to the embedding */
+    WEIGHT_ALTERNATIVE,          /* may be absent, and the generator leaves it out: another layout
+                                    of tensors the table also lists (the architecture checks that
+                                    one of them is there) */
 };
 
 /* How the generator fills a tensor (random, deterministic, with the statistics of a trained
@@ -74,6 +80,9 @@ void weights_unbind(struct backend *be, const struct weight_desc *table, int n, 
 void weight_name(const struct weight_desc *d, int il, char *out, size_t size);
 
 int weights_bind_matrix(const struct weight_loader *L, struct bweight *w, const char *name, int64_t n_in, int64_t n_out);
+/* A 3-D tensor {n_in, n_out, n} (any n in [1, BACKEND_MOE_MAX_EXPERTS]) as one bweight of n·n_out rows. */
+int weights_bind_experts(const struct weight_loader *L, struct bweight *w, const char *name, int64_t n_in,
+                         int64_t n_out);
 /* A small F32 tensor of n elements (any shape with that count) copied to the backend. */
 int weights_bind_vector(const struct weight_loader *L, float **out, const char *name, int64_t n);
 

@@ -24,6 +24,34 @@ void block_glu_ffn(const struct block_ctx *c, const struct glu_ffn_weights *w, c
                    n, out);
 }
 
+void block_moe_ffn(const struct block_ctx *c, const struct moe_ffn_weights *w, const struct moe_shape *sh,
+                   const struct block_in *in, int n, float *out) {
+    struct backend *be = c->be;
+    const struct block_scratch *s = c->s;
+    const int F = sh->n_ff_exp, K = sh->n_used, E = (int)w->down_exps.n_out / sh->n_expert;
+    /* the router, the shared gate and the shared expert's gate and up read the same normed rows */
+    const struct bweight *ws[4] = {&w->gate_inp, &w->gate_inp_shexp, &w->gate_shexp, &w->up_shexp};
+    float *ys[4] = {s->logits, s->sh_gate, s->fg, s->fu};
+    block_matmul_n(c, in, ws, ys, 4, n);
+    be->moe_route(be, s->logits, n, sh->n_expert, K, s->ids, s->wts);
+    /* every slot's [gate ; up] row, 2F wide */
+    struct matmul_id_in mi = {.ids = s->ids, .n_used = K, .n_expert = sh->n_expert, .x = s->a,
+                              .tok_stride = E, .slot_stride = 0,
+                              .y_stride = 2 * F};
+    if (w->gate_up_exps.data) {
+        be->matmul_id(be, &w->gate_up_exps, &mi, n, s->gu);
+    } else {
+        be->matmul_id(be, &w->gate_exps, &mi, n, s->gu);
+        be->matmul_id(be, &w->up_exps, &mi, n, s->gu + F);
+    }
+    const struct matmul_id_in down = {.ids = s->ids, .n_used = K, .n_expert = sh->n_expert, .x = s->gu,
+                                      .tok_stride = K * 2 * F, .slot_stride = 2 * F, .swiglu = true, .y_stride = E};
+    be->matmul_id(be, &w->down_exps, &down, n, s->ye);
+    backend_matmul(be, &w->down_shexp, &(struct matmul_in){.kind = MATMUL_SWIGLU, .x = s->fg, .m = s->fu, .a = s->fg},
+                   n, s->sh);
+    be->moe_sum(be, s->ye, s->wts, n, K, E, s->sh, s->sh_gate, out);
+}
+
 void block_gated_attn(const struct block_ctx *c, const struct gated_attn_weights *w, const struct attn_shape *sh,
                       const struct kv_view *kv, const struct block_in *in, int n, float *out) {
     struct backend *be = c->be;

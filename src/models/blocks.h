@@ -2,7 +2,7 @@
  * feed-forward, gated full attention over a KV view, the gated delta net over a recurrent
  * state, and the LM head with its greedy picks. An architecture chooses their order and
  * sizes; each block reads its input through the residual step that opens it (block_in) and
- * writes its output rows to `out`. Room beside the dense FFN for a routed (MoE) one. */
+ * writes its output rows to `out`. */
 #ifndef COTI_BLOCKS_H
 #define COTI_BLOCKS_H
 
@@ -16,6 +16,14 @@ struct block_in {
 };
 
 struct glu_ffn_weights { struct bweight gate, up, down; };
+
+/* A mixture-of-experts FFN: the router, the experts (gate and up stacked apart, or gate_up
+ * merged: one of the two is bound), a shared expert and its one-row sigmoid gate. */
+struct moe_ffn_weights {
+    struct bweight gate_inp, gate_exps, up_exps, gate_up_exps, down_exps;
+    struct bweight gate_inp_shexp, gate_shexp, up_shexp, down_shexp;
+};
+struct moe_shape { int n_expert, n_used, n_ff_exp; };
 
 struct gated_attn_weights {
     struct bweight q, k, v, o;               /* q rows hold [q_h ; gate_h] per head */
@@ -35,7 +43,9 @@ struct block_scratch {
     float *a;                                /* normed block input */
     float *qg, *k, *v, *att;                 /* attention */
     float *qkv, *z, *bet, *alp, *y, *o, *og; /* delta net */
-    float *fg, *fu;                          /* FFN */
+    float *fg, *fu;                          /* FFN (MoE: the shared expert's) */
+    float *logits, *wts, *gu, *ye, *sh_gate, *sh; /* MoE: router, per-slot [gate ; up], outputs */
+    int32_t *ids;                            /* MoE: the chosen experts */
 };
 
 struct block_ctx {
@@ -48,6 +58,9 @@ struct block_ctx {
 /* SwiGLU FFN. */
 void block_glu_ffn(const struct block_ctx *c, const struct glu_ffn_weights *w, const struct block_in *in, int n,
                    float *out);
+/* Routed experts (softmax → top-k → renormalized weights) + the sigmoid-gated shared expert. */
+void block_moe_ffn(const struct block_ctx *c, const struct moe_ffn_weights *w, const struct moe_shape *sh,
+                   const struct block_in *in, int n, float *out);
 /* Gated full attention over kv, at the slice's cells. */
 void block_gated_attn(const struct block_ctx *c, const struct gated_attn_weights *w, const struct attn_shape *sh,
                       const struct kv_view *kv, const struct block_in *in, int n, float *out);

@@ -1,9 +1,12 @@
-/* qwen35.c — the Qwen3.5/3.6 dense hybrid architecture (`qwen35`): hparams from GGUF
- * metadata, its tensor table, and the block order of its trunk (gated delta nets with a gated
- * full-attention block every interval-th layer, each followed by a SwiGLU FFN) and of its NextN
- * (MTP) draft head. The blocks are models/blocks.c, memory, batching, graphs and the forward
- * driver the engine's (src/engine/); the LM head's Q4_0 copy for drafting is made here.
- * Reference: ../shared/docs/arch-qwen35.md; llama.cpp src/models/qwen35.cpp (behaviour). */
+/* qwen35.c — the Qwen3.5/3.6 hybrid architectures, dense (`qwen35`) and mixture-of-experts
+ * (`qwen35moe`, Qwen3.6-35B-A3B): hparams from GGUF metadata, their tensor table, and the block
+ * order of the trunk (gated delta nets with a gated full-attention block every interval-th
+ * layer, each followed by its FFN: SwiGLU, or routed experts + a gated shared expert) and of
+ * the NextN (MTP) draft head, whose FFN is of the same kind. The blocks are models/blocks.c,
+ * memory, batching, graphs and the forward driver the engine's (src/engine/); the LM head's
+ * Q4_0 copy for drafting is made here.
+ * Reference: ../shared/docs/arch-qwen35.md; llama.cpp src/models/qwen35.cpp and qwen35moe.cpp
+ * (behaviour). */
 #include "models/qwen35.h"
 #include "models/blocks.h"
 
@@ -20,6 +23,10 @@
 /* Every width the forward forms from hparams (a projection's rows, a state's elements) is
  * bounded here, so the file's int arithmetic on them cannot overflow on absurd metadata. */
 #define QWEN35_MAX_WIDTH (1 << 24)
+/* Expert matrices are cut at expert bounds: their rows per expert must be whole groups of a
+ * backend's packed layout (QUANT_PACK_ROWS), as every published MoE's are. */
+#define QWEN35_EXPERT_ROW_MULTIPLE 16
+#define QWEN35_MAX_EXPERTS_USED 64
 
 /* The NextN head's own tensors, beside its attention + FFN block. */
 struct nextn_weights {
@@ -34,6 +41,7 @@ struct layer {
     struct gated_attn_weights at;
     struct delta_net_weights dn;
     struct glu_ffn_weights ffn;
+    struct moe_ffn_weights moe;
     struct nextn_weights nx;
     int mem_il;                          /* its layer in the memory's KV cache or recurrent state */
 };
@@ -46,11 +54,15 @@ struct globals {
 #define L_ATTN QWEN35_LAYER_ATTN
 #define L_DELTA QWEN35_LAYER_DELTA
 #define L_NEXTN QWEN35_LAYER_NEXTN
+#define L_DENSE QWEN35_LAYER_DENSE
+#define L_MOE QWEN35_LAYER_MOE
 #define W(x) QWEN35_W_##x
 #define MAT(name, layers, in, out, field) {name, WEIGHT_MATRIX, layers, W(in), W(out), field, WEIGHT_REQUIRED, WEIGHT_INIT_MATRIX}
 #define VEC(name, layers, in, out, field, init) {name, WEIGHT_VECTOR, layers, W(in), W(out), field, WEIGHT_REQUIRED, WEIGHT_INIT_##init}
 #define LY(f) offsetof(struct layer, f)
 #define GL(f) offsetof(struct globals, f)
+#define EXPERTS(name, in, out, field, presence) \
+    {name, WEIGHT_EXPERTS, L_MOE, W(in), W(out), field, WEIGHT_##presence, WEIGHT_INIT_MATRIX}
 
 /* In the converter's order (arch-qwen35.md §4): globals, then per block its attention or delta
  * net, its FFN, and the NextN extras. */
@@ -75,9 +87,18 @@ const struct weight_desc qwen35_tensors[] = {
     VEC("blk.%d.ssm_norm.weight", L_DELTA, SSM_DV, ONE, LY(dn.norm), NORM),
     MAT("blk.%d.ssm_out.weight", L_DELTA, SSM_NVD, EMBD, LY(dn.out)),
     VEC("blk.%d.post_attention_norm.weight", L_ATTN | L_DELTA, EMBD, ONE, LY(post_norm), NORM),
-    MAT("blk.%d.ffn_gate.weight", L_ATTN | L_DELTA, EMBD, FF, LY(ffn.gate)),
-    MAT("blk.%d.ffn_up.weight", L_ATTN | L_DELTA, EMBD, FF, LY(ffn.up)),
-    MAT("blk.%d.ffn_down.weight", L_ATTN | L_DELTA, FF, EMBD, LY(ffn.down)),
+    MAT("blk.%d.ffn_gate.weight", L_DENSE, EMBD, FF, LY(ffn.gate)),
+    MAT("blk.%d.ffn_up.weight", L_DENSE, EMBD, FF, LY(ffn.up)),
+    MAT("blk.%d.ffn_down.weight", L_DENSE, FF, EMBD, LY(ffn.down)),
+    MAT("blk.%d.ffn_gate_inp.weight", L_MOE, EMBD, EXPERTS, LY(moe.gate_inp)),
+    EXPERTS("blk.%d.ffn_gate_exps.weight", EMBD, FF_EXP, LY(moe.gate_exps), OPTIONAL),
+    EXPERTS("blk.%d.ffn_up_exps.weight", EMBD, FF_EXP, LY(moe.up_exps), OPTIONAL),
+    EXPERTS("blk.%d.ffn_gate_up_exps.weight", EMBD, FF_EXP2, LY(moe.gate_up_exps), ALTERNATIVE),
+    EXPERTS("blk.%d.ffn_down_exps.weight", FF_EXP, EMBD, LY(moe.down_exps), REQUIRED),
+    MAT("blk.%d.ffn_gate_inp_shexp.weight", L_MOE, EMBD, ONE, LY(moe.gate_inp_shexp)), /* 1-D */
+    MAT("blk.%d.ffn_gate_shexp.weight", L_MOE, EMBD, FF_SHEXP, LY(moe.gate_shexp)),
+    MAT("blk.%d.ffn_up_shexp.weight", L_MOE, EMBD, FF_SHEXP, LY(moe.up_shexp)),
+    MAT("blk.%d.ffn_down_shexp.weight", L_MOE, FF_SHEXP, EMBD, LY(moe.down_shexp)),
     MAT("blk.%d.nextn.eh_proj.weight", L_NEXTN, EMBD2, EMBD, LY(nx.eh_proj)),
     VEC("blk.%d.nextn.enorm.weight", L_NEXTN, EMBD, ONE, LY(nx.enorm), NORM),
     VEC("blk.%d.nextn.hnorm.weight", L_NEXTN, EMBD, ONE, LY(nx.hnorm), NORM),
@@ -88,6 +109,7 @@ const int qwen35_n_tensors = (int)COTI_ARRAY_LEN(qwen35_tensors);
 
 #undef MAT
 #undef VEC
+#undef EXPERTS
 #undef LY
 #undef GL
 
@@ -107,11 +129,16 @@ void qwen35_widths(const struct qwen35_hparams *hp, int64_t w[QWEN35_N_WIDTHS]) 
     w[W(SSM_NV)] = hp->ssm_nv;
     w[W(SSM_DV)] = hp->ssm_dv;
     w[W(CONV)] = hp->ssm_k;
+    w[W(EXPERTS)] = hp->n_expert;
+    w[W(FF_EXP)] = hp->n_ff_exp;
+    w[W(FF_EXP2)] = 2 * (int64_t)hp->n_ff_exp;
+    w[W(FF_SHEXP)] = hp->n_ff_shexp;
 }
 
 unsigned qwen35_layer_kind(const struct qwen35_hparams *hp, int il) {
-    if (il >= hp->n_layer) return L_ATTN | L_NEXTN;          /* arch-qwen35.md §3 */
-    return (il + 1) % hp->interval ? L_DELTA : L_ATTN;
+    const unsigned ffn = hp->n_expert ? L_MOE : L_DENSE;
+    if (il >= hp->n_layer) return L_ATTN | L_NEXTN | ffn;    /* arch-qwen35.md §3 */
+    return ((il + 1) % hp->interval ? L_DELTA : L_ATTN) | ffn;
 }
 
 /* Activation scratch for n_batch rows besides the blocks': the residual stream (x, x2), a
@@ -126,6 +153,7 @@ struct qwen35 {
     struct qwen35_hparams hp;
     struct attn_shape attn;
     struct delta_net_shape delta;
+    struct moe_shape moe;
     struct layer *layers;                /* [n_layer_all]: the trunk, then the NextN block */
     struct globals g;
     /* The NextN head's drafts use a Q4_0 copy of the LM head when the LM head has more bits:
@@ -141,13 +169,44 @@ static struct qwen35 *q35(struct model *m) { return (struct qwen35 *)m; }
 
 /* ---- loading ------------------------------------------------------------------------ */
 
-static int read_hparams(const struct weight_loader *L, struct qwen35_hparams *hp) {
+/* qwen35moe's expert hparams (llama.cpp's defaults: expert FFN n_ff / n_used, shared n_ff). */
+static int read_moe_hparams(const struct weight_loader *L, struct qwen35_hparams *hp) {
+    int rc = 0;
+    if ((rc = weights_get_u32(L, "expert_count", &hp->n_expert))) return rc;
+    if ((rc = weights_get_u32(L, "expert_used_count", &hp->n_expert_used))) return rc;
+    if (hp->n_expert < 1 || hp->n_expert > BACKEND_MOE_MAX_EXPERTS || hp->n_expert_used < 1 ||
+        hp->n_expert_used > hp->n_expert || hp->n_expert_used > QWEN35_MAX_EXPERTS_USED)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                         "expert_count %d / expert_used_count %d out of range (at most %d / %d)", hp->n_expert,
+                         hp->n_expert_used, BACKEND_MOE_MAX_EXPERTS, QWEN35_MAX_EXPERTS_USED);
+    if ((rc = weights_get_u32_opt(L, "expert_feed_forward_length", &hp->n_ff_exp, hp->n_ff / hp->n_expert_used)))
+        return rc;
+    if ((rc = weights_get_u32_opt(L, "expert_shared_feed_forward_length", &hp->n_ff_shexp, hp->n_ff))) return rc;
+    const int64_t widths[] = {hp->n_ff_exp, hp->n_ff_shexp, (int64_t)hp->n_expert * hp->n_ff_exp * 2,
+                              (int64_t)hp->n_expert * hp->n_embd,
+                              (int64_t)hp->n_expert_used * (2 * (int64_t)hp->n_ff_exp + hp->n_embd)};
+    for (size_t i = 0; i < COTI_ARRAY_LEN(widths); i++)
+        if (widths[i] < 1 || widths[i] > QWEN35_MAX_WIDTH)
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                             "expert hparams out of range: %d experts (%d used) of %d, shared %d (a width is %lld, the limit %d)",
+                             hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp, (long long)widths[i],
+                             QWEN35_MAX_WIDTH);
+    if (hp->n_ff_exp % QWEN35_EXPERT_ROW_MULTIPLE || hp->n_embd % QWEN35_EXPERT_ROW_MULTIPLE)
+        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED,
+                         "expert widths (embedding %d, expert feed-forward %d) must be multiples of %d", hp->n_embd,
+                         hp->n_ff_exp, QWEN35_EXPERT_ROW_MULTIPLE);
+    return 0;
+}
+
+static int read_hparams(const struct weight_loader *L, struct qwen35_hparams *hp, bool moe) {
     int rc = 0;
     if ((rc = weights_get_u32(L, "block_count", &hp->n_layer_all))) return rc;
     if ((rc = weights_get_u32_opt(L, "nextn_predict_layers", &hp->n_mtp, 0))) return rc;
     if ((rc = weights_get_u32_opt(L, "context_length", &hp->n_ctx_train, 4096))) return rc;
     if ((rc = weights_get_u32(L, "embedding_length", &hp->n_embd))) return rc;
-    if ((rc = weights_get_u32(L, "feed_forward_length", &hp->n_ff))) return rc;
+    if ((rc = moe ? weights_get_u32_opt(L, "feed_forward_length", &hp->n_ff, 0)
+                  : weights_get_u32(L, "feed_forward_length", &hp->n_ff)))
+        return rc;
     if ((rc = weights_get_u32(L, "attention.head_count", &hp->n_head))) return rc;
     if ((rc = weights_get_u32_opt(L, "attention.head_count_kv", &hp->n_head_kv, hp->n_head))) return rc;
     if (hp->n_head < 1 || hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv)
@@ -176,7 +235,7 @@ static int read_hparams(const struct weight_loader *L, struct qwen35_hparams *hp
     if (hp->ssm_dv != hp->ssm_dk)
         return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "delta-net value head dim %d != key head dim %d", hp->ssm_dv, hp->ssm_dk);
     const int64_t widths[] = {
-        hp->n_embd, 2 * (int64_t)hp->n_embd, hp->n_ff, 2 * (int64_t)hp->n_head * hp->head_dim,
+        hp->n_embd, 2 * (int64_t)hp->n_embd, moe ? 1 : hp->n_ff, 2 * (int64_t)hp->n_head * hp->head_dim,
         (int64_t)hp->n_head_kv * hp->head_dim, 2 * (int64_t)hp->ssm_nk * hp->ssm_dk + (int64_t)hp->ssm_nv * hp->ssm_dv,
         (int64_t)hp->ssm_nv * hp->ssm_dk * hp->ssm_dv,
     };
@@ -199,7 +258,9 @@ static int read_hparams(const struct weight_loader *L, struct qwen35_hparams *hp
                          hp->ssm_dk, hp->ssm_k, hp->interval);
     if (!(hp->eps > 0.0f && hp->eps < 1.0f) || !(hp->rope_base > 1.0f))
         return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "rms eps %g / rope base %g out of range", hp->eps, hp->rope_base);
-    return 0;
+    if (hp->n_ff < 0 || hp->n_ff > QWEN35_MAX_WIDTH)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "feed_forward_length %d out of range", hp->n_ff);
+    return moe ? read_moe_hparams(L, hp) : 0;
 }
 
 /* q->draft_head: the LM head requantized to Q4_0 (via f32, llama.cpp's reference rounding)
@@ -243,14 +304,20 @@ static int init_engine(struct qwen35 *q) {
     const size_t nb = (size_t)m->n_batch, f = sizeof(float);
     const size_t HD = (size_t)hp->n_head * hp->head_dim, KV = (size_t)hp->n_head_kv * hp->head_dim;
     const size_t NVD = (size_t)hp->ssm_nv * hp->ssm_dv, E = (size_t)hp->n_embd;
+    /* a MoE's router rows, chosen experts and weights, per-slot [gate ; up] and output rows; its
+     * shared expert uses the dense FFN's buffers */
+    const size_t FF = (size_t)COTI_MAX(hp->n_ff, hp->n_ff_shexp), NE = (size_t)COTI_MAX(hp->n_expert, 1);
+    const size_t K = (size_t)COTI_MAX(hp->n_expert_used, 1), FE = (size_t)hp->n_ff_exp;
     struct scratch *s = &q->s;
 #define SLOT(p, n) {(void **)&(p), f * nb * (n)}
     const struct arena_slot slots[] = {
         SLOT(s->x, E), SLOT(s->x2, E), SLOT(s->b.a, E), SLOT(s->m, E), SLOT(s->b.qg, 2 * HD), SLOT(s->b.k, KV),
         SLOT(s->b.v, KV), SLOT(s->b.att, HD), SLOT(s->b.qkv, (size_t)hp->ssm_ch), SLOT(s->b.z, NVD),
         SLOT(s->b.bet, (size_t)hp->ssm_nv), SLOT(s->b.alp, (size_t)hp->ssm_nv), SLOT(s->b.y, (size_t)hp->ssm_ch),
-        SLOT(s->b.o, NVD), SLOT(s->b.og, NVD), SLOT(s->b.fg, (size_t)hp->n_ff), SLOT(s->b.fu, (size_t)hp->n_ff),
+        SLOT(s->b.o, NVD), SLOT(s->b.og, NVD), SLOT(s->b.fg, FF), SLOT(s->b.fu, FF),
         SLOT(s->cat, 2 * E),
+        SLOT(s->b.logits, NE), SLOT(s->b.ids, K), SLOT(s->b.wts, K), SLOT(s->b.gu, K * 2 * FE),
+        SLOT(s->b.ye, hp->n_expert ? K * E : 1), SLOT(s->b.sh_gate, 1), SLOT(s->b.sh, hp->n_expert ? E : 1),
     };
 #undef SLOT
     struct kv_layer_spec *kv = calloc((size_t)hp->n_layer + 1, sizeof *kv);
@@ -278,9 +345,28 @@ static int init_engine(struct qwen35 *q) {
 
 static const struct model_vtable qwen35_vtable;
 
-int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
-                const struct model_params *p, char *err, size_t err_size) {
-    const struct weight_loader L = {g, be, "qwen35", err, err_size, p->progress};
+/* A MoE block has its experts' gate and up stacked apart or merged, not both nor neither. */
+static int check_moe_layer(const struct weight_loader *L, const struct qwen35_hparams *hp, const struct layer *ly,
+                           int il) {
+    const struct moe_ffn_weights *w = &ly->moe;
+    const bool apart = w->gate_exps.data && w->up_exps.data;
+    if (apart == !!w->gate_up_exps.data || (!apart && (w->gate_exps.data || w->up_exps.data)))
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                         "block %d needs ffn_gate_exps and ffn_up_exps, or ffn_gate_up_exps instead", il);
+    /* the stacks' third dimension: every one holds expert_count experts */
+    const struct bweight *stacks[4] = {&w->gate_exps, &w->up_exps, &w->gate_up_exps, &w->down_exps};
+    const int64_t rows[4] = {hp->n_ff_exp, hp->n_ff_exp, 2 * (int64_t)hp->n_ff_exp, hp->n_embd};
+    for (int i = 0; i < 4; i++)
+        if (stacks[i]->data && stacks[i]->n_out != rows[i] * hp->n_expert)
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                             "block %d: an expert tensor does not hold expert_count %d experts", il, hp->n_expert);
+    return 0;
+}
+
+static int load(struct model **out, struct gguf_file *g, struct backend *be, const struct model_params *p, char *err,
+                size_t err_size, const char *arch) {
+    const bool moe = !strcmp(arch, "qwen35moe");
+    const struct weight_loader L = {g, be, arch, err, err_size, p->progress};
     struct qwen35 *q = calloc(1, sizeof(*q));
     if (!q) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     struct model *m = &q->base;
@@ -291,7 +377,7 @@ int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
     m->n_batch = p->n_batch;
     m->n_keep_states = p->n_keep_states;
     struct qwen35_hparams *hp = &q->hp;
-    int rc = read_hparams(&L, hp);
+    int rc = read_hparams(&L, hp, moe);
     if (rc) { free(q); return rc; }
     m->gguf = g; /* owned once loading succeeds: qwen35_free closes it */
 
@@ -303,6 +389,7 @@ int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
     hp->n_vocab = (int)te->ne[1];
     q->attn = (struct attn_shape){hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base};
     q->delta = (struct delta_net_shape){hp->ssm_k, hp->ssm_ch, hp->ssm_nk, hp->ssm_nv, hp->ssm_dk, hp->ssm_dv};
+    q->moe = (struct moe_shape){hp->n_expert, hp->n_expert_used, hp->n_ff_exp};
     int64_t widths[QWEN35_N_WIDTHS];
     qwen35_widths(hp, widths);
     if ((rc = weights_bind(&L, qwen35_tensors, qwen35_n_tensors, 0, 0, &q->g, widths))) goto fail;
@@ -313,6 +400,7 @@ int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
         q->layers[il].kind = qwen35_layer_kind(hp, il);
         if ((rc = weights_bind(&L, qwen35_tensors, qwen35_n_tensors, q->layers[il].kind, il, &q->layers[il], widths)))
             goto fail;
+        if (moe && (rc = check_moe_layer(&L, hp, &q->layers[il], il))) goto fail;
     }
     if (hp->n_mtp) {
         char n1[128], n2[128];
@@ -329,7 +417,8 @@ int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be,
                        m->n_seq, m->n_ctx, m->n_batch);
         goto fail;
     }
-    m->info = (struct model_info){.arch = "qwen35", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .n_layer = hp->n_layer,
+    m->info = (struct model_info){.arch = moe ? "qwen35moe" : "qwen35", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd,
+                                  .n_layer = hp->n_layer,
                                   .n_ctx_train = hp->n_ctx_train, .has_mtp = hp->n_mtp == 1, .has_recurrent = true};
     *out = m;
     return 0;
@@ -339,10 +428,27 @@ fail:
     return rc;
 }
 
+int qwen35_load(struct model **out, struct gguf_file *g, struct backend *be, const struct model_params *p, char *err,
+                size_t err_size) {
+    return load(out, g, be, p, err, err_size, "qwen35");
+}
+
+int qwen35moe_load(struct model **out, struct gguf_file *g, struct backend *be, const struct model_params *p,
+                   char *err, size_t err_size) {
+    return load(out, g, be, p, err, err_size, "qwen35moe");
+}
+
 /* ---- passes --------------------------------------------------------------------------- */
 
 static struct block_ctx block_ctx(struct qwen35 *q) {
     return (struct block_ctx){q->base.be, &q->s.b, &q->eng.meta, q->hp.eps};
+}
+
+/* The block's FFN: dense or routed, as its kind says. */
+static void block_ffn(const struct qwen35 *q, const struct block_ctx *c, const struct layer *ly,
+                      const struct block_in *in, int n) {
+    if (ly->kind & L_MOE) block_moe_ffn(c, &ly->moe, &q->moe, in, n, q->s.m);
+    else block_glu_ffn(c, &ly->ffn, in, n, q->s.m);
 }
 
 static void trunk_pass(struct model *m, const struct slice_ops_args *a) {
@@ -362,7 +468,7 @@ static void trunk_pass(struct model *m, const struct slice_ops_args *a) {
             block_gated_attn(&c, &ly->at, &q->attn, &q->eng.mem.kv.layers[ly->mem_il], &in, n, q->s.m);
         if (il) { float *t = x; x = x_next; x_next = t; }
         const struct block_in ffn_in = {x, q->s.m, ly->post_norm, x_next};
-        block_glu_ffn(&c, &ly->ffn, &ffn_in, n, q->s.m);
+        block_ffn(q, &c, ly, &ffn_in, n);
         float *t = x; x = x_next; x_next = t;
     }
     be->add_rmsnorm(be, x, q->s.m, q->g.out_norm, n, q->hp.n_embd, q->hp.eps, a->hn);
@@ -384,7 +490,7 @@ static void nextn_pass(struct model *m, const struct slice_ops_args *a) {
     const struct block_in in = {q->s.x, NULL, ly->attn_norm, NULL};
     block_gated_attn(&c, &ly->at, &q->attn, &q->eng.mem.head.layers[0], &in, n, q->s.m);
     const struct block_in ffn_in = {q->s.x, q->s.m, ly->post_norm, q->s.x2};
-    block_glu_ffn(&c, &ly->ffn, &ffn_in, n, q->s.m);
+    block_ffn(q, &c, ly, &ffn_in, n);
     be->add_rmsnorm(be, q->s.x2, q->s.m, ly->nx.head_norm ? ly->nx.head_norm : q->g.out_norm, n, E, q->hp.eps, a->hn);
     block_lm_head(&q->eng, a);
 }

@@ -52,7 +52,7 @@ static const char CHATML_TEMPLATE[] =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-enum mk_arch { MK_QWEN35, MK_GEMMA4 };
+enum mk_arch { MK_QWEN35, MK_GEMMA4, MK_QWEN35MOE };
 
 struct mk_hparams {
     enum mk_arch arch;
@@ -62,6 +62,8 @@ struct mk_hparams {
     long head_dim_full, n_head_kv_full, window, kv_shared, kv_equal;
     long n_embd_per_layer, double_wide_ff;   /* PLE width P; 2x n_ff on the shared-KV layers */
     long d_state, n_group, dt_rank, conv, interval, nextn, rope_dims, ctx;
+    long n_expert, n_expert_used, n_ff_exp, n_ff_shexp;   /* qwen35moe */
+    bool gate_up_merged;         /* qwen35moe: ffn_gate_up_exps instead of ffn_gate_exps + ffn_up_exps */
     long sections[4];
     bool sections_set;
     double rope_theta, eps;
@@ -71,7 +73,7 @@ struct mk_hparams {
 struct mk_tensor {
     char name[64];
     uint32_t n_dims;
-    int64_t ne[2];
+    int64_t ne[3];
     enum ggml_type type;
     enum weight_init init;
 };
@@ -107,8 +109,22 @@ static float uniform_pm1(uint64_t *s) {
     return (float)(splitmix64(s) >> 40) * (2.0f / 16777216.0f) - 1.0f;
 }
 
+/* A merged ffn_gate_up_exps holds, per expert, the rows the separate ffn_gate_exps and
+ * ffn_up_exps of the same seed would: the two layouts make the same model. */
+static const char *gen_source(const struct mk_model *m, const struct mk_tensor *t, int64_t *row, char *buf, size_t size) {
+    const char *at = strstr(t->name, "ffn_gate_up_exps");
+    if (!at) return t->name;
+    const int64_t F = m->hp.n_ff_exp, e = *row / (2 * F), j = *row % (2 * F);
+    snprintf(buf, size, "%.*s%s%s", (int)(at - t->name), t->name, j < F ? "ffn_gate_exps" : "ffn_up_exps",
+             at + strlen("ffn_gate_up_exps"));
+    *row = e * F + j % F;
+    return buf;
+}
+
 static void gen_row(const struct mk_model *m, const struct mk_tensor *t, int64_t row, float *dst) {
-    uint64_t s = m->seed ^ fnv1a64(t->name);
+    char src[80];
+    const char *name = gen_source(m, t, &row, src, sizeof src);
+    uint64_t s = m->seed ^ fnv1a64(name);
     uint64_t st = splitmix64(&s) + (uint64_t)row * 0xD1B54A32D192ED03ull;
     int64_t n = t->ne[0];
     switch (t->init) {
@@ -150,7 +166,8 @@ static enum ggml_type pick_type(enum ggml_type want, int64_t n_in) {
     return GGML_TYPE_F32;
 }
 
-static int add_tensor(struct mk_model *m, const struct weight_desc *d, int layer, const int64_t *widths) {
+/* n_expert: the architecture's experts, the third dimension of a WEIGHT_EXPERTS stack */
+static int add_tensor(struct mk_model *m, const struct weight_desc *d, int layer, const int64_t *widths, int n_expert) {
     if (m->n_t == m->cap_t) {
         size_t cap = m->cap_t ? 2 * m->cap_t : 256;
         struct mk_tensor *t = realloc(m->t, cap * sizeof *t);
@@ -161,13 +178,17 @@ static int add_tensor(struct mk_model *m, const struct weight_desc *d, int layer
     struct mk_tensor *t = &m->t[m->n_t++];
     memset(t, 0, sizeof *t);
     weight_name(d, layer, t->name, sizeof t->name);
-    /* a vector of one width is 1-D; ssm_conv1d is a 2-D vector (kept F32 by the converter,
-     * like every 1-D tensor) */
-    t->n_dims = d->kind != WEIGHT_MATRIX && d->out == WEIGHT_WIDTH_ONE ? 1 : 2;
+    /* a tensor of one width is 1-D, a matrix's too (qwen35moe's shared-expert gate), and kept
+     * F32 by the converter like every 1-D tensor; ssm_conv1d is a 2-D vector (F32); stacked
+     * experts are 3-D; a MoE router stays F32, as llama-quantize leaves it (by its name) */
+    const bool keep_f32 = d->out == WEIGHT_WIDTH_ONE || strstr(d->name, "ffn_gate_inp.weight"),
+               matrix = d->kind == WEIGHT_MATRIX || d->kind == WEIGHT_EXPERTS;
+    t->n_dims = d->kind == WEIGHT_EXPERTS ? 3 : d->out == WEIGHT_WIDTH_ONE ? 1 : 2;
     t->ne[0] = widths[d->in];
     t->ne[1] = widths[d->out];
+    t->ne[2] = d->kind == WEIGHT_EXPERTS ? n_expert : 1;
     t->init = d->init;
-    t->type = d->kind != WEIGHT_MATRIX ? GGML_TYPE_F32 : pick_type(m->wtype, t->ne[0]);
+    t->type = !matrix || keep_f32 ? GGML_TYPE_F32 : pick_type(m->wtype, t->ne[0]);
     return 0;
 }
 
@@ -179,6 +200,12 @@ static struct qwen35_hparams arch_hparams(const struct mk_hparams *h) {
         .head_dim = (int)h->head_dim, .n_vocab = (int)h->n_vocab, .ssm_k = (int)h->conv, .ssm_dk = (int)h->d_state,
         .ssm_dv = (int)h->d_state, .ssm_nk = (int)h->n_group, .ssm_nv = (int)h->dt_rank, .interval = (int)h->interval,
     };
+    if (h->arch == MK_QWEN35MOE) {
+        hp.n_expert = (int)h->n_expert;
+        hp.n_expert_used = (int)h->n_expert_used;
+        hp.n_ff_exp = (int)h->n_ff_exp;
+        hp.n_ff_shexp = (int)h->n_ff_shexp;
+    }
     hp.ssm_ch = 2 * hp.ssm_nk * hp.ssm_dk + hp.ssm_nv * hp.ssm_dv;
     return hp;
 }
@@ -213,9 +240,9 @@ static int build_tensor_list(struct mk_model *m) {
     int rc = 0;
     for (int i = 0; i < n_tab && !rc; i++) {
         const struct weight_desc *d = &tab[i];
-        if (d->layers || (d->presence == WEIGHT_TIED && m->hp.tied)) continue;
+        if (d->layers || (d->presence == WEIGHT_TIED && m->hp.tied) || d->presence == WEIGHT_ALTERNATIVE) continue;
         if (g4 && !gh.n_embd_per_layer && !strncmp(d->name, "per_layer_", 10)) continue; /* the PLE globals */
-        rc = add_tensor(m, d, -1, widths);
+        rc = add_tensor(m, d, -1, widths, qh.n_expert);
     }
     for (int L = 0; L < n_layer && !rc; L++) {
         const unsigned kind = g4 ? gemma4_layer_kind(&gh, L) : qwen35_layer_kind(&qh, L);
@@ -224,11 +251,16 @@ static int build_tensor_list(struct mk_model *m) {
             const struct weight_desc *d = &tab[i];
             if (d->layers == WEIGHT_GLOBAL_LAST || !(d->layers & kind)) continue;
             if (g4 && m->hp.kv_equal && !gh.swa[L] && !strcmp(d->name, "blk.%d.attn_v.weight")) continue;
-            rc = add_tensor(m, d, L, widths);
+            /* qwen35moe's experts: gate and up apart (the table's default), or merged */
+            const bool merged = strstr(d->name, "ffn_gate_up_exps") != NULL;
+            if (m->hp.gate_up_merged ? !merged && (strstr(d->name, "ffn_gate_exps") || strstr(d->name, "ffn_up_exps"))
+                                     : d->presence == WEIGHT_ALTERNATIVE)
+                continue;
+            rc = add_tensor(m, d, L, widths, qh.n_expert);
         }
     }
     for (int i = 0; i < n_tab && !rc; i++)
-        if (tab[i].layers == WEIGHT_GLOBAL_LAST) rc = add_tensor(m, &tab[i], -1, widths);
+        if (tab[i].layers == WEIGHT_GLOBAL_LAST) rc = add_tensor(m, &tab[i], -1, widths, qh.n_expert);
     return rc;
 }
 
@@ -267,17 +299,18 @@ static int fill_tensor(void *ctx, const char *name, void *dst, size_t size, char
     m->next = (size_t)(t - m->t) + 1;
     cli_progress("mkmodel: tensor %zu/%zu %s", m->next, m->n_t, t->name);
     size_t row_bytes = ggml_row_size(t->type, t->ne[0]);
-    if (row_bytes * (size_t)t->ne[1] != size)
+    const int64_t n_rows = t->ne[1] * t->ne[2];
+    if (row_bytes * (size_t)n_rows != size)
         return coti_fail(err, err_size, COTI_E_ARG, "mkmodel: tensor '%s' size mismatch", name);
 
     int nth = 1;
-    if ((uint64_t)t->ne[0] * (uint64_t)t->ne[1] >= MK_PARALLEL_MIN_ELEMS)
-        nth = (int)COTI_MIN((int64_t)m->n_threads, t->ne[1]);
+    if ((uint64_t)t->ne[0] * (uint64_t)n_rows >= MK_PARALLEL_MIN_ELEMS)
+        nth = (int)COTI_MIN((int64_t)m->n_threads, n_rows);
     struct fill_job jobs[MK_MAX_THREADS];
     pthread_t tids[MK_MAX_THREADS];
     bool started[MK_MAX_THREADS] = {false};
     for (int i = 0; i < nth; i++) {
-        jobs[i] = (struct fill_job){m, t, dst, row_bytes, t->ne[1] * i / nth, t->ne[1] * (i + 1) / nth, 0};
+        jobs[i] = (struct fill_job){m, t, dst, row_bytes, n_rows * i / nth, n_rows * (i + 1) / nth, 0};
         if (i > 0) started[i] = pthread_create(&tids[i], NULL, fill_rows, &jobs[i]) == 0;
         if (i > 0 && !started[i]) fill_rows(&jobs[i]);   /* no thread: do it here */
     }
@@ -508,6 +541,22 @@ static int hp_preset(struct mk_hparams *h, const char *name, enum mk_arch arch) 
         }
         return -1;
     }
+    if (arch == MK_QWEN35MOE) {
+        /* tiny: qwen35's tiny trunk with 16 experts of 32, 4 used, a shared expert of 64 */
+        h->n_expert = 16; h->n_expert_used = 4; h->n_ff_exp = 32; h->n_ff_shexp = 64; h->n_ff = 32;
+        if (!strcmp(name, "tiny")) return 0;
+        if (!strcmp(name, "35b-a3b")) {   /* Qwen3.6-35B-A3B (its HF config; llama.cpp's qwen35moe) */
+            h->n_embd = 2048; h->n_layer = 40; h->n_head = 16; h->n_head_kv = 2; h->head_dim = 256;
+            h->d_state = 128; h->n_group = 16; h->dt_rank = 32; h->rope_dims = 64;
+            h->n_expert = 256; h->n_expert_used = 8; h->n_ff_exp = 512; h->n_ff_shexp = 512; h->n_ff = 512;
+            h->n_vocab = 248320; h->tied = false; h->ctx = 262144;
+            long s[4] = {11, 11, 10, 0};
+            memcpy(h->sections, s, sizeof s);
+            h->sections_set = true;
+            return 0;
+        }
+        return -1;
+    }
     if (!strcmp(name, "tiny")) return 0;
     if (!strcmp(name, "coti-tiny")) {   /* the shipped model's shape (MODEL_CARD.md) */
         h->n_embd = 384; h->n_layer = 8; h->n_ff = 1152; h->n_head = 6; h->n_head_kv = 2;
@@ -529,15 +578,19 @@ static int hp_preset(struct mk_hparams *h, const char *name, enum mk_arch arch) 
 
 static void help(FILE *out, const struct cli_common *unused) {
     fprintf(out,
-        "usage: coti mkmodel --arch qwen35|gemma4 -o OUT.gguf [options]\n"
+        "usage: coti mkmodel --arch qwen35|qwen35moe|gemma4 -o OUT.gguf [options]\n"
         "Write a random-weight model in llama.cpp's GGUF layout of the architecture.\n"
-        "  --shape tiny|coti-tiny|9b|e2b-tiny   preset (default %s; e2b-tiny: gemma4 only); the other options override it\n"
+        "  --shape tiny|coti-tiny|9b|e2b-tiny|35b-a3b   preset (default %s; e2b-tiny: gemma4 only; qwen35moe: tiny,\n"
+        "                      35b-a3b); the other options override it\n"
         "  --type T            2-D weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K..q6_K (default %s)\n"
         "  --seed N            random seed (default %llu)\n"
         "  --n-embd N --n-layer N --n-ff N --n-head N --n-head-kv N --head-dim N\n"
         "  --n-vocab N         default: the size of the --vocab-from vocabulary\n"
         "  --ssm-d-state N --ssm-n-group N --ssm-dt-rank N --ssm-conv N\n"
         "  --full-attn-interval N --nextn 0|1 --ctx N\n"
+        "  qwen35moe: --n-expert N --n-expert-used K --n-ff-exp N --n-ff-shexp N (experts, chosen per token,\n"
+        "          an expert's and the shared expert's FFN width); --gate-up-merged (ffn_gate_up_exps, the same\n"
+        "          weights as the separate ffn_gate_exps and ffn_up_exps of the seed)\n"
         "  --rope-dims N (default head-dim/4) --rope-sections A,B,C,D --rope-theta X --eps X\n"
         "  --tied | --untied   share token_embd as the LM head (default tied; 9b: untied)\n"        "  gemma4: --head-dim (sliding layers) --head-dim-full N --n-head-kv (sliding) --n-head-kv-full N\n"
         "          --window N --kv-shared N --kv-equal (no attn_v on full layers); a full layer every\n"
@@ -583,6 +636,8 @@ static int check_hparams(const struct mk_hparams *h) {
     else if (h->rope_dims % 2 || h->rope_dims > h->head_dim) why = "--rope-dims must be even and <= --head-dim";
     else if (h->sections[0] + h->sections[1] + h->sections[2] + h->sections[3] > h->rope_dims / 2)
         why = "--rope-sections must sum to at most rope-dims/2";
+    else if (h->arch == MK_QWEN35MOE && h->n_expert_used > h->n_expert) why = "--n-expert-used must be at most --n-expert";
+    else if (h->arch != MK_QWEN35MOE && h->gate_up_merged) why = "--gate-up-merged is for --arch qwen35moe";
     if (why) fprintf(stderr, "coti mkmodel: %s\n", why);
     return why ? -1 : 0;
 }
@@ -607,36 +662,50 @@ static uint32_t ftype_of(enum ggml_type t) {
     }
 }
 
+/* "<arch>.<suffix>" in buf */
+static const char *key(char *buf, size_t size, const char *arch, const char *suffix) {
+    snprintf(buf, size, "%s.%s", arch, suffix);
+    return buf;
+}
+
 static void write_metadata(struct gguf_writer *w, const struct mk_model *m, const char *shape) {
     const struct mk_hparams *h = &m->hp;
-    char name[96];
-    snprintf(name, sizeof name, "coti-mkmodel-qwen35-%s-seed%llu", shape, (unsigned long long)m->seed);
+    char name[96], k[96];
+    const bool moe = h->arch == MK_QWEN35MOE;
+    const char *arch = moe ? "qwen35moe" : "qwen35";
+    snprintf(name, sizeof name, "coti-mkmodel-%s-%s-seed%llu", arch, shape, (unsigned long long)m->seed);
     int32_t sections[4];
     for (int i = 0; i < 4; i++) sections[i] = (int32_t)h->sections[i];
     /* key order and types as the converter writes them (cf. the shipped model) */
-    gguf_writer_set_str(w, "general.architecture", "qwen35");
+    gguf_writer_set_str(w, "general.architecture", arch);
     gguf_writer_set_str(w, "general.type", "model");
     gguf_writer_set_str(w, "general.name", name);
-    gguf_writer_set_u32(w, "qwen35.block_count", (uint32_t)(h->n_layer + h->nextn));
-    gguf_writer_set_u32(w, "qwen35.context_length", (uint32_t)h->ctx);
-    gguf_writer_set_u32(w, "qwen35.embedding_length", (uint32_t)h->n_embd);
-    gguf_writer_set_u32(w, "qwen35.feed_forward_length", (uint32_t)h->n_ff);
-    gguf_writer_set_u32(w, "qwen35.attention.head_count", (uint32_t)h->n_head);
-    gguf_writer_set_u32(w, "qwen35.attention.head_count_kv", (uint32_t)h->n_head_kv);
-    gguf_writer_set_arr_i32(w, "qwen35.rope.dimension_sections", sections, 4);
-    gguf_writer_set_f32(w, "qwen35.rope.freq_base", (float)h->rope_theta);
-    gguf_writer_set_f32(w, "qwen35.attention.layer_norm_rms_epsilon", (float)h->eps);
-    gguf_writer_set_u32(w, "qwen35.attention.key_length", (uint32_t)h->head_dim);
-    gguf_writer_set_u32(w, "qwen35.attention.value_length", (uint32_t)h->head_dim);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "block_count"), (uint32_t)(h->n_layer + h->nextn));
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "context_length"), (uint32_t)h->ctx);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "embedding_length"), (uint32_t)h->n_embd);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "feed_forward_length"), (uint32_t)h->n_ff);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "attention.head_count"), (uint32_t)h->n_head);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "attention.head_count_kv"), (uint32_t)h->n_head_kv);
+    gguf_writer_set_arr_i32(w, key(k, sizeof k, arch, "rope.dimension_sections"), sections, 4);
+    gguf_writer_set_f32(w, key(k, sizeof k, arch, "rope.freq_base"), (float)h->rope_theta);
+    gguf_writer_set_f32(w, key(k, sizeof k, arch, "attention.layer_norm_rms_epsilon"), (float)h->eps);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "attention.key_length"), (uint32_t)h->head_dim);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "attention.value_length"), (uint32_t)h->head_dim);
     gguf_writer_set_u32(w, "general.file_type", ftype_of(m->wtype));
-    gguf_writer_set_u32(w, "qwen35.ssm.conv_kernel", (uint32_t)h->conv);
-    gguf_writer_set_u32(w, "qwen35.ssm.state_size", (uint32_t)h->d_state);
-    gguf_writer_set_u32(w, "qwen35.ssm.group_count", (uint32_t)h->n_group);
-    gguf_writer_set_u32(w, "qwen35.ssm.time_step_rank", (uint32_t)h->dt_rank);
-    gguf_writer_set_u32(w, "qwen35.ssm.inner_size", (uint32_t)(h->dt_rank * h->d_state));
-    gguf_writer_set_u32(w, "qwen35.full_attention_interval", (uint32_t)h->interval);
-    gguf_writer_set_u32(w, "qwen35.rope.dimension_count", (uint32_t)h->rope_dims);
-    if (h->nextn > 0) gguf_writer_set_u32(w, "qwen35.nextn_predict_layers", (uint32_t)h->nextn);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "ssm.conv_kernel"), (uint32_t)h->conv);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "ssm.state_size"), (uint32_t)h->d_state);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "ssm.group_count"), (uint32_t)h->n_group);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "ssm.time_step_rank"), (uint32_t)h->dt_rank);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "ssm.inner_size"), (uint32_t)(h->dt_rank * h->d_state));
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "full_attention_interval"), (uint32_t)h->interval);
+    gguf_writer_set_u32(w, key(k, sizeof k, arch, "rope.dimension_count"), (uint32_t)h->rope_dims);
+    if (h->nextn > 0) gguf_writer_set_u32(w, key(k, sizeof k, arch, "nextn_predict_layers"), (uint32_t)h->nextn);
+    if (moe) {
+        gguf_writer_set_u32(w, key(k, sizeof k, arch, "expert_count"), (uint32_t)h->n_expert);
+        gguf_writer_set_u32(w, key(k, sizeof k, arch, "expert_used_count"), (uint32_t)h->n_expert_used);
+        gguf_writer_set_u32(w, key(k, sizeof k, arch, "expert_feed_forward_length"), (uint32_t)h->n_ff_exp);
+        gguf_writer_set_u32(w, key(k, sizeof k, arch, "expert_shared_feed_forward_length"), (uint32_t)h->n_ff_shexp);
+    }
     gguf_writer_set_u32(w, "general.quantization_version", 2);
 }
 
@@ -702,6 +771,10 @@ static const struct { const char *opt; size_t off; long lo, hi; } mk_ints[] = {
     {"window", offsetof(struct mk_hparams, window), 1, 1L << 24},
     {"kv-shared", offsetof(struct mk_hparams, kv_shared), 0, MK_MAX_LAYER},
     {"n-embd-per-layer", offsetof(struct mk_hparams, n_embd_per_layer), 0, MK_MAX_DIM},
+    {"n-expert", offsetof(struct mk_hparams, n_expert), 1, 512},
+    {"n-expert-used", offsetof(struct mk_hparams, n_expert_used), 1, 64},
+    {"n-ff-exp", offsetof(struct mk_hparams, n_ff_exp), 1, MK_MAX_FF},
+    {"n-ff-shexp", offsetof(struct mk_hparams, n_ff_shexp), 1, MK_MAX_FF},
 };
 #define MK_N_INTS COTI_ARRAY_LEN(mk_ints)
 
@@ -711,7 +784,7 @@ struct mk_opts {
     long ints[MK_N_INTS];
     bool int_set[MK_N_INTS];
     int tied;                    /* -1 preset, 0 untied, 1 tied */
-    bool kv_equal, double_wide_ff, sections_set;
+    bool kv_equal, double_wide_ff, sections_set, gate_up_merged;
     long sections[4];
     double rope_theta, eps;      /* 0: the preset's */
     uint64_t seed;
@@ -722,7 +795,7 @@ struct mk_opts {
 enum {
     OPT_INT = CLI_TOOL_CODE,     /* + index into mk_ints */
     OPT_ARCH = CLI_TOOL_CODE + 100, OPT_SHAPE, OPT_VOCAB_FROM, OPT_MK_SEED, OPT_TYPE, OPT_MK_THREADS, OPT_ROPE_THETA,
-    OPT_EPS, OPT_ROPE_SECTIONS, OPT_TIED, OPT_UNTIED, OPT_KV_EQUAL, OPT_DOUBLE_WIDE_FF,
+    OPT_EPS, OPT_ROPE_SECTIONS, OPT_TIED, OPT_UNTIED, OPT_KV_EQUAL, OPT_DOUBLE_WIDE_FF, OPT_GATE_UP_MERGED,
 };
 
 static int on_option(void *state, int code, const char *name, const char *val) {
@@ -740,6 +813,7 @@ static int on_option(void *state, int code, const char *name, const char *val) {
     case OPT_TIED: o->tied = 1; return 0;
     case OPT_UNTIED: o->tied = 0; return 0;
     case OPT_KV_EQUAL: o->kv_equal = true; return 0;
+    case OPT_GATE_UP_MERGED: o->gate_up_merged = true; return 0;
     case OPT_DOUBLE_WIDE_FF: o->double_wide_ff = true; return 0;
     case OPT_MK_SEED: {
         char *end;
@@ -799,8 +873,9 @@ int tool_mkmodel_main(int argc, char **argv) {
         {"untied", no_argument, NULL, OPT_UNTIED},
         {"kv-equal", no_argument, NULL, OPT_KV_EQUAL},
         {"double-wide-ff", no_argument, NULL, OPT_DOUBLE_WIDE_FF},
+        {"gate-up-merged", no_argument, NULL, OPT_GATE_UP_MERGED},
     };
-    for (size_t k = 0, n = 14; k < MK_N_INTS; k++, n++)
+    for (size_t k = 0, n = 15; k < MK_N_INTS; k++, n++)
         opts[n] = (struct option){mk_ints[k].opt, required_argument, NULL, OPT_INT + (int)k};
     const struct cli_tool tool = {.name = "mkmodel", .help = help, .short_opts = "o:", .opts = opts,
                                   .on_option = on_option, .state = &o, .no_common = true};
@@ -808,18 +883,23 @@ int tool_mkmodel_main(int argc, char **argv) {
     if (pr != CLI_PARSE_OK) return pr == CLI_PARSE_EXIT ? 0 : 1;
 
     const char *out = o.out, *arch = o.arch, *shape = o.shape, *vocab_from = o.vocab_from;
-    const enum mk_arch march = arch && !strcmp(arch, "gemma4") ? MK_GEMMA4 : MK_QWEN35;
+    const enum mk_arch march = arch && !strcmp(arch, "gemma4")      ? MK_GEMMA4
+                               : arch && !strcmp(arch, "qwen35moe") ? MK_QWEN35MOE
+                                                                     : MK_QWEN35;
     if (hp_preset(&m.hp, shape, march) != 0) {
-        fprintf(stderr, "coti mkmodel: --shape: unknown preset '%s' (tiny, coti-tiny, %s)\n", shape,
-                march == MK_GEMMA4 ? "e2b-tiny" : "9b");
+        fprintf(stderr, "coti mkmodel: --shape: unknown preset '%s' (%s)\n", shape,
+                march == MK_GEMMA4      ? "tiny, coti-tiny, e2b-tiny"
+                : march == MK_QWEN35MOE ? "tiny, 35b-a3b"
+                                        : "tiny, coti-tiny, 9b");
         return 1;
     }
     struct mk_hparams *h = &m.hp;
-    bool synthetic = !strcmp(shape, "9b");
+    bool synthetic = !strcmp(shape, "9b") || !strcmp(shape, "35b-a3b");
     for (size_t k = 0; k < MK_N_INTS; k++)
         if (o.int_set[k]) *(long *)((char *)h + mk_ints[k].off) = o.ints[k];
     if (o.tied >= 0) h->tied = o.tied;
     if (o.kv_equal) h->kv_equal = 1;
+    if (o.gate_up_merged) h->gate_up_merged = true;
     if (o.double_wide_ff) h->double_wide_ff = 1;
     if (o.rope_theta > 0) h->rope_theta = o.rope_theta;
     if (o.eps > 0) h->eps = o.eps;
@@ -828,8 +908,8 @@ int tool_mkmodel_main(int argc, char **argv) {
     m.wtype = o.wtype;
     char vocab_buf[PATH_MAX];
     n_threads = o.n_threads;
-    if (!arch || (strcmp(arch, "qwen35") && strcmp(arch, "gemma4"))) {
-        fprintf(stderr, "coti mkmodel: --arch qwen35 or gemma4 is required\n");
+    if (!arch || (strcmp(arch, "qwen35") && strcmp(arch, "qwen35moe") && strcmp(arch, "gemma4"))) {
+        fprintf(stderr, "coti mkmodel: --arch qwen35, qwen35moe or gemma4 is required\n");
         return 1;
     }
     if (!out) { fprintf(stderr, "coti mkmodel: -o OUT.gguf is required\n"); return 1; }
@@ -883,7 +963,7 @@ int tool_mkmodel_main(int argc, char **argv) {
     uint64_t n_params = 0;
     for (size_t i = 0; i < m.n_t; i++) {
         const struct mk_tensor *t = &m.t[i];
-        n_params += (uint64_t)t->ne[0] * (uint64_t)t->ne[1];
+        n_params += (uint64_t)t->ne[0] * (uint64_t)t->ne[1] * (uint64_t)t->ne[2];
         gguf_writer_add_tensor_info(w, t->name, t->type, t->n_dims, t->ne);
     }
     /* a failed set_* or add_* above is sticky in the writer: this call reports it and

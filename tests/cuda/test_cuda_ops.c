@@ -28,6 +28,10 @@
  *   by expf / log1pf on both sides: 2e-5 absolute.
  * - argmax: the same index; p_max within 1e-6 relative (double sums on both sides).
  * - accept_greedy: bit-exact. mark: the time of 4 GiB of copies between two marks.
+ * - moe_route: the same ids; weights 2e-6 relative. moe_sum: 2e-6 relative (expf's sigmoid).
+ * - matmul_id: f32 inputs on the GPU where the CPU rounds them to the activation type, so
+ *   |gpu - cpu| <= Σ|w|·amax(x)/127 + 2e-6·Σ|w x| per output; a token alone equals its slots
+ *   in a batch, bit for bit.
  * - graphs: a replay equals the op run eagerly, bit for bit.
  * Every op of backend_ops.h has an entry in op_tests (main fails for one without); the matmul's
  * cases run under the variant rules and then with each kernel variant forced
@@ -1405,6 +1409,139 @@ static void bench(void) {
     BENCH_CHECK(cudaEventDestroy(e1));
 }
 
+/* ---- mixture of experts ----------------------------------------------------------------- */
+
+/* moe_route: the same experts in the same order (logits spaced so no two probabilities tie), the
+ * weights within 2e-6 relative (expf against glibc's, sums in double on both sides). */
+static void test_moe_route(int n_tok, int n_expert, int n_used) {
+    char shape[96];
+    const size_t nl = (size_t)n_tok * n_expert, nk = (size_t)n_tok * n_used;
+    float *l = xmalloc(sizeof(float) * nl), *wc = xmalloc(sizeof(float) * nk), *wg = xmalloc(sizeof(float) * nk);
+    int32_t *ic = xmalloc(sizeof(int32_t) * nk), *ig = xmalloc(sizeof(int32_t) * nk);
+    for (int t = 0; t < n_tok; t++)
+        for (int e = 0; e < n_expert; e++)
+            l[(size_t)t * n_expert + e] = 8.0f * (float)((e * 37 + t * 11) % n_expert) / n_expert - 4.0f + 1e-3f * frand();
+    float *dl = gdup(l, sizeof(float) * nl), *dw = galloc(sizeof(float) * nk);
+    int32_t *di = galloc(sizeof(int32_t) * nk);
+    cpu->moe_route(cpu, l, n_tok, n_expert, n_used, ic, wc);
+    gpu->moe_route(gpu, dl, n_tok, n_expert, n_used, di, dw);
+    gget(ig, di, sizeof(int32_t) * nk);
+    gget(wg, dw, sizeof(float) * nk);
+    snprintf(shape, sizeof shape, "%d tokens, %d experts top-%d: ids", n_tok, n_expert, n_used);
+    check_bits("moe_route", shape, ig, ic, sizeof(int32_t) * nk);
+    snprintf(shape, sizeof shape, "%d tokens, %d experts top-%d: weights", n_tok, n_expert, n_used);
+    check("moe_route", shape, wg, wc, nk, 1e-7, 2e-6);
+    gpu->free(gpu, dl); gpu->free(gpu, dw); gpu->free(gpu, di);
+    free(l); free(wc); free(wg); free(ic); free(ig);
+}
+
+/* matmul_id against the CPU reference. The GPU dots the weights with f32 inputs where the CPU
+ * first rounds them to the weight type's activation type (Q8_0/Q8_1/Q8_K: at most amax/254 per
+ * element; F16, BF16: at most |x|·2^-8): so |gpu - cpu| <= Σ_i |w_i| · amax(x)/127 (twice that)
+ * + 2e-6 · Σ_i |w_i x_i| (f32 reassociation). Then every slot of token 2 computed alone must be
+ * bit-identical to the batch's (a verify row equals its decode row), and a slot whose id is out
+ * of range is left as it was. */
+static void test_matmul_id(enum ggml_type t, int n_in, int rows, int n_expert, int n_used, int n_tok, bool swiglu) {
+    char shape[128];
+    const int n_slots = n_tok * n_used, xw = swiglu ? 2 * n_in : n_in, n_xrows = swiglu ? n_slots : n_tok;
+    struct hweight hw = make_weight(t, n_in, rows * n_expert);
+    struct bweight wc = {0}, wg = {0};
+    if (cpu->weight_init(cpu, &wc, t, n_in, (int64_t)rows * n_expert, hw.data) ||
+        gpu->weight_init(gpu, &wg, t, n_in, (int64_t)rows * n_expert, hw.data)) {
+        printf("FAIL  matmul_id %s: weight_init refused\n", ggml_type_traits_get(t)->name);
+        n_fail++;
+        free_hweight(&hw);
+        return;
+    }
+    int32_t *ids = xmalloc(sizeof(int32_t) * n_slots);
+    for (int s = 0; s < n_slots; s++) ids[s] = (int32_t)((s * 7 + s / n_used) % n_expert);
+    ids[n_slots - 1] = ids[0]; /* a repeated expert */
+    float *x = xmalloc(sizeof(float) * (size_t)n_xrows * xw), *a = xmalloc(sizeof(float) * n_in);
+    fill(x, (size_t)n_xrows * xw, 2.0f);
+    const int ys = rows + 1;
+    float *yc = xmalloc(sizeof(float) * (size_t)n_slots * ys), *yg = xmalloc(sizeof(float) * (size_t)n_slots * ys);
+    float *bound = xmalloc(sizeof(float) * (size_t)n_slots * ys), *zero = xmalloc(sizeof(float) * (size_t)n_slots * ys);
+    for (int i = 0; i < n_slots * ys; i++) yc[i] = zero[i] = 0.0f;
+    struct matmul_id_in in = {.ids = ids, .n_used = n_used, .n_expert = n_expert, .x = x,
+                              .tok_stride = swiglu ? n_used * xw : n_in, .slot_stride = swiglu ? xw : 0,
+                              .swiglu = swiglu, .y_stride = ys};
+    cpu->matmul_id(cpu, &wc, &in, n_tok, yc);
+    for (int sl = 0; sl < n_slots; sl++) {
+        const float *xr = x + (size_t)(sl / n_used) * in.tok_stride + (size_t)(sl % n_used) * in.slot_stride;
+        double amax = 0;
+        for (int i = 0; i < n_in; i++) {
+            a[i] = swiglu ? xr[i] / (1.0f + expf(-xr[i])) * xr[n_in + i] : xr[i];
+            amax = fmax(amax, fabs(a[i]));
+        }
+        for (int r = 0; r < rows; r++) {
+            const float *wr = hw.deq + ((size_t)ids[sl] * rows + r) * n_in;
+            double sw = 0, swx = 0;
+            for (int i = 0; i < n_in; i++) { sw += fabs(wr[i]); swx += fabs((double)wr[i] * a[i]); }
+            bound[(size_t)sl * ys + r] = (float)((t == GGML_TYPE_F32 ? 0.0 : sw * amax / 127.0) + 2e-6 * swx + 1e-30);
+        }
+    }
+    int32_t *di = gdup(ids, sizeof(int32_t) * n_slots);
+    float *dx = gdup(x, sizeof(float) * (size_t)n_xrows * xw), *dy = gdup(zero, sizeof(float) * (size_t)n_slots * ys);
+    in.ids = di;
+    in.x = dx;
+    gpu->matmul_id(gpu, &wg, &in, n_tok, dy);
+    gget(yg, dy, sizeof(float) * (size_t)n_slots * ys);
+    double worst = 0;
+    size_t bad = SIZE_MAX;
+    for (int sl = 0; sl < n_slots; sl++)
+        for (int r = 0; r < ys; r++) {
+            const size_t i = (size_t)sl * ys + r;
+            const double d = fabs((double)yg[i] - yc[i]), b = r < rows ? bound[i] : 0.0;
+            if (r < rows) worst = fmax(worst, d / b);
+            if (!(d <= b) && bad == SIZE_MAX) bad = i;
+        }
+    snprintf(shape, sizeof shape, "%s %dx%d x%d top-%d, %d tok%s", ggml_type_traits_get(t)->name, n_in, rows, n_expert,
+             n_used, n_tok, swiglu ? ", swiglu" : "");
+    const bool ok = bad == SIZE_MAX;
+    printf("%-5s %-14s %-44s max |d|/bound %.3f", ok ? "ok" : "FAIL", "matmul_id", shape, worst);
+    if (!ok) printf("  first bad [%zu]: got %.9g want %.9g", bad, yg[bad], yc[bad]);
+    printf("\n");
+    ok ? n_pass++ : n_fail++;
+    if (n_tok > 2) { /* token 2 alone */
+        float *y1 = galloc(sizeof(float) * (size_t)n_used * ys), *h1 = xmalloc(sizeof(float) * (size_t)n_used * ys);
+        struct matmul_id_in one = in;
+        one.ids = di + 2 * n_used;
+        one.x = dx + (size_t)2 * in.tok_stride;
+        gpu->matmul_id(gpu, &wg, &one, 1, y1);
+        gget(h1, y1, sizeof(float) * (size_t)n_used * ys);
+        bool same = true;
+        for (int k = 0; k < n_used; k++)
+            same &= memcmp(h1 + (size_t)k * ys, yg + (size_t)(2 * n_used + k) * ys, sizeof(float) * rows) == 0;
+        printf("%-5s %-14s %-44s a token alone = in the batch, bit for bit\n", same ? "ok" : "FAIL", "matmul_id", shape);
+        same ? n_pass++ : n_fail++;
+        gpu->free(gpu, y1);
+        free(h1);
+    }
+    gpu->free(gpu, di); gpu->free(gpu, dx); gpu->free(gpu, dy);
+    cpu->weight_free(cpu, &wc);
+    gpu->weight_free(gpu, &wg);
+    free(ids); free(x); free(a); free(yc); free(yg); free(bound); free(zero);
+    free_hweight(&hw);
+}
+
+/* moe_sum: the same f32 operations in the same order; sigmoid through expf (2 ulp). */
+static void test_moe_sum(int n_tok, int n_used, int dim) {
+    char shape[96];
+    const size_t ny = (size_t)n_tok * n_used * dim, no = (size_t)n_tok * dim;
+    float *y = xmalloc(sizeof(float) * ny), *w = xmalloc(sizeof(float) * n_tok * n_used), *sh = xmalloc(sizeof(float) * no);
+    float *g = xmalloc(sizeof(float) * n_tok), *oc = xmalloc(sizeof(float) * no), *og = xmalloc(sizeof(float) * no);
+    fill(y, ny, 2.0f); fill(w, (size_t)n_tok * n_used, 1.0f); fill(sh, no, 2.0f); fill(g, n_tok, 4.0f);
+    float *dy = gdup(y, sizeof(float) * ny), *dw = gdup(w, sizeof(float) * n_tok * n_used), *dsh = gdup(sh, sizeof(float) * no);
+    float *dg = gdup(g, sizeof(float) * n_tok), *dout = galloc(sizeof(float) * no);
+    cpu->moe_sum(cpu, y, w, n_tok, n_used, dim, sh, g, oc);
+    gpu->moe_sum(gpu, dy, dw, n_tok, n_used, dim, dsh, dg, dout);
+    gget(og, dout, sizeof(float) * no);
+    snprintf(shape, sizeof shape, "%d tokens, top-%d, dim %d", n_tok, n_used, dim);
+    check("moe_sum", shape, og, oc, no, 1e-6, 2e-6);
+    gpu->free(gpu, dy); gpu->free(gpu, dw); gpu->free(gpu, dsh); gpu->free(gpu, dg); gpu->free(gpu, dout);
+    free(y); free(w); free(sh); free(g); free(oc); free(og);
+}
+
 /* ---- the registry: a test for every op of backend_ops.h (main fails for one without) ------ */
 
 static void test_fused_matmuls(void) {
@@ -1510,6 +1647,20 @@ static void run_accept_greedy(void) {
         for (int miss = 0; miss <= n; miss++) test_accept_greedy(n, miss);
 }
 
+static void run_moe_route(void) { test_moe_route(1, 256, 8); test_moe_route(5, 16, 4); test_moe_route(70, 64, 2); }
+static void run_matmul_id(void) {
+    for (size_t i = 0; i < sizeof mm_types / sizeof mm_types[0]; i++) {
+        const enum ggml_type t = mm_types[i];
+        const int n_in = ggml_type_traits_get(t)->block_elems == 256 ? 512 : 256;
+        test_matmul_id(t, n_in, 64, 16, 4, 5, false);   /* gate/up rows of a verify batch */
+        test_matmul_id(t, n_in, 32, 16, 4, 5, true);    /* down over swiglu slots */
+    }
+    test_matmul_id(GGML_TYPE_Q8_0, 2048, 512, 32, 8, 1, false);  /* 35B-A3B's gate widths, decode */
+    test_matmul_id(GGML_TYPE_Q4_K, 512, 2048, 32, 8, 1, true);   /* its down's, decode */
+    test_matmul_id(GGML_TYPE_Q8_0, 256, 48, 8, 2, 300, true);    /* prefill: slot lists past 8 */
+}
+static void run_moe_sum(void) { test_moe_sum(1, 8, 2048); test_moe_sum(5, 4, 300); }
+
 static const struct op_test {
     enum backend_op op;
     void (*run)(void);
@@ -1535,6 +1686,9 @@ static const struct op_test {
     {BACKEND_OP_gdn_chunked, run_gdn_chunked},
     {BACKEND_OP_argmax, run_argmax},
     {BACKEND_OP_accept_greedy, run_accept_greedy},
+    {BACKEND_OP_moe_route, run_moe_route},
+    {BACKEND_OP_matmul_id, run_matmul_id},
+    {BACKEND_OP_moe_sum, run_moe_sum},
 };
 
 /* supports() says yes to exactly the weight types weight_init takes, and to f16 caches only */
@@ -1550,6 +1704,7 @@ static void test_supports(void) {
         n_taken += taken;
         ok &= gpu->supports(gpu, BACKEND_OP_matmul, (enum ggml_type)t) == taken;
         ok &= gpu->supports(gpu, BACKEND_OP_get_rows, (enum ggml_type)t) == taken;
+        ok &= gpu->supports(gpu, BACKEND_OP_matmul_id, (enum ggml_type)t) == taken;
     }
     ok &= n_taken == (int)(sizeof mm_types / sizeof mm_types[0]);
     ok &= gpu->supports(gpu, BACKEND_OP_attention, GGML_TYPE_F16) && !gpu->supports(gpu, BACKEND_OP_attention, GGML_TYPE_Q8_0);
