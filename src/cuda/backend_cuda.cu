@@ -39,6 +39,14 @@ static void *cuda_alloc(struct backend *be, size_t bytes) {
     return p;
 }
 
+/* What the device has free now (cudaMemGetInfo). */
+static size_t cuda_mem_available(struct backend *be) {
+    cuda_enter(be);
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return free_b;
+}
+
 static void cuda_free(struct backend *be, void *p) {
     struct cuda_ctx *c = cuda_enter(be);
     if (!p) return;
@@ -317,6 +325,7 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->name = "cuda";
     be->ctx = c;
     be->alloc = cuda_alloc;
+    be->mem_available = cuda_mem_available;
     be->free = cuda_free;
     be->upload = cuda_upload;
     be->download = cuda_download;

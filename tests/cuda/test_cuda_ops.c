@@ -792,8 +792,8 @@ static void test_kv_store(int n_tok, int kvd, int n_cells) {
     uint16_t *dkc = gdup(kc, 2 * (size_t)n_cells * kvd), *dvc = gdup(vc, 2 * (size_t)n_cells * kvd);
     float *dk = gdup(k, sizeof(float) * n_tok * ks), *dv = gdup(v, sizeof(float) * n_tok * kvd);
     int32_t *dcells = gdup(cells, sizeof(int32_t) * n_tok);
-    const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, 1, kvd, kc, vc);
-    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, 1, kvd, dkc, dvc);
+    const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, 1, kvd, kc, vc);
+    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, 1, kvd, dkc, dvc);
     cpu->kv_store(cpu, k, ks, v, kvd, n_tok, cells, &kvc);
     gpu->kv_store(gpu, dk, ks, dv, kvd, n_tok, dcells, &kvg);
     gget(kg, dkc, 2 * (size_t)n_cells * kvd);
@@ -845,8 +845,8 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     uint16_t *dkc = gdup(kc, 2 * nc), *dvc = gdup(vc, 2 * nc);
     int32_t *dpos = gdup(pos, sizeof(int32_t) * n_tok), *dcells = gdup(cells, sizeof(int32_t) * n_tok);
     int32_t *dcells2 = gdup(cells2, sizeof(int32_t) * n_tok);
-    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, HKV, D, dkc, dvc);
-    const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
+    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, HKV, D, dkc, dvc);
+    const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, HKV, D, kc, vc);
     const struct attn_prep_in gin = {.q = dq, .q_stride = QS, .q_head_stride = 2 * D, .q_norm = dqn, .k = dk,
                                      .k_stride = KV, .k_norm = dkn, .v = dv, .v_stride = KV, .v_norm = gemma ? dones : NULL,
                                      .v_from_k = kv_ring, .cells2 = kv_ring ? dcells2 : NULL, .eps = 1e-6f, .n_head = H, .n_rot = n_rot, .rope_base = 1e7f,
@@ -911,8 +911,8 @@ static void test_attn_prep_q_only(int H, int HKV, int D, int n_rot) {
     float *dq = gdup(q, sizeof(float) * nq), *dqn = gdup(qn, sizeof(float) * D);
     uint16_t *dkc = gdup(kc, 2 * nc), *dvc = gdup(kc, 2 * nc);
     int32_t *dpos = gdup(&pos, sizeof pos);
-    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, HKV, D, dkc, dvc);
-    struct kv_view kvc = kv_view_make(GGML_TYPE_F16, HKV, D, kc, kc);
+    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, HKV, D, dkc, dvc);
+    struct kv_view kvc = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, HKV, D, kc, kc);
     const struct attn_prep_in gin = {.q = dq, .q_stride = H * D, .q_head_stride = D, .q_norm = dqn, .eps = 1e-6f,
                                      .n_head = H, .n_rot = n_rot, .rope_base = 1e4f};
     gpu->attn_prep(gpu, &gin, 1, dpos, NULL, &kvg);
@@ -958,8 +958,8 @@ static void test_attention(int n_tok, int len0, int n_head, int n_head_kv, int D
     int32_t *dc0 = gdup(cell0, sizeof(int32_t) * n_tok), *dn = gdup(nctx, sizeof(int32_t) * n_tok);
     float *dout = galloc(sizeof(float) * n_tok * n_head * D);
     const float scale = 1.0f / sqrtf((float)D);
-    const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, n_head_kv, D, kc, vc);
-    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, n_head_kv, D, dkc, dvc);
+    const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, n_head_kv, D, kc, vc);
+    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, n_head_kv, D, dkc, dvc);
     cpu->attention(cpu, q, qs, qhs, &kvc, cell0, nctx, n_tok, n_head, scale, oc);
     gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
     gget(og, dout, sizeof(float) * n_tok * n_head * D);
@@ -1282,7 +1282,7 @@ static void bench_attention(cudaEvent_t e0, cudaEvent_t e1, int n_tok, int len) 
     float *dq = gdup(q, sizeof(float) * n_tok * qs), *dout = galloc(sizeof(float) * n_tok * n_head * D);
     uint16_t *dk = gdup(kv, 2 * nkv), *dv = gdup(kv, 2 * nkv);
     int32_t *dc0 = gdup(cell0, sizeof(int32_t) * n_tok), *dn = gdup(nctx, sizeof(int32_t) * n_tok);
-    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, n_head_kv, D, dk, dv);
+    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, n_head_kv, D, dk, dv);
     for (int i = -1; i < iters; i++) {
         if (i == 0) gpu->capture_begin(gpu);
         gpu->attention(gpu, dq, qs, 2 * D, &kvg, dc0, dn, n_tok, n_head, 1.0f / 16.0f, dout);
