@@ -11,6 +11,7 @@
  * file:line and aborts (a sticky device error cannot be recovered from in-process). alloc()
  * returns NULL when the device is out of memory. */
 #include "cuda_internal.cuh"
+#include "kv_types.cuh"
 #include "backend_cuda.h"
 
 #include <string.h>
@@ -219,7 +220,7 @@ static bool cuda_supports(struct backend *be, enum backend_op op, enum ggml_type
     case BACKEND_OP_get_rows: return cuda_weight_type_supported(type);
     case BACKEND_OP_attn_prep:
     case BACKEND_OP_kv_store:
-    case BACKEND_OP_attention: return type == GGML_TYPE_F16;
+    case BACKEND_OP_attention: return cuda_kv_type(type);
     default: return (int)op >= 0 && op < BACKEND_OP_COUNT && type == GGML_TYPE_F32;
     }
 }
