@@ -133,3 +133,43 @@ Test(memory, window_ring_bounds_its_cells_and_its_rollbacks) {
     memory_free(&mem);
     backend_free(be);
 }
+
+/* A cache is sized whole before anything is allocated: one that exceeds what the backend says
+ * it has free is refused (COTI_E_NOMEM, its size noted) without a single allocation; with room
+ * it allocates K and V of each own layer in their types' bytes. */
+static size_t room;
+static int n_allocs;
+static size_t fake_available(struct backend *be) { return room; }
+static void *counting_alloc(struct backend *be, size_t bytes) {
+    n_allocs++;
+    return malloc(bytes ? bytes : 1);
+}
+static void plain_free(struct backend *be, void *p) { free(p); }
+
+Test(memory, a_cache_that_does_not_fit_is_refused_before_allocating) {
+    struct backend *cpu = backend_cpu_init(1, QUANT_CPU_REF);
+    struct backend fake = *cpu;
+    fake.mem_available = fake_available;
+    fake.alloc = counting_alloc;
+    fake.free = plain_free;
+    /* layers 0 and 1 own storage (2 heads of 32, 1 of 64), layer 2 reads layer 0 */
+    static const struct kv_layer_spec specs[3] = {{2, 32, -1, 0}, {1, 64, -1, 0}, {2, 32, 0, 0}};
+    const size_t k_bytes = 2 * 16 * (34 + 34 + 34 * 2), v_bytes = 2 * 16 * (18 * 2 + 18 * 2); /* q8_0 K, q4_0 V */
+    struct kv_cache kv;
+    room = k_bytes + v_bytes - 1;
+    n_allocs = 0;
+    cr_assert_eq(kv_cache_init(&kv, &fake, specs, 3, 2, 16, 4, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0), COTI_E_NOMEM);
+    cr_assert_eq(kv.bytes, k_bytes + v_bytes, "the size it needed: %zu", kv.bytes);
+    cr_assert_eq(n_allocs, 0, "nothing was allocated");
+    kv_cache_free(&kv);
+    room = k_bytes + v_bytes;
+    cr_assert_eq(kv_cache_init(&kv, &fake, specs, 3, 2, 16, 4, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0), 0);
+    cr_assert_eq(n_allocs, 4, "K and V of the two layers with storage");
+    size_t k, v;
+    kv_cache_bytes_per_seq(&kv, &k, &v);
+    cr_assert_eq(k * 2, k_bytes);
+    cr_assert_eq(v * 2, v_bytes);
+    cr_assert_eq(kv.layers[2].k, kv.layers[0].k);
+    kv_cache_free(&kv);
+    backend_free(cpu);
+}

@@ -14,6 +14,7 @@
 #include "cpu/ops.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +45,18 @@ static void *cpu_alloc(struct backend *be, size_t bytes) {
     return p;
 }
 static void cpu_free(struct backend *be, void *p) { free(p); }
+/* MemAvailable of /proc/meminfo: alloc touches every byte it gives (zeroing), so a request past
+ * it would push the machine into swap or the OOM killer rather than fail; SIZE_MAX when
+ * unknown. */
+static size_t cpu_mem_available(struct backend *be) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[128];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (f && !found && fgets(line, sizeof line, f)) found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    if (f) fclose(f);
+    return found && kib < SIZE_MAX / 1024 ? (size_t)kib * 1024 : SIZE_MAX;
+}
 static void cpu_memcpy(struct backend *be, void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
 }
@@ -585,6 +598,7 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->name = "cpu";
     be->ctx = c;
     be->alloc = cpu_alloc;
+    be->mem_available = cpu_mem_available;
     be->free = cpu_free;
     be->upload = cpu_memcpy;
     be->download = cpu_memcpy;
