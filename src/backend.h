@@ -133,6 +133,10 @@ struct backend {
 
     /* memory */
     void *(*alloc)(struct backend *be, size_t bytes);            /* zeroed; NULL on failure */
+    /* Optional (NULL: unknown): bytes alloc can still give (CUDA: the device's free memory;
+     * CPU: MemAvailable), so that a large allocation (a KV cache) is refused with a message
+     * before it is attempted. */
+    size_t (*mem_available)(struct backend *be);
     void (*free)(struct backend *be, void *p);
     void (*upload)(struct backend *be, void *dst, const void *src_host, size_t bytes);
     void (*download)(struct backend *be, void *dst_host, const void *src, size_t bytes);

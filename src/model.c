@@ -35,6 +35,10 @@ int model_load_gguf(struct model **out, struct gguf_file *g, struct backend *be,
     if (p->n_seq < 1 || p->n_ctx < 1 || p->n_batch < 1 || p->n_keep_states < 0) {
         rc = coti_fail(err, err_size, COTI_E_ARG, "model params out of range (n_seq %d, n_ctx %d, n_batch %d)",
                        p->n_seq, p->n_ctx, p->n_batch);
+    } else if (!kv_type_ok(p->cache_type_k, 32) || !kv_type_ok(p->cache_type_v, 32)) { /* kv.h's types */
+        const struct ggml_type_traits *tk = ggml_type_traits_get(p->cache_type_k), *tv = ggml_type_traits_get(p->cache_type_v);
+        rc = coti_fail(err, err_size, COTI_E_ARG, "KV cache types K %s, V %s: each must be f16, bf16, q8_0 or q4_0",
+                       tk ? tk->name : "?", tv ? tv->name : "?");
     } else if (gguf_get_str(g, "general.architecture", &arch, err, err_size) != 0) {
         rc = coti_fail(err, err_size, COTI_E_FORMAT, "missing general.architecture");
     } else {
@@ -61,6 +65,9 @@ int model_load_gguf(struct model **out, struct gguf_file *g, struct backend *be,
     }
     in->n_bytes = g->size;
     in->state_bytes_per_seq = (*out)->engine ? memory_bytes_per_seq(&(*out)->engine->mem) : 0;
+    in->cache_type_k = p->cache_type_k;
+    in->cache_type_v = p->cache_type_v;
+    if ((*out)->engine) memory_kv_bytes_per_seq(&(*out)->engine->mem, &in->k_bytes_per_seq, &in->v_bytes_per_seq);
     if (gguf_get_str(g, "tokenizer.chat_template", &in->chat_template, NULL, 0)) in->chat_template = NULL;
     return 0;
 }

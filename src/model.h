@@ -23,6 +23,8 @@ struct model_info {
     uint64_t n_bytes;            /* the file's size */
     const char *chat_template;   /* tokenizer.chat_template, or NULL (the model owns the text) */
     size_t state_bytes_per_seq;  /* device memory of one sequence: KV cells + recurrent state */
+    enum ggml_type cache_type_k, cache_type_v; /* the KV cache's element types */
+    size_t k_bytes_per_seq, v_bytes_per_seq;   /* its K and V parts of state_bytes_per_seq */
 };
 
 /* A batch: tokens of the same sequence are contiguous and at consecutive positions that
@@ -110,6 +112,7 @@ struct model {
     struct gguf_file *gguf;      /* owned; weights may point into its mapping */
     struct engine *engine;       /* the machinery under the architecture (engine/engine.h) */
     int n_seq, n_ctx, n_batch, n_keep_states;
+    enum ggml_type cache_type_k, cache_type_v;
     int32_t *seq_len;            /* host: positions held per sequence (model_seq_len) */
 };
 
@@ -126,6 +129,9 @@ struct model_params {
     int n_batch;                 /* max rows per internal forward step (larger batches are split) */
     int n_keep_states;           /* max verify length that must be rollback-able (1 + n_draft) */
     struct load_progress *progress; /* or NULL */
+    /* the KV cache's element types (llama.cpp's -ctk / -ctv): f16, bf16, q8_0 or q4_0 (kv.h's
+     * kv_types), K and V independently */
+    enum ggml_type cache_type_k, cache_type_v;
 };
 
 /* The architectures model_load knows, comma-separated ("qwen35, gemma4"), into buf; returns buf. */

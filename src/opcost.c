@@ -39,6 +39,7 @@ static int matmul_family(const struct bweight *const *ws, int n_w) {
 /* ---- always forwarded ---- */
 
 static void *o_alloc(struct backend *be, size_t bytes) { return inner_of(be)->alloc(inner_of(be), bytes); }
+static size_t o_mem_available(struct backend *be) { return inner_of(be)->mem_available(inner_of(be)); }
 static void o_free(struct backend *be, void *p) { inner_of(be)->free(inner_of(be), p); }
 static void o_upload(struct backend *be, void *dst, const void *src, size_t bytes) { inner_of(be)->upload(inner_of(be), dst, src, bytes); }
 static void o_download(struct backend *be, void *dst, const void *src, size_t bytes) { inner_of(be)->download(inner_of(be), dst, src, bytes); }
@@ -110,6 +111,7 @@ struct backend *opcost_wrap(struct backend *inner) {
     be->name = inner->name;
     be->ctx = inner->ctx;
     be->alloc = o_alloc;
+    if (inner->mem_available) be->mem_available = o_mem_available;
     be->free = o_free;
     be->upload = o_upload;
     be->download = o_download;

@@ -63,6 +63,23 @@ equiv_random_moe_models() {
     done
 }
 check "coti equiv: 0 real disagreements on random qwen35moe models, n_max 1..4" equiv_random_moe_models
+# quantized KV caches (-ctk / -ctv, K and V alike or not): a verify's rows are stored as plain
+# decoding stores them, so speculation stays lossless at every draft length; the load summary
+# names the types and their bytes per token; a type coti has no cache of is refused by name.
+equiv_quantized_kv() {
+    local p=$'static int foo(struct device *dev)\n{\n'
+    for kv in "q8_0 q8_0" "q4_0 q4_0" "q8_0 q4_0"; do
+        set -- $kv
+        for n in 1 2 3 4; do
+            "$COTI" equiv --spec mtp --spec-n-max $n -p "$p" -n 32 -t 1 -c 256 -ctk $1 -ctv $2 2>/dev/null |
+                grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || return 1
+        done
+    done
+    "$COTI" run -p x -n 1 -t 1 -c 256 --cache-type-k q8_0 --cache-type-v=q4_0 2>&1 >/dev/null |
+        grep -q 'KV K q8_0 [0-9.]* MiB = 408 B/token, V q4_0 [0-9.]* MiB = 216 B/token' || return 1
+    "$COTI" run -p x -n 1 -ctv q5_1 2>"$TMP/ctv.err"; [ $? -ne 0 ] && grep -q -- '--ctv expects f16|bf16|q8_0|q4_0' "$TMP/ctv.err"
+}
+check "-ctk/-ctv q8_0, q4_0, q8_0/q4_0: equiv Δ 0 at mtp n_max 1-4; summary and bad type" equiv_quantized_kv
 
 bench_runs() {
     printf '["int main(void)\\n{\\n", {"prompt": "static void f(int x)\\n{\\n"}]' > "$TMP/p.json"
@@ -145,6 +162,15 @@ assistant_is_lossless() {
     done
 }
 check "gemma4 + assistant: greedy text identical, equiv Δ 0 at n_max 1-4" assistant_is_lossless
+
+# the assistant reads the target's q8_0 cache (sliding and full layers) as it is stored
+assistant_on_q8_0_cache_is_lossless() {
+    for n in 1 3; do
+        "$COTI" equiv -m "$G4" --spec assistant --spec-draft "$G4A" --spec-n-max $n -ctk q8_0 -ctv q8_0 \
+            -p $'static int foo(struct device *dev)\n{\n' -n 32 -t 1 | grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || return 1
+    done
+}
+check "gemma4 + assistant, q8_0 cache: equiv Δ 0 at n_max 1 and 3" assistant_on_q8_0_cache_is_lossless
 
 # an E-series target (per-layer embeddings, shared-KV layers) with a window of 8 and 16 rows
 # per forward: its sliding layers keep a ring of 23 positions, which every prompt wraps. The
@@ -249,7 +275,7 @@ check "coti bench --prefill: cold and warm tok/s per size" bench_prefill
 TS='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z '
 load_summary_and_log() {
     "$COTI" run -p x -n 2 -t 1 > /dev/null 2> "$TMP/s.err" || return 1
-    grep -Eq "${TS}\[info\] model: .*coti-tiny-qwen35-mtp-q8_0.gguf: arch qwen35, [0-9.]+M params, weights q8_0, [0-9.]+ MiB, [0-9.]+ MiB KV\+state per slot x 1, cpu [a-z0-9]+, 1 threads, loaded in" "$TMP/s.err" ||
+    grep -Eq "${TS}\[info\] model: .*coti-tiny-qwen35-mtp-q8_0.gguf: arch qwen35, [0-9.]+M params, weights q8_0, [0-9.]+ MiB, [0-9.]+ MiB KV\+state per slot x 1 \(KV K f16 [0-9.]+ MiB = 768 B/token, V f16 [0-9.]+ MiB = 768 B/token\), cpu [a-z0-9]+, 1 threads, loaded in" "$TMP/s.err" ||
         { cat "$TMP/s.err" >&2; return 1; }
     grep -q $'\r' "$TMP/s.err" && { echo "a progress line went to a file" >&2; return 1; }
     "$COTI" serve --port 0 -t 1 -np 1 --no-warmup --metrics --slots 2> "$TMP/srv.err" &

@@ -3,6 +3,7 @@
  * rope identities, and the CPU matmul at every SIMD level against the reference level. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,54 +85,126 @@ static void check_gdn(bool chunked, int n_tok, float gscale) {
 Test(backend_ops, gdn_recurrent_matches_f64_reference) { check_gdn(false, 1, 0.3f); check_gdn(false, 150, 0.3f); check_gdn(false, 150, 4.0f); }
 Test(backend_ops, gdn_chunked_matches_f64_reference) { check_gdn(true, 1, 0.3f); check_gdn(true, 64, 0.3f); check_gdn(true, 150, 0.3f); check_gdn(true, 150, 4.0f); check_gdn(true, 150, 0.01f); }
 
-/* f64 reference attention over an f16 cache (values as stored). */
-static void check_attention(enum quant_cpu_level level, int n_ctx, int D) {
-    const int H = 4, HKV = 2, kvd = HKV * D, n_tok = 3;
-    struct backend *be = backend_cpu_init(2, level);
-    float *q = malloc(sizeof(float) * n_tok * H * D), *out = malloc(sizeof(float) * n_tok * H * D);
-    float *kf = malloc(sizeof(float) * n_ctx * kvd), *vf = malloc(sizeof(float) * n_ctx * kvd);
-    uint16_t *kc = malloc(sizeof(uint16_t) * n_ctx * kvd), *vc = malloc(sizeof(uint16_t) * n_ctx * kvd);
-    fill(q, (size_t)n_tok * H * D, 1.0f);
-    fill(kf, (size_t)n_ctx * kvd, 1.0f);
-    fill(vf, (size_t)n_ctx * kvd, 1.0f);
-    int32_t cells[512], cell0[3], nctx[3];
-    for (int i = 0; i < n_ctx; i++) cells[i] = i;
-    const struct kv_view kvv = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
-    be->kv_store(be, kf, kvd, vf, kvd, n_ctx, cells, &kvv);
-    for (int t = 0; t < n_tok; t++) { cell0[t] = 0; nctx[t] = n_ctx - n_tok + 1 + t; }
-    const float scale = 1.0f / sqrtf((float)D);
-    be->attention(be, q, H * D, D, &kvv, cell0, nctx, n_tok, H, scale, out);
-    double worst = 0;
+/* f64 attention of q over the first nctx[t] cells of K and V rows given as floats (kvd per
+ * cell), into want[t][h][i]. */
+static void attention_f64(const float *q, const float *k, const float *v, int n_tok, int H, int HKV, int D,
+                          const int32_t *nctx, float scale, double *want) {
+    const int kvd = HKV * D;
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < H; h++) {
             const int hk = h / (H / HKV);
             double s[512], mx = -1e300, sum = 0;
             for (int c = 0; c < nctx[t]; c++) {
                 double d = 0;
-                for (int i = 0; i < D; i++) d += (double)q[(t * H + h) * D + i] * fp16_to_f32(kc[c * kvd + hk * D + i]);
+                for (int i = 0; i < D; i++) d += (double)q[(t * H + h) * D + i] * k[c * kvd + hk * D + i];
                 s[c] = d * scale;
                 if (s[c] > mx) mx = s[c];
             }
             for (int c = 0; c < nctx[t]; c++) { s[c] = exp(s[c] - mx); sum += s[c]; }
             for (int i = 0; i < D; i++) {
                 double o = 0;
-                for (int c = 0; c < nctx[t]; c++) o += s[c] / sum * fp16_to_f32(vc[c * kvd + hk * D + i]);
-                worst = fmax(worst, fabs(o - out[(t * H + h) * D + i]));
+                for (int c = 0; c < nctx[t]; c++) o += s[c] / sum * v[c * kvd + hk * D + i];
+                want[(t * H + h) * D + i] = o;
             }
         }
-    /* outputs are convex combinations of values in [-1, 1]: f32 error ~1e-6 */
-    cr_assert_lt(worst, 1e-5, "attention level %d, ctx %d, D %d: max |dout| %g", (int)level, n_ctx, D, worst);
-    free(q); free(out); free(kf); free(vf); free(kc); free(vc);
+}
+
+/* The rows kv_store wrote, back as floats (the quant reference's dequantization). */
+static float *cache_values(enum ggml_type t, const void *cache, int n_rows, int kvd) {
+    float *f = malloc(sizeof(float) * n_rows * kvd);
+    const size_t rb = ggml_row_size(t, kvd);
+    for (int c = 0; c < n_rows; c++) quant_dequantize_row_ref(t, (const uint8_t *)cache + c * rb, f + (size_t)c * kvd, kvd);
+    return f;
+}
+
+/* Attention over a cache of K type tk and V type tv at one CPU level, random K/V in [-1, 1):
+ * (1) kv_store writes each row as quant_quantize_row_ref does (the reference's bytes, which is
+ * what makes a verify's rows equal decode's); (2) the output equals f64 attention over the
+ * values as stored to f32 rounding (1e-5: outputs are convex combinations of values in [-1, 1]
+ * and the block conversion is exact); (3) against the f16 cache's f64 reference it is off by
+ * less than `tol`, the format's rounding at these values (the caller's bound). */
+static void check_attention_types(enum quant_cpu_level level, int n_ctx, int D, enum ggml_type tk, enum ggml_type tv,
+                                  double tol) {
+    const int H = 4, HKV = 2, kvd = HKV * D, n_tok = 3;
+    struct backend *be = backend_cpu_init(2, level);
+    float *q = malloc(sizeof(float) * n_tok * H * D), *out = malloc(sizeof(float) * n_tok * H * D);
+    float *kf = malloc(sizeof(float) * n_ctx * kvd), *vf = malloc(sizeof(float) * n_ctx * kvd);
+    const size_t krb = ggml_row_size(tk, kvd), vrb = ggml_row_size(tv, kvd);
+    uint8_t *kc = malloc(krb * n_ctx), *vc = malloc(vrb * n_ctx), *row = malloc(krb + vrb);
+    double *want = malloc(sizeof(double) * n_tok * H * D), *want16 = malloc(sizeof(double) * n_tok * H * D);
+    fill(q, (size_t)n_tok * H * D, 1.0f);
+    fill(kf, (size_t)n_ctx * kvd, 1.0f);
+    fill(vf, (size_t)n_ctx * kvd, 1.0f);
+    int32_t cells[512], cell0[3], nctx[3];
+    for (int i = 0; i < n_ctx; i++) cells[i] = n_ctx - 1 - i; /* not in order: a cell is where it was put */
+    const struct kv_view kvv = kv_view_make(tk, tv, HKV, D, kc, vc);
+    be->kv_store(be, kf, kvd, vf, kvd, n_ctx, cells, &kvv);
+    for (int i = 0; i < n_ctx; i++) {
+        quant_quantize_row_ref(tk, kf + (size_t)i * kvd, row, kvd);
+        cr_assert_eq(memcmp(row, kc + (size_t)cells[i] * krb, krb), 0, "K row %d of %s: the reference's bytes", i,
+                     ggml_type_traits_get(tk)->name);
+        quant_quantize_row_ref(tv, vf + (size_t)i * kvd, row, kvd);
+        cr_assert_eq(memcmp(row, vc + (size_t)cells[i] * vrb, vrb), 0, "V row %d of %s: the reference's bytes", i,
+                     ggml_type_traits_get(tv)->name);
+    }
+    for (int t = 0; t < n_tok; t++) { cell0[t] = 0; nctx[t] = n_ctx - n_tok + 1 + t; }
+    const float scale = 1.0f / sqrtf((float)D);
+    be->attention(be, q, H * D, D, &kvv, cell0, nctx, n_tok, H, scale, out);
+    /* the references index cells: the values as stored, and the f16 cache's values */
+    float *ks = cache_values(tk, kc, n_ctx, kvd), *vs = cache_values(tv, vc, n_ctx, kvd);
+    float *k16 = malloc(sizeof(float) * n_ctx * kvd), *v16 = malloc(sizeof(float) * n_ctx * kvd);
+    for (int i = 0; i < n_ctx; i++)
+        for (int e = 0; e < kvd; e++) {
+            k16[(size_t)cells[i] * kvd + e] = fp16_to_f32(f32_to_fp16(kf[(size_t)i * kvd + e]));
+            v16[(size_t)cells[i] * kvd + e] = fp16_to_f32(f32_to_fp16(vf[(size_t)i * kvd + e]));
+        }
+    attention_f64(q, ks, vs, n_tok, H, HKV, D, nctx, scale, want);
+    attention_f64(q, k16, v16, n_tok, H, HKV, D, nctx, scale, want16);
+    double worst = 0, worst16 = 0;
+    for (int i = 0; i < n_tok * H * D; i++) {
+        worst = fmax(worst, fabs(want[i] - out[i]));
+        worst16 = fmax(worst16, fabs(want16[i] - out[i]));
+    }
+    const char *nk = ggml_type_traits_get(tk)->name, *nv = ggml_type_traits_get(tv)->name;
+    cr_assert_lt(worst, 1e-5, "attention level %d, ctx %d, D %d, K %s V %s: max |dout| %g against its stored values",
+                 (int)level, n_ctx, D, nk, nv, worst);
+    cr_assert_lt(worst16, tol, "attention level %d, ctx %d, D %d, K %s V %s: max |dout| %g against the f16 cache's",
+                 (int)level, n_ctx, D, nk, nv, worst16);
+    if (getenv("COTI_TEST_VERBOSE"))
+        fprintf(stderr, "attention K %s V %s ctx %d D %d: %g from f16 (bound %g)\n", nk, nv, n_ctx, D, worst16, tol);
+    free(k16); free(v16); free(ks); free(vs);
+    free(q); free(out); free(kf); free(vf); free(kc); free(vc); free(row); free(want); free(want16);
     backend_free(be);
 }
 
 Test(backend_ops, attention_matches_f64_reference) {
     for (int l = QUANT_CPU_REF; l <= (int)quant_cpu_level_detect(); l++) {
-        check_attention((enum quant_cpu_level)l, 5, 64);
-        check_attention((enum quant_cpu_level)l, 300, 64);
-        check_attention((enum quant_cpu_level)l, 37, 24); /* head dim not a multiple of 16: tails */
-        check_attention((enum quant_cpu_level)l, 37, 20); /* nor of 8 */
+        const enum quant_cpu_level lv = (enum quant_cpu_level)l;
+        check_attention_types(lv, 5, 64, GGML_TYPE_F16, GGML_TYPE_F16, 1e-5);
+        check_attention_types(lv, 300, 64, GGML_TYPE_F16, GGML_TYPE_F16, 1e-5);
+        check_attention_types(lv, 37, 24, GGML_TYPE_F16, GGML_TYPE_F16, 1e-5); /* head dim not a multiple of 16: tails */
+        check_attention_types(lv, 37, 20, GGML_TYPE_F16, GGML_TYPE_F16, 1e-5); /* nor of 8 */
     }
+}
+
+/* The quantized and bf16 caches, K and V alike or not. The bound against the f16 cache is the
+ * format's rounding of values in [-1, 1): an output is a softmax-weighted mean of V values, each
+ * off by at most half a step (bf16: 2^-9 relative; q8_0: amax/254 <= 1/254; q4_0: amax/16, and
+ * up to amax/8 at the clamped end of a block), and K's rounding moves the weights a little
+ * (|dscore| <= scale·Σ|q||dk|, ~scale·√D·step/√12 for random signs). Over few cells (ctx 5) a
+ * mean averages little of it away. Bounds: bf16 0.004 (one step), q8_0 0.008 (one step, 1/127),
+ * q4_0 0.15 (seen: <= 0.002, 0.004 and 0.08). */
+Test(backend_ops, attention_over_quantized_caches) {
+    const struct { enum ggml_type k, v; double tol; } cases[] = {
+        {GGML_TYPE_BF16, GGML_TYPE_BF16, 0.004}, {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 0.008},
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 0.15},  {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 0.15},
+        {GGML_TYPE_Q4_0, GGML_TYPE_F16, 0.15},   {GGML_TYPE_F16, GGML_TYPE_Q8_0, 0.008},
+    };
+    for (int l = QUANT_CPU_REF; l <= (int)quant_cpu_level_detect(); l++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            check_attention_types((enum quant_cpu_level)l, 5, 64, cases[i].k, cases[i].v, cases[i].tol);
+            check_attention_types((enum quant_cpu_level)l, 300, 96, cases[i].k, cases[i].v, cases[i].tol);
+        }
 }
 
 /* The exp-based activations and argmax of every kernel table this CPU can run, against
@@ -582,7 +655,14 @@ Test(backend_ops, every_listed_op_is_filled_and_supports_matches_weight_init) {
         n_types += taken;
     }
     cr_assert_geq(n_types, 8, "the CPU computes the common weight types");
-    cr_assert(cpu->supports(cpu, BACKEND_OP_attention, GGML_TYPE_F16) && !cpu->supports(cpu, BACKEND_OP_attention, GGML_TYPE_Q8_0));
+    /* the attention ops: kv.h's cache types exactly */
+    for (int t = 0; t < GGML_TYPE_COUNT; t++) {
+        bool is_kv = false;
+        for (int i = 0; i < KV_N_TYPES; i++) is_kv |= kv_types[i] == (enum ggml_type)t;
+        cr_assert_eq(cpu->supports(cpu, BACKEND_OP_attention, (enum ggml_type)t), is_kv, "type %d", t);
+        cr_assert_eq(cpu->supports(cpu, BACKEND_OP_kv_store, (enum ggml_type)t), is_kv, "type %d", t);
+    }
+    cr_assert(!cpu->supports(cpu, BACKEND_OP_attention, GGML_TYPE_Q4_1) && !cpu->supports(cpu, BACKEND_OP_attention, GGML_TYPE_F32));
     cr_assert(cpu->supports(cpu, BACKEND_OP_rmsnorm, GGML_TYPE_F32) && !cpu->supports(cpu, BACKEND_OP_rmsnorm, GGML_TYPE_F16));
     backend_free(cpu);
     backend_free(oc);
@@ -604,8 +684,8 @@ Test(backend_ops, attn_prep_equals_its_separate_ops) {
     memcpy(q2, q, sizeof q);
     memcpy(q0, q, sizeof q);
     memcpy(k2, k, sizeof k);
-    const struct kv_view kvv = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
-    const struct kv_view kvv2 = kv_view_make(GGML_TYPE_F16, HKV, D, kc2, vc2);
+    const struct kv_view kvv = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, HKV, D, kc, vc);
+    const struct kv_view kvv2 = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, HKV, D, kc2, vc2);
     const struct attn_prep_in in = {.q = q, .q_stride = QS, .q_head_stride = 2 * D, .q_norm = qn, .k = k, .k_stride = KV,
                                     .k_norm = kn, .v = v, .v_stride = KV, .eps = 1e-6f, .n_head = H, .n_rot = NROT,
                                     .rope_base = 1e6f};
@@ -712,8 +792,8 @@ Test(backend_ops, attn_prep_with_freqs_and_v_norm_equals_its_separate_ops) {
     memcpy(q2, q, sizeof q);
     memcpy(k2, k, sizeof k);
     memcpy(v2, v, sizeof v);
-    const struct kv_view kvv = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
-    const struct kv_view kvv2 = kv_view_make(GGML_TYPE_F16, HKV, D, kc2, vc2);
+    const struct kv_view kvv = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, HKV, D, kc, vc);
+    const struct kv_view kvv2 = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, HKV, D, kc2, vc2);
     const struct attn_prep_in in = {.q = q, .q_stride = QS, .q_head_stride = D, .q_norm = qn, .k = k, .k_stride = KV,
                                     .k_norm = kn, .v = v, .v_stride = KV, .v_norm = ones, .eps = 1e-6f, .n_head = H,
                                     .n_rot = D, .rope_base = 1e6f, .rope_freqs = freqs};
@@ -754,8 +834,8 @@ Test(backend_ops, attn_prep_v_from_k_and_second_store_equal_copy_and_kv_store) {
     memcpy(q2, q, sizeof q);
     memcpy(k2, k, sizeof k);
     memcpy(v2, k, sizeof k);
-    const struct kv_view kvv = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
-    const struct kv_view kvv2 = kv_view_make(GGML_TYPE_F16, HKV, D, kc2, vc2);
+    const struct kv_view kvv = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, HKV, D, kc, vc);
+    const struct kv_view kvv2 = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, HKV, D, kc2, vc2);
     struct attn_prep_in in = {.q = q, .q_stride = QS, .q_head_stride = D, .q_norm = qn, .k = k, .k_stride = KV,
                               .k_norm = kn, .v = v, .v_stride = KV, .v_norm = ones, .v_from_k = true, .cells2 = cells2,
                               .eps = 1e-6f, .n_head = H, .n_rot = D, .rope_base = 1e4f};

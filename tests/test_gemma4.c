@@ -22,7 +22,7 @@
 static struct model *open_model(struct backend *be, const char *path, int n_batch) {
     char err[512];
     struct model *m = NULL;
-    const struct model_params p = {1, 512, n_batch, 4, NULL};
+    const struct model_params p = {1, 512, n_batch, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
     cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "load: %s", err);
     return m;
 }
@@ -134,20 +134,21 @@ Test(gemma4, simd_kernels_agree_with_the_reference) {
 
 /* The assistant's steps read the target's cache and write none of it: every K/V byte and the
  * lengths are the same before and after a chain of draft steps (arch-gemma4.md §5.9). */
-static size_t layer_bytes(const struct kv_cache *kv, int il) {
-    return kv->layers[il].row_bytes * (size_t)kv->n_seq * (size_t)(kv->windowed[il] ? kv->win : kv->full).block;
+static size_t layer_bytes(const struct kv_cache *kv, int il, size_t row_bytes) {
+    return row_bytes * (size_t)kv->n_seq * (size_t)(kv->windowed[il] ? kv->win : kv->full).block;
 }
 
 static void *kv_bytes(struct model *m, size_t *n) {
     const struct kv_cache *kv = &m->engine->mem.kv;
     size_t total = 0;
-    for (int il = 0; il < kv->n_layer; il++) total += 2 * layer_bytes(kv, il);
+    for (int il = 0; il < kv->n_layer; il++)
+        total += layer_bytes(kv, il, kv->layers[il].k_row_bytes) + layer_bytes(kv, il, kv->layers[il].v_row_bytes);
     unsigned char *h = malloc(total), *p = h;
     for (int il = 0; il < kv->n_layer; il++) {
-        const size_t b = layer_bytes(kv, il);
-        m->be->download(m->be, p, kv->layers[il].k, b);
-        m->be->download(m->be, p + b, kv->layers[il].v, b);
-        p += 2 * b;
+        const size_t bk = layer_bytes(kv, il, kv->layers[il].k_row_bytes), bv = layer_bytes(kv, il, kv->layers[il].v_row_bytes);
+        m->be->download(m->be, p, kv->layers[il].k, bk);
+        m->be->download(m->be, p + bk, kv->layers[il].v, bv);
+        p += bk + bv;
     }
     *n = total;
     return h;

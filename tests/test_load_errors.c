@@ -39,14 +39,15 @@ static void write_all(const char *path, struct blob b) {
 }
 
 /* A small random qwen35 (one delta-net layer, a NextN layer), written once per test. */
-static struct blob make_model(const char *path) {
+static struct blob make_model_with(const char *path, const char *more) {
     char cmd[512];
     snprintf(cmd, sizeof cmd,
              "./coti mkmodel --arch qwen35 -o %s --vocab-from none --n-vocab 300 --n-embd 64 --n-layer 1 "
-             "--n-ff 128 --nextn 1 --seed 7 > /dev/null 2>&1", path);
+             "--n-ff 128 --nextn 1 --seed 7 %s > /dev/null 2>&1", path, more);
     cr_assert_eq(system(cmd), 0, "mkmodel failed");
     return read_all(path);
 }
+static struct blob make_model(const char *path) { return make_model_with(path, ""); }
 
 /* Where a GGUF string (u64 length, then bytes) with this text starts its bytes. */
 static uint8_t *find_gguf_string(struct blob b, const char *text) {
@@ -73,7 +74,7 @@ static void expect_refused(const char *path, struct blob b, const char *want, in
     write_all(path, b);
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
     cr_assert_not_null(be);
-    struct model_params p = {n_seq, n_ctx, 16, 4, NULL};
+    struct model_params p = {n_seq, n_ctx, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
     struct model *m = (struct model *)&p; /* must be cleared by a failing load */
     char err[512] = "";
     int rc = model_load(&m, path, be, &p, err, sizeof err);
@@ -96,7 +97,7 @@ Test(load_errors, the_unedited_model_loads) {
     char *path = scratch("ok");
     struct blob b = make_model(path);
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
-    struct model_params p = {1, 64, 16, 4, NULL};
+    struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
     struct model *m = NULL;
     char err[512];
     cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);
@@ -164,6 +165,7 @@ Test(load_errors, kv_cache_that_cannot_be_allocated) {
     struct blob b = make_model(path);
     /* the file is fine; 1024 sequences of 2^30 positions are not */
     expect_refused(path, b, "out of memory", 1024, 1 << 30);
+    expect_refused(path, b, "-ctk / -ctv q8_0", 1024, 1 << 30); /* the message says what needs less */
     free(b.p);
 }
 
@@ -182,7 +184,7 @@ Test(load_errors, moe_unedited_loads_and_gate_up_half_missing) {
     struct blob b = make_moe(path);
     write_all(path, b);
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
-    struct model_params p = {1, 64, 16, 4, NULL};
+    struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
     struct model *m = NULL;
     char err[512];
     cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);
@@ -215,6 +217,61 @@ Test(load_errors, moe_expert_stack_and_counts_that_disagree) {
     memcpy(at, &ff, 4);
     expect_refused(path, b, "multiples of 16", 1, 64);
     free(b.p);
+}
+
+/* -ctk / -ctv: the K and V caches take their type's bytes (a q8_0 row of 32 elements is 34
+ * bytes where f16's is 64, q4_0's 18), each independently; a type coti has no cache of is
+ * refused by name, a block type for heads it does not tile with the reason. */
+Test(load_errors, cache_types_size_the_kv_and_unknown_ones_are_refused) {
+    char *path = scratch("ctk");
+    struct blob b = make_model(path); /* heads of 16 */
+    {
+        write_all(path, b);
+        struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+        struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_BF16, GGML_TYPE_Q8_0};
+        struct model *m = NULL;
+        char err[512] = "";
+        cr_assert_neq(model_load(&m, path, be, &p, err, sizeof err), 0);
+        cr_assert_not_null(strstr(err, "multiples of 32"), "%s", err);
+        backend_free(be);
+        free(b.p);
+    }
+    b = make_model_with(path, "--head-dim 32");
+    write_all(path, b);
+    struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+    const enum ggml_type types[][2] = {{GGML_TYPE_F16, GGML_TYPE_F16}, {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0},
+                                       {GGML_TYPE_BF16, GGML_TYPE_Q8_0}};
+    size_t k[3], v[3], rec[3];
+    for (int i = 0; i < 3; i++) {
+        struct model_params p = {1, 64, 16, 4, NULL, types[i][0], types[i][1]};
+        struct model *m = NULL;
+        char err[512];
+        cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(m->info.cache_type_k, types[i][0]);
+        cr_assert_eq(m->info.cache_type_v, types[i][1]);
+        k[i] = m->info.k_bytes_per_seq;
+        v[i] = m->info.v_bytes_per_seq;
+        rec[i] = m->info.state_bytes_per_seq - k[i] - v[i];
+        cr_assert_eq(rec[i], rec[0], "the recurrent state does not depend on the cache types");
+        model_free(m);
+    }
+    cr_assert_gt(k[0], 0);
+    cr_assert_eq(k[1] * 64, k[0] * 34, "q8_0 K: 34 bytes per 32 elements");
+    cr_assert_eq(v[1] * 64, v[0] * 18, "q4_0 V: 18 bytes per 32 elements");
+    cr_assert_eq(k[2], k[0], "bf16 K: 2 bytes per element");
+    cr_assert_eq(v[2], k[1], "q8_0 V as q8_0 K");
+    const enum ggml_type bad[] = {GGML_TYPE_F32, GGML_TYPE_Q5_0, GGML_TYPE_Q4_K};
+    for (int i = 0; i < 3; i++) {
+        struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_F16, bad[i]};
+        struct model *m = NULL;
+        char err[512] = "";
+        cr_assert_neq(model_load(&m, path, be, &p, err, sizeof err), 0);
+        cr_assert_null(m);
+        cr_assert_not_null(strstr(err, "must be f16, bf16, q8_0 or q4_0"), "%s", err);
+    }
+    backend_free(be);
+    free(b.p);
+    unlink(path);
 }
 
 /* gemma4 E-series files: the per-layer embedding tables are required once the metadata gives
@@ -290,7 +347,7 @@ Test(load_errors, load_reports_progress_and_slot_memory) {
     for (int i = 0; i < 2; i++) {
         struct progress_seen seen = {.monotone = true};
         struct load_progress lp = {on_progress, &seen, 0, 0};
-        struct model_params p = {2, 64 << i, 16, 4, &lp};
+        struct model_params p = {2, 64 << i, 16, 4, &lp, GGML_TYPE_F16, GGML_TYPE_F16};
         struct model *m = NULL;
         char err[512];
         cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);

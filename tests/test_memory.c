@@ -19,7 +19,7 @@ static const struct kv_layer_spec head_spec = {2, 4, -1, 0};
 
 static void mem_make(struct memory *mem, struct backend *be) {
     const struct memory_params p = {.n_seq = N_SEQ, .n_ctx = N_CTX, .n_keep = KEEP, .kv = kv_specs, .n_kv = 3,
-                                    .n_rec = 2, .conv_elems = CONV, .ssm_elems = SSM, .head_kv = &head_spec,
+                                    .k_type = GGML_TYPE_F16, .v_type = GGML_TYPE_F16, .n_rec = 2, .conv_elems = CONV, .ssm_elems = SSM, .head_kv = &head_spec,
                                     .n_head_kv = 1};
     cr_assert_eq(memory_init(mem, be, &p), 0);
 }
@@ -44,7 +44,7 @@ Test(memory, shared_layers_have_no_storage_of_their_own) {
     mem_make(&mem, be);
     cr_assert(mem.kv.owns[0] && mem.kv.owns[1] && !mem.kv.owns[2]);
     cr_assert_eq(mem.kv.layers[2].k, mem.kv.layers[0].k);
-    cr_assert_eq(mem.kv.layers[1].row_bytes, 8 * sizeof(uint16_t));
+    cr_assert_eq(mem.kv.layers[1].k_row_bytes, 8 * sizeof(uint16_t));
     struct kv_view ro = kv_view_read_only(&mem.kv, 1);
     cr_assert(ro.read_only && !mem.kv.layers[1].read_only && ro.k == mem.kv.layers[1].k);
     memory_free(&mem);
@@ -56,7 +56,7 @@ Test(memory, copy_moves_the_cells_the_source_holds) {
     struct memory mem;
     mem_make(&mem, be);
     const struct kv_view *l1 = &mem.kv.layers[1];
-    const size_t row = l1->row_bytes / sizeof(float); /* f16 rows seen as floats: any bytes do */
+    const size_t row = l1->k_row_bytes / sizeof(float); /* f16 rows seen as floats: any bytes do */
     fill(be, l1->k, N_SEQ * N_CTX * row, 1.0f);
     fill(be, rec_ssm(&mem.rec, 1, 0), SSM, 2.0f);
     fill(be, rec_ssm(&mem.rec, 1, 2), SSM, 3.0f);
@@ -111,7 +111,7 @@ Test(memory, rollback_restores_the_snapshot_of_the_last_kept_token) {
 Test(memory, window_ring_bounds_its_cells_and_its_rollbacks) {
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
     const struct kv_layer_spec specs[2] = {{1, 4, -1, 2}, {1, 4, -1, 0}};
-    const struct memory_params p = {.n_seq = 2, .n_ctx = 64, .n_keep = 6, .n_batch = 4, .kv = specs, .n_kv = 2};
+    const struct memory_params p = {.n_seq = 2, .n_ctx = 64, .n_keep = 6, .n_batch = 4, .kv = specs, .n_kv = 2, .k_type = GGML_TYPE_F16, .v_type = GGML_TYPE_F16};
     struct memory mem;
     cr_assert_eq(memory_init(&mem, be, &p), 0);
     const struct kv_cells *w = &mem.kv.win;
@@ -120,7 +120,7 @@ Test(memory, window_ring_bounds_its_cells_and_its_rollbacks) {
     cr_assert_eq(kv_cells_at(w, 1, 15), 9 + 1);
     cr_assert_eq(kv_cells_second(w, 1, 15), 9 + 8, "no second store: the block's last cell");
     cr_assert_eq(kv_cells_second(w, 1, 14), 9 + 7, "slot 0: stored again past the ring");
-    const size_t blk = 9 * mem.kv.layers[0].row_bytes / sizeof(float); /* a sequence's block, in floats */
+    const size_t blk = 9 * mem.kv.layers[0].k_row_bytes / sizeof(float); /* a sequence's block, in floats */
     fill(be, mem.kv.layers[0].k, 2 * blk, 1.0f);
     mem.seq_len[0] = 20;
     cr_assert_eq(memory_seq_copy(&mem, 1, 0), 0);
@@ -132,4 +132,44 @@ Test(memory, window_ring_bounds_its_cells_and_its_rollbacks) {
     cr_assert_eq(memory_seq_rollback(&mem, 0, 7), COTI_E_RANGE, "7 positions: past what the ring keeps");
     memory_free(&mem);
     backend_free(be);
+}
+
+/* A cache is sized whole before anything is allocated: one that exceeds what the backend says
+ * it has free is refused (COTI_E_NOMEM, its size noted) without a single allocation; with room
+ * it allocates K and V of each own layer in their types' bytes. */
+static size_t room;
+static int n_allocs;
+static size_t fake_available(struct backend *be) { return room; }
+static void *counting_alloc(struct backend *be, size_t bytes) {
+    n_allocs++;
+    return malloc(bytes ? bytes : 1);
+}
+static void plain_free(struct backend *be, void *p) { free(p); }
+
+Test(memory, a_cache_that_does_not_fit_is_refused_before_allocating) {
+    struct backend *cpu = backend_cpu_init(1, QUANT_CPU_REF);
+    struct backend fake = *cpu;
+    fake.mem_available = fake_available;
+    fake.alloc = counting_alloc;
+    fake.free = plain_free;
+    /* layers 0 and 1 own storage (2 heads of 32, 1 of 64), layer 2 reads layer 0 */
+    static const struct kv_layer_spec specs[3] = {{2, 32, -1, 0}, {1, 64, -1, 0}, {2, 32, 0, 0}};
+    const size_t k_bytes = 2 * 16 * (34 + 34 + 34 * 2), v_bytes = 2 * 16 * (18 * 2 + 18 * 2); /* q8_0 K, q4_0 V */
+    struct kv_cache kv;
+    room = k_bytes + v_bytes - 1;
+    n_allocs = 0;
+    cr_assert_eq(kv_cache_init(&kv, &fake, specs, 3, 2, 16, 4, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0), COTI_E_NOMEM);
+    cr_assert_eq(kv.bytes, k_bytes + v_bytes, "the size it needed: %zu", kv.bytes);
+    cr_assert_eq(n_allocs, 0, "nothing was allocated");
+    kv_cache_free(&kv);
+    room = k_bytes + v_bytes;
+    cr_assert_eq(kv_cache_init(&kv, &fake, specs, 3, 2, 16, 4, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0), 0);
+    cr_assert_eq(n_allocs, 4, "K and V of the two layers with storage");
+    size_t k, v;
+    kv_cache_bytes_per_seq(&kv, &k, &v);
+    cr_assert_eq(k * 2, k_bytes);
+    cr_assert_eq(v * 2, v_bytes);
+    cr_assert_eq(kv.layers[2].k, kv.layers[0].k);
+    kv_cache_free(&kv);
+    backend_free(cpu);
 }

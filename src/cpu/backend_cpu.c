@@ -3,7 +3,9 @@
  * Ops small enough that a thread hand-off costs more than the work (norms and elementwise
  * ops over a few hundred floats per token) run on the calling thread.
  * Numerics follow llama.cpp's CPU path where it matters for logit agreement: activations are
- * converted to the weight type's vec_dot type before a matmul; the KV cache is f16; norms,
+ * converted to the weight type's vec_dot type before a matmul; the KV cache rows are stored as
+ * llama.cpp stores them (f16, bf16, or q8_0 / q4_0 blocks of 32 by the reference rule) and
+ * attention reads them converted to f32 a block of rows at a time; norms,
  * rope, softmax, conv and the delta rule are f32. Each output value is computed the same way
  * whatever the batch size or thread count, so a verify batch reproduces plain decode bit for
  * bit. */
@@ -12,6 +14,7 @@
 #include "cpu/ops.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +47,18 @@ static void *cpu_alloc(struct backend *be, size_t bytes) {
     return p;
 }
 static void cpu_free(struct backend *be, void *p) { free(p); }
+/* MemAvailable of /proc/meminfo: alloc touches every byte it gives (zeroing), so a request past
+ * it would push the machine into swap or the OOM killer rather than fail; SIZE_MAX when
+ * unknown. */
+static size_t cpu_mem_available(struct backend *be) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[128];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (f && !found && fgets(line, sizeof line, f)) found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    if (f) fclose(f);
+    return found && kib < SIZE_MAX / 1024 ? (size_t)kib * 1024 : SIZE_MAX;
+}
 static void cpu_memcpy(struct backend *be, void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
 }
@@ -67,7 +82,7 @@ static bool cpu_supports(struct backend *be, enum backend_op op, enum ggml_type 
     case BACKEND_OP_get_rows: return (int)type >= 0 && type < GGML_TYPE_COUNT && cpu(be)->have_kernels[type];
     case BACKEND_OP_attn_prep:
     case BACKEND_OP_kv_store:
-    case BACKEND_OP_attention: return type == GGML_TYPE_F16;
+    case BACKEND_OP_attention: return kv_type_ok(type, 32); /* kv.h's types (every one tiles 32) */
     default: return (int)op >= 0 && op < BACKEND_OP_COUNT && type == GGML_TYPE_F32;
     }
 }
@@ -574,13 +589,21 @@ static void cpu_attn_prep(struct backend *be, const struct attn_prep_in *in, int
     if (in->cells2) cpu_kv_store(be, k, k_stride, v, in->v_stride, n_tok, in->cells2, kv);
 }
 
+/* One cache row of type t from x: every CPU level writes the reference's bytes (quant.h's
+ * from_float contract), so a row does not depend on the path that stored it. */
+static void kv_row_store(struct backend *be, enum ggml_type t, const float *x, void *y, int n) {
+    const struct cpu_ctx *c = cpu(be);
+    if (t == GGML_TYPE_F16) c->ops->to_f16(x, y, n);
+    else if (c->have_kernels[t] && c->kernels[t].vec_dot_type == t) c->kernels[t].from_float(x, y, n);
+    else quant_quantize_row_ref(t, x, y, n);
+}
+
 static void cpu_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
                          int n_tok, const int32_t *cells, const struct kv_view *kv) {
     const int n_kv_dim = kv->n_head_kv * kv->head_dim;
-    uint16_t *k_cache = kv->k, *v_cache = kv->v; /* F16: supports() admits no other type */
     for (int t = 0; t < n_tok; t++) {
-        cpu(be)->ops->to_f16(k + (size_t)t * k_stride, k_cache + (size_t)cells[t] * n_kv_dim, n_kv_dim);
-        cpu(be)->ops->to_f16(v + (size_t)t * v_stride, v_cache + (size_t)cells[t] * n_kv_dim, n_kv_dim);
+        kv_row_store(be, kv->k_type, k + (size_t)t * k_stride, (uint8_t *)kv->k + (size_t)cells[t] * kv->k_row_bytes, n_kv_dim);
+        kv_row_store(be, kv->v_type, v + (size_t)t * v_stride, (uint8_t *)kv->v + (size_t)cells[t] * kv->v_row_bytes, n_kv_dim);
     }
 }
 
@@ -595,8 +618,10 @@ static void attn_worker(void *arg, int ith, int nth) {
 static void cpu_attention(struct backend *be, const float *q, int q_stride, int q_head_stride,
                           const struct kv_view *kv, const int32_t *cell0, const int32_t *n_ctx, int n_tok,
                           int n_head, float scale, float *out) {
-    struct attn_task j = {{q, q_stride, q_head_stride, kv->k, kv->v, cell0, n_ctx,
-                           n_tok, n_head, kv->n_head_kv, kv->head_dim, scale, out}, cpu(be)->ops};
+    struct attn_task j = {{q, q_stride, q_head_stride, kv->k, kv->v, kv->k_type, kv->v_type, kv->k_row_bytes,
+                           kv->v_row_bytes, ggml_row_size(kv->k_type, kv->head_dim), ggml_row_size(kv->v_type, kv->head_dim),
+                           cell0, n_ctx, n_tok, n_head, kv->n_head_kv, kv->head_dim, scale, out},
+                          cpu(be)->ops};
     if (kv->head_dim > CPU_ATTN_MAX_HEAD_DIM) abort(); /* model loading rejects such files */
     threadpool_run(cpu(be)->tp, attn_worker, &j);
 }
@@ -724,6 +749,7 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->name = "cpu";
     be->ctx = c;
     be->alloc = cpu_alloc;
+    be->mem_available = cpu_mem_available;
     be->free = cpu_free;
     be->upload = cpu_memcpy;
     be->download = cpu_memcpy;

@@ -1,5 +1,5 @@
-/* ops.h — the CPU backend's non-matmul kernels that are worth SIMD (attention over the f16
- * KV cache, the delta rule in both forms, the exp-based activations, argmax). Their bodies live once in ops_body.h and are
+/* ops.h — the CPU backend's non-matmul kernels that are worth SIMD (attention over the KV
+ * cache of any KV type, its rows converted a block at a time, the delta rule in both forms, the exp-based activations, argmax). Their bodies live once in ops_body.h and are
  * compiled three times: ops_ref.c (plain C, the reference), ops_avx2.c and ops_avx512.c (their
  * vector primitives); backend_cpu.c picks a table at init from the CPU level. */
 #ifndef COTI_CPU_OPS_H
@@ -16,7 +16,10 @@
 
 struct attn_job {
     const float *q; int q_stride, q_head_stride;
-    const uint16_t *k, *v; const int32_t *cell0, *n_ctx;
+    const uint8_t *k, *v;                  /* cache rows: k_row_bytes (v_row_bytes) per cell */
+    enum ggml_type k_type, v_type;         /* F16, BF16, Q8_0 or Q4_0 (kv.h's kv_types) */
+    size_t k_row_bytes, v_row_bytes, k_head_bytes, v_head_bytes;
+    const int32_t *cell0, *n_ctx;
     int n_tok, n_head, n_head_kv, head_dim; float scale; float *out;
 };
 

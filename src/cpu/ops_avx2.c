@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #include "cpu/ops.h"
 #include "quant/quant.h"
+#include "cpu/kv_rows_simd.h"
 
 #define UNROLL8 _Pragma("GCC unroll 8")   /* keeps per-row accumulators in registers */
 
@@ -53,10 +54,10 @@ static inline __m256 reduce8(const __m256 v[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 
-/* f16 rows (stride apart) to packed f32 rows of n */
-static inline void cvt_rows_f16(float *y, const uint16_t *x, size_t stride, int nb, int n) {
+/* f16 rows (stride bytes apart) to packed f32 rows of n */
+static inline void cvt_rows_f16(float *y, const uint8_t *x, size_t stride, int nb, int n) {
     for (int c = 0; c < nb; c++) {
-        const uint16_t *xr = x + (size_t)c * stride;
+        const uint16_t *xr = (const uint16_t *)(x + (size_t)c * stride);
         float *yr = y + (size_t)c * n;
         int i = 0;
         for (; i + 8 <= n; i += 8) _mm256_storeu_ps(yr + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(xr + i))));

@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "cpu/ops.h"
+#include "cpu/kv_rows_simd.h"
 
 #define UNROLL16 _Pragma("GCC unroll 16")   /* keeps per-row accumulators in registers */
 
@@ -62,10 +63,10 @@ static inline __m512 reduce16(const __m512 v[16]) {
     return _mm512_permutexvar_ps(to_row, r);
 }
 
-/* f16 rows (stride apart) to packed f32 rows of n */
-static inline void cvt_rows_f16(float *y, const uint16_t *x, size_t stride, int nb, int n) {
+/* f16 rows (stride bytes apart) to packed f32 rows of n */
+static inline void cvt_rows_f16(float *y, const uint8_t *x, size_t stride, int nb, int n) {
     for (int c = 0; c < nb; c++) {
-        const uint16_t *xr = x + (size_t)c * stride;
+        const uint16_t *xr = (const uint16_t *)(x + (size_t)c * stride);
         float *yr = y + (size_t)c * n;
         int i = 0;
         for (; i + 16 <= n; i += 16) _mm512_storeu_ps(yr + i, load_f16(xr + i));

@@ -1,12 +1,24 @@
 /* ops_body.h — kernel bodies shared by the reference and SIMD instances (see ops.h).
  * The including file defines the vector primitives vdot, vdot_rows, vaxpy, vaxpy_rows,
- * cvt_rows_f16, vscale, vmax, vexp_shift and the OPS_NAME(x) suffix macro; the
+ * cvt_rows_f16, cvt_rows_bf16, cvt_rows_q8_0, cvt_rows_q4_0 (cache rows of a KV type, `stride`
+ * bytes apart, to packed f32 rows: exact, so every instance gives the same floats), vscale, vmax, vexp_shift and the OPS_NAME(x) suffix macro; the
  * algorithms are written only here. */
 #include <math.h>
 #include <string.h>
 
+/* nb cache rows of type t, stride bytes apart, to packed f32 rows of n. */
+static inline void OPS_NAME(cvt_rows)(enum ggml_type t, float *y, const uint8_t *x, size_t stride, int nb, int n) {
+    switch (t) {
+    case GGML_TYPE_BF16: cvt_rows_bf16(y, x, stride, nb, n); break;
+    case GGML_TYPE_Q8_0: cvt_rows_q8_0(y, x, stride, nb, n); break;
+    case GGML_TYPE_Q4_0: cvt_rows_q4_0(y, x, stride, nb, n); break;
+    default: cvt_rows_f16(y, x, stride, nb, n); break;
+    }
+}
+
 /* One token and one KV head: every query head of the group (GQA) over the cached rows, in
- * blocks that are converted from f16 once and shared by the group's heads. Per head: the
+ * blocks that are converted from the cache's types once and shared by the group's heads (the
+ * cache is read in place, one block of rows at a time). Per head: the
  * block's scores, one rescale of the running sum if the block raised the maximum, the block's
  * exponentials in one vector pass, then the value sum. A (token, head)'s result depends only
  * on its own q and cache rows, never on the batch. */
@@ -14,7 +26,7 @@
 #define ATTN_BLOCK_FLOATS 4096          /* f32 per converted block: 64 rows of 64, 8 of 512 */
 #define ATTN_HEADS_PER_PASS 8
 static void OPS_NAME(attn_group)(const struct attn_job *j, int t, int hk) {
-    const int D = j->head_dim, kvd = j->n_head_kv * D, G = j->n_head / j->n_head_kv;
+    const int D = j->head_dim, G = j->n_head / j->n_head_kv;
     const int blk = ATTN_BLOCK_FLOATS / D < ATTN_BLOCK ? ATTN_BLOCK_FLOATS / D : ATTN_BLOCK;
     /* K and V blocks 64 bytes off a 4 KiB multiple from each other: loads from one then do
      * not falsely wait on stores to the other (4K aliasing) */
@@ -31,9 +43,11 @@ static void OPS_NAME(attn_group)(const struct attn_job *j, int t, int hk) {
         }
         for (int b0 = 0; b0 < n; b0 += blk) {
             const int nb = n - b0 < blk ? n - b0 : blk;
-            const size_t row0 = (size_t)(c0 + b0) * kvd + (size_t)hk * D;
-            cvt_rows_f16(kf, j->k + row0, (size_t)kvd, nb, D);
-            cvt_rows_f16(vf, j->v + row0, (size_t)kvd, nb, D);
+            const size_t cell = (size_t)(c0 + b0);
+            OPS_NAME(cvt_rows)(j->k_type, kf, j->k + cell * j->k_row_bytes + (size_t)hk * j->k_head_bytes, j->k_row_bytes,
+                               nb, D);
+            OPS_NAME(cvt_rows)(j->v_type, vf, j->v + cell * j->v_row_bytes + (size_t)hk * j->v_head_bytes, j->v_row_bytes,
+                               nb, D);
             for (int g = 0; g < ng; g++) {
                 const int h = hk * G + g0 + g;
                 const float *q = j->q + (size_t)t * j->q_stride + (size_t)h * j->q_head_stride;

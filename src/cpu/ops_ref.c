@@ -11,9 +11,21 @@ static inline float vdot(const float *a, const float *b, int n) {
 }
 static inline void vaxpy(float *y, float a, const float *x, int n) { for (int i = 0; i < n; i++) y[i] += a * x[i]; }
 static inline void vscale(float *y, float a, int n) { for (int i = 0; i < n; i++) y[i] *= a; }
-static inline void cvt_rows_f16(float *y, const uint16_t *x, size_t stride, int nb, int n) {
-    for (int c = 0; c < nb; c++)
-        for (int i = 0; i < n; i++) y[(size_t)c * n + i] = fp16_to_f32(x[(size_t)c * stride + i]);
+/* the quant reference's dequantization, row by row */
+static inline void cvt_rows_as(enum ggml_type t, float *y, const uint8_t *x, size_t stride, int nb, int n) {
+    for (int c = 0; c < nb; c++) quant_dequantize_row_ref(t, x + (size_t)c * stride, y + (size_t)c * n, n);
+}
+static inline void cvt_rows_f16(float *y, const uint8_t *x, size_t stride, int nb, int n) {
+    cvt_rows_as(GGML_TYPE_F16, y, x, stride, nb, n);
+}
+static inline void cvt_rows_bf16(float *y, const uint8_t *x, size_t stride, int nb, int n) {
+    cvt_rows_as(GGML_TYPE_BF16, y, x, stride, nb, n);
+}
+static inline void cvt_rows_q8_0(float *y, const uint8_t *x, size_t stride, int nb, int n) {
+    cvt_rows_as(GGML_TYPE_Q8_0, y, x, stride, nb, n);
+}
+static inline void cvt_rows_q4_0(float *y, const uint8_t *x, size_t stride, int nb, int n) {
+    cvt_rows_as(GGML_TYPE_Q4_0, y, x, stride, nb, n);
 }
 static inline void vdot_rows(const float *q, const float *k, int nb, int n, float scale, float *out) {
     for (int c = 0; c < nb; c++) out[c] = vdot(q, k + (size_t)c * n, n) * scale;

@@ -1,8 +1,10 @@
-/* attention.cu — causal softmax attention over the f16 KV cache, GQA, online softmax in f32.
+/* attention.cu — causal softmax attention over the KV cache (K and V each f16, bf16, q8_0 or
+ * q4_0: kv_types.cuh, read in place), GQA, online softmax in f32.
  *
  * A block of ATTN_WARPS warps serves one (token, q head, slice of the token's cache rows); each
  * warp takes every ATTN_WARPS-th row of the slice with the head dimension spread over its lanes
- * (8 consecutive f16 per lane per 256 elements when head_dim % 8 == 0), keeps its own running
+ * (8 consecutive elements per lane per 256 when head_dim % 8 == 0, always so for the block
+ * types, whose 8 then lie in one block), keeps its own running
  * max / sum / accumulator, and the warps are merged in a fixed order. Decode and verify batches
  * (n_tok <= ATTN_SMALL_BATCH) cut every token's rows into ATTN_SPLIT slices (a function of that
  * token's n_ctx only), and the last slice block of a (token, head) to finish merges them, so
@@ -11,6 +13,7 @@
  * Differences from the CPU: the order of the q·k sum and the merge of the partial softmaxes
  * (rounding only), and CUDA's expf. */
 #include "cuda_internal.cuh"
+#include "kv_types.cuh"
 
 #define ATTN_WARPS 4
 #define ATTN_SPLIT 32           /* <= 32: the merge forms the slice weights in one warp */
@@ -22,21 +25,15 @@ template <int NE, bool VEC> __device__ __forceinline__ int attn_elem(int lane, i
     return VEC ? 256 * (i / 8) + 8 * lane + (i % 8) : lane + 32 * i;
 }
 
-template <int NE, bool VEC>
-__device__ __forceinline__ void attn_load_f16(const uint16_t *p, int lane, int D, float (&o)[NE]) {
+/* A lane's NE elements of the cached head row at p (type T) into o (zeros past D). */
+template <int T, int NE, bool VEC>
+__device__ __forceinline__ void attn_load(const uint8_t *p, int lane, int D, float (&o)[NE]) {
     if constexpr (VEC) {
 #pragma unroll
         for (int c = 0; c < NE / 8; c++) {
             const int e = 256 * c + 8 * lane;
             if (e < D) {
-                const uint4 v = *(const uint4 *)(p + e);
-                const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float2 f = __half22float2(*(const __half2 *)&w[i]);
-                    o[8 * c + 2 * i] = f.x;
-                    o[8 * c + 2 * i + 1] = f.y;
-                }
+                kv_load8<T>(p, e, &o[8 * c]);
             } else {
 #pragma unroll
                 for (int i = 0; i < 8; i++) o[8 * c + i] = 0.0f;
@@ -46,7 +43,7 @@ __device__ __forceinline__ void attn_load_f16(const uint16_t *p, int lane, int D
 #pragma unroll
         for (int i = 0; i < NE; i++) {
             const int e = lane + 32 * i;
-            o[i] = e < D ? cuda_h2f(p[e]) : 0.0f;
+            o[i] = e < D ? kv_load1<T>(p, e) : 0.0f;
         }
     }
 }
@@ -81,17 +78,18 @@ __device__ __forceinline__ void attn_merge(const float *pp, int n_split, int D, 
     }
 }
 
-template <int NE, bool VEC>
+template <int TK, int TV, int NE, bool VEC>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
-attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const uint16_t *__restrict__ kc,
-            const uint16_t *__restrict__ vc, const int32_t *__restrict__ cell0, const int32_t *__restrict__ n_ctx,
-            int n_head, int n_head_kv, int D, float scale, float *__restrict__ out, float *part, unsigned *count) {
+attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const uint8_t *__restrict__ kc,
+            const uint8_t *__restrict__ vc, size_t k_row, size_t v_row, size_t k_head, size_t v_head,
+            const int32_t *__restrict__ cell0, const int32_t *__restrict__ n_ctx, int n_head, int n_head_kv, int D,
+            float scale, float *__restrict__ out, float *part, unsigned *count) {
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
     __shared__ float sm_acc[ATTN_WARPS][ATTN_MAX_D];
     cuda_pdl_begin();
     const int s = blockIdx.x, n_split = gridDim.x, h = blockIdx.y, t = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int hk = h / (n_head / n_head_kv), kvd = n_head_kv * D;
+    const int hk = h / (n_head / n_head_kv);
     const int len = n_ctx[t], c0 = cell0[t];
     const int per = (len + n_split - 1) / n_split, lo = s * per, hi = min(len, lo + per);
     const float *qh = q + (size_t)t * q_stride + (size_t)h * q_head_stride;
@@ -107,9 +105,9 @@ attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const 
      * at decode (a slice of a short context), so each load's latency is most of its cost */
     float kn[NE], vn[NE];
     auto load_row = [&](int c) { /* cache row c of this head into kn, vn */
-        const size_t ro = (size_t)(c0 + c) * kvd + (size_t)hk * D;
-        attn_load_f16<NE, VEC>(kc + ro, lane, D, kn);
-        attn_load_f16<NE, VEC>(vc + ro, lane, D, vn);
+        const size_t cell = (size_t)(c0 + c);
+        attn_load<TK, NE, VEC>(kc + cell * k_row + (size_t)hk * k_head, lane, D, kn);
+        attn_load<TV, NE, VEC>(vc + cell * v_row + (size_t)hk * v_head, lane, D, vn);
     };
     if (lo + warp < hi) load_row(lo + warp);
     for (int c = lo + warp; c < hi; c += ATTN_WARPS) {
@@ -181,7 +179,8 @@ void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head
                     const int32_t *cell0, const int32_t *n_ctx, int n_tok, int n_head, float scale, float *out) {
     struct cuda_ctx *c = cuda_enter(be);
     const int n_head_kv = kv->n_head_kv, head_dim = kv->head_dim;
-    const uint16_t *k_cache = (const uint16_t *)kv->k, *v_cache = (const uint16_t *)kv->v;
+    const uint8_t *k_cache = (const uint8_t *)kv->k, *v_cache = (const uint8_t *)kv->v;
+    const size_t k_head = ggml_row_size(kv->k_type, head_dim), v_head = ggml_row_size(kv->v_type, head_dim);
     if (n_tok < 1 || n_head < 1) return;
     if (head_dim > ATTN_MAX_D || n_head_kv < 1 || n_head % n_head_kv) abort(); /* model loading rejects these */
     const int n_split = n_tok <= ATTN_SMALL_BATCH ? ATTN_SPLIT : 1;
@@ -199,16 +198,36 @@ void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head
     }
     const dim3 grid(n_split, n_head, n_tok);
     const bool vec = head_dim % 8 == 0;
-#define ATTN_LAUNCH(NE, VEC)                                                                    \
-    cuda_launch(c, grid, ATTN_WARPS * 32, attn_kernel<NE, VEC>, q, q_stride, q_head_stride, k_cache, v_cache, \
-                cell0, n_ctx, n_head, n_head_kv, head_dim, scale, out, part, count)
-    if (head_dim <= 256) {
-        if (vec) ATTN_LAUNCH(8, true);
-        else ATTN_LAUNCH(8, false);
+#define ATTN_LAUNCH(TK, TV, NE, VEC)                                                            \
+    cuda_launch(c, grid, ATTN_WARPS * 32, attn_kernel<TK, TV, NE, VEC>, q, q_stride, q_head_stride, k_cache,   \
+                v_cache, kv->k_row_bytes, kv->v_row_bytes, k_head, v_head, cell0, n_ctx, n_head, n_head_kv,    \
+                head_dim, scale, out, part, count)
+    /* the block types tile heads by 32 (kv_type_ok), so only float caches take the scalar loads */
+#define ATTN_VEC(TK, TV)                                                                        \
+    do {                                                                                        \
+        if (head_dim <= 256) ATTN_LAUNCH(TK, TV, 8, true);                                      \
+        else ATTN_LAUNCH(TK, TV, 16, true);                                                     \
+    } while (0)
+#define ATTN_FLOAT(TK, TV)                                                                      \
+    do {                                                                                        \
+        if (head_dim <= 256) ATTN_LAUNCH(TK, TV, 8, false);                                     \
+        else ATTN_LAUNCH(TK, TV, 16, false);                                                    \
+    } while (0)
+    if (vec) {
+        KV_TYPES_DISPATCH(kv->k_type, kv->v_type, ATTN_VEC);
+    } else if (kv->k_type == GGML_TYPE_F16 && kv->v_type == GGML_TYPE_F16) {
+        ATTN_FLOAT(GGML_TYPE_F16, GGML_TYPE_F16);
+    } else if (kv->k_type == GGML_TYPE_BF16 && kv->v_type == GGML_TYPE_BF16) {
+        ATTN_FLOAT(GGML_TYPE_BF16, GGML_TYPE_BF16);
+    } else if (kv->k_type == GGML_TYPE_F16 && kv->v_type == GGML_TYPE_BF16) {
+        ATTN_FLOAT(GGML_TYPE_F16, GGML_TYPE_BF16);
+    } else if (kv->k_type == GGML_TYPE_BF16 && kv->v_type == GGML_TYPE_F16) {
+        ATTN_FLOAT(GGML_TYPE_BF16, GGML_TYPE_F16);
     } else {
-        if (vec) ATTN_LAUNCH(16, true);
-        else ATTN_LAUNCH(16, false);
+        abort(); /* a block type with heads it does not tile: kv_cache_init refuses it */
     }
+#undef ATTN_VEC
+#undef ATTN_FLOAT
 #undef ATTN_LAUNCH
 }
 

@@ -11,6 +11,7 @@
  * file:line and aborts (a sticky device error cannot be recovered from in-process). alloc()
  * returns NULL when the device is out of memory. */
 #include "cuda_internal.cuh"
+#include "kv_types.cuh"
 #include "backend_cuda.h"
 
 #include <string.h>
@@ -37,6 +38,14 @@ static void *cuda_alloc(struct backend *be, size_t bytes) {
     }
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes + CUDA_ALLOC_PAD, c->stream));
     return p;
+}
+
+/* What the device has free now (cudaMemGetInfo). */
+static size_t cuda_mem_available(struct backend *be) {
+    cuda_enter(be);
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return free_b;
 }
 
 static void cuda_free(struct backend *be, void *p) {
@@ -212,7 +221,7 @@ static bool cuda_supports(struct backend *be, enum backend_op op, enum ggml_type
     case BACKEND_OP_get_rows: return cuda_weight_type_supported(type);
     case BACKEND_OP_attn_prep:
     case BACKEND_OP_kv_store:
-    case BACKEND_OP_attention: return type == GGML_TYPE_F16;
+    case BACKEND_OP_attention: return cuda_kv_type(type);
     default: return (int)op >= 0 && op < BACKEND_OP_COUNT && type == GGML_TYPE_F32;
     }
 }
@@ -318,6 +327,7 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->name = "cuda";
     be->ctx = c;
     be->alloc = cuda_alloc;
+    be->mem_available = cuda_mem_available;
     be->free = cuda_free;
     be->upload = cuda_upload;
     be->download = cuda_download;

@@ -5,6 +5,7 @@
  * f32 scale then matches the CPU's except in rare last-bit cases), expf/sinf/cosf are CUDA's
  * (≤ 2 ulp) instead of glibc's, and argmax's softmax sum is taken in double in another order. */
 #include "cuda_internal.cuh"
+#include "kv_types.cuh"
 
 #include <math.h>
 
@@ -269,16 +270,17 @@ void cuda_rope_neox(struct backend *be, float *x, int n_tok, int tok_stride, int
 
 /* A warp per (head, token), q heads first: the head's norm in place (cuda_warp_rms_inv, the
  * order of rmsnorm_kernel<32, ...>), the rotation of its first 2·half dims (rope_angles and
- * rope_pair, as rope_kernel), and for a k head the f16 stores of its k and v rows into
- * cache row cells[t] (and cells2[t]: a ring's second store). v_from_k: the v row is first a
+ * rope_pair, as rope_kernel), and for a k head the stores of its k and v rows (types TK, TV:
+ * kv_store_head) into cache row cells[t] (and cells2[t]: a ring's second store). v_from_k: the v row is first a
  * copy of the k row as projected (K = V layers). Bit for bit the separate kernels and copies,
  * one launch instead of five to seven. */
+template <int TK, int TV>
 __global__ void __launch_bounds__(32)
 attn_prep_kernel(float *q, int q_stride, int q_head_stride, const float *__restrict__ q_norm, float *k, int k_stride,
                  const float *__restrict__ k_norm, float *v, int v_stride, const float *__restrict__ v_norm, float eps,
-                 int n_head, int n_head_kv, int D, int half, const int32_t *__restrict__ pos, float theta_scale,
+                 int n_head, int D, int half, const int32_t *__restrict__ pos, float theta_scale,
                  const float *__restrict__ freqs, const int32_t *__restrict__ cells, const int32_t *__restrict__ cells2,
-                 bool v_from_k, uint16_t *kc, uint16_t *vc) {
+                 bool v_from_k, uint8_t *kc, uint8_t *vc, size_t k_row, size_t v_row, size_t k_head, size_t v_head) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     cuda_pdl_begin();
     const int t = blockIdx.y, lane = threadIdx.x;
@@ -298,23 +300,17 @@ attn_prep_kernel(float *q, int q_stride, int q_head_stride, const float *__restr
     for (int d = lane; d < half; d += 32) rope_pair(row, d, half, cs, sn);
     if (!is_k) return;
     __syncwarp();
-    const size_t dst = (size_t)cells[t] * n_head_kv * D + (size_t)h * D;
     float *vr = v + (size_t)t * v_stride + (size_t)h * D;
     if (v_norm) {
         const float sv = cuda_warp_rms_inv(vr, D, eps, lane);
         for (int i = lane; i < D; i += 32) vr[i] = __fmul_rn(__fmul_rn(vr[i], sv), v_norm[i]);
         __syncwarp();
     }
-    for (int i = lane; i < D; i += 32) {
-        kc[dst + i] = cuda_f2h(row[i]);
-        vc[dst + i] = cuda_f2h(vr[i]);
-    }
+    kv_store_head<TK>(kc + (size_t)cells[t] * k_row + (size_t)h * k_head, row, D, lane);
+    kv_store_head<TV>(vc + (size_t)cells[t] * v_row + (size_t)h * v_head, vr, D, lane);
     if (!cells2) return;
-    const size_t dst2 = (size_t)cells2[t] * n_head_kv * D + (size_t)h * D;
-    for (int i = lane; i < D; i += 32) {
-        kc[dst2 + i] = cuda_f2h(row[i]);
-        vc[dst2 + i] = cuda_f2h(vr[i]);
-    }
+    kv_store_head<TK>(kc + (size_t)cells2[t] * k_row + (size_t)h * k_head, row, D, lane);
+    kv_store_head<TV>(vc + (size_t)cells2[t] * v_row + (size_t)h * v_head, vr, D, lane);
 }
 
 void cuda_attn_prep(struct backend *be, const struct attn_prep_in *in, int n_tok, const int32_t *pos, const int32_t *cells,
@@ -325,35 +321,40 @@ void cuda_attn_prep(struct backend *be, const struct attn_prep_in *in, int n_tok
     if (n_tok < 1) return;
     if (half > ROPE_MAX_HALF) abort(); /* model loading rejects such files (head_dim <= 512) */
     const float theta_scale = powf(in->rope_base, -2.0f / (float)in->n_rot); /* as cuda_rope_neox forms it */
-    cuda_launch(c, dim3(n_head + (in->k ? n_head_kv : 0), n_tok), 32, attn_prep_kernel, in->q, in->q_stride, in->q_head_stride,
-                in->q_norm, in->k, in->k_stride, in->k_norm, in->v, in->v_stride, in->v_norm, in->eps, n_head, n_head_kv,
-                head_dim, half, pos, theta_scale, in->rope_freqs, cells, in->cells2, in->v_from_k, (uint16_t *)kv->k,
-                (uint16_t *)kv->v);
+    const size_t k_head = ggml_row_size(kv->k_type, head_dim), v_head = ggml_row_size(kv->v_type, head_dim);
+#define PREP_LAUNCH(TK, TV)                                                                                             \
+    cuda_launch(c, dim3(n_head + (in->k ? n_head_kv : 0), n_tok), 32, attn_prep_kernel<TK, TV>, in->q, in->q_stride,    \
+                in->q_head_stride, in->q_norm, in->k, in->k_stride, in->k_norm, in->v, in->v_stride, in->v_norm, in->eps, \
+                n_head, head_dim, half, pos, theta_scale, in->rope_freqs, cells, in->cells2, in->v_from_k,              \
+                (uint8_t *)kv->k, (uint8_t *)kv->v, kv->k_row_bytes, kv->v_row_bytes, k_head, v_head)
+    KV_TYPES_DISPATCH(kv->k_type, kv->v_type, PREP_LAUNCH);
+#undef PREP_LAUNCH
 }
 
 /* ---- KV store ------------------------------------------------------------------------------------ */
 
-__global__ void kv_store_kernel(const float *k, int ks, const float *v, int vs, int n_tok, int d,
-                                const int32_t *__restrict__ cells, uint16_t *kc, uint16_t *vc) {
+/* A warp per (kv head, token): its k and v rows stored as attn_prep stores them. */
+template <int TK, int TV>
+__global__ void __launch_bounds__(32)
+kv_store_kernel(const float *k, int ks, const float *v, int vs, int D, const int32_t *__restrict__ cells, uint8_t *kc,
+                uint8_t *vc, size_t k_row, size_t v_row, size_t k_head, size_t v_head) {
     cuda_pdl_begin();
-    const int64_t n = (int64_t)n_tok * d;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = i / d;
-        const int e = (int)(i % d);
-        const size_t dst = (size_t)cells[t] * d + e;
-        kc[dst] = cuda_f2h(k[t * ks + e]);
-        vc[dst] = cuda_f2h(v[t * vs + e]);
-    }
+    const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x;
+    kv_store_head<TK>(kc + (size_t)cells[t] * k_row + (size_t)h * k_head, k + (size_t)t * ks + (size_t)h * D, D, lane);
+    kv_store_head<TV>(vc + (size_t)cells[t] * v_row + (size_t)h * v_head, v + (size_t)t * vs + (size_t)h * D, D, lane);
 }
 
 void cuda_kv_store(struct backend *be, const float *k, int k_stride, const float *v, int v_stride,
                    int n_tok, const int32_t *cells, const struct kv_view *kv) {
     struct cuda_ctx *c = cuda_enter(be);
-    const int n_kv_dim = kv->n_head_kv * kv->head_dim;
-    const int64_t n = (int64_t)n_tok * n_kv_dim;
-    if (n < 1) return;
-    cuda_launch(c, elem_grid(c, n), 256, kv_store_kernel, k, k_stride, v, v_stride, n_tok, n_kv_dim, cells,
-                (uint16_t *)kv->k, (uint16_t *)kv->v);
+    const int D = kv->head_dim;
+    if (n_tok < 1 || kv->n_head_kv < 1) return;
+    const size_t k_head = ggml_row_size(kv->k_type, D), v_head = ggml_row_size(kv->v_type, D);
+#define STORE_LAUNCH(TK, TV)                                                                                  \
+    cuda_launch(c, dim3(kv->n_head_kv, n_tok), 32, kv_store_kernel<TK, TV>, k, k_stride, v, v_stride, D, cells, \
+                (uint8_t *)kv->k, (uint8_t *)kv->v, kv->k_row_bytes, kv->v_row_bytes, k_head, v_head)
+    KV_TYPES_DISPATCH(kv->k_type, kv->v_type, STORE_LAUNCH);
+#undef STORE_LAUNCH
 }
 
 /* ---- argmax -------------------------------------------------------------------------------------- */

@@ -31,6 +31,21 @@ int engine_init(struct engine *e, struct model *m, const struct engine_params *p
     return rc;
 }
 
+int engine_init_fail(const struct model *m, int rc, char *err, size_t err_size) {
+    const char *tk = ggml_type_traits_get(m->cache_type_k)->name, *tv = ggml_type_traits_get(m->cache_type_v)->name;
+    if (rc == COTI_E_UNSUPPORTED)
+        return coti_fail(err, err_size, rc,
+                         "the %s backend has no KV cache of K type %s and V type %s for this model's heads (q8_0 and "
+                         "q4_0 need head widths that are multiples of 32)",
+                         m->be->name, tk, tv);
+    const struct memory *mem = m->engine ? &m->engine->mem : NULL;
+    const double mib = mem ? (mem->kv.bytes + mem->head.bytes) / 1048576.0 : 0.0;
+    return coti_fail(err, err_size, rc,
+                     "out of memory for activations/KV (n_seq %d, n_ctx %d, n_batch %d; KV cache %.1f MiB, K %s, V %s): "
+                     "a smaller context (-c), fewer slots or a quantized cache (-ctk / -ctv q8_0) needs less",
+                     m->n_seq, m->n_ctx, m->n_batch, mib, tk, tv);
+}
+
 void engine_free(struct engine *e) {
     if (!e->m) return;
     struct backend *be = e->m->be;

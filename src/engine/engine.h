@@ -60,6 +60,9 @@ struct engine {
  * failure. */
 int engine_init(struct engine *e, struct model *m, const struct engine_params *p);
 void engine_free(struct engine *e);
+/* The message for engine_init's failure rc under m (an architecture loader's, for its n_seq,
+ * n_ctx, n_batch and KV cache types): returns rc. */
+int engine_init_fail(const struct model *m, int rc, char *err, size_t err_size);
 
 /* model_vtable entries for an architecture on the engine. */
 int engine_forward(struct model *m, const struct model_batch *b, struct model_output *out, char *err, size_t err_size);

@@ -17,9 +17,10 @@ struct backend;
 
 /* The K/V storage of one attention layer as an op sees it. */
 struct kv_view {
-    enum ggml_type type;         /* element type of K and V rows (F16 today) */
+    enum ggml_type k_type, v_type; /* element types of K and V rows (kv_type_ok) */
     int n_head_kv, head_dim;
-    size_t row_bytes;            /* one cell's K (or V) row: n_head_kv·head_dim elements */
+    size_t k_row_bytes, v_row_bytes; /* one cell's K (V) row: n_head_kv·head_dim elements; a
+                                    head's part of it is head_dim elements, whole blocks */
     void *k, *v;                 /* backend memory, [n_seq·n_ctx] rows each */
     bool read_only;              /* a drafter reading its target's cache must not store */
 };
@@ -57,21 +58,35 @@ struct kv_cache {
     bool *owns;                  /* per layer: its storage is its own (not shared) */
     bool *windowed;              /* per layer: it uses `win` (else `full`) */
     struct kv_cells full, win;   /* the full layers' cells, the sliding-window layers' */
+    size_t bytes;                /* device bytes of all its storage (set before allocating) */
 };
 
-/* Allocate a cache of n_layer layers for n_seq sequences of n_ctx positions, K and V in type
- * (GGML_TYPE_F16). The sliding-window layers (one window for all) hold a ring when window - 1 +
+/* The element types a KV cache can hold (f16 first, the default), and whether rows of
+ * head_dim elements per head can be cached in type: one of them whose blocks tile a head, so
+ * every head starts at a block. */
+#define KV_N_TYPES 4
+extern const enum ggml_type kv_types[KV_N_TYPES];
+bool kv_type_ok(enum ggml_type type, int head_dim);
+
+/* Allocate a cache of n_layer layers for n_seq sequences of n_ctx positions, K in k_type and V
+ * in v_type (kv_type_ok for every layer's width). The sliding-window layers (one window for all) hold a ring when window - 1 +
  * n_rows cells are fewer than n_ctx: n_rows bounds the rows one forward writes and the positions
- * one rollback drops. Returns 0 or COTI_E_NOMEM / COTI_E_UNSUPPORTED (two windows);
- * kv_cache_free is safe after a failure. */
+ * one rollback drops. Returns 0 or COTI_E_NOMEM / COTI_E_UNSUPPORTED (two windows, a type that
+ * is not kv_type_ok or the backend does not support); kv_cache_free is safe after a failure. */
 int kv_cache_init(struct kv_cache *kv, struct backend *be, const struct kv_layer_spec *specs, int n_layer,
-                  int n_seq, int n_ctx, int n_rows, enum ggml_type type);
+                  int n_seq, int n_ctx, int n_rows, enum ggml_type k_type, enum ggml_type v_type);
+/* Device bytes the cache holds per sequence for K and for V (shared layers once), the rings
+ * counted at their size. */
+void kv_cache_bytes_per_seq(const struct kv_cache *kv, size_t *k_bytes, size_t *v_bytes);
 void kv_cache_free(struct kv_cache *kv);
 
-/* A view of storage k, v for n_head_kv heads of head_dim elements of type (a cache's layer,
- * or an op test's buffers). */
-static inline struct kv_view kv_view_make(enum ggml_type type, int n_head_kv, int head_dim, void *k, void *v) {
-    struct kv_view w = {type, n_head_kv, head_dim, ggml_row_size(type, (int64_t)n_head_kv * head_dim), k, v, false};
+/* A view of storage k, v for n_head_kv heads of head_dim elements of k_type and v_type (a
+ * cache's layer, or an op test's buffers). */
+static inline struct kv_view kv_view_make(enum ggml_type k_type, enum ggml_type v_type, int n_head_kv, int head_dim,
+                                          void *k, void *v) {
+    const int64_t n = (int64_t)n_head_kv * head_dim;
+    struct kv_view w = {k_type, v_type, n_head_kv, head_dim, ggml_row_size(k_type, n), ggml_row_size(v_type, n),
+                        k, v, false};
     return w;
 }
 

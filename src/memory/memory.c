@@ -42,24 +42,27 @@ int memory_init(struct memory *mem, struct backend *be, const struct memory_para
     if (p->n_embd > 0 && !(mem->ck_hidden = be->alloc(be, sizeof(float) * n_ck * (size_t)p->n_embd))) return COTI_E_NOMEM;
     /* a rollback drops at most a kept run (memory_seq_rollback), a forward writes at most n_batch */
     const int n_rows = mem->n_rows = COTI_MAX(p->n_batch, p->n_keep);
-    int rc = kv_cache_init(&mem->kv, be, p->kv, p->n_kv, p->n_seq, p->n_ctx, n_rows, GGML_TYPE_F16);
+    int rc = kv_cache_init(&mem->kv, be, p->kv, p->n_kv, p->n_seq, p->n_ctx, n_rows, p->k_type, p->v_type);
     if (!rc) rc = rec_state_init(&mem->rec, be, p->n_rec, p->n_seq, p->n_keep, MEM_N_CHECKPOINTS, p->conv_elems, p->ssm_elems);
-    if (!rc) rc = kv_cache_init(&mem->head, be, p->head_kv, p->n_head_kv, p->n_seq, p->n_ctx, n_rows, GGML_TYPE_F16);
+    if (!rc) rc = kv_cache_init(&mem->head, be, p->head_kv, p->n_head_kv, p->n_seq, p->n_ctx, n_rows, p->k_type, p->v_type);
     return rc;
 }
 
-static size_t kv_bytes_per_seq(const struct kv_cache *kv) {
-    size_t bytes = 0;
-    for (int il = 0; il < kv->n_layer; il++)
-        if (kv->owns[il]) bytes += 2 * (size_t)kv->n_ctx * kv->layers[il].row_bytes;
-    return bytes;
+void memory_kv_bytes_per_seq(const struct memory *mem, size_t *k_bytes, size_t *v_bytes) {
+    size_t hk, hv;
+    kv_cache_bytes_per_seq(&mem->kv, k_bytes, v_bytes);
+    kv_cache_bytes_per_seq(&mem->head, &hk, &hv);
+    *k_bytes += hk;
+    *v_bytes += hv;
 }
 
 size_t memory_bytes_per_seq(const struct memory *mem) {
     const struct rec_state *r = &mem->rec;
     const size_t rec = (size_t)r->n_layer * (1 + (size_t)r->n_slots + (size_t)r->n_ck) * (r->conv_elems + r->ssm_elems) *
                        sizeof(float);
-    return kv_bytes_per_seq(&mem->kv) + kv_bytes_per_seq(&mem->head) + rec;
+    size_t k, v;
+    memory_kv_bytes_per_seq(mem, &k, &v);
+    return k + v + rec;
 }
 
 void memory_free(struct memory *mem) {

@@ -36,6 +36,7 @@ struct memory_params {
     size_t conv_elems, ssm_elems;
     const struct kv_layer_spec *head_kv; /* a draft head's own attention layers, or NULL */
     int n_head_kv;
+    enum ggml_type k_type, v_type;       /* the KV caches' element types (kv_type_ok) */
 };
 
 struct memory {
@@ -66,6 +67,8 @@ void memory_free(struct memory *mem);
 /* Device bytes one sequence holds: its KV cells (trunk and draft head, shared layers once) and
  * its recurrent state with the per-token snapshots. */
 size_t memory_bytes_per_seq(const struct memory *mem);
+/* The K and V parts of it (trunk and draft head caches), for the load summary. */
+void memory_kv_bytes_per_seq(const struct memory *mem, size_t *k_bytes, size_t *v_bytes);
 
 /* The trunk ran `len` tokens of sequence s (kept: with per-token states; restored: a greedy
  * verify whose accepted prefix the device already made live). */

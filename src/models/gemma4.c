@@ -286,7 +286,8 @@ static int init_engine(struct gemma4 *q) {
             q->layers[il].kv_src = src;
         }
         const struct memory_params mp = {.n_seq = m->n_seq, .n_ctx = m->n_ctx, .n_keep = m->n_keep_states,
-                                         .n_batch = m->n_batch, .kv = kv, .n_kv = hp->n_layer};
+                                         .n_batch = m->n_batch, .kv = kv, .n_kv = hp->n_layer,
+                                         .k_type = m->cache_type_k, .v_type = m->cache_type_v};
         const struct engine_params ep = {.n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .window = hp->window,
                                          .softcap = hp->softcap, .mem = &mp, .slots = slots,
                                          .n_slots = (int)COTI_ARRAY_LEN(slots), .passes = {trunk_pass, NULL},
@@ -311,6 +312,8 @@ int gemma4_load(struct model **out, struct gguf_file *g, struct backend *be, con
     m->n_seq = p->n_seq;
     m->n_ctx = p->n_ctx;
     m->n_batch = p->n_batch;
+    m->cache_type_k = p->cache_type_k;
+    m->cache_type_v = p->cache_type_v;
     m->n_keep_states = p->n_keep_states;
     struct gemma4_hparams *hp = &q->hp;
     int rc = read_hparams(&L, hp);
@@ -350,8 +353,7 @@ int gemma4_load(struct model **out, struct gguf_file *g, struct backend *be, con
         goto fail;
     }
     if ((rc = init_engine(q))) {
-        rc = coti_fail(err, err_size, COTI_E_NOMEM, "out of memory for activations/KV (n_seq %d, n_ctx %d, n_batch %d)",
-                       m->n_seq, m->n_ctx, m->n_batch);
+        rc = engine_init_fail(m, rc, err, err_size);
         goto fail;
     }
     m->info = (struct model_info){.arch = "gemma4", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .n_layer = hp->n_layer,

@@ -333,7 +333,8 @@ static int init_engine(struct qwen35 *q) {
                                      .kv = kv, .n_kv = n_kv, .n_rec = n_rec,
                                      .conv_elems = (size_t)(hp->ssm_k - 1) * hp->ssm_ch,
                                      .ssm_elems = (size_t)hp->ssm_nv * hp->ssm_dk * hp->ssm_dv,
-                                     .head_kv = &head, .n_head_kv = hp->n_mtp};
+                                     .head_kv = &head, .n_head_kv = hp->n_mtp,
+                                     .k_type = m->cache_type_k, .v_type = m->cache_type_v};
     const struct engine_params ep = {.n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .mem = &mp, .slots = slots,
                                      .n_slots = (int)COTI_ARRAY_LEN(slots),
                                      .passes = {trunk_pass, hp->n_mtp ? nextn_pass : NULL},
@@ -375,6 +376,8 @@ static int load(struct model **out, struct gguf_file *g, struct backend *be, con
     m->n_seq = p->n_seq;
     m->n_ctx = p->n_ctx;
     m->n_batch = p->n_batch;
+    m->cache_type_k = p->cache_type_k;
+    m->cache_type_v = p->cache_type_v;
     m->n_keep_states = p->n_keep_states;
     struct qwen35_hparams *hp = &q->hp;
     int rc = read_hparams(&L, hp, moe);
@@ -413,8 +416,7 @@ static int load(struct model **out, struct gguf_file *g, struct backend *be, con
         if ((rc = make_draft_head(&L, q))) goto fail;
     }
     if ((rc = init_engine(q))) {
-        rc = coti_fail(err, err_size, COTI_E_NOMEM, "out of memory for activations/KV (n_seq %d, n_ctx %d, n_batch %d)",
-                       m->n_seq, m->n_ctx, m->n_batch);
+        rc = engine_init_fail(m, rc, err, err_size);
         goto fail;
     }
     m->info = (struct model_info){.arch = moe ? "qwen35moe" : "qwen35", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd,

@@ -213,6 +213,15 @@ static enum MHD_Result route_props(struct routes *r, struct http_exchange *x) {
             cJSON_AddBoolToObject(spec, drafter_kinds[i]->name, spec_engine_supports(c->eng, drafter_kinds[i]));
         cJSON_AddNumberToObject(spec, "n_max_limit", SPEC_MAX_DRAFT);
     }
+    cJSON *kv = cJSON_AddObjectToObject(o, "kv_cache");
+    if (kv) {
+        /* coti extra (llama-server reports no cache types): -ctk / -ctv and what a slot holds */
+        const struct model_info *in = &r->m->info;
+        cJSON_AddStringToObject(kv, "type_k", ggml_type_traits_get(in->cache_type_k)->name);
+        cJSON_AddStringToObject(kv, "type_v", ggml_type_traits_get(in->cache_type_v)->name);
+        cJSON_AddNumberToObject(kv, "k_bytes_per_slot", (double)in->k_bytes_per_seq);
+        cJSON_AddNumberToObject(kv, "v_bytes_per_slot", (double)in->v_bytes_per_seq);
+    }
     return send_cjson(x, 200, o);
 }
 

@@ -15,7 +15,8 @@
 /* codes of the common options that have no letter */
 enum {
     OPT_CPU = 1000, OPT_DEVICE, OPT_NGL, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_SEED, OPT_SPEC,
-    OPT_SPEC_DRAFT, OPT_SPEC_N_MAX, OPT_SPEC_N_MIN, OPT_SPEC_P_MIN, OPT_SPEC_SAMPLE_DRAFTS,
+    OPT_SPEC_DRAFT, OPT_SPEC_N_MAX, OPT_SPEC_N_MIN, OPT_SPEC_P_MIN, OPT_SPEC_SAMPLE_DRAFTS, OPT_CACHE_TYPE_K,
+    OPT_CACHE_TYPE_V,
 };
 
 /* Every spelling of the common options, llama.cpp's included (-ngl, -md, --spec-type). */
@@ -24,6 +25,10 @@ static const struct option common_opts[] = {
     {"threads", required_argument, NULL, 't'},
     {"ctx-size", required_argument, NULL, 'c'},
     {"batch-size", required_argument, NULL, 'b'},
+    {"cache-type-k", required_argument, NULL, OPT_CACHE_TYPE_K},
+    {"ctk", required_argument, NULL, OPT_CACHE_TYPE_K},
+    {"cache-type-v", required_argument, NULL, OPT_CACHE_TYPE_V},
+    {"ctv", required_argument, NULL, OPT_CACHE_TYPE_V},
     {"help", no_argument, NULL, 'h'},
     {"cpu", required_argument, NULL, OPT_CPU},
     {"device", required_argument, NULL, OPT_DEVICE},
@@ -55,6 +60,7 @@ void cli_common_defaults(struct cli_common *c) {
     c->n_threads = COTI_MIN(coti_physical_cores("/sys/devices/system/cpu"), CLI_MAX_THREADS);
     c->n_ctx = 4096;
     c->n_batch = 512;
+    c->cache_type_k = c->cache_type_v = GGML_TYPE_F16;
     c->cpu_level = quant_cpu_level_detect();
     c->temperature = 0.0f;
     c->top_k = 40;
@@ -68,8 +74,31 @@ const char *cli_cpu_level_name(enum quant_cpu_level level) {
     return level == QUANT_CPU_AVX512 ? "avx512" : level == QUANT_CPU_AVX2 ? "avx2" : "ref";
 }
 
+/* The KV cache types, "f16|bf16|q8_0|q4_0", into buf. */
+static const char *cache_type_choices(char *buf, size_t size) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < KV_N_TYPES && n < size; i++) {
+        const int k = snprintf(buf + n, size - n, "%s%s", i ? "|" : "", ggml_type_traits_get(kv_types[i])->name);
+        if (k < 0) break;
+        n += (size_t)k;
+    }
+    return buf;
+}
+
+static int parse_cache_type(const char *opt, const char *v, enum ggml_type *out) {
+    const enum ggml_type t = v ? ggml_type_from_name(v) : GGML_TYPE_COUNT;
+    if (!kv_type_ok(t, 32)) { /* one of kv.h's types (each tiles 32) */
+        char choices[64];
+        fprintf(stderr, "error: %s expects %s, got '%s'\n", opt, cache_type_choices(choices, sizeof choices), v ? v : "");
+        return -1;
+    }
+    *out = t;
+    return 0;
+}
+
 void cli_common_help(FILE *out, const struct cli_common *d) {
-    char choices[128], seed[32];
+    char choices[128], seed[32], kv_choices[64];
     if (d->seed_random) snprintf(seed, sizeof seed, "random per request");
     else snprintf(seed, sizeof seed, "%llu", (unsigned long long)d->seed);
     fprintf(out,
@@ -78,6 +107,8 @@ void cli_common_help(FILE *out, const struct cli_common *d) {
             "  -t, --threads N      CPU threads (default %d: the physical cores this process may use)\n"
             "  -c, --ctx-size N     context positions per sequence (default %d)\n"
             "  -b, --batch-size N   rows per forward step (default %d)\n"
+            "  -ctk, --cache-type-k T  KV cache type of K: %s (default %s)\n"
+            "  -ctv, --cache-type-v T  KV cache type of V: the same choices (default %s)\n"
             "  --cpu ref|avx2|avx512  cap the CPU kernels (default %s: the best found)\n"
             "  --device cpu|cuda    compute backend (default %s; cuda needs a `make CUDA=1` build)\n"
             "  -ngl, --n-gpu-layers N  llama.cpp's spelling: 0 = --device cpu, more = --device cuda (all layers)\n"
@@ -92,7 +123,9 @@ void cli_common_help(FILE *out, const struct cli_common *d) {
             "  --spec-sample-drafts sample drafts from the drafter (rejection sampling) at temp > 0 (default %s)\n"
             "  -h, --help           this text\n"
             "A value follows its option as the next argument or after '=' (--temp=0.7).\n",
-            CLI_DEFAULT_MODEL, d->n_threads, d->n_ctx, d->n_batch, cli_cpu_level_name(d->cpu_level),
+            CLI_DEFAULT_MODEL, d->n_threads, d->n_ctx, d->n_batch, cache_type_choices(kv_choices, sizeof kv_choices),
+            ggml_type_traits_get(d->cache_type_k)->name, ggml_type_traits_get(d->cache_type_v)->name,
+            cli_cpu_level_name(d->cpu_level),
             d->cuda ? "cuda" : "cpu", d->temperature, d->top_k, d->top_p, d->min_p, seed,
             drafter_kind_choices(choices, sizeof choices, true, ""), drafter_kind_name(d->spec.drafter),
             d->spec.n_max, SPEC_MAX_DRAFT, d->spec.n_min, d->spec.p_min, d->spec.sample_drafts ? "on" : "off");
@@ -143,6 +176,8 @@ static int common_option(struct cli_common *c, int code, const char *name, const
     case 't': if (cli_parse_int(name, v, 1, CLI_MAX_THREADS, &l)) return -1; c->n_threads = (int)l; return 0;
     case 'c': if (cli_parse_int(name, v, 16, 1 << 20, &l)) return -1; c->n_ctx = (int)l; return 0;
     case 'b': if (cli_parse_int(name, v, 1, 8192, &l)) return -1; c->n_batch = (int)l; return 0;
+    case OPT_CACHE_TYPE_K: return parse_cache_type(name, v, &c->cache_type_k);
+    case OPT_CACHE_TYPE_V: return parse_cache_type(name, v, &c->cache_type_v);
     case OPT_CPU:
         if (!strcmp(v, "ref")) c->cpu_level = QUANT_CPU_REF;
         else if (!strcmp(v, "avx2")) c->cpu_level = COTI_MIN(QUANT_CPU_AVX2, quant_cpu_level_detect());
@@ -351,7 +386,8 @@ int cli_open_model_wrapped(const struct cli_common *c, int n_seq, int n_keep_sta
     }
     struct load_note note = {c->model_path, -1};
     struct load_progress progress = {on_load_progress, &note, 0, 0};
-    struct model_params p = {n_seq, c->n_ctx, c->n_batch, COTI_MAX(n_keep_states, SPEC_MAX_DRAFT + 1), &progress};
+    struct model_params p = {n_seq, c->n_ctx, c->n_batch, COTI_MAX(n_keep_states, SPEC_MAX_DRAFT + 1), &progress,
+                             c->cache_type_k, c->cache_type_v};
     const int64_t t0 = coti_time_us();
     int rc = model_load(m, c->model_path, *be, &p, err, sizeof err);
     cli_progress_end();
@@ -367,9 +403,12 @@ int cli_open_model_wrapped(const struct cli_common *c, int n_seq, int n_keep_sta
     if (c->cuda) snprintf(backend_desc, sizeof backend_desc, "cuda");
     else snprintf(backend_desc, sizeof backend_desc, "cpu %s", cli_cpu_level_name(c->cpu_level));
     coti_log(COTI_LOG_INFO, "model",
-             "%s: arch %s, %.2fM params, weights %s, %.1f MiB, %.2f MiB KV+state per slot x %d, %s, %d threads, "
-             "loaded in %.2f s",
+             "%s: arch %s, %.2fM params, weights %s, %.1f MiB, %.2f MiB KV+state per slot x %d "
+             "(KV K %s %.2f MiB = %.0f B/token, V %s %.2f MiB = %.0f B/token), %s, %d threads, loaded in %.2f s",
              c->model_path, in->arch, in->n_params / 1e6, tt ? tt->name : "?", in->n_bytes / 1048576.0,
-             in->state_bytes_per_seq / 1048576.0, n_seq, backend_desc, c->n_threads, (coti_time_us() - t0) / 1e6);
+             in->state_bytes_per_seq / 1048576.0, n_seq, ggml_type_traits_get(in->cache_type_k)->name,
+             in->k_bytes_per_seq / 1048576.0, (double)in->k_bytes_per_seq / c->n_ctx,
+             ggml_type_traits_get(in->cache_type_v)->name, in->v_bytes_per_seq / 1048576.0,
+             (double)in->v_bytes_per_seq / c->n_ctx, backend_desc, c->n_threads, (coti_time_us() - t0) / 1e6);
     return 0;
 }

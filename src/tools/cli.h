@@ -23,6 +23,7 @@ struct cli_common {
     int n_threads;
     int n_ctx;
     int n_batch;
+    enum ggml_type cache_type_k, cache_type_v; /* -ctk / -ctv */
     enum quant_cpu_level cpu_level;
     bool cuda;                   /* --device cuda */
     /* sampling */

@@ -17,12 +17,14 @@
  *   reassociation of <= n/32 block terms: ~2e-7 seen, the worst case is n·2^-24). A row's
  *   output must be bit-identical whatever batch of <= 8 it came in. Prefill (> 8 tokens) of
  *   quantized types sums blocks in the reference's order: bit-exact against the CPU.
- * - get_rows, kv_store, add, ssm_conv state/snapshots: bit-exact (same f32/f16 operations).
+ * - get_rows, kv_store, add, ssm_conv state/snapshots: bit-exact (same f32/f16 operations; the
+ *   q8_0 / q4_0 cache rows by quant.c's reference rules on both sides).
  * - rmsnorm: 4 ulp relative (Σx² reordered, in double on both sides).
  * - ops with expf/sinf/cosf (rmsnorm_gated, swiglu, mul_sigmoid, rope, ssm_conv output):
  *   CUDA's functions are within 2 ulp of glibc's, so 2e-6 relative (+1e-6·max|x|
  *   absolute for rope, whose outputs cancel).
- * - attention: q·k sums and the softmax merge are reordered; 1e-5 relative to max|v|.
+ * - attention: q·k sums and the softmax merge are reordered; 1e-5 relative to max|v|, for
+ *   every cache type (both sides convert a cached element to the same f32, d·code exactly).
  * - gdn / gdn_chunked: O(1) outputs after up to 70 steps of f32 rank-1 updates reordered
  *   (test_backend_ops.c bounds CPU f32 against f64 by 2e-5), the gates formed from raw inputs
  *   by expf / log1pf on both sides: 2e-5 absolute.
@@ -782,30 +784,36 @@ static void test_rope(int n_tok, int n_head, int head_dim, int n_rot, int tok_st
     free(x); free(yg); free(pos);
 }
 
-static void test_kv_store(int n_tok, int kvd, int n_cells) {
-    char shape[96];
-    const int ks = kvd + 8; /* k rows with a stride, as q/k/v slices of a wider row */
+/* kv_store of n_tok rows of hkv heads of D into K type tk and V type tv: the CPU's bytes (both
+ * follow quant.c's reference rules), every cell not stored left as it was. */
+static void test_kv_store(enum ggml_type tk, enum ggml_type tv, int n_tok, int hkv, int D, int n_cells) {
+    char shape[128];
+    const int kvd = hkv * D, ks = kvd + 8; /* k rows with a stride, as q/k/v slices of a wider row */
+    const size_t kb = ggml_row_size(tk, kvd) * n_cells, vb = ggml_row_size(tv, kvd) * n_cells;
     float *k = xmalloc(sizeof(float) * n_tok * ks), *v = xmalloc(sizeof(float) * n_tok * kvd);
     int32_t *cells = xmalloc(sizeof(int32_t) * n_tok);
-    uint16_t *kc = xmalloc(2 * (size_t)n_cells * kvd), *vc = xmalloc(2 * (size_t)n_cells * kvd);
-    uint16_t *kg = xmalloc(2 * (size_t)n_cells * kvd), *vg = xmalloc(2 * (size_t)n_cells * kvd);
+    uint8_t *kc = xmalloc(kb), *vc = xmalloc(vb), *kg = xmalloc(kb), *vg = xmalloc(vb);
     fill(k, (size_t)n_tok * ks, 4.0f);
-    fill(v, (size_t)n_tok * kvd, 70000.0f); /* some beyond f16's range: inf */
+    /* f16: some beyond its range (inf); the block types' fast CPU paths leave non-finite input's
+     * bytes unspecified, so they get finite values */
+    fill(v, (size_t)n_tok * kvd, tv == GGML_TYPE_F16 ? 70000.0f : 3.0f);
     for (int t = 0; t < n_tok; t++) cells[t] = (t * 7 + 3) % n_cells;
-    for (size_t i = 0; i < (size_t)n_cells * kvd; i++) kc[i] = vc[i] = (uint16_t)(i * 2654435761u >> 16);
-    uint16_t *dkc = gdup(kc, 2 * (size_t)n_cells * kvd), *dvc = gdup(vc, 2 * (size_t)n_cells * kvd);
+    for (size_t i = 0; i < kb; i++) kc[i] = (uint8_t)(i * 2654435761u >> 16);
+    for (size_t i = 0; i < vb; i++) vc[i] = (uint8_t)(i * 2654435761u >> 16);
+    uint8_t *dkc = gdup(kc, kb), *dvc = gdup(vc, vb);
     float *dk = gdup(k, sizeof(float) * n_tok * ks), *dv = gdup(v, sizeof(float) * n_tok * kvd);
     int32_t *dcells = gdup(cells, sizeof(int32_t) * n_tok);
-    const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, 1, kvd, kc, vc);
-    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, 1, kvd, dkc, dvc);
+    const struct kv_view kvc = kv_view_make(tk, tv, hkv, D, kc, vc);
+    const struct kv_view kvg = kv_view_make(tk, tv, hkv, D, dkc, dvc);
     cpu->kv_store(cpu, k, ks, v, kvd, n_tok, cells, &kvc);
     gpu->kv_store(gpu, dk, ks, dv, kvd, n_tok, dcells, &kvg);
-    gget(kg, dkc, 2 * (size_t)n_cells * kvd);
-    gget(vg, dvc, 2 * (size_t)n_cells * kvd);
-    snprintf(shape, sizeof shape, "%d tok kvd %d cells %d (K)", n_tok, kvd, n_cells);
-    check_bits("kv_store", shape, kg, kc, 2 * (size_t)n_cells * kvd);
-    snprintf(shape, sizeof shape, "%d tok kvd %d cells %d (V)", n_tok, kvd, n_cells);
-    check_bits("kv_store", shape, vg, vc, 2 * (size_t)n_cells * kvd);
+    gget(kg, dkc, kb);
+    gget(vg, dvc, vb);
+    const char *nk = ggml_type_traits_get(tk)->name, *nv = ggml_type_traits_get(tv)->name;
+    snprintf(shape, sizeof shape, "%d tok %d heads of %d cells %d (K %s)", n_tok, hkv, D, n_cells, nk);
+    check_bits("kv_store", shape, kg, kc, kb);
+    snprintf(shape, sizeof shape, "%d tok %d heads of %d cells %d (V %s)", n_tok, hkv, D, n_cells, nv);
+    check_bits("kv_store", shape, vg, vc, vb);
     gpu->free(gpu, dkc); gpu->free(gpu, dvc); gpu->free(gpu, dk); gpu->free(gpu, dv); gpu->free(gpu, dcells);
     free(k); free(v); free(cells); free(kc); free(vc); free(kg); free(vg);
 }
@@ -816,16 +824,18 @@ static void test_kv_store(int n_tok, int kvd, int n_cells) {
 /* gemma: gemma4's form, rope_freqs (the first quarter of the pairs turn, 1e30 for the rest)
  * and v rows normed with a weight of ones before the store; kv_ring: also v taken from the raw
  * k rows (K = V layers) and a second store of every row at cells2 (a window ring's). */
-static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_cells, bool gemma, bool kv_ring) {
-    char shape[96];
+static void test_attn_prep_types(enum ggml_type tk, enum ggml_type tv, int n_tok, int H, int HKV, int D, int n_rot,
+                                 int n_cells, bool gemma, bool kv_ring) {
+    char shape[128];
     const int QS = 2 * H * D, KV = HKV * D, pos0 = 40;
-    const size_t nq = (size_t)n_tok * QS, nk = (size_t)n_tok * KV, nc = (size_t)n_cells * KV;
+    const size_t nq = (size_t)n_tok * QS, nk = (size_t)n_tok * KV;
+    const size_t kcb = ggml_row_size(tk, KV) * n_cells, vcb = ggml_row_size(tv, KV) * n_cells;
     float *q = xmalloc(sizeof(float) * nq), *k = xmalloc(sizeof(float) * nk), *v = xmalloc(sizeof(float) * nk);
     float *qn = xmalloc(sizeof(float) * D), *kn = xmalloc(sizeof(float) * D);
     float *qg = xmalloc(sizeof(float) * nq), *kg = xmalloc(sizeof(float) * nk);
     float *qg2 = xmalloc(sizeof(float) * nq), *kg2 = xmalloc(sizeof(float) * nk);
-    uint16_t *kc = xmalloc(2 * nc), *vc = xmalloc(2 * nc), *kcg = xmalloc(2 * nc), *vcg = xmalloc(2 * nc);
-    uint16_t *kcg2 = xmalloc(2 * nc), *vcg2 = xmalloc(2 * nc);
+    uint8_t *kc = xmalloc(kcb), *vc = xmalloc(vcb), *kcg = xmalloc(kcb), *vcg = xmalloc(vcb);
+    uint8_t *kcg2 = xmalloc(kcb), *vcg2 = xmalloc(vcb);
     int32_t *pos = xmalloc(sizeof(int32_t) * n_tok), *cells = xmalloc(sizeof(int32_t) * n_tok);
     int32_t *cells2 = xmalloc(sizeof(int32_t) * n_tok); /* disjoint from cells: n_cells >= 2 n_tok */
     fill(q, nq, 3.0f);
@@ -842,15 +852,15 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     for (int i = 0; i < D; i++) ones[i] = 1.0f;
     for (int i = 0; i < D / 2; i++) freqs[i] = i < n_rot / 8 ? 1.0f : 1e30f;
     float *dones = gdup(ones, sizeof(float) * D), *dfreqs = gdup(freqs, sizeof(float) * D / 2);
-    memset(kc, 0, 2 * nc);
-    memset(vc, 0, 2 * nc);
+    memset(kc, 0, kcb);
+    memset(vc, 0, vcb);
     float *dq = gdup(q, sizeof(float) * nq), *dk = gdup(k, sizeof(float) * nk), *dv = gdup(v, sizeof(float) * nk);
     float *dqn = gdup(qn, sizeof(float) * D), *dkn = gdup(kn, sizeof(float) * D);
-    uint16_t *dkc = gdup(kc, 2 * nc), *dvc = gdup(vc, 2 * nc);
+    uint8_t *dkc = gdup(kc, kcb), *dvc = gdup(vc, vcb);
     int32_t *dpos = gdup(pos, sizeof(int32_t) * n_tok), *dcells = gdup(cells, sizeof(int32_t) * n_tok);
     int32_t *dcells2 = gdup(cells2, sizeof(int32_t) * n_tok);
-    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, HKV, D, dkc, dvc);
-    const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, HKV, D, kc, vc);
+    const struct kv_view kvg = kv_view_make(tk, tv, HKV, D, dkc, dvc);
+    const struct kv_view kvc = kv_view_make(tk, tv, HKV, D, kc, vc);
     const struct attn_prep_in gin = {.q = dq, .q_stride = QS, .q_head_stride = 2 * D, .q_norm = dqn, .k = dk,
                                      .k_stride = KV, .k_norm = dkn, .v = dv, .v_stride = KV, .v_norm = gemma ? dones : NULL,
                                      .v_from_k = kv_ring, .cells2 = kv_ring ? dcells2 : NULL, .eps = 1e-6f, .n_head = H, .n_rot = n_rot, .rope_base = 1e7f,
@@ -858,14 +868,14 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     gpu->attn_prep(gpu, &gin, n_tok, dpos, dcells, &kvg);
     gget(qg, dq, sizeof(float) * nq);
     gget(kg, dk, sizeof(float) * nk);
-    gget(kcg, dkc, 2 * nc);
-    gget(vcg, dvc, 2 * nc);
+    gget(kcg, dkc, kcb);
+    gget(vcg, dvc, vcb);
     /* the GPU's separate kernels on the same input */
     gpu->upload(gpu, dq, q, sizeof(float) * nq);
     gpu->upload(gpu, dk, k, sizeof(float) * nk);
     gpu->upload(gpu, dv, v, sizeof(float) * nk);
-    gpu->upload(gpu, dkc, kc, 2 * nc);
-    gpu->upload(gpu, dvc, vc, 2 * nc);
+    gpu->upload(gpu, dkc, kc, kcb);
+    gpu->upload(gpu, dvc, vc, vcb);
     if (kv_ring) gpu->copy(gpu, dv, dk, sizeof(float) * nk);
     gpu->rmsnorm(gpu, dq, 2 * D, dqn, n_tok * H, D, 1e-6f, dq, 2 * D);
     gpu->rmsnorm(gpu, dk, D, dkn, n_tok * HKV, D, 1e-6f, dk, D);
@@ -876,28 +886,33 @@ static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_ce
     if (kv_ring) gpu->kv_store(gpu, dk, KV, dv, KV, n_tok, dcells2, &kvg);
     gget(qg2, dq, sizeof(float) * nq);
     gget(kg2, dk, sizeof(float) * nk);
-    gget(kcg2, dkc, 2 * nc);
-    gget(vcg2, dvc, 2 * nc);
+    gget(kcg2, dkc, kcb);
+    gget(vcg2, dvc, vcb);
     const struct attn_prep_in cin = {.q = q, .q_stride = QS, .q_head_stride = 2 * D, .q_norm = qn, .k = k,
                                      .k_stride = KV, .k_norm = kn, .v = v, .v_stride = KV, .v_norm = gemma ? ones : NULL,
                                      .v_from_k = kv_ring, .cells2 = kv_ring ? cells2 : NULL, .eps = 1e-6f, .n_head = H, .n_rot = n_rot, .rope_base = 1e7f,
                                      .rope_freqs = gemma ? freqs : NULL};
     cpu->attn_prep(cpu, &cin, n_tok, pos, cells, &kvc);
-    snprintf(shape, sizeof shape, "%d tok %d/%d heads of %d rot %d%s%s", n_tok, H, HKV, D, n_rot, gemma ? " gemma" : "",
-             kv_ring ? " k=v ring" : "");
+    snprintf(shape, sizeof shape, "%d tok %d/%d heads of %d rot %d%s%s K %s V %s", n_tok, H, HKV, D, n_rot,
+             gemma ? " gemma" : "", kv_ring ? " k=v ring" : "", ggml_type_traits_get(tk)->name, ggml_type_traits_get(tv)->name);
     check("attn_prep q", shape, qg, q, nq, 2e-6 * 3.0, 4e-6);
     check("attn_prep k", shape, kg, k, nk, 2e-6 * 3.0, 4e-6);
     check_bits("attn_prep q-sep", shape, qg, qg2, sizeof(float) * nq);
     check_bits("attn_prep k-sep", shape, kg, kg2, sizeof(float) * nk);
-    check_bits("attn_prep kc-sep", shape, kcg, kcg2, 2 * nc);
-    check_bits("attn_prep vc-sep", shape, vcg, vcg2, 2 * nc);
-    if (!gemma) check_bits("attn_prep vc", shape, vcg, vc, 2 * nc); /* v is stored as is: the CPU's f16 bits */
+    check_bits("attn_prep kc-sep", shape, kcg, kcg2, kcb);
+    check_bits("attn_prep vc-sep", shape, vcg, vcg2, vcb);
+    /* v is stored as is: the CPU's bytes, by the same reference rule */
+    if (!gemma) check_bits("attn_prep vc", shape, vcg, vc, vcb);
     gpu->free(gpu, dq); gpu->free(gpu, dk); gpu->free(gpu, dv); gpu->free(gpu, dqn); gpu->free(gpu, dkn);
     gpu->free(gpu, dkc); gpu->free(gpu, dvc); gpu->free(gpu, dpos); gpu->free(gpu, dcells); gpu->free(gpu, dcells2);
     free(q); free(k); free(v); free(qn); free(kn); free(qg); free(kg); free(qg2); free(kg2); free(kc); free(vc);
     free(kcg); free(vcg); free(kcg2); free(vcg2); free(pos); free(cells); free(cells2);
     gpu->free(gpu, dones); gpu->free(gpu, dfreqs);
     free(ones); free(freqs);
+}
+
+static void test_attn_prep(int n_tok, int H, int HKV, int D, int n_rot, int n_cells, bool gemma, bool kv_ring) {
+    test_attn_prep_types(GGML_TYPE_F16, GGML_TYPE_F16, n_tok, H, HKV, D, n_rot, n_cells, gemma, kv_ring);
 }
 
 /* attn_prep without k (a query-only layer, the assistant's): the GPU's q norm and rope kernels
@@ -915,8 +930,8 @@ static void test_attn_prep_q_only(int H, int HKV, int D, int n_rot) {
     float *dq = gdup(q, sizeof(float) * nq), *dqn = gdup(qn, sizeof(float) * D);
     uint16_t *dkc = gdup(kc, 2 * nc), *dvc = gdup(kc, 2 * nc);
     int32_t *dpos = gdup(&pos, sizeof pos);
-    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, HKV, D, dkc, dvc);
-    struct kv_view kvc = kv_view_make(GGML_TYPE_F16, HKV, D, kc, kc);
+    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, HKV, D, dkc, dvc);
+    struct kv_view kvc = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, HKV, D, kc, kc);
     const struct attn_prep_in gin = {.q = dq, .q_stride = H * D, .q_head_stride = D, .q_norm = dqn, .eps = 1e-6f,
                                      .n_head = H, .n_rot = n_rot, .rope_base = 1e4f};
     gpu->attn_prep(gpu, &gin, 1, dpos, NULL, &kvg);
@@ -939,35 +954,40 @@ static void test_attn_prep_q_only(int H, int HKV, int D, int n_rot) {
 
 /* n_tok tokens of sequence seq continuing a cache of len0 rows (causal), n_seq sequences of
  * n_ctx cells each; also checks that every token alone gives the bits it gave in the batch. */
-static void test_attention(int n_tok, int len0, int n_head, int n_head_kv, int D, int seq) {
-    char shape[96];
+static void test_attention_types(enum ggml_type tk, enum ggml_type tv, int n_tok, int len0, int n_head, int n_head_kv,
+                                 int D, int seq) {
+    char shape[128];
     const int n_ctx = len0 + n_tok + 5, n_cells = (seq + 1) * n_ctx, kvd = n_head_kv * D;
     const int qs = 2 * n_head * D, qhs = 2 * D; /* q interleaved with its gate, as qwen35 does */
-    float *q = xmalloc(sizeof(float) * n_tok * qs);
-    uint16_t *kc = xmalloc(2 * (size_t)n_cells * kvd), *vc = xmalloc(2 * (size_t)n_cells * kvd);
+    const size_t krb = ggml_row_size(tk, kvd), vrb = ggml_row_size(tv, kvd);
+    float *q = xmalloc(sizeof(float) * n_tok * qs), *row = xmalloc(sizeof(float) * kvd);
+    uint8_t *kc = xmalloc(krb * n_cells), *vc = xmalloc(vrb * n_cells);
     int32_t *cell0 = xmalloc(sizeof(int32_t) * n_tok), *nctx = xmalloc(sizeof(int32_t) * n_tok);
     float *oc = xmalloc(sizeof(float) * n_tok * n_head * D), *og = xmalloc(sizeof(float) * n_tok * n_head * D);
     float *o1 = xmalloc(sizeof(float) * n_head * D);
     fill(q, (size_t)n_tok * qs, 1.5f);
     float vmax = 0;
-    for (size_t i = 0; i < (size_t)n_cells * kvd; i++) {
-        kc[i] = f32_to_fp16(frand() * 2.0f);
-        float vv = frand() * 3.0f;
-        vc[i] = f32_to_fp16(vv);
-        vmax = fmaxf(vmax, fabsf(fp16_to_f32(vc[i])));
+    for (int c = 0; c < n_cells; c++) { /* rows as the reference stores them; vmax of the values held */
+        fill(row, (size_t)kvd, 2.0f);
+        quant_quantize_row_ref(tk, row, kc + (size_t)c * krb, kvd);
+        fill(row, (size_t)kvd, 3.0f);
+        quant_quantize_row_ref(tv, row, vc + (size_t)c * vrb, kvd);
+        quant_dequantize_row_ref(tv, vc + (size_t)c * vrb, row, kvd);
+        for (int i = 0; i < kvd; i++) vmax = fmaxf(vmax, fabsf(row[i]));
     }
     for (int t = 0; t < n_tok; t++) { cell0[t] = seq * n_ctx; nctx[t] = len0 + t + 1; }
     float *dq = gdup(q, sizeof(float) * n_tok * qs);
-    uint16_t *dkc = gdup(kc, 2 * (size_t)n_cells * kvd), *dvc = gdup(vc, 2 * (size_t)n_cells * kvd);
+    uint8_t *dkc = gdup(kc, krb * n_cells), *dvc = gdup(vc, vrb * n_cells);
     int32_t *dc0 = gdup(cell0, sizeof(int32_t) * n_tok), *dn = gdup(nctx, sizeof(int32_t) * n_tok);
     float *dout = galloc(sizeof(float) * n_tok * n_head * D);
     const float scale = 1.0f / sqrtf((float)D);
-    const struct kv_view kvc = kv_view_make(GGML_TYPE_F16, n_head_kv, D, kc, vc);
-    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, n_head_kv, D, dkc, dvc);
+    const struct kv_view kvc = kv_view_make(tk, tv, n_head_kv, D, kc, vc);
+    const struct kv_view kvg = kv_view_make(tk, tv, n_head_kv, D, dkc, dvc);
     cpu->attention(cpu, q, qs, qhs, &kvc, cell0, nctx, n_tok, n_head, scale, oc);
     gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
     gget(og, dout, sizeof(float) * n_tok * n_head * D);
-    snprintf(shape, sizeof shape, "%d tok ctx %d..%d heads %d/%d dim %d", n_tok, len0 + 1, len0 + n_tok, n_head, n_head_kv, D);
+    snprintf(shape, sizeof shape, "%d tok ctx %d..%d heads %d/%d dim %d K %s V %s", n_tok, len0 + 1, len0 + n_tok, n_head,
+             n_head_kv, D, ggml_type_traits_get(tk)->name, ggml_type_traits_get(tv)->name);
     check("attention", shape, og, oc, (size_t)n_tok * n_head * D, 1e-5 * vmax, 0);
     if (n_tok > 1 && n_tok <= 8) { /* decode of each row alone = the verify batch's row */
         bool same = true;
@@ -979,7 +999,10 @@ static void test_attention(int n_tok, int len0, int n_head, int n_head_kv, int D
         check_bits("attention-1", shape, &same, &(bool){true}, sizeof same);
     }
     gpu->free(gpu, dq); gpu->free(gpu, dkc); gpu->free(gpu, dvc); gpu->free(gpu, dc0); gpu->free(gpu, dn); gpu->free(gpu, dout);
-    free(q); free(kc); free(vc); free(cell0); free(nctx); free(oc); free(og); free(o1);
+    free(q); free(row); free(kc); free(vc); free(cell0); free(nctx); free(oc); free(og); free(o1);
+}
+static void test_attention(int n_tok, int len0, int n_head, int n_head_kv, int D, int seq) {
+    test_attention_types(GGML_TYPE_F16, GGML_TYPE_F16, n_tok, len0, n_head, n_head_kv, D, seq);
 }
 
 /* ---- delta net ------------------------------------------------------------------------------ */
@@ -1286,7 +1309,7 @@ static void bench_attention(cudaEvent_t e0, cudaEvent_t e1, int n_tok, int len) 
     float *dq = gdup(q, sizeof(float) * n_tok * qs), *dout = galloc(sizeof(float) * n_tok * n_head * D);
     uint16_t *dk = gdup(kv, 2 * nkv), *dv = gdup(kv, 2 * nkv);
     int32_t *dc0 = gdup(cell0, sizeof(int32_t) * n_tok), *dn = gdup(nctx, sizeof(int32_t) * n_tok);
-    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, n_head_kv, D, dk, dv);
+    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, n_head_kv, D, dk, dv);
     for (int i = -1; i < iters; i++) {
         if (i == 0) gpu->capture_begin(gpu);
         gpu->attention(gpu, dq, qs, 2 * D, &kvg, dc0, dn, n_tok, n_head, 1.0f / 16.0f, dout);
@@ -1613,8 +1636,23 @@ static void run_attn_prep(void) {
     test_attn_prep(2, 4, 1, 64, 64, 6, true, true);
     test_attn_prep_q_only(4, 2, 64, 64);                /* the assistant's sliding layer */
     test_attn_prep_q_only(4, 1, 128, 128);
+    /* the other cache types (-ctk / -ctv): bytes of the separate kernels and of the CPU */
+    test_attn_prep_types(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 5, 6, 2, 64, 64, 12, false, false);
+    test_attn_prep_types(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 1, 16, 4, 256, 64, 8, false, false);
+    test_attn_prep_types(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 3, 4, 1, 128, 128, 6, true, true);
+    test_attn_prep_types(GGML_TYPE_BF16, GGML_TYPE_Q8_0, 3, 4, 2, 128, 96, 4, false, false);
 }
-static void run_kv_store(void) { test_kv_store(1, 1024, 10); test_kv_store(9, 512, 20); test_kv_store(3, 100, 5); }
+static void run_kv_store(void) {
+    const enum ggml_type f16 = GGML_TYPE_F16, bf16 = GGML_TYPE_BF16, q8 = GGML_TYPE_Q8_0, q4 = GGML_TYPE_Q4_0;
+    test_kv_store(f16, f16, 1, 1, 1024, 10);
+    test_kv_store(f16, f16, 9, 1, 512, 20);
+    test_kv_store(f16, f16, 3, 1, 100, 5);
+    test_kv_store(q8, q8, 9, 4, 128, 20);
+    test_kv_store(q4, q4, 3, 2, 256, 5);
+    test_kv_store(q8, q4, 1, 16, 64, 10);
+    test_kv_store(bf16, bf16, 3, 1, 100, 5);
+    test_kv_store(f16, q8, 4, 2, 512, 8);
+}
 static void run_attention(void) {
     test_attention(1, 0, 16, 4, 256, 0);     /* first token */
     test_attention(1, 700, 16, 4, 256, 1);   /* decode, second sequence */
@@ -1625,6 +1663,17 @@ static void run_attention(void) {
     test_attention(3, 50, 6, 3, 36, 0);      /* head dim not a multiple of 8 */
     test_attention(12, 20, 4, 4, 512, 1);    /* widest head, no GQA */
     test_attention(2, 10, 2, 1, 400, 0);     /* wide, scalar path */
+    /* the other cache types: the same values (exact conversions), the same tolerance */
+    const enum ggml_type f16 = GGML_TYPE_F16, bf16 = GGML_TYPE_BF16, q8 = GGML_TYPE_Q8_0, q4 = GGML_TYPE_Q4_0;
+    test_attention_types(q8, q8, 1, 700, 16, 4, 256, 1);   /* decode */
+    test_attention_types(q8, q8, 4, 300, 16, 4, 256, 0);   /* verify batch */
+    test_attention_types(q4, q4, 1, 700, 16, 4, 256, 1);
+    test_attention_types(q4, q4, 40, 0, 4, 1, 64, 0);      /* prefill */
+    test_attention_types(q8, q4, 8, 5000, 8, 2, 128, 2);   /* asymmetric, long cache */
+    test_attention_types(q4, f16, 12, 20, 4, 4, 512, 1);   /* widest head */
+    test_attention_types(bf16, bf16, 3, 50, 6, 3, 36, 0);  /* bf16, scalar path */
+    test_attention_types(f16, bf16, 2, 10, 2, 1, 400, 0);
+    test_attention_types(bf16, q8, 4, 300, 16, 4, 256, 0);
 }
 static void run_ssm_conv(void) {
     test_ssm_conv(1, 8192, 4, 1);

@@ -50,6 +50,9 @@ describe('informational endpoints', () => {
     assert.equal(props.total_slots, 2);
     assert.equal(props.default_generation_settings.n_ctx, 4096);
     assert.match(props.chat_template, /im_start/);
+    assert.equal(props.kv_cache.type_k, 'f16');
+    assert.equal(props.kv_cache.type_v, 'f16');
+    assert.ok(props.kv_cache.k_bytes_per_slot > 0 && props.kv_cache.k_bytes_per_slot === props.kv_cache.v_bytes_per_slot);
     const slots = (await rawRequest(srv.base, '/slots', { method: 'GET' })).json;
     assert.equal(slots.length, 2);
     assert.deepEqual(slots.map((s) => s.id), [0, 1]);
