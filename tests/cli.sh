@@ -212,6 +212,9 @@ option_spellings() {
     "$COTI" run -p x -n 2 --temp= 2>/dev/null; [ $? -eq 1 ] || return 1
     "$COTI" run -p x -n 2 --threads=many 2>/dev/null; [ $? -eq 1 ] || return 1
     "$COTI" run -p x -n 2 -ngl 0 -t 1 >/dev/null 2>&1 || return 1
+    "$COTI" run -p "$p" -n 16 -t 1 --spec ngram --spec-n-min 1 > "$TMP/c.txt" 2>/dev/null &&
+    "$COTI" run -p "$p" -n 16 -t 1 --spec-type ngram-simple --spec-draft-n-min=1 --spec-draft-p-min=0 \
+        > "$TMP/d.txt" 2> "$TMP/d.err" && cmp -s "$TMP/c.txt" "$TMP/d.txt" && grep -q 'spec ngram' "$TMP/d.err" || return 1
     printf '["int main(void)\\n{\\n"]' | "$COTI" bench --spec=off,ngram --prompts - -n 8 --repeat=1 -t 1 --json - \
         > "$TMP/bj.json" 2> "$TMP/bj.err" || return 1
     python3 -c "
@@ -230,7 +233,7 @@ load_summary_and_log() {
     grep -Eq "${TS}\[info\] model: .*coti-tiny-qwen35-mtp-q8_0.gguf: arch qwen35, [0-9.]+M params, weights q8_0, [0-9.]+ MiB, [0-9.]+ MiB KV\+state per slot x 1, cpu [a-z0-9]+, 1 threads, loaded in" "$TMP/s.err" ||
         { cat "$TMP/s.err" >&2; return 1; }
     grep -q $'\r' "$TMP/s.err" && { echo "a progress line went to a file" >&2; return 1; }
-    "$COTI" serve --port 0 -t 1 -np 1 --no-warmup 2> "$TMP/srv.err" &
+    "$COTI" serve --port 0 -t 1 -np 1 --no-warmup --metrics --slots 2> "$TMP/srv.err" &
     local pid=$! port=
     for _ in $(seq 100); do
         port=$(sed -nE 's|.*listening on http://127\.0\.0\.1:([0-9]+).*|\1|p' "$TMP/srv.err")

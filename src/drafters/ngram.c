@@ -57,5 +57,5 @@ static int ngram_init(struct drafter **out, const struct drafter_config *c, char
 }
 
 const struct drafter_kind drafter_kind_ngram = {
-    .name = "ngram", .llama_name = "ngram-simple", .available = ngram_available, .init = ngram_init,
+    .name = "ngram", .aliases = {"ngram-simple"}, .llama_name = "ngram-simple", .available = ngram_available, .init = ngram_init,
 };

@@ -42,7 +42,9 @@ static const struct option common_opts[] = {
     {"spec-n-max", required_argument, NULL, OPT_SPEC_N_MAX},
     {"spec-draft-n-max", required_argument, NULL, OPT_SPEC_N_MAX},
     {"spec-n-min", required_argument, NULL, OPT_SPEC_N_MIN},
+    {"spec-draft-n-min", required_argument, NULL, OPT_SPEC_N_MIN},
     {"spec-p-min", required_argument, NULL, OPT_SPEC_P_MIN},
+    {"spec-draft-p-min", required_argument, NULL, OPT_SPEC_P_MIN},
     {"spec-sample-drafts", no_argument, NULL, OPT_SPEC_SAMPLE_DRAFTS},
 };
 #define COMMON_SHORT "m:t:c:b:h"
@@ -84,9 +86,9 @@ void cli_common_help(FILE *out, const struct cli_common *d) {
             "  --seed N             sampling seed (default %s)\n"
             "  --spec TYPE          speculative decoding: %s (default %s; also --spec-type)\n"
             "  --spec-draft FILE    the drafter model of --spec assistant (also -md, --model-draft)\n"
-            "  --spec-n-max N       draft tokens per cycle (default %d, at most %d)\n"
-            "  --spec-n-min N       minimum drafts (default %d)\n"
-            "  --spec-p-min F       stop drafting under this probability (default %g)\n"
+            "  --spec-n-max N       draft tokens per cycle (default %d, at most %d; also --spec-draft-n-max)\n"
+            "  --spec-n-min N       minimum drafts (default %d; also --spec-draft-n-min)\n"
+            "  --spec-p-min F       stop drafting under this probability (default %g; also --spec-draft-p-min)\n"
             "  --spec-sample-drafts sample drafts from the drafter (rejection sampling) at temp > 0 (default %s)\n"
             "  -h, --help           this text\n"
             "A value follows its option as the next argument or after '=' (--temp=0.7).\n",

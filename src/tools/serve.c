@@ -28,7 +28,9 @@ static void help(FILE *out, const struct cli_common *d) {
                  "  --cors ORIGIN        let pages of this browser origin (e.g. http://localhost:3000)\n"
                  "                       call the server (default: no CORS headers, browsers refuse)\n"
                  "  --no-warmup          skip recording every slot's decode and speculative steps at\n"
-                 "                       start (a device with graphs; else the first request per slot pays)\n",
+                 "                       start (a device with graphs; else the first request per slot pays)\n"
+                 "  --metrics, --slots   llama-server's switches for /metrics and /slots: accepted, both\n"
+                 "                       are always on here\n",
             SERVE_HOST_DEFAULT, SERVE_PORT_DEFAULT, SERVE_PARALLEL_DEFAULT, SERVE_N_PREDICT_DEFAULT,
             (size_t)SERVER_MAX_BODY_DEFAULT);
 }
@@ -39,7 +41,7 @@ struct serve_opts {
     char host[256];              /* --host [v6] without its brackets */
 };
 
-enum { OPT_HOST = CLI_TOOL_CODE, OPT_PORT, OPT_PARALLEL, OPT_API_KEY, OPT_CORS, OPT_MAX_BODY, OPT_NO_WARMUP };
+enum { OPT_HOST = CLI_TOOL_CODE, OPT_PORT, OPT_PARALLEL, OPT_API_KEY, OPT_CORS, OPT_MAX_BODY, OPT_NO_WARMUP, OPT_ALWAYS_ON };
 
 static int on_option(void *state, int code, const char *name, const char *v) {
     struct serve_opts *o = state;
@@ -75,6 +77,7 @@ static int on_option(void *state, int code, const char *name, const char *v) {
     }
     case OPT_MAX_BODY: if (cli_parse_int(name, v, 1024, 1L << 30, &l)) return -1; p->max_body_bytes = (size_t)l; return 0;
     case OPT_NO_WARMUP: o->warmup = false; return 0;
+    case OPT_ALWAYS_ON: return 0; /* llama-server's opt-ins for endpoints coti always serves */
     }
     return -1;
 }
@@ -100,6 +103,8 @@ int tool_serve_main(int argc, char **argv) {
         {"cors", required_argument, NULL, OPT_CORS},
         {"max-body", required_argument, NULL, OPT_MAX_BODY},
         {"no-warmup", no_argument, NULL, OPT_NO_WARMUP},
+        {"metrics", no_argument, NULL, OPT_ALWAYS_ON},
+        {"slots", no_argument, NULL, OPT_ALWAYS_ON},
         {0},
     };
     const struct cli_tool tool = {.name = "serve", .help = help, .short_opts = "n:a:", .opts = opts,
