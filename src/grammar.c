@@ -705,6 +705,8 @@ int grammar_state_copy(struct grammar_state *dst, const struct grammar_state *sr
     return 0;
 }
 
+bool grammar_done(const struct grammar_state *st) { return st->done; }
+
 bool grammar_can_end(const struct grammar_state *st) {
     if (st->pend_left) return false;
     for (int32_t i = 0; i < st->cur.n; i += 1 + st->cur.v[i])

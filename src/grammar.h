@@ -50,6 +50,8 @@ int grammar_state_copy(struct grammar_state *dst, const struct grammar_state *sr
  * Returns 0; COTI_E_ARG when the grammar rejects them (s unchanged); COTI_E_RANGE over the
  * caps (s unchanged); COTI_E_NOMEM. */
 int grammar_accept_bytes(struct grammar_state *s, const char *b, size_t n);
+/* Whether an end-of-generation token was accepted (nothing more will be). */
+bool grammar_done(const struct grammar_state *s);
 /* Whether the text so far is a complete sentence of the grammar (no partial UTF-8 pending). */
 bool grammar_can_end(const struct grammar_state *s);
 

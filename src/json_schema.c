@@ -9,10 +9,10 @@
 /* Nesting of schemas inside schemas (a $ref is a rule, so recursion through it is free). */
 #define SCHEMA_MAX_DEPTH 64
 
-/* The JSON building blocks every generated grammar starts with. Whitespace is bounded so a
- * model cannot spin in it forever. */
+/* The JSON building blocks every generated grammar starts with. Whitespace is one space or a
+ * newline and an indent, so a model cannot spin in it forever. */
 static const char json_base[] =
-    "ws ::= [ \\t\\n]{0,8}\n"
+    "ws ::= (\" \" | \"\\n\" [ ]{0,16})?\n"
     "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
     "string ::= \"\\\"\" char* \"\\\"\" ws\n"
     "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15}) ws\n"

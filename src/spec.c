@@ -147,7 +147,8 @@ static int grammar_cut_drafts(struct spec_engine *e, struct spec_seq *q, const i
     if (dr->on_device && dr->n > 0) e->m->be->download(e->m->be, dr->tokens, d_drafts, sizeof(int32_t) * (size_t)dr->n);
     dr->on_device = false;
     int rc = grammar_state_copy(q->gtmp, q->gs), n = 0;
-    while (!rc && n < dr->n && grammar_accept_token(q->gtmp, q->p.grammar_vocab, dr->tokens[n]) == 0) n++;
+    /* an end-of-generation draft is cut too: no row could follow it */
+    while (!rc && n < dr->n && grammar_accept_token(q->gtmp, q->p.grammar_vocab, dr->tokens[n]) == 0 && !grammar_done(q->gtmp)) n++;
     dr->n = n;
     return rc;
 }
