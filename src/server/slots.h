@@ -33,6 +33,11 @@ struct gen_params {
     bool cache_prompt;           /* reuse the slot's state when it is a prefix of the prompt */
     char **stop;                 /* owned; matched across token boundaries, never emitted */
     int n_stop;
+    /* constrained decoding (grammar, json_schema, response_format): the GBNF and its compiled
+     * form, both owned (NULL: none); spec.grammar points at it. End-of-generation tokens end
+     * a constrained output even with ignore_eos (the grammar accepts nothing after one). */
+    char *grammar_text;
+    struct grammar *grammar;
 };
 void gen_params_free(struct gen_params *g);
 
