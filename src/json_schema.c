@@ -50,6 +50,18 @@ static void sb_add(struct sbuf *b, const char *fmt, ...) {
     b->n += (size_t)k;
 }
 
+/* Whether s[0..n) is UTF-8 (a grammar literal is text: raw bytes cannot be spelled in one). */
+static bool utf8_valid(const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        int k = p[i] < 0x80 ? 1 : (p[i] >> 5) == 6 ? 2 : (p[i] >> 4) == 14 ? 3 : (p[i] >> 3) == 30 ? 4 : 0;
+        if (!k || i + (size_t)k > n) return false;
+        for (int j = 1; j < k; j++) if ((p[i + j] & 0xC0) != 0x80) return false;
+        i += (size_t)k;
+    }
+    return true;
+}
+
 /* A GBNF string literal of bytes s[0..n). */
 static void sb_literal(struct sbuf *b, const char *s, size_t n) {
     sb_add(b, "\"");
@@ -88,6 +100,7 @@ static int convert(struct conv *c, const cJSON *s, int depth);
 static int literal_of(struct conv *c, struct sbuf *b, const cJSON *v) {
     char *text = cJSON_PrintUnformatted(v);
     if (!text) return conv_fail(c, COTI_E_NOMEM, "%s", "out of memory");
+    if (!utf8_valid(text, strlen(text))) { free(text); return conv_fail(c, COTI_E_FORMAT, "json schema: %s", "a value is not UTF-8"); }
     sb_literal(b, text, strlen(text));
     sb_add(b, " ws");
     free(text);
@@ -211,6 +224,7 @@ static int type_rule(struct conv *c, const cJSON *s, const char *type, struct sb
             char *kt = key ? cJSON_PrintUnformatted(key) : NULL;
             cJSON_Delete(key);
             if (!kt) return conv_fail(c, COTI_E_NOMEM, "%s", "out of memory");
+            if (!utf8_valid(kt, strlen(kt))) { free(kt); return conv_fail(c, COTI_E_FORMAT, "json schema: %s", "a property name is not UTF-8"); }
             sb_literal(&kv, kt, strlen(kt));
             free(kt);
             sb_add(&kv, " ws \":\" ws s%d", vr);

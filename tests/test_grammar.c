@@ -350,4 +350,7 @@ Test(grammar, json_schema_refuses_what_it_cannot_enforce) {
     schema_refused("{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}", "required property 'b'");
     schema_refused("[1]", "must be an object");
     schema_refused("{\"enum\":[\"a\"],\"minLength\":3}", "next to");
+    /* found by fuzz_grammar: raw bytes in a value cannot become a grammar literal */
+    schema_refused("{\"enum\":[\"a\xff\"]}", "not UTF-8");
+    schema_refused("{\"type\":\"object\",\"properties\":{\"\xc3\":{}}}", "not UTF-8");
 }
