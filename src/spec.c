@@ -24,6 +24,9 @@ struct spec_seq {
     int ahead_L, ahead_n;
     int n_top_probs;             /* < 0: no log-probabilities (spec_seq_want_probs) */
     struct spec_token_prob probs[SPEC_MAX_DRAFT + 1]; /* the last begin's / step's tokens' */
+    /* under a grammar (p.grammar): its state after every emitted token (pending one included),
+     * and a scratch state for the drafts and verify rows */
+    struct grammar_state *gs, *gtmp;
 };
 
 struct spec_engine {
@@ -43,7 +46,7 @@ struct spec_engine {
 };
 
 struct spec_params spec_params_default(void) {
-    return (struct spec_params){NULL, 3, 0, 0.0f, false};
+    return (struct spec_params){.drafter = NULL, .n_max = 3};
 }
 
 void spec_engine_free(struct spec_engine *e) {
@@ -52,6 +55,8 @@ void spec_engine_free(struct spec_engine *e) {
         free(e->seqs[s].hist);
         sampler_free(e->seqs[s].smp);
         sampler_free(e->seqs[s].dsmp);
+        grammar_state_free(e->seqs[s].gs);
+        grammar_state_free(e->seqs[s].gtmp);
     }
     for (int i = 0; e->drafters && i < n_drafter_kinds; i++)
         if (e->drafters[i]) e->drafters[i]->vt->free(e->drafters[i]);
@@ -146,6 +151,51 @@ const int32_t *spec_seq_tokens(const struct spec_engine *e, int s, int *n) {
     return e->seqs[s].hist;
 }
 
+/* ---- constrained decoding: small hooks into grammar.c ---- */
+
+/* Sequence q starts at the beginning of p's grammar (or without one). */
+static int grammar_begin(struct spec_engine *e, struct spec_seq *q, const struct spec_params *p, char *err, size_t err_size) {
+    grammar_state_free(q->gs);
+    grammar_state_free(q->gtmp);
+    q->gs = q->gtmp = NULL;
+    if (!p->grammar) return 0;
+    if (!p->grammar_vocab || grammar_vocab_size(p->grammar_vocab) != e->V)
+        return coti_fail(err, err_size, COTI_E_ARG, "a grammar needs the vocabulary of the model's %d logits", e->V);
+    int rc = grammar_state_init(&q->gs, p->grammar, err, err_size);
+    if (!rc) rc = grammar_state_init(&q->gtmp, p->grammar, err, err_size);
+    return rc;
+}
+
+/* The target's token from the logits row e->row (host) after hist[0, n_hist), under grammar
+ * state g when there is one (a plain argmax: the best token g accepts; else the sampler on the
+ * masked row, so biases and penalties apply as without a grammar). Returns the token, or -1
+ * (err set) when the grammar accepts none. */
+static int32_t pick_token(struct spec_engine *e, struct spec_seq *q, struct grammar_state *g, const int32_t *hist, int n_hist,
+                          char *err, size_t err_size) {
+    if (!g) return sampler_sample(q->smp, e->row, hist, n_hist);
+    int32_t t;
+    if (sampler_params_plain_argmax(&q->sp)) {
+        t = grammar_argmax(g, q->p.grammar_vocab, e->row, e->V);
+    } else {
+        grammar_mask(g, q->p.grammar_vocab, e->row, e->V);
+        t = sampler_sample(q->smp, e->row, hist, n_hist);
+        if (!grammar_token_ok(g, q->p.grammar_vocab, t)) t = -1;
+    }
+    if (t < 0) coti_fail(err, err_size, COTI_E_RANGE, "grammar: no token of the vocabulary can continue the output");
+    return t;
+}
+
+/* Drafts on the host, cut before the first one the grammar rejects after the pending token. */
+static int grammar_cut_drafts(struct spec_engine *e, struct spec_seq *q, const int32_t *d_drafts, struct draft_result *dr) {
+    if (dr->on_device && dr->n > 0) e->m->be->download(e->m->be, dr->tokens, d_drafts, sizeof(int32_t) * (size_t)dr->n);
+    dr->on_device = false;
+    int rc = grammar_state_copy(q->gtmp, q->gs), n = 0;
+    /* an end-of-generation draft is cut too: no row could follow it */
+    while (!rc && n < dr->n && grammar_accept_token(q->gtmp, q->p.grammar_vocab, dr->tokens[n]) == 0 && !grammar_done(q->gtmp)) n++;
+    dr->n = n;
+    return rc;
+}
+
 /* Where sequence s's prefill remembers its state (model_seq_checkpoint): the given positions
  * and the prompt's last-but-one (an identical prompt then runs one token). */
 struct seq_checkpoints {
@@ -185,6 +235,7 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
     q->sp = *sp;
     q->sp.bias = NULL; /* the samplers hold their copies; the caller's list may go away */
     q->p = *p;
+    if ((rc = grammar_begin(e, q, p, err, err_size))) return rc;
     memset(&q->st, 0, sizeof q->st);
     q->ahead_n = 0;
     if (n_keep == 0) {
@@ -209,18 +260,20 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
         for (int i = 0; i < n; i++) e->pos[i] = i0 + i;
         for (int i = 0; i < n; i++) e->seqv[i] = s;
         struct model_batch b = {.n = n, .tokens = prompt + i0, .pos = e->pos, .seq = e->seqv};
-        if (sampler_params_plain_argmax(sp)) b.argmax_out = e->d_ids; /* the greedy pick, in the forward's work */
+        if (sampler_params_plain_argmax(sp) && !q->gs) b.argmax_out = e->d_ids; /* the greedy pick, in the forward's work */
         rc = model_forward(m, &b, &o, err, err_size);
         if (rc) return rc;
         if (d && (rc = d->vt->observe(d, s, q->hist, i0, n, o.hidden, err, err_size))) return rc;
         if (mark) model_seq_checkpoint(m, s, o.hidden + (size_t)(n - 1) * m->info.n_embd);
     }
-    if (sampler_params_plain_argmax(sp)) {
+    if (sampler_params_plain_argmax(sp) && !q->gs) {
         m->be->download(m->be, first, e->d_ids, sizeof *first);
         if (q->n_top_probs >= 0) m->be->download(m->be, e->row, o.logits, sizeof(float) * (size_t)e->V);
     } else {
         m->be->download(m->be, e->row, o.logits, sizeof(float) * (size_t)e->V);
-        *first = sampler_sample(q->smp, e->row, q->hist, q->n_hist);
+        if ((*first = pick_token(e, q, q->gs, q->hist, q->n_hist, err, err_size)) < 0) return COTI_E_RANGE;
+        if (q->gs && (rc = grammar_accept_token(q->gs, p->grammar_vocab, *first)))
+            return coti_fail(err, err_size, rc, "grammar: the first token was not accepted");
     }
     if (q->n_top_probs >= 0) spec_token_prob_of_row(e->row, e->V, *first, q->n_top_probs, &q->probs[0]);
     q->hist[q->n_hist++] = *first;
@@ -364,13 +417,18 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
         dr.on_device = true;
     } else if (drafting) {
         struct draft_request rq = {q->hist, L, k_cap, COTI_MIN(q->p.n_min, k_cap), q->p.p_min,
-                                   q->dsmp && q->sp.temperature > 0.0f ? q->dsmp : NULL, d_toks + 1};
+                                   q->dsmp && q->sp.temperature > 0.0f && !q->gs ? q->dsmp : NULL, d_toks + 1};
         be->mark(be, 0);
         int rc = d->vt->draft(d, s, &rq, &dr, err, err_size);
         if (rc) return rc;
         be->mark(be, 1);
     }
     q->ahead_n = 0;
+    const int k_drafted = dr.n;
+    if (q->gs && k_drafted > 0) {
+        int rc = grammar_cut_drafts(e, q, d_toks + 1, &dr);
+        if (rc) return coti_fail(err, err_size, rc, "out of memory");
+    }
     const int k = dr.n;
 
     /* verify: [pending, d1..dk] at L..L+k; drafts left on the device are read there */
@@ -378,11 +436,12 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     toks[0] = q->hist[L];
     for (int i = 0; i <= k; i++) { e->pos[i] = L + i; e->seqv[i] = s; e->want[i] = true; }
     struct model_batch b = {.n = k + 1, .pos = e->pos, .seq = e->seqv, .want_logits = e->want, .keep_states = k > 0};
-    /* greedy on the device only when the pick is the raw argmax: penalties and typical_p make
-     * it depend on the history, which the device-side acceptance does not know, so such
-     * requests take the host path below (sample-and-match, which for a greedy sampler is the
-     * same rule: accept while the draft equals the pick) */
-    const bool greedy = sampler_params_plain_argmax(&q->sp) && !probe;
+    /* greedy on the device only when the pick is the raw argmax: penalties, typical_p and
+     * biases make it depend on more than the row, which the device-side acceptance does not
+     * know, and a grammar picks on the host, so such requests take the host path below
+     * (sample-and-match, which for a greedy sampler is the same rule: accept while the draft
+     * equals the pick) */
+    const bool greedy = sampler_params_plain_argmax(&q->sp) && !probe && !q->gs;
     if (!dr.on_device) for (int i = 0; i < k; i++) toks[1 + i] = dr.tokens[i];
     if (dr.on_device || (greedy && k > 0)) {
         /* the batch reads its tokens on the device (the acceptance reads the drafts there):
@@ -434,11 +493,18 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
         for (int i = 0; i < a; i++) dr.tokens[i] = acc[1 + i];
         next = acc[1 + a];
     }
+    /* under a grammar, row i is masked with its state after the pending token and drafts < i */
+    struct grammar_state *gr = q->gs ? q->gtmp : NULL;
+    if (gr && (rc = grammar_state_copy(gr, q->gs))) return coti_fail(err, err_size, rc, "out of memory");
     for (int i = 0; i <= k && next < 0; i++) {
         const float *row = o.logits + (size_t)i * e->V;
+        if (gr && i > 0 && (rc = grammar_accept_token(gr, q->p.grammar_vocab, dr.tokens[i - 1])))
+            return coti_fail(err, err_size, rc, "grammar: a draft it accepted before was refused");
         if (probe) {
             if (probe->on_row) { /* the gate reads the row on the host */
                 be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
+                if (gr && grammar_mask(gr, q->p.grammar_vocab, e->row, e->V) == COTI_E_NOMEM)
+                    return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
                 probe->on_row(probe->user, L + i, e->row, e->V);
             }
             int32_t want_tok = probe->forced[probe->n_used + i];
@@ -454,7 +520,8 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
             else next = r;
         } else {
             be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
-            int32_t t = sampler_sample(q->smp, e->row, q->hist, L + 1 + i);
+            int32_t t = pick_token(e, q, gr, q->hist, L + 1 + i, err, err_size);
+            if (t < 0) return COTI_E_RANGE;
             if (i < k && t == dr.tokens[i]) a++;
             else next = t;
         }
@@ -466,10 +533,17 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
         be->download(be, e->row, o.logits + (size_t)i * e->V, sizeof(float) * (size_t)e->V);
         spec_token_prob_of_row(e->row, e->V, i < a ? dr.tokens[i] : next, q->n_top_probs, &q->probs[i]);
     }
-    if (k - a > 0) {
-        if ((rc = model_seq_rollback(m, s, k - a))) return coti_fail(err, err_size, rc, "rollback of %d positions failed", k - a);
-        if (d->vt->rollback) d->vt->rollback(d, s, L + 1 + a);
+    if (gr) { /* the state after the emitted tokens: the accepted drafts (gr is past them) and next */
+        if ((rc = grammar_accept_token(gr, q->p.grammar_vocab, next)))
+            return coti_fail(err, err_size, rc, "grammar: token %d does not continue the output", next);
+        struct grammar_state *t = q->gs;
+        q->gs = gr;
+        q->gtmp = t;
     }
+    if (k - a > 0 && (rc = model_seq_rollback(m, s, k - a)))
+        return coti_fail(err, err_size, rc, "rollback of %d positions failed", k - a);
+    /* drafts the grammar cut were never verified, but the drafter made them */
+    if (k_drafted - a > 0 && d->vt->rollback) d->vt->rollback(d, s, L + 1 + a);
     if (d && (rc = d->vt->observe(d, s, q->hist, L, a + 1, o.hidden, err, err_size))) return rc;
 
     for (int i = 0; i < a; i++) q->hist[q->n_hist++] = dr.tokens[i];

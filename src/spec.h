@@ -12,6 +12,7 @@
 #define COTI_SPEC_H
 
 #include "drafters/registry.h"
+#include "grammar.h"
 #include "model.h"
 #include "sample.h"
 
@@ -22,6 +23,13 @@ struct spec_params {
     float p_min;                 /* MTP: stop drafting under this top probability */
     bool sample_drafts;          /* temperature > 0: sample drafts from q and use rejection
                                     sampling (else greedy drafts, sample-and-match) */
+    /* Constrained decoding: every token emitted is one the grammar accepts. The first token and
+     * each verify row are masked with the grammar's state after the tokens before them (the
+     * argmax / the sampler then see only accepted tokens), drafts are cut before the first one
+     * it rejects, and drafts are greedy (sample-and-match, exact). NULL: unconstrained. Both
+     * outlive the sequence; the vocabulary covers the model's n_vocab logits. */
+    const struct grammar *grammar;
+    const struct grammar_vocab *grammar_vocab;
 };
 
 struct spec_params spec_params_default(void);

@@ -37,6 +37,30 @@ check "coti run: greedy text identical with --spec off, mtp, ngram" spec_outputs
 equiv_passes() { "$COTI" equiv --spec mtp --prompts tests/data-prompts.json -n 16 -t 1 | grep -q 'real disagreements 0'; }
 check "coti equiv: 0 real disagreements on the default model" equiv_passes
 
+equiv_grammar_passes() {
+    "$COTI" equiv --spec mtp --prompts tests/data-prompts.json -n 32 -t 1 --grammar-file grammars/json.gbnf > "$TMP/eqg.txt" &&
+    grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' "$TMP/eqg.txt"
+}
+check "coti equiv --grammar-file: 0 real disagreements, delta 0, grammar on both sides" equiv_grammar_passes
+
+grammar_run_matches() {
+    local g='root ::= "{\"id\": " [1-9] [0-9]{0,3} ", \"tags\": [" ("\"" [a-z]{1,8} "\"" (", \"" [a-z]{1,8} "\""){0,2})? "]}"'
+    "$COTI" run -p 'A record:' -n 64 -t 1 --spec off --grammar "$g" > "$TMP/g-off.txt" 2>/dev/null &&
+    "$COTI" run -p 'A record:' -n 64 -t 1 --spec mtp --grammar "$g" > "$TMP/g-mtp.txt" 2>/dev/null &&
+    cmp -s "$TMP/g-off.txt" "$TMP/g-mtp.txt" &&
+    grep -Eq '^A record:\{"id": [1-9][0-9]{0,3}, "tags": \[("[a-z]{1,8}"(, "[a-z]{1,8}"){0,2})?\]\}$' "$TMP/g-off.txt" &&
+    "$COTI" run -p 'A person:' -n 64 -t 1 --spec mtp --json-schema '{"type":"object","properties":{"age":{"type":"integer"}},"required":["age"]}' \
+        > "$TMP/js.txt" 2>/dev/null &&
+    sed 's/^A person://' "$TMP/js.txt" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert set(d)=={"age"} and type(d["age"]) is int'
+}
+check "coti run --grammar / --json-schema: output in the grammar, identical with --spec off and mtp" grammar_run_matches
+
+grammar_errors_are_clear() {
+    ! "$COTI" run -p x -t 1 --grammar 'root ::= "a" bad' 2> "$TMP/ge.txt" && grep -q "1:14: undefined rule 'bad'" "$TMP/ge.txt" &&
+    ! "$COTI" run -p x -t 1 --json-schema '{"type":"string","format":"date"}' 2> "$TMP/ge.txt" && grep -q "unsupported keyword 'format'" "$TMP/ge.txt"
+}
+check "coti run: a bad grammar or schema is a clear error" grammar_errors_are_clear
+
 equiv_flags_injected() {
     "$COTI" equiv --spec mtp -p 'int main(int argc' -n 16 -t 1 --inject-divergence 4 > "$TMP/inj.txt" 2>/dev/null
     [ $? -eq 1 ] && grep -q 'real disagreements 1' "$TMP/inj.txt"

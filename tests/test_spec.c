@@ -396,3 +396,94 @@ Test(spec, logprobs_do_not_depend_on_speculation, .timeout = 120) {
     }
     env_close(&v);
 }
+
+/* Constrained decoding: under a grammar, greedy output with speculation equals plain decoding
+ * (drafts cut where the grammar rejects them, rows masked on the host), every emitted text is
+ * in the grammar, and sampled output (greedy drafts, sample-and-match) is in it too. */
+static int generate_constrained(struct env *v, const int32_t *prompt, int np, const struct sampler_params *sp,
+                                const struct spec_params *p, const struct tokenizer *tok, int32_t *out, int n) {
+    char err[512];
+    int32_t first;
+    cr_assert_eq(spec_seq_begin(v->e, 0, prompt, np, sp, p, &first, err, sizeof err), 0, "%s", err);
+    out[0] = first;
+    int k = 1, nb;
+    int32_t buf[SPEC_MAX_DRAFT + 1];
+    while (k < n && !tokenizer_is_eog(tok, out[k - 1])) {
+        cr_assert_eq(spec_seq_step(v->e, 0, n - k, buf, &nb, NULL, err, sizeof err), 0, "%s", err);
+        for (int i = 0; i < nb && k < n && !tokenizer_is_eog(tok, out[k - 1]); i++) out[k++] = buf[i];
+    }
+    return k;
+}
+
+Test(spec, grammar_greedy_lossless_and_output_in_grammar, .timeout = 300) {
+    struct env v = env_open(MODEL_PATH);
+    char err[256];
+    struct tokenizer *tok;
+    cr_assert_eq(tokenizer_init(&tok, v.m->gguf, err, sizeof err), 0, "%s", err);
+    struct grammar_vocab *gv;
+    cr_assert_eq(grammar_vocab_init(&gv, tok, v.m->info.n_vocab, err, sizeof err), 0, "%s", err);
+    static const char *const grammars[] = {
+        "root ::= \"{\" ws \"\\\"name\\\": \\\"\" [A-Za-z ]{1,24} \"\\\", \\\"year\\\": \" [0-9]{1,4} \"}\"\nws ::= [ ]?\n",
+        "root ::= ([a-z]+ \" \"){3,12} \"the end.\"\n",
+        "root ::= (\"def \" [a-z_]+ \"(\" [a-z, ]* \"):\\n    return \" [^\\n]+ \"\\n\")+\n",
+    };
+    static const char *const prompts[] = {"The capital of France is", "def add(a, b):", "Once upon a time"};
+    const int n_gen = 48;
+    long accepted = 0, n_cut_checked = 0;
+    for (size_t gi = 0; gi < sizeof grammars / sizeof *grammars; gi++) {
+        struct grammar *g;
+        cr_assert_eq(grammar_parse(&g, grammars[gi], strlen(grammars[gi]), err, sizeof err), 0, "%s", err);
+        for (size_t pi = 0; pi < sizeof prompts / sizeof *prompts; pi++) {
+            int32_t *pt;
+            size_t np;
+            cr_assert_eq(tokenizer_encode(tok, prompts[pi], strlen(prompts[pi]), false, false, &pt, &np, err, sizeof err), 0);
+            struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
+            struct spec_params p = spec_params_default();
+            p.grammar = g;
+            p.grammar_vocab = gv;
+            int32_t ref[64], got[64];
+            const int n_ref = generate_constrained(&v, pt, (int)np, &sp, &p, tok, ref, n_gen);
+            /* the text is a prefix of a sentence of the grammar (complete when it ended) */
+            char *text;
+            size_t len;
+            const int n_text = n_ref - (tokenizer_is_eog(tok, ref[n_ref - 1]) ? 1 : 0);
+            cr_assert_eq(tokenizer_detokenize(tok, ref, (size_t)n_text, false, &text, &len, err, sizeof err), 0);
+            struct grammar_state *st;
+            cr_assert_eq(grammar_state_init(&st, g, err, sizeof err), 0);
+            cr_assert_eq(grammar_accept_bytes(st, text, len), 0, "grammar %zu prompt %zu: '%s' is not in the grammar", gi, pi, text);
+            if (n_text < n_ref) cr_assert(grammar_can_end(st), "ended early: '%s'", text);
+            grammar_state_free(st);
+            free(text);
+            for (int n_max = 1; n_max <= 4; n_max += 3) {
+                p.drafter = &drafter_kind_mtp;
+                p.n_max = n_max;
+                const int n_got = generate_constrained(&v, pt, (int)np, &sp, &p, tok, got, n_gen);
+                cr_assert_eq(n_got, n_ref, "grammar %zu prompt %zu n_max %d: %d tokens, plain gave %d", gi, pi, n_max, n_got, n_ref);
+                for (int k = 0; k < n_ref; k++)
+                    cr_assert_eq(got[k], ref[k], "grammar %zu prompt %zu n_max %d: token %d is %d, plain gave %d", gi, pi, n_max, k,
+                                 got[k], ref[k]);
+                accepted += spec_seq_stats(v.e, 0)->n_accepted;
+                n_cut_checked++;
+            }
+            /* sampled: greedy drafts and sample-and-match (also when sampled drafts are asked
+             * for); every text is still in the grammar */
+            sp.temperature = 0.9f;
+            sp.seed = 7 + pi;
+            p.sample_drafts = true;
+            const int n_s = generate_constrained(&v, pt, (int)np, &sp, &p, tok, got, n_gen);
+            const int n_stext = n_s - (tokenizer_is_eog(tok, got[n_s - 1]) ? 1 : 0);
+            cr_assert_eq(tokenizer_detokenize(tok, got, (size_t)n_stext, false, &text, &len, err, sizeof err), 0);
+            cr_assert_eq(grammar_state_init(&st, g, err, sizeof err), 0);
+            cr_assert_eq(grammar_accept_bytes(st, text, len), 0, "sampled: '%s' is not in grammar %zu", text, gi);
+            grammar_state_free(st);
+            free(text);
+            free(pt);
+        }
+        grammar_free(g);
+    }
+    cr_assert_gt(accepted, 20, "speculation must accept drafts under a grammar (accepted %ld)", accepted);
+    cr_assert_eq(n_cut_checked, 18);
+    grammar_vocab_free(gv);
+    tokenizer_free(tok);
+    env_close(&v);
+}

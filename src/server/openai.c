@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "chat.h"
+#include "json_schema.h"
 
 /* chat_span and tokenizer_span are the same (off, len) pair: spans pass through as they are */
 _Static_assert(sizeof(struct chat_span) == sizeof(struct tokenizer_span) &&
@@ -225,12 +226,7 @@ static int get_spec(const struct openai_ctx *c, const cJSON *o, struct spec_para
 /* Features llama.cpp has and coti does not: refuse rather than answer as if they were off. */
 static int check_unsupported(const cJSON *o, struct openai_error *e) {
     const cJSON *v;
-    if ((v = field(o, "response_format"))) {
-        const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
-        if (!t || !cJSON_IsString(t) || strcmp(t->valuestring, "text"))
-            return bad_request(e, "Field 'response_format': only {\"type\": \"text\"} is supported");
-    }
-    static const char *absent[] = {"grammar", "json_schema", "suffix"};
+    static const char *absent[] = {"suffix"};
     for (size_t i = 0; i < COTI_ARRAY_LEN(absent); i++)
         if ((v = field(o, absent[i])) && !(cJSON_IsString(v) && !v->valuestring[0]) && !(cJSON_IsArray(v) && !cJSON_GetArraySize(v)) &&
             !(cJSON_IsObject(v) && !v->child))
@@ -406,6 +402,58 @@ static int get_probs(const cJSON *o, enum openai_api api, struct gen_params *g, 
     return 0;
 }
 
+/* Constrained decoding: llama.cpp's `grammar` (GBNF) and `json_schema`, OpenAI's
+ * `response_format` {type: text | json_object | json_schema with json_schema.schema}; at most
+ * one of them. The GBNF is compiled here, so a bad one is a 400 naming its field. */
+static int get_grammar(const cJSON *o, struct gen_params *g, struct openai_error *e) {
+    const cJSON *gr = field(o, "grammar"), *js = field(o, "json_schema"), *rf = field(o, "response_format");
+    if (gr && cJSON_IsNull(gr)) gr = NULL;
+    if (gr && !cJSON_IsString(gr)) return bad_request(e, "Field 'grammar': expected a string");
+    if (gr && !gr->valuestring[0]) gr = NULL;
+    if (js && (cJSON_IsNull(js) || (cJSON_IsObject(js) && !js->child))) js = NULL; /* llama.cpp's "none" */
+    const char *name = NULL;
+    const cJSON *schema = NULL;
+    char *text = NULL, err[300];
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *t = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
+        if (!t || !cJSON_IsString(t)) return bad_request(e, "Field 'response_format': expected an object with a string 'type'");
+        if (!strcmp(t->valuestring, "json_object")) {
+            name = "response_format";
+            schema = field(rf, "schema"); /* llama.cpp accepts a schema here too */
+            if (!schema && !(text = json_schema_object_grammar())) return openai_error_set(e, 500, "server_error", "out of memory");
+        } else if (!strcmp(t->valuestring, "json_schema")) {
+            const cJSON *j = field(rf, "json_schema");
+            schema = cJSON_IsObject(j) ? field(j, "schema") : NULL;
+            if (!schema) return bad_request(e, "Field 'response_format': type json_schema needs json_schema.schema");
+            name = "response_format";
+        } else if (strcmp(t->valuestring, "text")) {
+            return bad_request(e, "Field 'response_format': type must be text, json_object or json_schema");
+        }
+    }
+    if (!!gr + !!js + !!name > 1) {
+        free(text);
+        return bad_request(e, "Field 'grammar': give only one of grammar, json_schema and response_format");
+    }
+    if (js) { name = "json_schema"; schema = js; }
+    if (schema) {
+        if (json_schema_to_grammar(schema, &text, err, sizeof err))
+            return bad_request(e, "Field '%s': %s", name, err);
+    } else if (gr) {
+        name = "grammar";
+        if (!(text = strdup(gr->valuestring))) return openai_error_set(e, 500, "server_error", "out of memory");
+    }
+    if (!text) return 0;
+    int rc = grammar_parse(&g->grammar, text, strlen(text), err, sizeof err);
+    if (rc) {
+        free(text);
+        if (rc == COTI_E_NOMEM) return openai_error_set(e, 500, "server_error", "out of memory");
+        return bad_request(e, "Field '%s': %s", name, err);
+    }
+    g->grammar_text = text;
+    g->spec.grammar = g->grammar;
+    return 0;
+}
+
 /* Sampling, limits and speculation (server-api.md §3.2). */
 static int parse_params(const struct openai_ctx *c, const cJSON *o, struct openai_request *r, struct openai_error *e) {
     struct gen_params *g = &r->g;
@@ -471,7 +519,8 @@ static int parse_params(const struct openai_ctx *c, const cJSON *o, struct opena
     const cJSON *so = field(o, "stream_options");
     if (so && !cJSON_IsObject(so)) return bad_request(e, "Field 'stream_options': expected an object");
     if (so && (rc = get_bool(so, "include_usage", &r->include_usage, e))) return rc;
-    return get_spec(c, o, &g->spec, e);
+    if ((rc = get_spec(c, o, &g->spec, e))) return rc;
+    return get_grammar(o, g, e);
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -56,6 +56,13 @@ int server_run(const struct server_params *p, struct model *m, const struct toke
     char err[256];
     int rc = 1, bound_port = 0;
     struct http_server *h = NULL;
+    /* the vocabulary's pieces for grammar masks, once for every request */
+    struct grammar_vocab *gv = NULL;
+    if (grammar_vocab_init(&gv, tok, m->info.n_vocab, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
+    r.oc.spec.grammar_vocab = gv;
     if (slots_init(&r.slots, m, eng, tok, &mx, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
@@ -81,6 +88,7 @@ done:
     slots_stop(r.slots);
     http_stop(h);
     slots_free(r.slots);
+    grammar_vocab_free(gv);
     pthread_mutex_destroy(&r.json_mu);
     metrics_free(&mx);
     pthread_sigmask(SIG_SETMASK, &old_set, NULL);

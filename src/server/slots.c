@@ -43,6 +43,11 @@ void gen_params_free(struct gen_params *g) {
     free((void *)g->sp.bias);
     g->sp.bias = NULL;
     g->sp.n_bias = 0;
+    grammar_free(g->grammar);
+    free(g->grammar_text);
+    g->grammar = NULL;
+    g->grammar_text = NULL;
+    g->spec.grammar = NULL;
 }
 
 const char *stop_type_name(enum stop_type t) {
@@ -89,6 +94,15 @@ struct task *task_new(const int32_t *prompt, int n_prompt, const struct gen_para
     t->g.sp.n_bias = bias ? g->sp.n_bias : 0;
     bool ok = t->prompt && t->g.stop && (g->sp.n_bias <= 0 || bias);
     for (int i = 0; ok && i < g->n_stop; i++) ok = (t->g.stop[t->g.n_stop++] = strdup(g->stop[i])) != NULL;
+    /* the task compiles its own copy of the grammar (the request's goes with the request) */
+    t->g.grammar_text = NULL;
+    t->g.grammar = NULL;
+    t->g.spec.grammar = NULL;
+    if (ok && g->grammar_text) {
+        ok = (t->g.grammar_text = strdup(g->grammar_text)) != NULL &&
+             grammar_parse(&t->g.grammar, t->g.grammar_text, strlen(t->g.grammar_text), NULL, 0) == 0;
+        t->g.spec.grammar = t->g.grammar;
+    }
     if (!ok) {
         gen_params_free(&t->g);
         free(t->prompt);
@@ -430,7 +444,7 @@ static bool slot_take_token(struct slots *s, struct slot *sl, int32_t id, const 
     sl->n_decoded++;
     sl->t_last_us = coti_time_us();
     struct task_result r = {.stop_type = STOP_TYPE_NONE, .stop_index = -1};
-    if (!g->ignore_eos && tokenizer_is_eog(s->tok, id)) {
+    if ((!g->ignore_eos || g->grammar) && tokenizer_is_eog(s->tok, id)) {
         r.stop_type = STOP_TYPE_EOS;
         if (!slot_release(s, sl, id, sl->n_text, prob)) goto oom;
         slot_finish(s, sl, &r);

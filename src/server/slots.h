@@ -37,6 +37,11 @@ struct gen_params {
                                     (0..SPEC_MAX_TOP_LOGPROBS); < 0: none */
     int reuse_mark;              /* a prompt position later requests may share up to (a chat's
                                     last message starts there): the prefill checkpoints it; 0: none */
+    /* constrained decoding (grammar, json_schema, response_format): the GBNF and its compiled
+     * form, both owned (NULL: none); spec.grammar points at it. End-of-generation tokens end
+     * a constrained output even with ignore_eos (the grammar accepts nothing after one). */
+    char *grammar_text;
+    struct grammar *grammar;
 };
 void gen_params_free(struct gen_params *g);
 

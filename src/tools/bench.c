@@ -68,6 +68,7 @@ struct bench_io {
     int32_t *gen;
     int32_t **ref;               /* the first pass's outputs */
     bool have_ref;
+    const struct tokenizer *tok;
 };
 
 /* Every prompt once with configuration k, fresh: decode tok/s into *tps, statistics added to k. */
@@ -82,10 +83,12 @@ static int run_prompts(struct bench_io *io, struct config *k, double *tps, char 
         int64_t t0 = coti_time_us();
         int n = 1, nb;
         io->gen[0] = first;
-        while (n < io->n_gen) {
+        /* under a grammar the output may end (an end-of-generation token) */
+        while (n < io->n_gen && !(k->sp.grammar && tokenizer_is_eog(io->tok, io->gen[n - 1]))) {
             if (spec_seq_step(io->eng, 0, (int)(io->n_gen - n), io->gen + n, &nb, NULL, err, err_size)) return 1;
             n += nb;
         }
+        for (long i = n; i < io->n_gen; i++) io->gen[i] = -1;
         int64_t t1 = coti_time_us();
         t_dec += t1 - t0;
         toks += n - 1;
@@ -291,6 +294,11 @@ int tool_bench_main(int argc, char **argv) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
+    if (cli_grammar_open(&c, tok, m->info.n_vocab)) goto done;
+    for (int k = 0; k < n_cfg; k++) {
+        cfg[k].sp.grammar = c.spec.grammar;
+        cfg[k].sp.grammar_vocab = c.spec.grammar_vocab;
+    }
     for (int k = 0; k < n_cfg; k++)
         if (!spec_engine_supports(eng, cfg[k].sp.drafter)) { fprintf(stderr, "error: '%s' is not available for this model\n", cfg[k].name); goto done; }
     for (size_t p = 0; p < pl.n; p++) {
@@ -304,7 +312,7 @@ int tool_bench_main(int argc, char **argv) {
     }
     /* greedy unless --temp: at temperature > 0 outputs differ by design (the RNG is used
      * differently), so the `same` column is only meaningful for greedy runs */
-    struct bench_io io = {eng, sampler_params_basic(c.temperature, c.top_k, c.top_p, c.min_p, c.seed), pl.n, ptoks, np, n_gen, gen, ref, false};
+    struct bench_io io = {eng, sampler_params_basic(c.temperature, c.top_k, c.top_p, c.min_p, c.seed), pl.n, ptoks, np, n_gen, gen, ref, false, tok};
     if (want_op_cost) {
         rc = op_cost(&io, be, &cfg[0], repeat, c.model_path, c.n_threads);
         goto done;
@@ -324,8 +332,8 @@ int tool_bench_main(int argc, char **argv) {
     /* --json -: stdout is the JSON's alone */
     const bool json_stdout = json_path && !strcmp(json_path, "-");
     FILE *table = json_stdout ? stderr : stdout;
-    fprintf(table, "# bench %s | %zu prompts x %ld tokens, %ld repeats, threads %d | first fresh request each time, greedy\n",
-           c.model_path, pl.n, n_gen, repeat, c.n_threads);
+    fprintf(table, "# bench %s | %zu prompts x %ld tokens, %ld repeats, threads %d | first fresh request each time, greedy%s\n",
+           c.model_path, pl.n, n_gen, repeat, c.n_threads, c.spec.grammar ? ", under a grammar (an output may end early)" : "");
     fprintf(table, "%-10s %10s %8s %12s %10s %8s %8s %8s %6s\n", "config", "tok/s", "ratio", "accept", "tok/verify", "draft%", "verify%", "glue%", "same");
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(root, "configs");
     cJSON_AddStringToObject(root, "model", c.model_path);
@@ -379,5 +387,6 @@ done:
     model_free(m);
     backend_free(be);
     prompts_free(&pl);
+    cli_common_free(&c);
     return rc;
 }

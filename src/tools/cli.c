@@ -12,11 +12,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "json_schema.h"
+
 /* codes of the common options that have no letter */
 enum {
     OPT_CPU = 1000, OPT_DEVICE, OPT_NGL, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_SEED, OPT_SPEC,
     OPT_SPEC_DRAFT, OPT_SPEC_N_MAX, OPT_SPEC_N_MIN, OPT_SPEC_P_MIN, OPT_SPEC_SAMPLE_DRAFTS, OPT_CACHE_TYPE_K,
-    OPT_CACHE_TYPE_V,
+    OPT_CACHE_TYPE_V, OPT_GRAMMAR, OPT_GRAMMAR_FILE, OPT_JSON_SCHEMA,
 };
 
 /* Every spelling of the common options, llama.cpp's included (-ngl, -md, --spec-type). */
@@ -51,6 +53,10 @@ static const struct option common_opts[] = {
     {"spec-p-min", required_argument, NULL, OPT_SPEC_P_MIN},
     {"spec-draft-p-min", required_argument, NULL, OPT_SPEC_P_MIN},
     {"spec-sample-drafts", no_argument, NULL, OPT_SPEC_SAMPLE_DRAFTS},
+    {"grammar", required_argument, NULL, OPT_GRAMMAR},
+    {"grammar-file", required_argument, NULL, OPT_GRAMMAR_FILE},
+    {"json-schema", required_argument, NULL, OPT_JSON_SCHEMA},
+    {"j", required_argument, NULL, OPT_JSON_SCHEMA},
 };
 #define COMMON_SHORT "m:t:c:b:h"
 
@@ -121,6 +127,9 @@ void cli_common_help(FILE *out, const struct cli_common *d) {
             "  --spec-n-min N       minimum drafts (default %d; also --spec-draft-n-min)\n"
             "  --spec-p-min F       stop drafting under this probability (default %g; also --spec-draft-p-min)\n"
             "  --spec-sample-drafts sample drafts from the drafter (rejection sampling) at temp > 0 (default %s)\n"
+            "  --grammar GBNF       constrain the output to a GBNF grammar (llama.cpp's syntax)\n"
+            "  --grammar-file FILE  the same, read from FILE\n"
+            "  -j, --json-schema SCHEMA  constrain the output to JSON valid under a JSON schema\n"
             "  -h, --help           this text\n"
             "A value follows its option as the next argument or after '=' (--temp=0.7).\n",
             CLI_DEFAULT_MODEL, d->n_threads, d->n_ctx, d->n_batch, cache_type_choices(kv_choices, sizeof kv_choices),
@@ -165,6 +174,71 @@ int cli_parse_u64(const char *opt, const char *s, uint64_t *out) {
     }
     *out = v;
     return 0;
+}
+
+/* The whole of file path, NUL-terminated (malloc'ed), or NULL. */
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (size_t r; buf && (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += r;
+        if (n + 1 == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) { free(buf); buf = NULL; }
+            else buf = nb;
+        }
+    }
+    if (buf && ferror(f)) { free(buf); buf = NULL; }
+    fclose(f);
+    if (buf) buf[n] = 0;
+    return buf;
+}
+
+/* --grammar, --grammar-file, --json-schema: the GBNF text into c->grammar_text (the last one
+ * given wins); -1 after a message. */
+static int grammar_option(struct cli_common *c, int code, const char *name, const char *v) {
+    char *text = NULL, err[256];
+    if (code == OPT_GRAMMAR) {
+        text = strdup(v);
+    } else if (code == OPT_GRAMMAR_FILE) {
+        if (!(text = read_file(v))) { fprintf(stderr, "error: %s: cannot read %s\n", name, v); return -1; }
+    } else {
+        cJSON *schema = cJSON_Parse(v);
+        if (!schema) { fprintf(stderr, "error: %s: not valid JSON\n", name); return -1; }
+        int rc = json_schema_to_grammar(schema, &text, err, sizeof err);
+        cJSON_Delete(schema);
+        if (rc) { fprintf(stderr, "error: %s: %s\n", name, err); return -1; }
+    }
+    if (!text) { fprintf(stderr, "error: out of memory\n"); return -1; }
+    free(c->grammar_text);
+    c->grammar_text = text;
+    return 0;
+}
+
+int cli_grammar_open(struct cli_common *c, const struct tokenizer *tok, int32_t n_vocab) {
+    if (!c->grammar_text) return 0;
+    char err[512];
+    if (grammar_parse(&c->grammar, c->grammar_text, strlen(c->grammar_text), err, sizeof err) ||
+        grammar_vocab_init(&c->grammar_vocab, tok, n_vocab, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        return -1;
+    }
+    c->spec.grammar = c->grammar;
+    c->spec.grammar_vocab = c->grammar_vocab;
+    return 0;
+}
+
+void cli_common_free(struct cli_common *c) {
+    grammar_vocab_free(c->grammar_vocab);
+    grammar_free(c->grammar);
+    free(c->grammar_text);
+    c->grammar_vocab = NULL;
+    c->grammar = NULL;
+    c->grammar_text = NULL;
+    c->spec.grammar = NULL;
+    c->spec.grammar_vocab = NULL;
 }
 
 /* One common option; -1 after a message. */
@@ -218,6 +292,7 @@ static int common_option(struct cli_common *c, int code, const char *name, const
     case OPT_SPEC_N_MIN: if (cli_parse_int(name, v, 0, SPEC_MAX_DRAFT, &l)) return -1; c->spec.n_min = (int)l; return 0;
     case OPT_SPEC_P_MIN: if (cli_parse_float(name, v, 0, 1, &d)) return -1; c->spec.p_min = (float)d; return 0;
     case OPT_SPEC_SAMPLE_DRAFTS: c->spec.sample_drafts = true; return 0;
+    case OPT_GRAMMAR: case OPT_GRAMMAR_FILE: case OPT_JSON_SCHEMA: return grammar_option(c, code, name, v);
     }
     return -1;
 }

@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "model.h"
 #include "spec.h"
+#include "tokenizer.h"
 
 #define CLI_DEFAULT_MODEL "coti-tiny-qwen35-mtp-q8_0.gguf"
 #define CLI_MAX_THREADS 256
@@ -37,6 +38,11 @@ struct cli_common {
     /* speculation */
     struct spec_params spec;
     const char *draft_path;      /* --spec-draft / -md: a drafter model's file */
+    /* constrained decoding: --grammar, --grammar-file or --json-schema's GBNF (malloc'ed; NULL:
+     * none), compiled by cli_grammar_open into spec.grammar / spec.grammar_vocab */
+    char *grammar_text;
+    struct grammar *grammar;
+    struct grammar_vocab *grammar_vocab;
     char model_buf[PATH_MAX];    /* the default model's path, once found */
 };
 
@@ -85,6 +91,12 @@ int cli_open_model(const struct cli_common *c, int n_seq, int n_keep_states, str
 /* The same, with the backend passed through wrap (which takes it over) before the model loads. */
 int cli_open_model_wrapped(const struct cli_common *c, int n_seq, int n_keep_states,
                            struct backend *(*wrap)(struct backend *inner), struct backend **be, struct model **m);
+
+/* With a grammar given: compile it and the vocabulary of tok for n_vocab logits into c->spec
+ * (0; -1 after printing the error). Without one: 0, nothing done. */
+int cli_grammar_open(struct cli_common *c, const struct tokenizer *tok, int32_t n_vocab);
+/* What the options and cli_grammar_open allocated. */
+void cli_common_free(struct cli_common *c);
 
 /* A progress line on stderr, rewritten in place; only when stderr is a terminal, so logs and
  * pipes never see it. cli_progress_end clears it. */

@@ -21,6 +21,7 @@
 
 static void help(FILE *out, const struct cli_common *d) {
     fprintf(out, "usage: coti equiv [-m MODEL] --spec mtp|ngram|assistant (--prompts FILE | -p PROMPT) [-n N] [--top K] [--tie F] [--free]\n"
+                 "                  [--grammar-file F]  (a grammar applies to both sides; rows are compared masked)\n"
                  "The losslessness gate: exit 0 when speculative verify rows agree with plain decoding, 1 on a\n"
                  "real disagreement, 2 on an error.\n"
                  "  --prompts FILE       a JSON array of prompts ('-': standard input)\n"
@@ -121,6 +122,7 @@ int tool_equiv_main(int argc, char **argv) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
     }
+    if (cli_grammar_open(&c, tok, m->info.n_vocab)) goto done;
     plain.rows = calloc((size_t)c.n_ctx, sizeof(struct equiv_row));
     spec.rows = calloc((size_t)c.n_ctx, sizeof(struct equiv_row));
     seq = malloc(sizeof(int32_t) * ((size_t)c.n_ctx + SPEC_MAX_DRAFT + 2));
@@ -151,7 +153,8 @@ int tool_equiv_main(int argc, char **argv) {
         memcpy(seq, pt, sizeof(int32_t) * np);
         int n_seq = (int)np;
         seq[n_seq++] = first;
-        while (n_seq < (int)np + n_gen) {
+        /* under a grammar the text ends with an end-of-generation token */
+        while (n_seq < (int)np + n_gen && !(c.spec.grammar && tokenizer_is_eog(tok, seq[n_seq - 1]))) {
             if (spec_seq_step(eng, 0, 1, buf, &nb, NULL, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); free(pt); goto done; }
             seq[n_seq++] = buf[0];
         }
@@ -178,8 +181,9 @@ int tool_equiv_main(int argc, char **argv) {
             /* free-running greedy with speculation on: where does it first leave the plain text? */
             if (spec_seq_begin(eng, 0, pt, (int)np, &greedy, &c.spec, &first, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); free(pt); goto done; }
             int n = 1, diff = first == seq[np] ? -1 : 0;
-            while (diff < 0 && n < n_gen) {
-                if (spec_seq_step(eng, 0, (int)(n_gen - n), buf, &nb, NULL, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); free(pt); goto done; }
+            const int n_ref = n_seq - (int)np;
+            while (diff < 0 && n < n_ref) {
+                if (spec_seq_step(eng, 0, n_ref - n, buf, &nb, NULL, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); free(pt); goto done; }
                 for (int i = 0; i < nb && diff < 0; i++, n++) if (buf[i] != seq[np + n]) diff = n;
             }
             if (diff >= 0) { free_diff_prompts++; fprintf(stderr, "prompt %zu: free-running greedy text first differs at generated token %d\n", pi, diff); }
@@ -199,5 +203,6 @@ done:
     model_free(m);
     backend_free(be);
     if (prompts_path) prompts_free(&pl);
+    cli_common_free(&c);
     return rc;
 }

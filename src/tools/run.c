@@ -78,6 +78,7 @@ int tool_run_main(int argc, char **argv) {
     size_t n_toks = 0;
     int rc = 1;
     if (tokenizer_init(&tok, m->gguf, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
+    if (cli_grammar_open(&c, tok, m->info.n_vocab)) goto done;
     if (tokenizer_encode(tok, prompt, strlen(prompt), true, true, &toks, &n_toks, err, sizeof err)) {
         fprintf(stderr, "error: cannot tokenize the prompt: %s\n", err);
         goto done;
@@ -110,7 +111,8 @@ int tool_run_main(int argc, char **argv) {
     bool stop = false;
     while (!stop) {
         for (int i = 0; i < n_buf && !stop; i++) {
-            if (!ignore_eos && tokenizer_is_eog(tok, buf[i])) { stop = true; break; }
+            /* a grammar accepts nothing after the end */
+            if ((!ignore_eos || c.spec.grammar) && tokenizer_is_eog(tok, buf[i])) { stop = true; break; }
             if (tokenizer_token_to_piece(tok, buf[i], false, &piece, &piece_len) == 0) fwrite(piece, 1, piece_len, stdout);
             if (++n_gen >= n_predict) stop = true;
         }
@@ -140,5 +142,6 @@ done:
     model_free(m);
     backend_free(be);
     free(file_text);
+    cli_common_free(&c);
     return rc;
 }
