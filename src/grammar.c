@@ -517,6 +517,7 @@ struct grammar_state {
     uint32_t pend_cp;    /* a UTF-8 sequence the last bytes started: its bits so far */
     int pend_left;       /* continuation bytes it still needs (0: none pending) */
     bool done;           /* an end-of-generation token was accepted */
+    long budget;         /* work left to the current operation (see GRAMMAR_WORK_*) */
     /* scratch */
     struct gset work;    /* stacks to expand: [p_0 .. p_len-1, len] (popped from the end) */
     struct gset *lvl;    /* one set per byte of a token */
@@ -566,7 +567,9 @@ static int expand(struct grammar_state *st, struct gset *out) {
         w->count--;
         memcpy(stk, w->v + w->n, sizeof *stk * (size_t)len);
         for (;;) {
+            if (--st->budget < 0) return COTI_E_RANGE;
             if (len == 0 || g->sym[stk[len - 1]].kind >= G_CHAR) {
+                st->budget -= out->count; /* the duplicate check */
                 int rc = gset_add(out, stk, len);
                 if (rc) return rc;
                 break;
@@ -614,6 +617,7 @@ static int advance(struct grammar_state *st, const struct gset *in, uint32_t cp,
     const struct grammar *g = st->g;
     gset_clear(out);
     gset_clear(&st->work);
+    if ((st->budget -= in->count) < 0) return COTI_E_RANGE;
     for (int32_t i = 0; i < in->n; i += 1 + in->v[i]) {
         int32_t len = in->v[i];
         if (!len) continue;
@@ -665,6 +669,7 @@ int grammar_state_init(struct grammar_state **out, const struct grammar *g, char
     struct grammar_state *st = calloc(1, sizeof *st);
     if (!st) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     st->g = g;
+    st->budget = GRAMMAR_WORK_PER_BYTE * 16;
     int rc = work_push(&st->work, NULL, 0, g->alt[g->rule_alt0[g->root]]);
     for (int32_t j = 1; !rc && j < g->rule_n_alt[g->root]; j++) rc = work_push(&st->work, NULL, 0, g->alt[g->rule_alt0[g->root] + j]);
     if (!rc) rc = expand(st, &st->cur);
@@ -722,6 +727,7 @@ static int run_bytes(struct grammar_state *st, const uint8_t *b, size_t n, const
     *cp = st->pend_cp;
     *left = st->pend_left;
     if (st->done) return COTI_E_ARG;
+    st->budget = GRAMMAR_WORK_PER_BYTE * (long)(n + 16);
     int flip = 0;
     for (size_t i = 0; i < n; i++) {
         int u = utf8_step(cp, left, b[i]);
@@ -882,6 +888,7 @@ static int mask_walk(struct grammar_state *st, const struct grammar_vocab *v, in
         } else {
             struct gset *l = &st->lvl[depth];
             int rc = advance(st, set, cp2, l);
+            if (rc == COTI_E_RANGE && st->budget < 0) return rc; /* out of work: the rest stays masked */
             if (rc) { rc_any = rc; continue; }
             if (!l->count) continue;
             next = l;
@@ -905,6 +912,7 @@ int grammar_mask(struct grammar_state *st, const struct grammar_vocab *v, float 
     int rc = ensure_levels(st, v->max_len + 2);
     if (rc) return rc;
     memset(st->allowed, 0, (size_t)v->n_vocab);
+    st->budget = GRAMMAR_WORK_PER_NODE * (long)v->n_nodes + GRAMMAR_WORK_PER_BYTE * 64;
     if (!st->done) {
         rc = mask_walk(st, v, 0, 0, &st->cur, st->pend_cp, st->pend_left);
         if (rc == COTI_E_NOMEM) return rc;
@@ -919,7 +927,7 @@ int grammar_mask(struct grammar_state *st, const struct grammar_vocab *v, float 
 int32_t grammar_argmax(struct grammar_state *st, const struct grammar_vocab *v, float *logits, int32_t n) {
     int32_t a = sample_argmax(logits, n);
     if (a >= 0 && logits[a] > -INFINITY && grammar_token_ok(st, v, a)) return a;
-    if (grammar_mask(st, v, logits, n) == COTI_E_NOMEM) return -1;
+    if (grammar_mask(st, v, logits, n)) return -1; /* a partial mask is no answer */
     a = sample_argmax(logits, n);
     return a >= 0 && logits[a] > -INFINITY ? a : -1;
 }

@@ -25,6 +25,12 @@
 #define GRAMMAR_MAX_DEPTH 1024
 /* Ways a text may continue at once; an unambiguous grammar needs a handful. */
 #define GRAMMAR_MAX_STACKS 1024
+/* Work one operation may do (a unit: one stack expanded or compared), so that an ambiguous
+ * grammar costs an error rather than seconds of the engine's time: per node of the vocabulary's
+ * trie for a mask (a JSON string's mask, nearly every token allowed, takes ~4 units a node:
+ * 386k units, 2.5 ms on the 16k vocabulary), and per byte matched. */
+#define GRAMMAR_WORK_PER_NODE 64L
+#define GRAMMAR_WORK_PER_BYTE (1L << 14)
 /* Compiled size caps against hostile grammars (symbols, rules). */
 #define GRAMMAR_MAX_SYMBOLS (1 << 20)
 #define GRAMMAR_MAX_RULES 16384
@@ -69,11 +75,12 @@ bool grammar_token_ok(struct grammar_state *s, const struct grammar_vocab *v, in
  * After an end-of-generation token nothing more is accepted. */
 int grammar_accept_token(struct grammar_state *s, const struct grammar_vocab *v, int32_t id);
 /* Set logits[i] = -INFINITY for every i in [0, n) that may not come next. Returns 0,
- * COTI_E_NOMEM, COTI_E_RANGE (the caps: every token a cap stops counts as rejected). */
+ * COTI_E_NOMEM, COTI_E_RANGE (the caps or the work budget: every token they stop counts as
+ * rejected, so the row is masked too much: not an answer to sample from). */
 int grammar_mask(struct grammar_state *s, const struct grammar_vocab *v, float *logits, int32_t n);
 /* Greedy under the grammar: the argmax of logits[0..n) among the tokens that may come next
  * (checks the plain argmax first and masks the row, in place, only when it is rejected).
- * Returns the id, or -1 when no token may come next. */
+ * Returns the id, or -1 when no token may come next or the mask hit a cap. */
 int32_t grammar_argmax(struct grammar_state *s, const struct grammar_vocab *v, float *logits, int32_t n);
 
 #endif

@@ -177,11 +177,13 @@ static int32_t pick_token(struct spec_engine *e, struct spec_seq *q, struct gram
     if (sampler_params_plain_argmax(&q->sp)) {
         t = grammar_argmax(g, q->p.grammar_vocab, e->row, e->V);
     } else {
-        grammar_mask(g, q->p.grammar_vocab, e->row, e->V);
-        t = sampler_sample(q->smp, e->row, hist, n_hist);
-        if (!grammar_token_ok(g, q->p.grammar_vocab, t)) t = -1;
+        /* a partial mask (over the matcher's limits) is no distribution to sample from */
+        t = grammar_mask(g, q->p.grammar_vocab, e->row, e->V) ? -1 : sampler_sample(q->smp, e->row, hist, n_hist);
+        if (t >= 0 && !grammar_token_ok(g, q->p.grammar_vocab, t)) t = -1;
     }
-    if (t < 0) coti_fail(err, err_size, COTI_E_RANGE, "grammar: no token of the vocabulary can continue the output");
+    if (t < 0)
+        coti_fail(err, err_size, COTI_E_RANGE, "grammar: no token of the vocabulary can continue the output, or the "
+                                               "grammar is over the matcher's limits");
     return t;
 }
 

@@ -354,3 +354,26 @@ Test(grammar, json_schema_refuses_what_it_cannot_enforce) {
     schema_refused("{\"enum\":[\"a\xff\"]}", "not UTF-8");
     schema_refused("{\"type\":\"object\",\"properties\":{\"\xc3\":{}}}", "not UTF-8");
 }
+
+/* An ambiguous grammar (each x may take 0-4 characters in many ways) would make one mask cost
+ * seconds: the work budget turns that into COTI_E_RANGE within milliseconds, and greedy then
+ * has no answer (-1) rather than one from a partial mask. */
+Test(grammar, ambiguous_grammar_mask_is_bounded, .init = open_vocab, .fini = close_vocab, .timeout = 20) {
+    struct grammar *g = compile("root ::= x x x x x x x x x x x x x x x x x x x x\nx ::= \"a\"? \"a\"? \"a\"? [a-z]?\n");
+    struct grammar_state *st;
+    char err[256];
+    cr_assert_eq(grammar_state_init(&st, g, err, sizeof err), 0, "%s", err);
+    const int32_t n = grammar_vocab_size(g_vocab);
+    float *row = malloc(sizeof(float) * (size_t)n);
+    for (int32_t i = 0; i < n; i++) row[i] = 0.0f;
+    int64_t t0 = coti_time_us();
+    cr_assert_eq(grammar_mask(st, g_vocab, row, n), COTI_E_RANGE);
+    for (int32_t i = 0; i < n; i++) row[i] = 0.0f;
+    row[5] = 1.0f; /* the plain argmax, a token the grammar does not take: the mask runs */
+    cr_assert(!grammar_token_ok(st, g_vocab, 5));
+    cr_assert_eq(grammar_argmax(st, g_vocab, row, n), -1);
+    cr_assert_lt(coti_time_us() - t0, 2000000, "two masks took %ld us", (long)(coti_time_us() - t0));
+    free(row);
+    grammar_state_free(st);
+    grammar_free(g);
+}

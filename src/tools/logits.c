@@ -99,6 +99,11 @@ int tool_logits_main(int argc, char **argv) {
                                   .on_option = on_option, .state = &o};
     int pr = cli_parse(&c, &tool, argc, argv);
     if (pr != CLI_PARSE_OK) return pr == CLI_PARSE_EXIT ? 0 : 1;
+    if (c.grammar_text) {
+        fprintf(stderr, "error: --grammar / --grammar-file / --json-schema: logits are unconstrained: no grammar here\n");
+        cli_common_free(&c);
+        return 1;
+    }
     const char *prompt = o.prompt, *tokens_arg = o.tokens;
     const long n_top = o.n_top;
     const bool json = o.json, mtp = o.mtp;

@@ -139,6 +139,11 @@ int tool_serve_main(int argc, char **argv) {
                                   .on_option = on_option, .state = &o};
     int pr = cli_parse(&c, &tool, argc, argv);
     if (pr != CLI_PARSE_OK) return pr == CLI_PARSE_EXIT ? 0 : 1;
+    if (c.grammar_text) {
+        fprintf(stderr, "error: --grammar / --grammar-file / --json-schema: a grammar is per request (the `grammar`, `json_schema` or `response_format` field)\n");
+        cli_common_free(&c);
+        return 1;
+    }
     struct server_params p = o.p;
     const bool warmup = o.warmup;
     p.seed_fixed = c.seed_given;
