@@ -1757,9 +1757,9 @@ static void test_supports(void) {
     }
     ok &= n_taken == (int)(sizeof mm_types / sizeof mm_types[0]);
     /* the cache types (-ctk/-ctv), and no other */
-    static const enum ggml_type kv_types[] = {GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
-    for (size_t i = 0; i < sizeof kv_types / sizeof kv_types[0]; i++)
-        ok &= gpu->supports(gpu, BACKEND_OP_attention, kv_types[i]) && gpu->supports(gpu, BACKEND_OP_kv_store, kv_types[i]);
+    static const enum ggml_type cache_types[] = {GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
+    for (size_t i = 0; i < sizeof cache_types / sizeof cache_types[0]; i++)
+        ok &= gpu->supports(gpu, BACKEND_OP_attention, cache_types[i]) && gpu->supports(gpu, BACKEND_OP_kv_store, cache_types[i]);
     ok &= !gpu->supports(gpu, BACKEND_OP_attention, GGML_TYPE_Q4_K) && !gpu->supports(gpu, BACKEND_OP_attention, GGML_TYPE_F32);
     ok &= gpu->supports(gpu, BACKEND_OP_rmsnorm, GGML_TYPE_F32);
     printf("%-5s %-14s %-44s %d weight types\n", ok ? "ok" : "FAIL", "supports", "= weight_init, the cache types", n_taken);
