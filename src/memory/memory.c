@@ -90,9 +90,13 @@ int memory_restore_regions(struct memory *mem, int s) {
     return mem->rg.n;
 }
 
-static void ck_clear(struct memory *mem, int s) {
-    for (int k = 0; k < MEM_N_CHECKPOINTS; k++) mem->ck_pos[s * MEM_N_CHECKPOINTS + k] = -1;
+/* Forget sequence s's checkpoints past position len (all of them: len -1). */
+static void ck_drop_after(struct memory *mem, int s, int len) {
+    for (int k = 0; k < MEM_N_CHECKPOINTS; k++)
+        if (mem->ck_pos[s * MEM_N_CHECKPOINTS + k] > len) mem->ck_pos[s * MEM_N_CHECKPOINTS + k] = -1;
 }
+
+static void ck_clear(struct memory *mem, int s) { ck_drop_after(mem, s, -1); }
 
 void memory_seq_reset(struct memory *mem, int s) {
     if (s < 0 || s >= mem->n_seq) return;
@@ -123,8 +127,7 @@ int memory_seq_rollback(struct memory *mem, int s, int n_drop) {
     }
     mem->seq_len[s] -= n_drop;
     if (mem->head_len[s] > mem->seq_len[s]) mem->head_len[s] = mem->seq_len[s];
-    for (int k = 0; k < MEM_N_CHECKPOINTS; k++)
-        if (mem->ck_pos[s * MEM_N_CHECKPOINTS + k] > mem->seq_len[s]) mem->ck_pos[s * MEM_N_CHECKPOINTS + k] = -1;
+    ck_drop_after(mem, s, mem->seq_len[s]);
     mem->last_run_len[s] = keep_idx + 1;
     mem->last_run_kept[s] = false;
     mem->last_run_restored[s] = false;
@@ -269,8 +272,7 @@ int memory_seq_resume(struct memory *mem, int dst, int src, int q) {
             mem->ck_has_hidden[dst * MEM_N_CHECKPOINTS + kd] = had_hidden;
         }
     } else {
-        for (int i = 0; i < MEM_N_CHECKPOINTS; i++)
-            if (mem->ck_pos[dst * MEM_N_CHECKPOINTS + i] > q) mem->ck_pos[dst * MEM_N_CHECKPOINTS + i] = -1;
+        ck_drop_after(mem, dst, q);
     }
     mem->seq_len[dst] = q;
     mem->head_len[dst] = head;
