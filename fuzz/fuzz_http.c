@@ -30,7 +30,8 @@ static struct openai_ctx fuzz_oc;
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     char err[512];
     struct backend *be = backend_cpu_init(1, quant_cpu_level_detect());
-    struct model_params p = {.n_seq = 1, .n_ctx = 4096, .n_batch = 16, .n_keep_states = SPEC_MAX_DRAFT + 1};
+    struct model_params p = {.n_seq = 1, .n_ctx = 4096, .n_batch = 16, .n_keep_states = SPEC_MAX_DRAFT + 1,
+                              .cache_type_k = GGML_TYPE_F16, .cache_type_v = GGML_TYPE_F16};
     struct model *m = NULL;
     struct tokenizer *tok = NULL;
     struct spec_engine *eng = NULL;

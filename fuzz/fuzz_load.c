@@ -52,7 +52,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     fuzz_tokenizer(g);
     /* small memory: the file's hparams, not the context, are under test */
-    struct model_params p = {.n_seq = 1, .n_ctx = 16, .n_batch = 4, .n_keep_states = 2};
+    struct model_params p = {.n_seq = 1, .n_ctx = 16, .n_batch = 4, .n_keep_states = 2,
+                              .cache_type_k = GGML_TYPE_F16, .cache_type_v = GGML_TYPE_F16};
     struct model *m = NULL;
     err[0] = '\0';
     if (model_load_gguf(&m, g, fuzz_be, &p, err, sizeof err) != 0) { /* g is closed */
