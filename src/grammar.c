@@ -634,24 +634,37 @@ static int advance(struct grammar_state *st, const struct gset *in, uint32_t cp,
  * `left` continuation bytes to come. */
 static bool partial_viable(const struct grammar *g, const struct gset *in, uint32_t pend_cp, int left) {
     uint32_t lo = pend_cp << (6 * left), hi = lo | ((1u << (6 * left)) - 1);
+    /* what utf8_step will let the rest of the form reach: after a three-byte lead U+0800 and
+     * up, after a four-byte lead U+10000 to U+10FFFF (later bytes are checked as they come) */
+    if (left == 2) lo = COTI_MAX(lo, 0x800u);
+    if (left == 3) { lo = COTI_MAX(lo, 0x10000u); hi = COTI_MIN(hi, 0x10FFFFu); }
+    if (lo > hi) return false;
     for (int32_t i = 0; i < in->n; i += 1 + in->v[i])
         if (in->v[i] && sym_matches(g, &g->sym[in->v[i + in->v[i]]], lo, hi)) return true;
     return false;
 }
 
 /* One byte of UTF-8 into (cp, left). Returns 1 when a code point is complete, 0 when more
- * bytes are needed, -1 for a byte that cannot come here. */
+ * bytes are needed, -1 for a byte that cannot come here. Only well-formed UTF-8 passes: an
+ * overlong form (C0 8A for a newline), a surrogate or a code point past U+10FFFF would let a
+ * byte-level token satisfy a literal while the text that goes out is not that character. */
 static int utf8_step(uint32_t *cp, int *left, uint8_t b) {
     if (*left == 0) {
         if (b < 0x80) { *cp = b; return 1; }
-        if ((b >> 5) == 6) { *cp = b & 0x1F; *left = 1; return 0; }
+        if ((b >> 5) == 6 && b >= 0xC2) { *cp = b & 0x1F; *left = 1; return 0; }
         if ((b >> 4) == 14) { *cp = b & 0x0F; *left = 2; return 0; }
-        if ((b >> 3) == 30) { *cp = b & 0x07; *left = 3; return 0; }
+        if ((b >> 3) == 30 && b <= 0xF4) { *cp = b & 0x07; *left = 3; return 0; }
         return -1;
     }
     if ((b & 0xC0) != 0x80) return -1;
     *cp = (*cp << 6) | (b & 0x3F);
-    return --*left == 0;
+    --*left;
+    /* the first continuation byte decides the range: of a three-byte form (left now 1; also
+     * reached by a four-byte form's second, whose bits are >= 0x400 and pass), U+0800 and up
+     * but no surrogate; of a four-byte form (left now 2), U+10000 to U+10FFFF */
+    if (*left == 1 && (*cp < 0x20 || (*cp >= 0x360 && *cp <= 0x37F))) return -1;
+    if (*left == 2 && (*cp < 0x10 || *cp > 0x10F)) return -1;
+    return *left == 0;
 }
 
 static int ensure_levels(struct grammar_state *st, int32_t n) {

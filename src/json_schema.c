@@ -368,11 +368,15 @@ static int convert(struct conv *c, const cJSON *s, int depth) {
 }
 
 int json_schema_to_grammar(const cJSON *schema, char **out, char *err, size_t err_size) {
+    return json_schema_to_rule(schema, "root", out, err, err_size);
+}
+
+int json_schema_to_rule(const cJSON *schema, const char *rule, char **out, char *err, size_t err_size) {
     *out = NULL;
     struct conv c = {.root = schema, .err = err, .err_size = err_size};
     sb_add(&c.out, "%s", json_base);
     int r = convert(&c, schema, 0);
-    if (r >= 0) sb_add(&c.out, "root ::= s%d\n", r);
+    if (r >= 0) sb_add(&c.out, "%s ::= s%d\n", rule, r);
     free(c.ref_name);
     free(c.ref_rule);
     if (r < 0 || c.out.oom) {

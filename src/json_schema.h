@@ -18,6 +18,11 @@
  * schema is not a schema: a non-object, a bad $ref, nesting too deep), COTI_E_NOMEM. */
 int json_schema_to_grammar(const cJSON *schema, char **out, char *err, size_t err_size);
 
+/* The same with the schema's rule named rule instead of root, for a caller that writes its own
+ * root around it (a forced tool call). rule must not be one of the generated names (s<N>, ws,
+ * char, string, integer, number, boolean, null, value, object, array). */
+int json_schema_to_rule(const cJSON *schema, const char *rule, char **out, char *err, size_t err_size);
+
 /* GBNF for any JSON object (response_format json_object); malloc'ed, NULL when out of memory. */
 char *json_schema_object_grammar(void);
 

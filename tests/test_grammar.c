@@ -81,6 +81,27 @@ Test(grammar, literals_classes_and_repetition) {
     grammar_free(g);
 }
 
+/* Only well-formed UTF-8 matches: a byte-level token spelling a newline as the overlong C0 8A
+ * satisfied "\n" while the text that went out was two invalid bytes. */
+Test(grammar, malformed_utf8_never_matches) {
+    struct grammar *g = compile("root ::= \"<\\n>\" [^x]*\n");
+    cr_assert(matches(g, "<\n>"));
+    cr_assert(!prefix_ok(g, "<\xc0\x8a"), "overlong newline");
+    cr_assert(!prefix_ok(g, "<\xc1"), "C1 starts only overlong forms");
+    /* nor may a lead byte pass whose only way on is an overlong form (a dead end for a mask) */
+    cr_assert(!prefix_ok(g, "<\xe0"), "a three-byte form cannot be a newline");
+    cr_assert(!prefix_ok(g, "<\xf0"), "a four-byte form cannot be a newline");
+    cr_assert(prefix_ok(g, "<\n>\xe0") && prefix_ok(g, "<\n>\xf4"), "but may be another character");
+    cr_assert(matches(g, "<\n>\xc2\xa9\xe0\xa0\x80\xed\x9f\xbf\xf0\x90\x80\x80\xf4\x8f\xbf\xbf"),
+              "the smallest and largest of each length");
+    cr_assert(!prefix_ok(g, "<\n>\xe0\x9f"), "overlong three-byte form");
+    cr_assert(!prefix_ok(g, "<\n>\xed\xa0"), "a surrogate");
+    cr_assert(!prefix_ok(g, "<\n>\xf0\x8f"), "overlong four-byte form");
+    cr_assert(!prefix_ok(g, "<\n>\xf4\x90"), "past U+10FFFF");
+    cr_assert(!prefix_ok(g, "<\n>\xf5"), "no code point starts with F5");
+    grammar_free(g);
+}
+
 Test(grammar, partial_utf8_carries_between_calls) {
     struct grammar *g = compile("root ::= \"\xc3\xa9\" [\xe2\x82\xac]\n"); /* é € */
     struct grammar_state *st;

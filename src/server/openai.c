@@ -402,6 +402,20 @@ static int get_probs(const cJSON *o, enum openai_api api, struct gen_params *g, 
     return 0;
 }
 
+/* Compile GBNF text (taken, malloc'ed) as g's constraint; a bad one is a 400 naming field. */
+static int set_grammar(struct gen_params *g, char *text, const char *field_name, struct openai_error *e) {
+    char err[300];
+    int rc = grammar_parse(&g->grammar, text, strlen(text), err, sizeof err);
+    if (rc) {
+        free(text);
+        if (rc == COTI_E_NOMEM) return openai_error_set(e, 500, "server_error", "out of memory");
+        return bad_request(e, "Field '%s': %s", field_name, err);
+    }
+    g->grammar_text = text;
+    g->spec.grammar = g->grammar;
+    return 0;
+}
+
 /* Constrained decoding: llama.cpp's `grammar` (GBNF) and `json_schema`, OpenAI's
  * `response_format` {type: text | json_object | json_schema with json_schema.schema}; at most
  * one of them. The GBNF is compiled here, so a bad one is a 400 naming its field. */
@@ -442,16 +456,7 @@ static int get_grammar(const cJSON *o, struct gen_params *g, struct openai_error
         name = "grammar";
         if (!(text = strdup(gr->valuestring))) return openai_error_set(e, 500, "server_error", "out of memory");
     }
-    if (!text) return 0;
-    int rc = grammar_parse(&g->grammar, text, strlen(text), err, sizeof err);
-    if (rc) {
-        free(text);
-        if (rc == COTI_E_NOMEM) return openai_error_set(e, 500, "server_error", "out of memory");
-        return bad_request(e, "Field '%s': %s", name, err);
-    }
-    g->grammar_text = text;
-    g->spec.grammar = g->grammar;
-    return 0;
+    return text ? set_grammar(g, text, name, e) : 0;
 }
 
 /* Sampling, limits and speculation (server-api.md §3.2). */
@@ -793,6 +798,13 @@ int openai_parse_request(const struct openai_ctx *c, enum openai_api api, const 
         if (api == OPENAI_API_CHAT) {
             struct chat_prompt cp, head;
             rc = render_chat(c, body, &cp, &head, &r->tools, e);
+            /* a forced tool call is a grammar, so it cannot be combined with another one */
+            if (!rc && r->tools.forced_grammar && r->g.grammar)
+                rc = bad_request(e, "Field 'tool_choice': a forced tool call cannot be combined with grammar, json_schema "
+                                 "or response_format");
+            char *forced = !rc && r->tools.forced_grammar ? strdup(r->tools.forced_grammar) : NULL;
+            if (!rc && r->tools.forced_grammar)
+                rc = forced ? set_grammar(&r->g, forced, "tool_choice", e) : openai_error_set(e, 500, "server_error", "out of memory");
             if (!rc) {
                 /* the template's markers are special tokens, the messages' text never is
                  * (chat_span); the vocabulary adds BOS where it asks for one */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "json_schema.h"
 #include "server/openai.h"
 
 static const char CALL_OPEN[] = "<tool_call>", CALL_CLOSE[] = "</tool_call>";
@@ -13,6 +14,7 @@ static const char CALL_OPEN[] = "<tool_call>", CALL_CLOSE[] = "</tool_call>";
 void tool_set_free(struct tool_set *t) {
     for (int i = 0; i < t->n; i++) free(t->decls[i]);
     free(t->decls);
+    free(t->forced_grammar);
     memset(t, 0, sizeof *t);
 }
 
@@ -90,29 +92,94 @@ char *tools_json_dumps(const cJSON *v) {
 
 /* ---- the request ------------------------------------------------------------------------ */
 
+/* The schema of one block's JSON for tool d: {"name": <its name>, "arguments": <its parameters>}. */
+static cJSON *call_schema(const cJSON *d) {
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(d, "function");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    cJSON *s = cJSON_CreateObject(), *props = cJSON_CreateObject(), *nm = cJSON_CreateObject();
+    cJSON *args = params ? cJSON_Duplicate(params, true) : cJSON_CreateObject();
+    cJSON *req = cJSON_CreateArray(), *r0 = cJSON_CreateString("name"), *r1 = cJSON_CreateString("arguments");
+    bool ok = s && props && nm && args && req && r0 && r1 && cJSON_AddStringToObject(s, "type", "object") &&
+              cJSON_AddStringToObject(nm, "const", name->valuestring);
+    if (ok && !params) ok = cJSON_AddStringToObject(args, "type", "object") != NULL;
+    if (ok) {
+        cJSON_AddItemToObject(props, "name", nm);
+        cJSON_AddItemToObject(props, "arguments", args);
+        cJSON_AddItemToObject(s, "properties", props);
+        cJSON_AddItemToArray(req, r0);
+        cJSON_AddItemToArray(req, r1);
+        cJSON_AddItemToObject(s, "required", req);
+        return s;
+    }
+    cJSON_Delete(s); cJSON_Delete(props); cJSON_Delete(nm); cJSON_Delete(args); cJSON_Delete(req);
+    cJSON_Delete(r0); cJSON_Delete(r1);
+    return NULL;
+}
+
+/* t->forced_grammar for the tools of `tools` (only the one named `only` when not NULL). The
+ * blocks are written as the template writes a history's calls: <tool_call>, a newline, the
+ * JSON, a newline, </tool_call>; several are separated by a newline. */
+static int forced_grammar(const cJSON *tools, const char *only, bool many, struct tool_set *t, struct openai_error *e) {
+    cJSON *any = cJSON_CreateObject(), *alts = cJSON_CreateArray();
+    bool ok = any && alts;
+    for (const cJSON *d = tools->child; ok && d; d = d->next) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(d, "function"), "name");
+        if (only && strcmp(name->valuestring, only)) continue;
+        cJSON *cs = call_schema(d);
+        ok = cs != NULL;
+        if (ok) cJSON_AddItemToArray(alts, cs);
+    }
+    if (ok) { cJSON_AddItemToObject(any, "anyOf", alts); alts = NULL; }
+    char *rules = NULL, err[300];
+    int rc = ok ? json_schema_to_rule(any, "call", &rules, err, sizeof err) : COTI_E_NOMEM;
+    cJSON_Delete(any);
+    cJSON_Delete(alts);
+    if (rc == COTI_E_NOMEM) return openai_error_set(e, 500, "server_error", "out of memory");
+    if (rc) return openai_error_set(e, 400, "invalid_request_error", "Field 'tools': %s (tool_choice forces a call, "
+                                    "which needs the parameters as a grammar)", err);
+    static const char block[] = "\"<tool_call>\\n\" call \"\\n</tool_call>\"";
+    const size_t n = strlen(rules) + 2 * sizeof block + 64;
+    if (!(t->forced_grammar = malloc(n))) { free(rules); return openai_error_set(e, 500, "server_error", "out of memory"); }
+    snprintf(t->forced_grammar, n, "%sroot ::= %s%s%s%s\n", rules, block, many ? " (\"\\n\" " : "", many ? block : "",
+             many ? ")*" : "");
+    free(rules);
+    return 0;
+}
+
 int tools_parse_request(const cJSON *body, bool template_has_tools, struct tool_set *t, struct openai_error *e) {
     memset(t, 0, sizeof *t);
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
     const cJSON *choice = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
     const cJSON *par = cJSON_GetObjectItemCaseSensitive(body, "parallel_tool_calls");
-    if (par && !cJSON_IsBool(par)) return openai_error_set(e, 400, "invalid_request_error", "Field 'parallel_tool_calls': expected a boolean");
-    bool none = false;
-    if (choice) {
+    if (par && !cJSON_IsBool(par) && !cJSON_IsNull(par))
+        return openai_error_set(e, 400, "invalid_request_error", "Field 'parallel_tool_calls': expected a boolean");
+    bool none = false, required = false;
+    const char *named = NULL;
+    if (choice && !cJSON_IsNull(choice)) {
+        const cJSON *fn = cJSON_IsObject(choice) ? cJSON_GetObjectItemCaseSensitive(choice, "function") : NULL;
+        const cJSON *fname = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
+        const cJSON *type = cJSON_IsObject(choice) ? cJSON_GetObjectItemCaseSensitive(choice, "type") : NULL;
         if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")) none = true;
+        else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "required")) required = true;
+        else if (cJSON_IsString(type) && !strcmp(type->valuestring, "function") && cJSON_IsString(fname)) named = fname->valuestring;
         else if (!(cJSON_IsString(choice) && !strcmp(choice->valuestring, "auto")))
             return openai_error_set(e, 400, "invalid_request_error",
-                                    "Field 'tool_choice': only \"auto\" and \"none\" are supported (a forced call needs "
-                                    "constrained decoding)");
+                                    "Field 'tool_choice': expected \"none\", \"auto\", \"required\" or "
+                                    "{\"type\": \"function\", \"function\": {\"name\": ...}}");
     }
+    const int n = cJSON_IsArray(tools) ? cJSON_GetArraySize(tools) : 0;
+    if ((required || named) && n == 0)
+        return openai_error_set(e, 400, "invalid_request_error", "Field 'tool_choice': a forced call needs 'tools'");
     if (!tools || cJSON_IsNull(tools)) return 0;
     if (!cJSON_IsArray(tools)) return openai_error_set(e, 400, "invalid_request_error", "Field 'tools': expected an array");
-    const int n = cJSON_GetArraySize(tools);
     if (n == 0) return 0;
     if (!template_has_tools)
         return openai_error_set(e, 400, "invalid_request_error",
                                 "Field 'tools': the model's chat template does not define tool calls (a ChatML template "
                                 "with <tool_call>, such as Qwen's, does; see --chat-template-file)");
     int i = 0;
+    bool named_found = false;
     for (const cJSON *d = tools->child; d; d = d->next, i++) {
         const cJSON *type = cJSON_IsObject(d) ? cJSON_GetObjectItemCaseSensitive(d, "type") : NULL;
         const cJSON *fn = cJSON_IsObject(d) ? cJSON_GetObjectItemCaseSensitive(d, "function") : NULL;
@@ -124,7 +191,10 @@ int tools_parse_request(const cJSON *body, bool template_has_tools, struct tool_
             return openai_error_set(e, 400, "invalid_request_error", "Field 'tools[%d].function.name': expected a non-empty string", i);
         if (params && !cJSON_IsObject(params))
             return openai_error_set(e, 400, "invalid_request_error", "Field 'tools[%d].function.parameters': expected a JSON schema object", i);
+        if (named && !strcmp(named, name->valuestring)) named_found = true;
     }
+    if (named && !named_found)
+        return openai_error_set(e, 400, "invalid_request_error", "Field 'tool_choice': no tool named '%.64s' in 'tools'", named);
     t->decls = calloc((size_t)n, sizeof *t->decls);
     if (!t->decls) return openai_error_set(e, 500, "server_error", "out of memory");
     for (const cJSON *d = tools->child; d; d = d->next) {
@@ -132,6 +202,10 @@ int tools_parse_request(const cJSON *body, bool template_has_tools, struct tool_
         t->n++;
     }
     t->active = !none;
+    if (required || named) {
+        int rc = forced_grammar(tools, named, !named && !cJSON_IsFalse(par), t, e);
+        if (rc) { tool_set_free(t); return rc; }
+    }
     return 0;
 }
 

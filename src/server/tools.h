@@ -19,12 +19,17 @@ struct tool_set {
     char **decls;                /* each declaration as the template's `tojson` writes it */
     int n;
     bool active;
+    /* tool_choice "required" or a named function: GBNF that admits only <tool_call> blocks
+     * calling the allowed tools with arguments valid under their parameter schemas (one block
+     * for a named function or parallel_tool_calls false, else one or more); NULL otherwise */
+    char *forced_grammar;
 };
 void tool_set_free(struct tool_set *t);
 
 /* `tools`, `tool_choice` and `parallel_tool_calls` of a chat body into t. template_has_tools:
- * the model's template defines tools (else a non-empty `tools` is a 400). Returns 0 or the
- * HTTP status with e filled. */
+ * the model's template defines tools (else a non-empty `tools` is a 400). A parameter schema
+ * outside json_schema.h's subset is a 400 only when tool_choice forces a call. Returns 0 or
+ * the HTTP status with e filled. */
 int tools_parse_request(const cJSON *body, bool template_has_tools, struct tool_set *t, struct openai_error *e);
 
 /* The `tool_calls` of message i (an assistant's) as chat calls: *calls malloc'ed (NULL when
