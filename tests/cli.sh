@@ -294,6 +294,22 @@ bench_prefill() {
 }
 check "coti bench --prefill: cold and warm tok/s per size" bench_prefill
 
+bench_depth() {
+    printf '["def fib(n):"]' > "$TMP/pd.json"
+    "$COTI" bench --depth 300 -c 512 -ctk q8_0 -ctv q4_0 --spec off,mtp:2 --prompts "$TMP/pd.json" -n 16 --repeat 1 -t 1 \
+        --json "$TMP/pd.out" > "$TMP/pd.txt" 2>/dev/null || return 1
+    grep -q 'after 300 random tokens (--depth), KV cache K q8_0 V q4_0' "$TMP/pd.txt" || return 1
+    python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d['depth'] == 300 and [c['config'] for c in d['configs']] == ['off', 'mtp:2']
+assert all(c['tok_per_s_median'] > 0 and c['output_equals_first'] for c in d['configs'])
+" "$TMP/pd.out" || return 1
+    # the random tokens must fit the context
+    "$COTI" bench --depth 600 -c 512 --prompts "$TMP/pd.json" -n 8 --repeat 1 -t 1 > /dev/null 2>&1; [ $? -eq 1 ]
+}
+check "coti bench --depth: decode after N random tokens, per cache type" bench_depth
+
 # Loading prints one summary line (on a terminal a progress line before it); every log line
 # has a timestamp; the request log escapes quotes as JSON does.
 TS='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z '

@@ -11,7 +11,9 @@
  * (opcost.h); the time a family's absence saves is its cost per token.
  * --prefill N[,N...]: prompt processing of N random tokens (as llama-bench's ppN): the first run
  * of each size after the model is loaded (cold: new shapes, scratch growth) and the median of
- * --repeat runs after it (warm); every run starts a fresh sequence. */
+ * --repeat runs after it (warm); every run starts a fresh sequence.
+ * --depth N: each prompt comes after N random tokens (the same for every configuration, as
+ * llama-bench's -d), so decode runs at context positions N and up; the prefill stays untimed. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +41,8 @@ static void help(FILE *out, const struct cli_common *d) {
                  "  --repeat R           passes over the prompts (default %d)\n"
                  "  --json PATH          the results as JSON too ('-': to stdout, the table then goes to stderr)\n"
                  "  --op-cost            decode time with each family of ops left out in turn (outputs are garbage then)\n"
-                 "  --prefill N[,N...]   prompt processing of N random tokens instead (tok/s, cold and warm; no --prompts)\n",
+                 "  --prefill N[,N...]   prompt processing of N random tokens instead (tok/s, cold and warm; no --prompts)\n"
+                 "  --depth N            decode after N random tokens in front of each prompt (default 0; -c must hold them)\n",
             BENCH_SPEC_DEFAULT, BENCH_N_GEN_DEFAULT, BENCH_REPEAT_DEFAULT);
 }
 
@@ -146,6 +149,15 @@ static int op_cost(struct bench_io *io, struct backend *be, struct config *k, lo
     return 0;
 }
 
+/* n random token ids below n_vocab, the same for the same seed. */
+static void random_tokens(int32_t *out, long n, int32_t n_vocab, uint64_t seed) {
+    uint64_t x = 0x9E3779B97F4A7C15ull ^ seed;
+    for (long i = 0; i < n; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        out[i] = (int32_t)(x % (uint64_t)n_vocab);
+    }
+}
+
 /* --prefill: each size's cold run and its warm median (module comment). */
 static int prefill_bench(struct spec_engine *eng, const struct model *m, const char *sizes, long repeat, const char *model_path,
                          int n_threads) {
@@ -161,11 +173,7 @@ static int prefill_bench(struct spec_engine *eng, const struct model *m, const c
         int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
         double *tps = malloc(sizeof(double) * (size_t)(repeat + 1));
         if (!toks || !tps) { free(toks); free(tps); fprintf(stderr, "error: out of memory\n"); return 1; }
-        uint64_t x = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
-        for (long i = 0; i < n; i++) {
-            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-            toks[i] = (int32_t)(x % (uint64_t)m->info.n_vocab);
-        }
+        random_tokens(toks, n, m->info.n_vocab, (uint64_t)n);
         const struct sampler_params greedy = sampler_params_basic(0.0f, 1, 1.0f, 0.0f, 0);
         const struct spec_params off = spec_params_default();
         for (long r = 0; r <= repeat && !rc; r++) {
@@ -191,11 +199,11 @@ static int prefill_bench(struct spec_engine *eng, const struct model *m, const c
 
 struct bench_opts {
     const char *prompts_path, *json_path, *spec_list, *prefill;
-    long n_gen, repeat;
+    long n_gen, repeat, depth;
     bool op_cost, spec_given;
 };
 
-enum { OPT_SPEC_LIST = CLI_TOOL_CODE, OPT_OP_COST, OPT_PROMPTS, OPT_JSON, OPT_REPEAT, OPT_PREFILL };
+enum { OPT_SPEC_LIST = CLI_TOOL_CODE, OPT_OP_COST, OPT_PROMPTS, OPT_JSON, OPT_REPEAT, OPT_PREFILL, OPT_DEPTH };
 
 static int on_option(void *state, int code, const char *name, const char *v) {
     struct bench_opts *o = state;
@@ -207,6 +215,7 @@ static int on_option(void *state, int code, const char *name, const char *v) {
     case OPT_PREFILL: o->prefill = v; return 0;
     case 'n': return cli_parse_int(name, v, 2, 1 << 16, &o->n_gen);
     case OPT_REPEAT: return cli_parse_int(name, v, 1, 1000, &o->repeat);
+    case OPT_DEPTH: return cli_parse_int(name, v, 0, 1 << 24, &o->depth);
     }
     return -1;
 }
@@ -222,6 +231,7 @@ int tool_bench_main(int argc, char **argv) {
         {"json", required_argument, NULL, OPT_JSON},
         {"repeat", required_argument, NULL, OPT_REPEAT},
         {"prefill", required_argument, NULL, OPT_PREFILL},
+        {"depth", required_argument, NULL, OPT_DEPTH},
         {0},
     };
     const struct cli_tool tool = {.name = "bench", .help = help, .short_opts = "n:", .opts = opts,
@@ -232,8 +242,8 @@ int tool_bench_main(int argc, char **argv) {
     const long n_gen = o.n_gen, repeat = o.repeat;
     const bool want_op_cost = o.op_cost, spec_given = o.spec_given;
     if (o.prefill) {
-        if (want_op_cost || spec_given || prompts_path || json_path) {
-            fprintf(stderr, "error: --prefill times prompt processing alone (no --spec, --prompts, --op-cost or --json)\n");
+        if (want_op_cost || spec_given || prompts_path || json_path || o.depth) {
+            fprintf(stderr, "error: --prefill times prompt processing alone (no --spec, --prompts, --op-cost, --depth or --json)\n");
             return 1;
         }
         struct backend *be;
@@ -302,10 +312,17 @@ int tool_bench_main(int argc, char **argv) {
     for (int k = 0; k < n_cfg; k++)
         if (!spec_engine_supports(eng, cfg[k].sp.drafter)) { fprintf(stderr, "error: '%s' is not available for this model\n", cfg[k].name); goto done; }
     for (size_t p = 0; p < pl.n; p++) {
-        if (tokenizer_encode(tok, pl.items[p], strlen(pl.items[p]), true, true, &ptoks[p], &np[p], err, sizeof err) || np[p] == 0) {
+        int32_t *t;
+        size_t n;
+        if (tokenizer_encode(tok, pl.items[p], strlen(pl.items[p]), true, true, &t, &n, err, sizeof err) || n == 0) {
             fprintf(stderr, "error: prompt %zu: cannot tokenize\n", p);
             goto done;
         }
+        np[p] = (size_t)o.depth + n;
+        if (o.depth > c.n_ctx || !(ptoks[p] = malloc(sizeof(int32_t) * np[p]))) { free(t); fprintf(stderr, "error: --depth %ld does not fit -c %d\n", o.depth, c.n_ctx); goto done; }
+        random_tokens(ptoks[p], o.depth, m->info.n_vocab, p);
+        memcpy(ptoks[p] + o.depth, t, sizeof(int32_t) * n);
+        free(t);
         if ((long)np[p] + n_gen + SPEC_MAX_DRAFT + 1 > c.n_ctx) { fprintf(stderr, "error: prompt %zu too long for -c %d\n", p, c.n_ctx); goto done; }
         ref[p] = malloc(sizeof(int32_t) * (size_t)n_gen);
         if (!ref[p]) goto done;
@@ -332,8 +349,11 @@ int tool_bench_main(int argc, char **argv) {
     /* --json -: stdout is the JSON's alone */
     const bool json_stdout = json_path && !strcmp(json_path, "-");
     FILE *table = json_stdout ? stderr : stdout;
-    fprintf(table, "# bench %s | %zu prompts x %ld tokens, %ld repeats, threads %d | first fresh request each time, greedy%s\n",
+    fprintf(table, "# bench %s | %zu prompts x %ld tokens, %ld repeats, threads %d | first fresh request each time, greedy%s",
            c.model_path, pl.n, n_gen, repeat, c.n_threads, c.spec.grammar ? ", under a grammar (an output may end early)" : "");
+    if (o.depth) fprintf(table, " | after %ld random tokens (--depth), KV cache K %s V %s", o.depth,
+                         ggml_type_traits_get(c.cache_type_k)->name, ggml_type_traits_get(c.cache_type_v)->name);
+    fprintf(table, "\n");
     fprintf(table, "%-10s %10s %8s %12s %10s %8s %8s %8s %6s\n", "config", "tok/s", "ratio", "accept", "tok/verify", "draft%", "verify%", "glue%", "same");
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(root, "configs");
     cJSON_AddStringToObject(root, "model", c.model_path);
@@ -341,6 +361,7 @@ int tool_bench_main(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "n_gen", (double)n_gen);
     cJSON_AddNumberToObject(root, "repeat", (double)repeat);
     cJSON_AddNumberToObject(root, "threads", c.n_threads);
+    cJSON_AddNumberToObject(root, "depth", (double)o.depth);
     for (int k = 0; k < n_cfg; k++) {
         const struct config *g = &cfg[k];
         double acc = g->drafted ? (double)g->accepted / g->drafted : 0.0;
