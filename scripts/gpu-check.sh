@@ -11,6 +11,9 @@
 # a tiny mtp:2 run and a 9B decode go to OUT_DIR/timeline-*.txt (scripts/cuda_timeline.py).
 # gemma4 + the assistant: logits CPU vs CUDA, the gate at n_max 1-4 (trained pair and a random
 # E2B shape with window rings), greedy ring vs no ring, the bench.
+# Quantized KV caches: the gate with each cache type (both sides the same type) at mtp n_max 1-4
+# and with the assistant.
+# NINE_B=FILE: the 9B-shaped model to use (written there when missing, kept afterwards).
 set -u
 B=${1:-build-cuda}
 O=${2:-${OUT:-/tmp/gpu-check}}
@@ -24,8 +27,12 @@ t0=$(date +%s)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$O/gpu.txt" 2>&1
 say "== $(cat "$O/gpu.txt")"
-"$C" mkmodel --arch qwen35 --shape 9b --type q8_0 --seed 1 -o /tmp/gpu-check-9b.gguf > "$O/mkmodel.txt" 2>&1 &
-mk=$!
+NB=${NINE_B:-/tmp/gpu-check-9b.gguf}
+mk=
+if [ ! -s "$NB" ]; then
+    "$C" mkmodel --arch qwen35 --shape 9b --type q8_0 --seed 1 -o "$NB" > "$O/mkmodel.txt" 2>&1 &
+    mk=$!
+fi
 
 timeout 300 "$B/test_cuda_ops" > "$O/ops.txt" 2>&1
 say "test_cuda_ops: $(tail -1 "$O/ops.txt")"
@@ -50,6 +57,21 @@ for spec in "mtp --spec-n-max 1" "mtp --spec-n-max 3" "ngram"; do
     r=$("$C" equiv --device cuda --spec $spec --prompts tests/data-prompts.json -n 48 2>&1 | tail -1)
     say "equiv $spec: $r"
     echo "$r" | grep -q 'real disagreements 0' || bad=1
+done
+
+# quantized KV caches: the same cache type on both sides, so only draft/verify is under test
+for ct in "q8_0 q8_0" "q4_0 q4_0" "q8_0 q4_0" "bf16 bf16"; do
+    set -- $ct
+    line=""
+    for n in 1 2 3 4; do
+        r=$("$C" equiv --device cuda -ctk "$1" -ctv "$2" --spec mtp --spec-n-max $n --prompts tests/data-prompts.json -n 48 2>&1 | tail -1)
+        line="$line n$n: $(echo "$r" | grep -o 'real disagreements [0-9]*, mean |dlogprob top-1| [0-9.e-]*' | sed 's/real disagreements/dis/; s/mean |dlogprob top-1|/dlp/')"
+        echo "$r" | grep -q 'real disagreements 0, mean |dlogprob top-1| 0,' || bad=1
+    done
+    r=$("$C" equiv --device cuda -m models/coti-tiny-gemma4-q8_0.gguf -md models/coti-tiny-gemma4-assistant-q8_0.gguf \
+        -ctk "$1" -ctv "$2" --spec assistant --spec-n-max 3 --prompts tests/data-prompts.json -n 48 2>&1 | tail -1)
+    echo "$r" | grep -q 'real disagreements 0, mean |dlogprob top-1| 0,' || bad=1
+    say "kv K $1 V $2 equiv mtp$line; gemma4 assistant 3: ${r#*: }"
 done
 
 # random-weight qwen35 models of every weight type the issue names: logits CPU vs CUDA, and the gate
@@ -116,15 +138,15 @@ for spec in mtp off; do
     echo "$r" | grep -q ': ok$' || bad=1
 done
 
-wait $mk
-if [ -s /tmp/gpu-check-9b.gguf ]; then
-    "$C" bench -m /tmp/gpu-check-9b.gguf --device cuda --spec off --prompts "$P" -n 128 --repeat 2 > "$O/bench-9b.txt" 2>&1
+[ -n "$mk" ] && wait $mk
+if [ -s "$NB" ]; then
+    "$C" bench -m "$NB" --device cuda --spec off --prompts "$P" -n 128 --repeat 2 > "$O/bench-9b.txt" 2>&1
     say "9B q8_0: $(grep -E '^off' "$O/bench-9b.txt" | cut -c1-40)"
-    "$C" bench -m /tmp/gpu-check-9b.gguf --device cuda --op-cost --prompts "$P" -n 64 --repeat 1 > "$O/op-cost-9b.txt" 2>&1
+    "$C" bench -m "$NB" --device cuda --op-cost --prompts "$P" -n 64 --repeat 1 > "$O/op-cost-9b.txt" 2>&1
     say "9B op cost:"; grep -vE '^#' "$O/op-cost-9b.txt" | tee -a "$O/summary.txt"
     if [ -n "${TRACE:-}" ]; then
         for run in "tiny-off|-n 200 --spec off" "tiny-mtp2|-n 200 --spec mtp --spec-n-max 2" \
-                   "9b-off|-m /tmp/gpu-check-9b.gguf -n 16 --spec off"; do
+                   "9b-off|-m "$NB" -n 16 --spec off"; do
             name=${run%%|*}
             # shellcheck disable=SC2086
             COTI_TRACE=/tmp/gpu-check-trace.bin "$TRACE/coti" run --device cuda -p "$prompt" ${run#*|} > /dev/null 2>&1
@@ -133,7 +155,7 @@ if [ -s /tmp/gpu-check-9b.gguf ]; then
         done
         rm -f /tmp/gpu-check-trace.bin
     fi
-    rm -f /tmp/gpu-check-9b.gguf
+    [ -n "${NINE_B:-}" ] || rm -f "$NB"
 else
     say "9B model: not written ($(tail -1 "$O/mkmodel.txt"))"; bad=1
 fi
