@@ -37,12 +37,13 @@ struct spec_engine {
     float *row;                  /* host [V]: one logits row for host-side sampling */
     float *qdense;               /* host [V]: draft distribution lookup, kept all-zero */
     struct sampler_cand *resid;  /* host [V] */
-    int32_t *d_ids;              /* backend [1 + SPEC_MAX_DRAFT]: the target's argmax per row */
+    int32_t *d_ids;              /* backend [batch rows]: the target's argmax per row */
+    int32_t *d_btoks;            /* backend [batch rows]: a batched verify's tokens */
     int32_t *d_toks;             /* backend [n_seq][1 + SPEC_MAX_DRAFT]: each sequence's verify
                                     batch tokens (its own: a queued draft outlives the step) */
     int32_t *d_acc;              /* backend [2 + SPEC_MAX_DRAFT]: accept_greedy's result */
-    int32_t *pos, *seqv;         /* host [n_batch] */
-    bool *want;                  /* host [n_batch] */
+    int32_t *pos, *seqv;         /* host [max(n_batch, batch rows)] */
+    bool *want;                  /* host [max(n_batch, batch rows)] */
 };
 
 struct spec_params spec_params_default(void) {
@@ -61,6 +62,7 @@ void spec_engine_free(struct spec_engine *e) {
     for (int i = 0; e->drafters && i < n_drafter_kinds; i++)
         if (e->drafters[i]) e->drafters[i]->vt->free(e->drafters[i]);
     if (e->d_ids) e->m->be->free(e->m->be, e->d_ids);
+    if (e->d_btoks) e->m->be->free(e->m->be, e->d_btoks);
     if (e->d_toks) e->m->be->free(e->m->be, e->d_toks);
     if (e->d_acc) e->m->be->free(e->m->be, e->d_acc);
     free(e->drafters); free(e->seqs); free(e->row); free(e->qdense); free(e->resid); free(e->pos); free(e->seqv); free(e->want);
@@ -80,13 +82,18 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     e->row = malloc(sizeof(float) * (size_t)e->V);
     e->qdense = calloc((size_t)e->V, sizeof(float));
     e->resid = malloc(sizeof(struct sampler_cand) * (size_t)e->V);
-    e->pos = malloc(sizeof(int32_t) * (size_t)m->n_batch);
-    e->seqv = malloc(sizeof(int32_t) * (size_t)m->n_batch);
-    e->want = malloc(sizeof(bool) * (size_t)m->n_batch);
-    e->d_ids = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT));
+    /* a batched verify's rows: at most SPEC_MAX_BATCH sequences' (1 + SPEC_MAX_DRAFT) */
+    const size_t batch_rows = (size_t)COTI_MIN(m->n_seq, SPEC_MAX_BATCH) * (1 + SPEC_MAX_DRAFT);
+    /* host rows: a prefill step's (n_batch) or a verify's, which may be longer (-b 1) */
+    const size_t host_rows = COTI_MAX((size_t)m->n_batch, batch_rows);
+    e->pos = malloc(sizeof(int32_t) * host_rows);
+    e->seqv = malloc(sizeof(int32_t) * host_rows);
+    e->want = malloc(sizeof(bool) * host_rows);
+    e->d_ids = m->be->alloc(m->be, sizeof(int32_t) * batch_rows);
+    e->d_btoks = m->be->alloc(m->be, sizeof(int32_t) * batch_rows);
     e->d_toks = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT) * (size_t)m->n_seq);
     e->d_acc = m->be->alloc(m->be, sizeof(int32_t) * (2 + SPEC_MAX_DRAFT));
-    bool ok = e->seqs && e->drafters && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_toks && e->d_acc;
+    bool ok = e->seqs && e->drafters && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_btoks && e->d_toks && e->d_acc;
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
     for (int s = 0; ok && s < m->n_seq; s++) e->seqs[s].n_top_probs = -1;
     if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
@@ -395,112 +402,100 @@ int spec_engine_warmup(struct spec_engine *e, const int32_t *prompt, int n_promp
     return 0;
 }
 
-int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,
-                  struct spec_probe *probe, char *err, size_t err_size) {
+/* One sequence's cycle between its draft and its acceptance (spec_seq_step, spec_step_batch). */
+struct cycle {
+    int s, L, max_new;
+    int k_drafted, k;            /* drafts made; drafts verified (a grammar may cut some) */
+    bool drafting, greedy;
+    struct draft_result dr;
+    int32_t toks[1 + SPEC_MAX_DRAFT]; /* the verify rows' tokens: the pending one, then the drafts
+                                         (those left on the device only there) */
+    int row0;                    /* its first row in the verify batch */
+    int a;                       /* drafts accepted */
+    int32_t next;                /* the target's token after them */
+    int64_t t0;
+};
+
+/* Draft for sequence s (or take the draft the previous step queued), cut it under a grammar. */
+static int cycle_draft(struct spec_engine *e, int s, int max_new, struct spec_probe *probe, bool marks, struct cycle *c,
+                       char *err, size_t err_size) {
     struct model *m = e->m;
     struct backend *be = m->be;
     struct spec_seq *q = &e->seqs[s];
     struct drafter *d = drafter_for(e, q->p.drafter);
-    *n_out = 0;
-    if (max_new < 1) return 0;
-    const int L = q->n_hist - 1;
+    memset(c, 0, sizeof *c);
+    c->s = s;
+    c->max_new = max_new;
+    c->L = q->n_hist - 1;
+    const int L = c->L;
     if (L + 1 >= m->n_ctx) return coti_fail(err, err_size, COTI_E_RANGE, "context of %d positions is full", m->n_ctx);
-    int64_t t0 = coti_time_us();
-
+    c->t0 = coti_time_us();
     /* draft; the device marks split its time from the verify's without a sync in between */
-    struct draft_result dr = {0};
     int k_cap = COTI_MIN(q->p.n_max, max_new - 1);
     k_cap = COTI_MIN(k_cap, m->n_ctx - 1 - (L + 1));
     if (probe) k_cap = COTI_MIN(k_cap, probe->n_forced - probe->n_used - 1);
-    const bool drafting = d && k_cap > 0;
+    c->drafting = d && k_cap > 0;
     int32_t *d_toks = e->d_toks + (size_t)s * (1 + SPEC_MAX_DRAFT);
-    if (drafting && q->ahead_n == k_cap && q->ahead_L == L) {
-        dr.n = k_cap; /* queued by the previous step, the same call as the one below */
-        dr.on_device = true;
-    } else if (drafting) {
+    if (c->drafting && q->ahead_n == k_cap && q->ahead_L == L) {
+        c->dr.n = k_cap; /* queued by the previous step, the same call as the one below */
+        c->dr.on_device = true;
+    } else if (c->drafting) {
         struct draft_request rq = {q->hist, L, k_cap, COTI_MIN(q->p.n_min, k_cap), q->p.p_min,
                                    q->dsmp && q->sp.temperature > 0.0f && !q->gs ? q->dsmp : NULL, d_toks + 1};
-        be->mark(be, 0);
-        int rc = d->vt->draft(d, s, &rq, &dr, err, err_size);
+        if (marks) be->mark(be, 0);
+        int rc = d->vt->draft(d, s, &rq, &c->dr, err, err_size);
         if (rc) return rc;
-        be->mark(be, 1);
+        if (marks) be->mark(be, 1);
     }
     q->ahead_n = 0;
-    const int k_drafted = dr.n;
-    if (q->gs && k_drafted > 0) {
-        int rc = grammar_cut_drafts(e, q, d_toks + 1, &dr);
+    c->k_drafted = c->dr.n;
+    if (q->gs && c->k_drafted > 0) {
+        int rc = grammar_cut_drafts(e, q, d_toks + 1, &c->dr);
         if (rc) return coti_fail(err, err_size, rc, "out of memory");
     }
-    const int k = dr.n;
-
-    /* verify: [pending, d1..dk] at L..L+k; drafts left on the device are read there */
-    int32_t toks[1 + SPEC_MAX_DRAFT];
-    toks[0] = q->hist[L];
-    for (int i = 0; i <= k; i++) { e->pos[i] = L + i; e->seqv[i] = s; e->want[i] = true; }
-    struct model_batch b = {.n = k + 1, .pos = e->pos, .seq = e->seqv, .want_logits = e->want, .keep_states = k > 0};
+    c->k = c->dr.n;
     /* greedy on the device only when the pick is the raw argmax: penalties, typical_p and
      * biases make it depend on more than the row, which the device-side acceptance does not
-     * know, and a grammar picks on the host, so such requests take the host path below
-     * (sample-and-match, which for a greedy sampler is the same rule: accept while the draft
-     * equals the pick) */
-    const bool greedy = sampler_params_plain_argmax(&q->sp) && !probe && !q->gs;
-    if (!dr.on_device) for (int i = 0; i < k; i++) toks[1 + i] = dr.tokens[i];
-    if (dr.on_device || (greedy && k > 0)) {
-        /* the batch reads its tokens on the device (the acceptance reads the drafts there):
-         * drafts left there stay, host ones go up */
-        be->upload(be, d_toks, toks, sizeof(int32_t) * (size_t)(dr.on_device ? 1 : k + 1));
-        b.tokens_dev = d_toks;
-    } else {
-        b.tokens = toks;
-    }
-    /* greedy: the verify's argmaxes and the acceptance run in its own work on the device; the
-     * one wait of the cycle brings back the accepted count and tokens (acc[0] = a, acc[1 .. a]
-     * the drafts, acc[1 + a] the target's token) */
-    if (greedy) {
-        b.argmax_out = e->d_ids;
-        if (k > 0) b.accept_out = e->d_acc;
-    }
-    if (d && d->vt->hidden_dest) b.hidden_out = d->vt->hidden_dest(d, s, L, k + 1);
-    struct model_output o;
-    int rc = model_forward(m, &b, &o, err, err_size);
-    if (rc) return rc;
-    int32_t acc[2 + SPEC_MAX_DRAFT];
-    if (greedy) {
-        if (k > 0) {
-            be->download(be, acc, e->d_acc, sizeof(int32_t) * (size_t)(k + 2));
-        } else {
-            acc[0] = 0;
-            be->download(be, &acc[1], e->d_ids, sizeof(int32_t));
-        }
-    } else if (dr.on_device) {
-        be->download(be, dr.tokens, d_toks + 1, sizeof(int32_t) * (size_t)k); /* the host compares */
-    } else {
-        be->sync(be); /* the verify's time is its own, not the accept loop's */
-    }
-    int64_t t2 = coti_time_us();
-    /* the draft's device time (a draft queued by the previous step: its marks are the last
-     * ones set); the rest up to the wait is the verify's. Read before the next draft is queued,
-     * whose marks would make this wait for it. */
-    const int64_t t_draft = drafting ? COTI_MIN((int64_t)be->mark_elapsed_us(be, 0, 1), t2 - t0) : 0;
+     * know, and a grammar picks on the host, so such requests take the host path (sample-and-
+     * match, which for a greedy sampler is the same rule: accept while the draft equals the
+     * pick) */
+    c->greedy = sampler_params_plain_argmax(&q->sp) && !probe && !q->gs;
+    c->toks[0] = q->hist[L];
+    if (!c->dr.on_device) for (int i = 0; i < c->k; i++) c->toks[1 + i] = c->dr.tokens[i];
+    return 0;
+}
+
+/* The acceptance of cycle c, whose verify rows are rows row0 .. row0 + k of o: c->a drafts, then
+ * the target's c->next, their log-probabilities, the grammar past them. It reads o's logits and
+ * nothing else touches the device. acc (greedy only): the accepted count, the accepted drafts
+ * and the target's token after them, as the backend's accept_greedy writes them. */
+static int cycle_pick(struct spec_engine *e, struct cycle *c, const struct model_output *o, const int32_t *acc,
+                      struct spec_probe *probe, char *err, size_t err_size) {
+    struct backend *be = e->m->be;
+    const int L = c->L, k = c->k;
+    struct spec_seq *q = &e->seqs[c->s];
+    struct draft_result *dr = &c->dr;
+    const float *logits = o->logits + (size_t)c->row0 * e->V;
+    int rc;
     /* row i follows hist[0, L] and the drafts before it: the tokens that were emitted before
      * it if it is reached, so its penalties are those of plain decoding at that position */
-    if (!greedy) memcpy(q->hist + L + 1, dr.tokens, sizeof(int32_t) * (size_t)k);
+    if (!c->greedy) memcpy(q->hist + L + 1, dr->tokens, sizeof(int32_t) * (size_t)k);
 
     /* accept: a drafts, then the target's own token */
     int a = 0;
     int32_t next = -1;
-    if (greedy) {
+    if (c->greedy) {
         a = acc[0];
         if (a < 0 || a > k) return coti_fail(err, err_size, COTI_E_RANGE, "backend accepted %d of %d drafts", a, k);
-        for (int i = 0; i < a; i++) dr.tokens[i] = acc[1 + i];
+        for (int i = 0; i < a; i++) dr->tokens[i] = acc[1 + i];
         next = acc[1 + a];
     }
     /* under a grammar, row i is masked with its state after the pending token and drafts < i */
     struct grammar_state *gr = q->gs ? q->gtmp : NULL;
     if (gr && (rc = grammar_state_copy(gr, q->gs))) return coti_fail(err, err_size, rc, "out of memory");
     for (int i = 0; i <= k && next < 0; i++) {
-        const float *row = o.logits + (size_t)i * e->V;
-        if (gr && i > 0 && (rc = grammar_accept_token(gr, q->p.grammar_vocab, dr.tokens[i - 1])))
+        const float *row = logits + (size_t)i * e->V;
+        if (gr && i > 0 && (rc = grammar_accept_token(gr, q->p.grammar_vocab, dr->tokens[i - 1])))
             return coti_fail(err, err_size, rc, "grammar: a draft it accepted before was refused");
         if (probe) {
             if (probe->on_row) { /* the gate reads the row on the host */
@@ -510,21 +505,21 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
                 probe->on_row(probe->user, L + i, e->row, e->V);
             }
             int32_t want_tok = probe->forced[probe->n_used + i];
-            if (i < k && dr.tokens[i] == want_tok) a++;
+            if (i < k && dr->tokens[i] == want_tok) a++;
             else next = want_tok;
-        } else if (i < k && dr.q[i]) {
+        } else if (i < k && dr->q[i]) {
             be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
             const struct sampler_cand *pc;
             size_t pn;
             sampler_probs(q->smp, e->row, q->hist, L + 1 + i, &pc, &pn);
-            int32_t r = sampler_rejection_step(q->smp, pc, pn, dr.q[i], dr.q_n[i], dr.tokens[i], e->qdense, e->resid);
+            int32_t r = sampler_rejection_step(q->smp, pc, pn, dr->q[i], dr->q_n[i], dr->tokens[i], e->qdense, e->resid);
             if (r < 0) a++;
             else next = r;
         } else {
             be->download(be, e->row, row, sizeof(float) * (size_t)e->V);
             int32_t t = pick_token(e, q, gr, q->hist, L + 1 + i, err, err_size);
             if (t < 0) return COTI_E_RANGE;
-            if (i < k && t == dr.tokens[i]) a++;
+            if (i < k && t == dr->tokens[i]) a++;
             else next = t;
         }
     }
@@ -532,8 +527,8 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     /* the emitted tokens' log-probabilities: verify row i is token i's distribution (read
      * before anything else is queued, which the downloads would wait for) */
     for (int i = 0; q->n_top_probs >= 0 && i <= a; i++) {
-        be->download(be, e->row, o.logits + (size_t)i * e->V, sizeof(float) * (size_t)e->V);
-        spec_token_prob_of_row(e->row, e->V, i < a ? dr.tokens[i] : next, q->n_top_probs, &q->probs[i]);
+        be->download(be, e->row, logits + (size_t)i * e->V, sizeof(float) * (size_t)e->V);
+        spec_token_prob_of_row(e->row, e->V, i < a ? dr->tokens[i] : next, q->n_top_probs, &q->probs[i]);
     }
     if (gr) { /* the state after the emitted tokens: the accepted drafts (gr is past them) and next */
         if ((rc = grammar_accept_token(gr, q->p.grammar_vocab, next)))
@@ -542,15 +537,33 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
         q->gs = gr;
         q->gtmp = t;
     }
+    c->a = a;
+    c->next = next;
+    return 0;
+}
+
+/* The rest of cycle c after its pick: the rejected drafts rolled back, the drafter shown the
+ * emitted rows (their hidden rows from o), the tokens into out, statistics. t_draft: the
+ * draft's share of the time up to t2, when the verify's results arrived. */
+static int cycle_commit(struct spec_engine *e, struct cycle *c, const struct model_output *o, int64_t t_draft, int64_t t2,
+                        int32_t *out, int *n_out, char *err, size_t err_size) {
+    struct model *m = e->m;
+    const int s = c->s, L = c->L, k = c->k, a = c->a;
+    struct spec_seq *q = &e->seqs[s];
+    struct drafter *d = drafter_for(e, q->p.drafter);
+    struct draft_result *dr = &c->dr;
+    const int32_t next = c->next;
+    int rc;
     if (k - a > 0 && (rc = model_seq_rollback(m, s, k - a)))
         return coti_fail(err, err_size, rc, "rollback of %d positions failed", k - a);
     /* drafts the grammar cut were never verified, but the drafter made them */
-    if (k_drafted - a > 0 && d->vt->rollback) d->vt->rollback(d, s, L + 1 + a);
-    if (d && (rc = d->vt->observe(d, s, q->hist, L, a + 1, o.hidden, err, err_size))) return rc;
+    if (c->k_drafted - a > 0 && d->vt->rollback) d->vt->rollback(d, s, L + 1 + a);
+    const float *hidden = o->hidden + (size_t)c->row0 * m->info.n_embd;
+    if (d && (rc = d->vt->observe(d, s, q->hist, L, a + 1, hidden, err, err_size))) return rc;
 
-    for (int i = 0; i < a; i++) q->hist[q->n_hist++] = dr.tokens[i];
+    for (int i = 0; i < a; i++) q->hist[q->n_hist++] = dr->tokens[i];
     q->hist[q->n_hist++] = next;
-    for (int i = 0; i < a; i++) out[i] = dr.tokens[i];
+    for (int i = 0; i < a; i++) out[i] = dr->tokens[i];
     out[a] = next;
     *n_out = a + 1;
 
@@ -562,11 +575,24 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
         for (int i = 0; i < k; i++) q->st.drafted_at[i]++;
         for (int i = 0; i < a; i++) q->st.accepted_at[i]++;
     }
-    /* a drafter whose draft writes no state of its own drafts the next step now: the device
-     * works on it while the caller turns this step's tokens into text */
-    if (greedy && d && d->draft_is_pure && q->p.p_min <= 0.0f) {
+    q->st.t_draft_us += t_draft;
+    q->st.t_verify_us += t2 - c->t0 - t_draft;
+    return 0;
+}
+
+/* A drafter whose draft writes no state of its own drafts cycle c's sequence's next step now:
+ * the device works on it while the caller turns this step's tokens into text. */
+static int cycle_queue_next(struct spec_engine *e, const struct cycle *c, char *err, size_t err_size) {
+    struct model *m = e->m;
+    struct backend *be = m->be;
+    const int s = c->s;
+    struct spec_seq *q = &e->seqs[s];
+    struct drafter *d = drafter_for(e, q->p.drafter);
+    int rc;
+    if (c->greedy && d && d->draft_is_pure && q->p.p_min <= 0.0f) {
         const int L2 = q->n_hist - 1;
-        const int k2 = COTI_MIN(COTI_MIN(q->p.n_max, max_new - *n_out - 1), m->n_ctx - 1 - (L2 + 1));
+        const int k2 = COTI_MIN(COTI_MIN(q->p.n_max, c->max_new - (c->a + 1) - 1), m->n_ctx - 1 - (L2 + 1));
+        int32_t *d_toks = e->d_toks + (size_t)s * (1 + SPEC_MAX_DRAFT);
         struct draft_request rq = {q->hist, L2, k2, COTI_MIN(q->p.n_min, k2), 0.0f, NULL, d_toks + 1};
         struct draft_result dr2 = {0};
         if (k2 > 0) {
@@ -579,9 +605,163 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
             q->ahead_n = k2;
         }
     }
-    int64_t t3 = coti_time_us();
-    q->st.t_draft_us += t_draft;
-    q->st.t_verify_us += t2 - t0 - t_draft;
-    q->st.t_glue_us += t3 - t2;
+    return 0;
+}
+
+int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,
+                  struct spec_probe *probe, char *err, size_t err_size) {
+    struct model *m = e->m;
+    struct backend *be = m->be;
+    *n_out = 0;
+    if (max_new < 1) return 0;
+    struct cycle c;
+    int rc = cycle_draft(e, s, max_new, probe, true, &c, err, err_size);
+    if (rc) return rc;
+    struct spec_seq *q = &e->seqs[s];
+    struct drafter *d = drafter_for(e, q->p.drafter);
+    const int L = c.L, k = c.k;
+    int32_t *d_toks = e->d_toks + (size_t)s * (1 + SPEC_MAX_DRAFT);
+
+    /* verify: [pending, d1..dk] at L..L+k; drafts left on the device are read there */
+    for (int i = 0; i <= k; i++) { e->pos[i] = L + i; e->seqv[i] = s; e->want[i] = true; }
+    struct model_batch b = {.n = k + 1, .pos = e->pos, .seq = e->seqv, .want_logits = e->want, .keep_states = k > 0};
+    if (c.dr.on_device || (c.greedy && k > 0)) {
+        /* the batch reads its tokens on the device (the acceptance reads the drafts there):
+         * drafts left there stay, host ones go up */
+        be->upload(be, d_toks, c.toks, sizeof(int32_t) * (size_t)(c.dr.on_device ? 1 : k + 1));
+        b.tokens_dev = d_toks;
+    } else {
+        b.tokens = c.toks;
+    }
+    /* greedy: the verify's argmaxes and the acceptance run in its own work on the device; the
+     * one wait of the cycle brings back the accepted count and tokens (acc[0] = a, acc[1 .. a]
+     * the drafts, acc[1 + a] the target's token) */
+    if (c.greedy) {
+        b.argmax_out = e->d_ids;
+        if (k > 0) b.accept_out = e->d_acc;
+    }
+    if (d && d->vt->hidden_dest) b.hidden_out = d->vt->hidden_dest(d, s, L, k + 1);
+    struct model_output o;
+    rc = model_forward(m, &b, &o, err, err_size);
+    if (rc) return rc;
+    int32_t acc[2 + SPEC_MAX_DRAFT];
+    if (c.greedy) {
+        if (k > 0) {
+            be->download(be, acc, e->d_acc, sizeof(int32_t) * (size_t)(k + 2));
+        } else {
+            acc[0] = 0;
+            be->download(be, &acc[1], e->d_ids, sizeof(int32_t));
+        }
+    } else if (c.dr.on_device) {
+        be->download(be, c.dr.tokens, d_toks + 1, sizeof(int32_t) * (size_t)k); /* the host compares */
+    } else {
+        be->sync(be); /* the verify's time is its own, not the accept loop's */
+    }
+    int64_t t2 = coti_time_us();
+    /* the draft's device time (a draft queued by the previous step: its marks are the last
+     * ones set); the rest up to the wait is the verify's. Read before the next draft is queued,
+     * whose marks would make this wait for it. */
+    const int64_t t_draft = c.drafting ? COTI_MIN((int64_t)be->mark_elapsed_us(be, 0, 1), t2 - c.t0) : 0;
+    if ((rc = cycle_pick(e, &c, &o, acc, probe, err, err_size)) ||
+        (rc = cycle_commit(e, &c, &o, t_draft, t2, out, n_out, err, err_size)) ||
+        (rc = cycle_queue_next(e, &c, err, err_size)))
+        return rc;
+    q->st.t_glue_us += coti_time_us() - t2;
+    return 0;
+}
+
+bool spec_batch_worthwhile(const struct spec_engine *e) {
+    /* a backend that records graphs replays each sequence's small steps as one launch; a
+     * verify of several sequences has no recorded shape yet and would run op by op */
+    return !e->m->be->capture_begin;
+}
+
+int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *max_new, int32_t (*out)[SPEC_MAX_DRAFT + 1],
+                    int *n_out, int *rc, char *err, size_t err_size) {
+    struct model *m = e->m;
+    struct backend *be = m->be;
+    struct cycle c[SPEC_MAX_BATCH];
+    if (n < 0 || n > SPEC_MAX_BATCH) return coti_fail(err, err_size, COTI_E_ARG, "%d sequences in a batch (at most %d)", n, SPEC_MAX_BATCH);
+    for (int i = 0; i < n; i++) {
+        n_out[i] = 0;
+        rc[i] = seqs[i] < 0 || seqs[i] >= m->n_seq ? coti_fail(err, err_size, COTI_E_ARG, "sequence %d out of range", seqs[i]) : 0;
+        for (int j = 0; j < i && !rc[i]; j++)
+            if (seqs[j] == seqs[i]) rc[i] = coti_fail(err, err_size, COTI_E_ARG, "sequence %d twice in a batch", seqs[i]);
+    }
+    /* drafts first, every sequence's (the device queues them one after another) */
+    bool live[SPEC_MAX_BATCH];
+    for (int i = 0; i < n; i++) {
+        live[i] = !rc[i] && max_new[i] >= 1;
+        if (live[i] && (rc[i] = cycle_draft(e, seqs[i], max_new[i], NULL, false, &c[i], err, err_size))) live[i] = false;
+    }
+    /* then verify rows of as many sequences as n_batch holds per forward (a sequence's rows are
+     * never split: its states are kept for the last run of each sequence) */
+    for (int i0 = 0; i0 < n;) {
+        int rows = 0, i1 = i0;
+        bool any_greedy = false;
+        /* (a sequence with more rows than n_batch goes alone: the forward splits it, as it
+         * would its spec_seq_step) */
+        for (; i1 < n && (!live[i1] || rows == 0 || rows + c[i1].k + 1 <= m->n_batch); i1++) {
+            if (!live[i1]) continue;
+            struct cycle *ci = &c[i1];
+            ci->row0 = rows;
+            int32_t *d_toks = e->d_toks + (size_t)ci->s * (1 + SPEC_MAX_DRAFT);
+            for (int r = 0; r <= ci->k; r++) {
+                e->pos[rows + r] = ci->L + r;
+                e->seqv[rows + r] = ci->s;
+                e->want[rows + r] = true;
+            }
+            /* the batch's tokens, gathered on the device: drafts left there are copied, host ones go up */
+            if (ci->dr.on_device) {
+                be->upload(be, d_toks, ci->toks, sizeof(int32_t));
+                be->copy(be, e->d_btoks + rows, d_toks, sizeof(int32_t) * (size_t)(ci->k + 1));
+            } else {
+                be->upload(be, e->d_btoks + rows, ci->toks, sizeof(int32_t) * (size_t)(ci->k + 1));
+            }
+            rows += ci->k + 1;
+            any_greedy = any_greedy || ci->greedy;
+        }
+        if (rows == 0) { i0 = i1; continue; }
+        bool keep = false;
+        for (int i = i0; i < i1; i++) keep = keep || (live[i] && c[i].k > 0);
+        struct model_batch b = {.n = rows, .tokens_dev = e->d_btoks, .pos = e->pos, .seq = e->seqv, .want_logits = e->want,
+                                .keep_states = keep, .argmax_out = any_greedy ? e->d_ids : NULL};
+        struct model_output o;
+        int frc = model_forward(m, &b, &o, err, err_size);
+        /* one wait: every row's argmax and token (the drafts the device made) */
+        int32_t ids[SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)], toks[SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)];
+        if (!frc && any_greedy) {
+            be->download(be, ids, e->d_ids, sizeof(int32_t) * (size_t)rows);
+            be->download(be, toks, e->d_btoks, sizeof(int32_t) * (size_t)rows);
+        } else if (!frc) {
+            be->download(be, toks, e->d_btoks, sizeof(int32_t) * (size_t)rows);
+        }
+        const int64_t t2 = coti_time_us();
+        for (int i = i0; i < i1; i++) {
+            if (!live[i]) continue;
+            struct cycle *ci = &c[i];
+            if (frc) { rc[i] = frc; continue; }
+            for (int r = 0; r < ci->k; r++) ci->dr.tokens[r] = toks[ci->row0 + 1 + r];
+            ci->dr.on_device = false;
+            int32_t acc[2 + SPEC_MAX_DRAFT];
+            if (ci->greedy) { /* accept_greedy on the host: drafts while they equal the row before's argmax */
+                int a = 0;
+                while (a < ci->k && ci->dr.tokens[a] == ids[ci->row0 + a]) { acc[1 + a] = ci->dr.tokens[a]; a++; }
+                acc[0] = a;
+                acc[1 + a] = ids[ci->row0 + a];
+            }
+            rc[i] = cycle_pick(e, ci, &o, acc, NULL, err, err_size);
+        }
+        /* every pick has read its rows: now the drafters may run (their forwards may reuse the
+         * verify's output memory) */
+        for (int i = i0; i < i1; i++)
+            if (live[i] && !rc[i]) rc[i] = cycle_commit(e, &c[i], &o, 0, t2, out[i], &n_out[i], err, err_size);
+        for (int i = i0; i < i1; i++)
+            if (live[i] && !rc[i]) rc[i] = cycle_queue_next(e, &c[i], err, err_size);
+        const int64_t t3 = coti_time_us();
+        for (int i = i0; i < i1; i++)
+            if (live[i] && !rc[i]) e->seqs[c[i].s].st.t_glue_us += t3 - t2;
+        i0 = i1;
+    }
     return 0;
 }

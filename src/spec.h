@@ -99,6 +99,21 @@ int spec_seq_begin_reuse(struct spec_engine *e, int s, int src, int n_reuse, con
  * pending (not yet in the target). probe may be NULL. */
 int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,
                   struct spec_probe *probe, char *err, size_t err_size);
+/* Sequences one spec_step_batch takes at once. */
+#define SPEC_MAX_BATCH 64
+/* One cycle of each of n distinct sequences seqs[i] with a single verify forward for all of them
+ * (split where their rows exceed n_batch, never inside a sequence), so each weight is read once
+ * per cycle for every sequence: drafts per sequence first, then every verify row together, the
+ * acceptance on the host. The same tokens as n calls of spec_seq_step (a row does not depend on
+ * the rows beside it). out[i] gets sequence seqs[i]'s 1..n_max+1 tokens (at most max_new[i]),
+ * n_out[i] their count, rc[i] its own status (0, or what spec_seq_step would return; err holds
+ * the last failure's message). Returns 0, or COTI_E_ARG for more than SPEC_MAX_BATCH. */
+int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *max_new, int32_t (*out)[SPEC_MAX_DRAFT + 1],
+                    int *n_out, int *rc, char *err, size_t err_size);
+/* Whether spec_step_batch beats one spec_seq_step per sequence on this backend: not where each
+ * sequence's small steps replay as recorded graphs (CUDA), which a batch of several sequences
+ * has no recording of yet. */
+bool spec_batch_worthwhile(const struct spec_engine *e);
 /* Decode up to n_gen tokens of prompt on every sequence, greedy and sampled (temperature sp's,
  * or 0.8 when that is 0), with speculation p, then forget them (every sequence empty): a
  * backend that records the small steps as graphs has then recorded each sequence's decode and

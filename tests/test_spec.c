@@ -22,15 +22,17 @@ struct env {
     struct spec_engine *e;
 };
 
-static struct env env_open(const char *path) {
+static struct env env_open_seqs(const char *path, int n_seq, int n_batch) {
     struct env v;
     char err[512];
     v.be = backend_cpu_init(1, quant_cpu_level_detect());
-    struct model_params p = {1, 1024, 128, SPEC_MAX_DRAFT + 1, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
+    struct model_params p = {n_seq, 1024, n_batch, SPEC_MAX_DRAFT + 1, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
     cr_assert_eq(model_load(&v.m, path, v.be, &p, err, sizeof err), 0, "%s", err);
     cr_assert_eq(spec_engine_init(&v.e, v.m, NULL, err, sizeof err), 0, "%s", err);
     return v;
 }
+
+static struct env env_open(const char *path) { return env_open_seqs(path, 1, 128); }
 
 static void env_close(struct env *v) {
     spec_engine_free(v->e);
@@ -486,4 +488,66 @@ Test(spec, grammar_greedy_lossless_and_output_in_grammar, .timeout = 300) {
     grammar_vocab_free(gv);
     tokenizer_free(tok);
     env_close(&v);
+}
+
+/* spec_step_batch: four sequences stepping together (each its own drafter and depth, some
+ * greedy, one sampled, the verify rows split over forwards when n_batch is small) emit exactly
+ * what each emits alone with spec_seq_step. */
+Test(spec, batched_steps_equal_single_steps, .timeout = 300) {
+    enum { NS = 4 };
+    static const int32_t prompts[NS][8] = {{11, 220, 1500, 42, 901, 17, 5, 660}, {300, 301, 302, 303, 300, 301, 302, 303},
+                                           {7, 8, 9, 10, 11, 12, 13, 14}, {1500, 42, 901, 1500, 42, 901, 1500, 42}};
+    struct env one = env_open(MODEL_PATH);
+    for (int n_batch = 128; n_batch >= 10; n_batch = n_batch == 128 ? 10 : 0) {
+        struct env many = env_open_seqs(MODEL_PATH, NS, n_batch);
+        for (int round = 0; round < 3; round++) {
+            struct sampler_params sp[NS];
+            struct spec_params p[NS];
+            int32_t ref[NS][N_GEN], got[NS][N_GEN];
+            int n_got[NS];
+            for (int i = 0; i < NS; i++) {
+                /* round 0: every sequence off, mtp, ngram in turn; later rounds mixed */
+                const int t = (round + i) % (n_drafter_kinds + 1) - 1;
+                p[i] = spec_params_default();
+                p[i].drafter = t < 0 ? NULL : drafter_kinds[t];
+                if (!spec_engine_supports(one.e, p[i].drafter)) p[i].drafter = NULL;
+                p[i].n_max = 1 + (i + round) % 4;
+                sp[i] = sampler_params_basic(i == 3 && round == 2 ? 0.8f : 0.0f, 0, 1.0f, 0.0f, 5 + (uint64_t)i);
+                generate_with(&one, prompts[i], 8, &sp[i], &p[i], ref[i], N_GEN);
+            }
+            char err[512];
+            for (int i = 0; i < NS; i++) {
+                cr_assert_eq(spec_seq_begin(many.e, i, prompts[i], 8, &sp[i], &p[i], &got[i][0], err, sizeof err), 0, "%s", err);
+                n_got[i] = 1;
+            }
+            for (;;) {
+                int seqs[NS], max_new[NS], n_out[NS], rc[NS], n = 0;
+                int32_t out[NS][SPEC_MAX_DRAFT + 1];
+                for (int i = 0; i < NS; i++)
+                    if (n_got[i] < N_GEN) { seqs[n] = i; max_new[n++] = N_GEN - n_got[i]; }
+                if (!n) break;
+                cr_assert_eq(spec_step_batch(many.e, n, seqs, max_new, out, n_out, rc, err, sizeof err), 0, "%s", err);
+                for (int j = 0; j < n; j++) {
+                    cr_assert_eq(rc[j], 0, "sequence %d: %s", seqs[j], err);
+                    cr_assert(n_out[j] >= 1 && n_out[j] <= max_new[j]);
+                    memcpy(&got[seqs[j]][n_got[seqs[j]]], out[j], sizeof(int32_t) * (size_t)n_out[j]);
+                    n_got[seqs[j]] += n_out[j];
+                }
+            }
+            for (int i = 0; i < NS; i++)
+                cr_assert_eq(memcmp(ref[i], got[i], sizeof ref[i]), 0, "n_batch %d round %d: sequence %d (%s n_max %d) differs",
+                             n_batch, round, i, drafter_kind_name(p[i].drafter), p[i].n_max);
+        }
+        /* refused: a sequence twice, one out of range (each its own status) */
+        int seqs[2] = {1, 1}, max_new[2] = {4, 4}, n_out[2], rc[2];
+        int32_t out[2][SPEC_MAX_DRAFT + 1];
+        char err[256];
+        cr_assert_eq(spec_step_batch(many.e, 2, seqs, max_new, out, n_out, rc, err, sizeof err), 0);
+        cr_assert(rc[0] == 0 && rc[1] == COTI_E_ARG && n_out[1] == 0);
+        seqs[1] = NS;
+        cr_assert_eq(spec_step_batch(many.e, 2, seqs, max_new, out, n_out, rc, err, sizeof err), 0);
+        cr_assert(rc[0] == 0 && rc[1] == COTI_E_ARG);
+        env_close(&many);
+    }
+    env_close(&one);
 }

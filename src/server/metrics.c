@@ -33,6 +33,13 @@ void metrics_count_decode(struct metrics *mx, int n_busy) {
     pthread_mutex_unlock(&mx->mu);
 }
 
+void metrics_count_batch(struct metrics *mx, int n_seqs) {
+    pthread_mutex_lock(&mx->mu);
+    mx->batched_cycles_total++;
+    mx->batched_sequences_total += n_seqs;
+    pthread_mutex_unlock(&mx->mu);
+}
+
 void metrics_set_load(struct metrics *mx, int processing, int deferred) {
     pthread_mutex_lock(&mx->mu);
     mx->requests_processing = processing;
@@ -100,6 +107,10 @@ char *metrics_render(struct metrics *mx) {
     metric(&b, "tokens_predicted_total", "counter", "Number of generation tokens processed.", (double)mx->tokens_predicted_total);
     metric(&b, "tokens_predicted_seconds_total", "counter", "Predict process time", mx->tokens_predicted_seconds_total);
     metric(&b, "n_decode_total", "counter", "Total number of engine cycles (one speculative step per busy slot).", (double)mx->n_decode_total);
+    metric(&b, "batched_cycles_total", "counter", "Engine cycles that verified several slots in one forward.",
+           (double)mx->batched_cycles_total);
+    metric(&b, "batched_sequences_total", "counter", "Slot steps taken in those batched cycles.",
+           (double)mx->batched_sequences_total);
     metric(&b, "n_tokens_max", "counter", "Largest observed n_tokens.", (double)mx->n_tokens_max);
     metric(&b, "spec_decode_num_drafts_total", "counter", "Number of speculative drafts (verify passes with drafts).", (double)mx->spec_drafts_total);
     metric(&b, "spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens proposed.", (double)mx->spec_draft_tokens_total);

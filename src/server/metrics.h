@@ -18,6 +18,7 @@ struct metrics {
     long prompt_tokens_total, tokens_predicted_total, cache_tokens_total;
     double prompt_seconds_total, tokens_predicted_seconds_total;
     long n_decode_total, n_busy_slots_total, n_tokens_max;
+    long batched_cycles_total, batched_sequences_total; /* cycles verifying several slots in one forward */
     long spec_drafts_total, spec_draft_tokens_total, spec_accepted_tokens_total;
     long spec_accepted_at[SPEC_MAX_DRAFT];
     /* the current bucket of the rate gauges: reset at each exposition, as llama.cpp does */
@@ -32,6 +33,8 @@ void metrics_free(struct metrics *mx);
 void metrics_count_http(struct metrics *mx, int status);
 /* One engine cycle over n_busy slots. */
 void metrics_count_decode(struct metrics *mx, int n_busy);
+/* One cycle that stepped n_seqs slots with a single batched verify (spec_step_batch). */
+void metrics_count_batch(struct metrics *mx, int n_seqs);
 void metrics_set_load(struct metrics *mx, int processing, int deferred);
 
 struct metrics_task {

@@ -248,6 +248,7 @@ struct slots {
     struct metrics *mx;
     int n;
     struct slot *slot;
+    struct slot **stepping;      /* [n]: the engine thread's list of slots decoding this cycle */
     struct slot_view *views;     /* guarded by mu */
     pthread_t thread;
     bool thread_started;
@@ -533,21 +534,22 @@ static void slot_begin(struct slots *s, struct slot *sl) {
     slot_view_update(s, sl);
 }
 
-static void slot_step(struct slots *s, struct slot *sl) {
-    struct task *t = sl->t;
+/* How many tokens slot sl's next step may emit; 0 when its context is full, which ends it as if
+ * n_predict were reached (server-api.md §6 "Stops"). */
+static int slot_max_new(struct slots *s, struct slot *sl) {
     int room = slot_room(s, sl);
     if (room <= 0) {
-        /* the context is full: stop as if n_predict were reached (server-api.md §6 "Stops") */
         struct task_result r = {.stop_type = STOP_TYPE_LIMIT, .stop_index = -1};
         slot_release(s, sl, -1, sl->n_text, NULL);
         slot_finish(s, sl, &r);
-        return;
+        return 0;
     }
-    int max_new = t->g.n_predict < 0 ? room : COTI_MIN(room, t->g.n_predict - sl->n_decoded);
-    int32_t out[SPEC_MAX_DRAFT + 1];
-    int n_out = 0;
-    char err[256];
-    int rc = spec_seq_step(s->e, sl->id, max_new, out, &n_out, NULL, err, sizeof err);
+    return sl->t->g.n_predict < 0 ? room : COTI_MIN(room, sl->t->g.n_predict - sl->n_decoded);
+}
+
+/* A step's outcome for slot sl: rc, and the n_out tokens in out. */
+static void slot_took_step(struct slots *s, struct slot *sl, int rc, const int32_t *out, int n_out, const char *err) {
+    struct task *t = sl->t;
     sl->state_ok = rc == 0;
     if (rc) {
         coti_log(COTI_LOG_ERROR, "server", "task %ld: slot %d: decoding failed: %s", t->id, sl->id, err);
@@ -559,6 +561,37 @@ static void slot_step(struct slots *s, struct slot *sl) {
         if (slot_take_token(s, sl, out[i], probs ? &probs[i] : NULL)) return;
     task_wake(t);
     slot_view_update(s, sl);
+}
+
+/* One step of every slot in busy[0, n) (begun, not cancelled): a single batched cycle where the
+ * backend gains from it (spec_batch_worthwhile), else one cycle per slot. */
+static void slots_step(struct slots *s, struct slot **busy, int n) {
+    int seqs[SPEC_MAX_BATCH], max_new[SPEC_MAX_BATCH], n_out[SPEC_MAX_BATCH], rc[SPEC_MAX_BATCH];
+    int32_t out[SPEC_MAX_BATCH][SPEC_MAX_DRAFT + 1];
+    struct slot *go[SPEC_MAX_BATCH];
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        const int k = slot_max_new(s, busy[i]);
+        if (k < 1) continue;
+        go[m] = busy[i];
+        seqs[m] = busy[i]->id;
+        max_new[m++] = k;
+    }
+    char err[256];
+    if (m > 1 && spec_batch_worthwhile(s->e)) {
+        for (int i0 = 0; i0 < m; i0 += SPEC_MAX_BATCH) {
+            const int nb = COTI_MIN(m - i0, SPEC_MAX_BATCH);
+            if (spec_step_batch(s->e, nb, seqs + i0, max_new + i0, out + i0, n_out + i0, rc + i0, err, sizeof err))
+                for (int i = i0; i < i0 + nb; i++) rc[i] = COTI_E_ARG;
+        }
+        metrics_count_batch(s->mx, m);
+        for (int i = 0; i < m; i++) slot_took_step(s, go[i], rc[i], out[i], n_out[i], err);
+        return;
+    }
+    for (int i = 0; i < m; i++) {
+        rc[i] = spec_seq_step(s->e, seqs[i], max_new[i], out[i], &n_out[i], NULL, err, sizeof err);
+        slot_took_step(s, go[i], rc[i], out[i], n_out[i], err);
+    }
 }
 
 /* Fail every queued task and every running one: the server is going away. */
@@ -603,8 +636,9 @@ static void *slots_engine_main(void *arg) {
         metrics_set_load(s->mx, s->n_busy, s->q_len);
         pthread_mutex_unlock(&s->mu);
 
-        /* one cycle per busy slot; sl->t is only cleared by this thread */
-        int n_busy = 0;
+        /* one cycle of every busy slot (those decoding together); sl->t is only cleared by
+         * this thread */
+        int n_busy = 0, n_step = 0;
         for (int i = 0; i < s->n; i++) {
             sl = &s->slot[i];
             if (!sl->t) continue;
@@ -615,9 +649,10 @@ static void *slots_engine_main(void *arg) {
             } else if (!sl->begun) {
                 slot_begin(s, sl);
             } else {
-                slot_step(s, sl);
+                s->stepping[n_step++] = sl;
             }
         }
+        slots_step(s, s->stepping, n_step);
         if (n_busy) metrics_count_decode(s->mx, n_busy);
     }
     slots_drain(s);
@@ -635,9 +670,11 @@ int slots_init(struct slots **out, struct model *m, struct spec_engine *e, const
     s->n = m->n_seq;
     s->slot = calloc((size_t)s->n, sizeof *s->slot);
     s->views = calloc((size_t)s->n, sizeof *s->views);
-    if (!s->slot || !s->views) {
+    s->stepping = calloc((size_t)s->n, sizeof *s->stepping);
+    if (!s->slot || !s->views || !s->stepping) {
         free(s->slot);
         free(s->views);
+        free(s->stepping);
         free(s);
         return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     }
@@ -676,5 +713,6 @@ void slots_free(struct slots *s) {
     pthread_cond_destroy(&s->cv);
     free(s->slot);
     free(s->views);
+    free(s->stepping);
     free(s);
 }
