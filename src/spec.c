@@ -7,6 +7,8 @@
 
 /* Resume points looked at per source sequence (a memory has a few checkpoints and its length). */
 #define SPEC_MAX_RESUME_POINTS 8
+/* Calibrated verify sizes: 1, 2, 4, ... rows, up to 2^(SPEC_COST_POINTS - 1). */
+#define SPEC_COST_POINTS 11
 
 struct spec_seq {
     int32_t *hist;               /* prompt + emitted tokens; the last one is pending. During a
@@ -42,7 +44,13 @@ struct spec_engine {
     int32_t *d_toks;             /* backend [n_seq][1 + SPEC_MAX_DRAFT]: each sequence's verify
                                     batch tokens (its own: a queued draft outlives the step) */
     int32_t *d_acc;              /* backend [2 + SPEC_MAX_DRAFT]: accept_greedy's result */
-    int32_t *pos, *seqv;         /* host [max(n_batch, batch rows)] */
+    /* spec_engine_calibrate: a verify forward's time for 1, 2, 4, ... rows (cost_n points; 0:
+     * not calibrated, batched cycles then draft as deep as asked), and the draft phase's time
+     * per drafted token (running average of batched cycles) */
+    double cost_us[SPEC_COST_POINTS];
+    int cost_n;
+    double draft_us;
+    int32_t *pos, *seqv, *toks_cal; /* host [max(n_batch, batch rows)] */
     bool *want;                  /* host [max(n_batch, batch rows)] */
 };
 
@@ -65,7 +73,7 @@ void spec_engine_free(struct spec_engine *e) {
     if (e->d_btoks) e->m->be->free(e->m->be, e->d_btoks);
     if (e->d_toks) e->m->be->free(e->m->be, e->d_toks);
     if (e->d_acc) e->m->be->free(e->m->be, e->d_acc);
-    free(e->drafters); free(e->seqs); free(e->row); free(e->qdense); free(e->resid); free(e->pos); free(e->seqv); free(e->want);
+    free(e->drafters); free(e->seqs); free(e->row); free(e->qdense); free(e->resid); free(e->pos); free(e->seqv); free(e->want); free(e->toks_cal);
     free(e);
 }
 
@@ -89,11 +97,12 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     e->pos = malloc(sizeof(int32_t) * host_rows);
     e->seqv = malloc(sizeof(int32_t) * host_rows);
     e->want = malloc(sizeof(bool) * host_rows);
+    e->toks_cal = malloc(sizeof(int32_t) * host_rows);
     e->d_ids = m->be->alloc(m->be, sizeof(int32_t) * batch_rows);
     e->d_btoks = m->be->alloc(m->be, sizeof(int32_t) * batch_rows);
     e->d_toks = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT) * (size_t)m->n_seq);
     e->d_acc = m->be->alloc(m->be, sizeof(int32_t) * (2 + SPEC_MAX_DRAFT));
-    bool ok = e->seqs && e->drafters && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_btoks && e->d_toks && e->d_acc;
+    bool ok = e->seqs && e->drafters && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->toks_cal && e->d_ids && e->d_btoks && e->d_toks && e->d_acc;
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
     for (int s = 0; ok && s < m->n_seq; s++) e->seqs[s].n_top_probs = -1;
     if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
@@ -416,14 +425,15 @@ struct cycle {
     int64_t t0;
 };
 
-/* Draft for sequence s (or take the draft the previous step queued), cut it under a grammar. */
-static int cycle_draft(struct spec_engine *e, int s, int max_new, struct spec_probe *probe, bool marks, struct cycle *c,
-                       char *err, size_t err_size) {
+/* The start of sequence s's cycle: *rq is the draft it needs (*need), unless it has no drafter,
+ * no room for drafts, or the previous step queued the draft already. */
+static int cycle_plan(struct spec_engine *e, int s, int max_new, int depth, struct spec_probe *probe, struct cycle *c,
+                      struct draft_request *rq, bool *need, char *err, size_t err_size) {
     struct model *m = e->m;
-    struct backend *be = m->be;
     struct spec_seq *q = &e->seqs[s];
     struct drafter *d = drafter_for(e, q->p.drafter);
     memset(c, 0, sizeof *c);
+    *need = false;
     c->s = s;
     c->max_new = max_new;
     c->L = q->n_hist - 1;
@@ -431,7 +441,7 @@ static int cycle_draft(struct spec_engine *e, int s, int max_new, struct spec_pr
     if (L + 1 >= m->n_ctx) return coti_fail(err, err_size, COTI_E_RANGE, "context of %d positions is full", m->n_ctx);
     c->t0 = coti_time_us();
     /* draft; the device marks split its time from the verify's without a sync in between */
-    int k_cap = COTI_MIN(q->p.n_max, max_new - 1);
+    int k_cap = COTI_MIN(COTI_MIN(q->p.n_max, depth), max_new - 1);
     k_cap = COTI_MIN(k_cap, m->n_ctx - 1 - (L + 1));
     if (probe) k_cap = COTI_MIN(k_cap, probe->n_forced - probe->n_used - 1);
     c->drafting = d && k_cap > 0;
@@ -440,14 +450,19 @@ static int cycle_draft(struct spec_engine *e, int s, int max_new, struct spec_pr
         c->dr.n = k_cap; /* queued by the previous step, the same call as the one below */
         c->dr.on_device = true;
     } else if (c->drafting) {
-        struct draft_request rq = {q->hist, L, k_cap, COTI_MIN(q->p.n_min, k_cap), q->p.p_min,
-                                   q->dsmp && q->sp.temperature > 0.0f && !q->gs ? q->dsmp : NULL, d_toks + 1};
-        if (marks) be->mark(be, 0);
-        int rc = d->vt->draft(d, s, &rq, &c->dr, err, err_size);
-        if (rc) return rc;
-        if (marks) be->mark(be, 1);
+        *rq = (struct draft_request){q->hist, L, k_cap, COTI_MIN(q->p.n_min, k_cap), q->p.p_min,
+                                     q->dsmp && q->sp.temperature > 0.0f && !q->gs ? q->dsmp : NULL, d_toks + 1};
+        *need = true;
     }
     q->ahead_n = 0;
+    return 0;
+}
+
+/* The rest of the start once the draft is in c->dr: a grammar cuts it; the verify's tokens. */
+static int cycle_drafted(struct spec_engine *e, struct cycle *c, struct spec_probe *probe, char *err, size_t err_size) {
+    const int s = c->s, L = c->L;
+    struct spec_seq *q = &e->seqs[s];
+    int32_t *d_toks = e->d_toks + (size_t)s * (1 + SPEC_MAX_DRAFT);
     c->k_drafted = c->dr.n;
     if (q->gs && c->k_drafted > 0) {
         int rc = grammar_cut_drafts(e, q, d_toks + 1, &c->dr);
@@ -463,6 +478,24 @@ static int cycle_draft(struct spec_engine *e, int s, int max_new, struct spec_pr
     c->toks[0] = q->hist[L];
     if (!c->dr.on_device) for (int i = 0; i < c->k; i++) c->toks[1 + i] = c->dr.tokens[i];
     return 0;
+}
+
+/* The start of sequence s's cycle: its draft (or the one the previous step queued), cut under a
+ * grammar. marks: time the draft on the device. */
+static int cycle_draft(struct spec_engine *e, int s, int max_new, struct spec_probe *probe, bool marks, struct cycle *c,
+                       char *err, size_t err_size) {
+    struct backend *be = e->m->be;
+    struct draft_request rq;
+    bool need;
+    int rc = cycle_plan(e, s, max_new, SPEC_MAX_DRAFT, probe, c, &rq, &need, err, err_size);
+    if (rc) return rc;
+    if (need) {
+        struct drafter *d = drafter_for(e, e->seqs[s].p.drafter);
+        if (marks) be->mark(be, 0);
+        if ((rc = d->vt->draft(d, s, &rq, &c->dr, err, err_size))) return rc;
+        if (marks) be->mark(be, 1);
+    }
+    return cycle_drafted(e, c, probe, err, err_size);
 }
 
 /* The acceptance of cycle c, whose verify rows are rows row0 .. row0 + k of o: c->a drafts, then
@@ -670,6 +703,89 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     return 0;
 }
 
+/* Verify time of R rows: linear between the calibrated points (1, 2, 4, ... rows), beyond the
+ * last along its last segment. */
+static double verify_us(const struct spec_engine *e, int R) {
+    int i = 0;
+    while (i + 1 < e->cost_n && (1 << (i + 1)) < R) i++;
+    if (i + 1 >= e->cost_n) return e->cost_us[i] * R / (double)(1 << i);
+    const double x0 = 1 << i, x1 = 1 << (i + 1);
+    return e->cost_us[i] + (e->cost_us[i + 1] - e->cost_us[i]) * (R - x0) / (x1 - x0);
+}
+
+/* Draft depths of a batched cycle: each sequence's next draft is worth its chance of being
+ * accepted (its acceptance so far, from a prior of 0.7, to the power of its rank), and costs a
+ * verify row more and a draft; drafts are added best first while the cycle's tokens per
+ * microsecond grow. Verify rows ride nearly free where a forward's time is its weights' reading
+ * (a GPU, a large model): deep drafts; they cost their compute where it is not (a small model
+ * on a few cores): shallow or none, so that speculation never makes the batch slower. */
+static void batch_depths(const struct spec_engine *e, int n, const int *seqs, const int *rc, int *depth) {
+    int R = 0, n_draft = 0;
+    double alpha[SPEC_MAX_BATCH], tok = 0;
+    for (int i = 0; i < n; i++) {
+        const struct spec_seq *q = &e->seqs[seqs[i]];
+        depth[i] = e->cost_n ? 0 : SPEC_MAX_DRAFT;
+        alpha[i] = (q->st.n_accepted + 2.8) / (q->st.n_drafted + 4.0);
+        if (!rc[i]) { R++; tok += 1; }
+    }
+    if (!e->cost_n || R == 0) return;
+    const double per_draft = e->draft_us > 0 ? e->draft_us : 0.25 * e->cost_us[0];
+    double T = verify_us(e, R);
+    for (;;) {
+        int best = -1;
+        double g = 0;
+        for (int i = 0; i < n; i++) {
+            const struct spec_seq *q = &e->seqs[seqs[i]];
+            if (rc[i] || !q->p.drafter || depth[i] >= q->p.n_max) continue;
+            const double gi = pow(alpha[i], depth[i] + 1);
+            if (gi > g) { g = gi; best = i; }
+        }
+        if (best < 0) break;
+        const double T2 = verify_us(e, R + 1) + per_draft * (n_draft + 1);
+        if ((tok + g) / T2 <= tok / T) break;
+        depth[best]++;
+        R++;
+        n_draft++;
+        tok += g;
+        T = T2;
+    }
+}
+
+int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
+    struct model *m = e->m;
+    const int max_rows = COTI_MIN(m->n_batch, COTI_MIN(m->n_seq, SPEC_MAX_BATCH) * (1 + SPEC_MAX_DRAFT));
+    e->cost_n = 0;
+    e->draft_us = 0;
+    if (m->n_ctx <= max_rows) return 0; /* no room: batched cycles draft as asked */
+    struct model_output o;
+    for (int n = 0, R = 1; R <= max_rows && n < SPEC_COST_POINTS; n++, R *= 2) {
+        double best = 0;
+        for (int rep = 0; rep < 3; rep++) {
+            model_seq_reset(m, 0);
+            for (int i = 0; i < R; i++) {
+                e->pos[i] = i;
+                e->seqv[i] = 0;
+                e->want[i] = true;
+                e->toks_cal[i] = (int32_t)((7919u * (unsigned)i + 17u) % (unsigned)e->V);
+            }
+            struct model_batch b = {.n = R, .tokens = e->toks_cal, .pos = e->pos, .seq = e->seqv, .want_logits = e->want,
+                                    .keep_states = true, .argmax_out = e->d_ids};
+            const int64_t t0 = coti_time_us();
+            int rc = model_forward(m, &b, &o, err, err_size);
+            if (rc) { model_seq_reset(m, 0); return rc; }
+            m->be->sync(m->be);
+            const double us = (double)(coti_time_us() - t0);
+            best = rep == 0 || us < best ? us : best;
+        }
+        e->cost_us[n] = best;
+        e->cost_n = n + 1;
+    }
+    model_seq_reset(m, 0);
+    return 0;
+}
+
+double spec_engine_verify_cost_us(const struct spec_engine *e, int rows) { return e->cost_n ? verify_us(e, rows) : 0.0; }
+
 bool spec_batch_worthwhile(const struct spec_engine *e) {
     /* a backend that records graphs replays each sequence's small steps as one launch; a
      * verify of several sequences has no recorded shape yet and would run op by op */
@@ -688,11 +804,53 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         for (int j = 0; j < i && !rc[i]; j++)
             if (seqs[j] == seqs[i]) rc[i] = coti_fail(err, err_size, COTI_E_ARG, "sequence %d twice in a batch", seqs[i]);
     }
-    /* drafts first, every sequence's (the device queues them one after another) */
-    bool live[SPEC_MAX_BATCH];
+    int depth[SPEC_MAX_BATCH];
+    batch_depths(e, n, seqs, rc, depth);
+    const int64_t t_draft0 = coti_time_us();
+    int n_drafted = 0;
+    /* drafts first, every sequence's: greedy on-device ones of a drafter that batches them in
+     * one call per drafter (each chain step for all its sequences at once), the rest one by one */
+    bool live[SPEC_MAX_BATCH], need[SPEC_MAX_BATCH];
+    struct draft_request rq[SPEC_MAX_BATCH];
     for (int i = 0; i < n; i++) {
         live[i] = !rc[i] && max_new[i] >= 1;
-        if (live[i] && (rc[i] = cycle_draft(e, seqs[i], max_new[i], NULL, false, &c[i], err, err_size))) live[i] = false;
+        need[i] = false;
+        if (live[i] && (rc[i] = cycle_plan(e, seqs[i], max_new[i], depth[i], NULL, &c[i], &rq[i], &need[i], err, err_size)))
+            live[i] = false;
+    }
+    for (int t = 0; t < n_drafter_kinds; t++) {
+        struct drafter *d = e->drafters[t];
+        if (!d || !d->vt->draft_batch) continue;
+        int idx[SPEC_MAX_BATCH], bs[SPEC_MAX_BATCH], nb = 0;
+        struct draft_request brq[SPEC_MAX_BATCH];
+        struct draft_result bdr[SPEC_MAX_BATCH];
+        for (int i = 0; i < n; i++)
+            if (live[i] && need[i] && drafter_for(e, e->seqs[seqs[i]].p.drafter) == d && !rq[i].sampler && rq[i].p_min <= 0.0f) {
+                idx[nb] = i;
+                bs[nb] = seqs[i];
+                brq[nb++] = rq[i];
+            }
+        if (nb < 2) continue;
+        int drc = d->vt->draft_batch(d, nb, bs, brq, bdr, err, err_size);
+        for (int j = 0; j < nb; j++) {
+            need[idx[j]] = false;
+            c[idx[j]].dr = bdr[j];
+            if (drc) { rc[idx[j]] = drc; live[idx[j]] = false; }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (live[i] && need[i]) {
+            struct drafter *d = drafter_for(e, e->seqs[seqs[i]].p.drafter);
+            if ((rc[i] = d->vt->draft(d, seqs[i], &rq[i], &c[i].dr, err, err_size))) live[i] = false;
+        }
+        if (live[i] && (rc[i] = cycle_drafted(e, &c[i], NULL, err, err_size))) live[i] = false;
+        if (live[i]) n_drafted += c[i].k_drafted;
+    }
+    /* the draft phase's cost per drafted token, for the next depths (host time: meaningful
+     * where the backend runs as it is called, which is where batching is used) */
+    if (n_drafted > 0 && e->cost_n > 0) {
+        const double per = (double)(coti_time_us() - t_draft0) / n_drafted;
+        e->draft_us = e->draft_us > 0 ? 0.8 * e->draft_us + 0.2 * per : per;
     }
     /* then verify rows of as many sequences as n_batch holds per forward (a sequence's rows are
      * never split: its states are kept for the last run of each sequence) */

@@ -99,17 +99,23 @@ int spec_seq_begin_reuse(struct spec_engine *e, int s, int src, int n_reuse, con
  * pending (not yet in the target). probe may be NULL. */
 int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,
                   struct spec_probe *probe, char *err, size_t err_size);
-/* Sequences one spec_step_batch takes at once. */
-#define SPEC_MAX_BATCH 64
 /* One cycle of each of n distinct sequences seqs[i] with a single verify forward for all of them
  * (split where their rows exceed n_batch, never inside a sequence), so each weight is read once
  * per cycle for every sequence: drafts per sequence first, then every verify row together, the
  * acceptance on the host. The same tokens as n calls of spec_seq_step (a row does not depend on
- * the rows beside it). out[i] gets sequence seqs[i]'s 1..n_max+1 tokens (at most max_new[i]),
+ * the rows beside it; after spec_engine_calibrate each sequence drafts at most as deep as pays
+ * off for the whole batch). out[i] gets sequence seqs[i]'s 1..n_max+1 tokens (at most max_new[i]),
  * n_out[i] their count, rc[i] its own status (0, or what spec_seq_step would return; err holds
  * the last failure's message). Returns 0, or COTI_E_ARG for more than SPEC_MAX_BATCH. */
 int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *max_new, int32_t (*out)[SPEC_MAX_DRAFT + 1],
                     int *n_out, int *rc, char *err, size_t err_size);
+/* Time a verify forward of 1, 2, 4, ... rows (up to what a batched cycle may have) on sequence 0,
+ * which it leaves empty, so that batched cycles choose their draft depths from what rows cost
+ * (spec_step_batch: a sequence's next draft is added while the cycle's tokens per second grow;
+ * uncalibrated, each sequence drafts its n_max). Call it while no sequence is in use.
+ * spec_engine_verify_cost_us: the calibrated time of a verify of rows rows (0: not calibrated). */
+int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size);
+double spec_engine_verify_cost_us(const struct spec_engine *e, int rows);
 /* Whether spec_step_batch beats one spec_seq_step per sequence on this backend: not where each
  * sequence's small steps replay as recorded graphs (CUDA), which a batch of several sequences
  * has no recording of yet. */

@@ -310,6 +310,22 @@ assert all(c['tok_per_s_median'] > 0 and c['output_equals_first'] for c in d['co
 }
 check "coti bench --depth: decode after N random tokens, per cache type" bench_depth
 
+bench_parallel() {
+    printf '["def fib(n):", "int main(void)", "The capital of", "Once upon"]' > "$TMP/pp4.json"
+    "$COTI" bench --parallel 1,2,4 --spec off,mtp:2 --prompts "$TMP/pp4.json" -n 12 --repeat 1 -t 1 --json "$TMP/ppar.json" \
+        > "$TMP/ppar.txt" 2>/dev/null || return 1
+    grep -q 'groups batched, depth by verify cost (1 row [0-9]* us' "$TMP/ppar.txt" || return 1
+    python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+names = [c['config'] for c in d['configs']]
+assert names == ['off x1', 'mtp:2 x1', 'off x2', 'mtp:2 x2', 'off x4', 'mtp:2 x4'], names
+assert all(c['output_equals_first'] and c['tok_per_s_median'] > 0 for c in d['configs'])
+" "$TMP/ppar.json" || return 1
+    "$COTI" bench --parallel 65 --prompts "$TMP/pp4.json" -n 8 --repeat 1 -t 1 > /dev/null 2>&1; [ $? -eq 1 ]
+}
+check "coti bench --parallel: sequences decoding together, the same outputs" bench_parallel
+
 # Loading prints one summary line (on a terminal a progress line before it); every log line
 # has a timestamp; the request log escapes quotes as JSON does.
 TS='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z '

@@ -11,6 +11,8 @@
 /* Upper bound of draft tokens per cycle: sizes per-sequence buffers and the target's kept
  * recurrent states (1 + SPEC_MAX_DRAFT rows per verify). */
 #define SPEC_MAX_DRAFT 8
+/* Sequences one batched cycle (spec_step_batch, a drafter's draft_batch) takes at once. */
+#define SPEC_MAX_BATCH 64
 
 struct draft_request {
     int32_t *history;            /* tokens of the sequence: [0, L) in the target, [L] pending,
@@ -67,6 +69,12 @@ struct drafter_vtable {
      * drafter keeps no per-sequence state, any point will do. */
     bool (*can_resume)(const struct drafter *d, int src, int q, const float *hidden);
     void (*resume)(struct drafter *d, int s, int q, const float *hidden);
+    /* Greedy on-device drafts (no sampler, no p_min) for n distinct sequences seqs[i] at once,
+     * rq[i] / out[i] as draft's: each step of their chains in one forward of the drafter, so
+     * its weights are read once per step for all of them. Returns 0 or an error for all; NULL:
+     * the driver drafts sequence by sequence. */
+    int (*draft_batch)(struct drafter *d, int n, const int *seqs, const struct draft_request *rq, struct draft_result *out,
+                       char *err, size_t err_size);
 };
 
 struct drafter {

@@ -10,7 +10,9 @@
  * chains single rows for further drafts, and finally truncates the head's cache to the
  * pending token's row, which was computed from the true hidden and stays valid. Greedy drafts
  * never leave the device: each argmax feeds the next row's embedding lookup and the verify
- * batch, so drafting queues work without waiting for the host. */
+ * batch, so drafting queues work without waiting for the host. Several sequences' greedy
+ * drafts run together (mtp_draft_batch): their catch-up rows in one batch of the head, then one
+ * row per sequence per chained step. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,17 +34,32 @@ struct mtp {
     int32_t *pos, *tok, *seqv;   /* host, [cap] */
     bool *want;
     struct draft_picker pick;
+    /* mtp_draft_batch: room for MTP_BATCH_ROWS rows of n_seq sequences */
+    int batch_rows;              /* n_seq * MTP_BATCH_ROWS */
+    int32_t *bpos, *btok, *bseqv; /* host, [batch_rows] */
+    bool *bwant;
+    float *bh_in, *bh_chain;     /* backend, [batch_rows][E] / [n_seq][E]: gathered input rows */
+    int32_t *bids[2];            /* backend, [n_seq]: one step's argmaxes (the next step's tokens) */
 };
 
+/* Catch-up rows a sequence may bring to a batched draft: those of a verify (accepted drafts,
+ * the target's token) and one more; a longer stage (after a prompt) drafts alone. */
+#define MTP_BATCH_ROWS (SPEC_MAX_DRAFT + 2)
+
 static struct mtp *mtp_of(struct drafter *d) { return (struct mtp *)d; }
+static size_t row_bytes(const struct mtp *t) { return sizeof(float) * (size_t)t->E; }
 
 static void mtp_free(struct drafter *d) {
     struct mtp *t = mtp_of(d);
     struct backend *be = t->m->be;
     for (int s = 0; s < t->m->n_seq && t->seqs; s++) if (t->seqs[s].staged) be->free(be, t->seqs[s].staged);
     if (t->h_zero) be->free(be, t->h_zero);
+    if (t->bh_in) be->free(be, t->bh_in);
+    if (t->bh_chain) be->free(be, t->bh_chain);
+    for (int i = 0; i < 2; i++) if (t->bids[i]) be->free(be, t->bids[i]);
     draft_picker_free(&t->pick);
     free(t->seqs); free(t->pos); free(t->tok); free(t->seqv); free(t->want);
+    free(t->bpos); free(t->btok); free(t->bseqv); free(t->bwant);
     free(t);
 }
 
@@ -145,6 +162,96 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
     return 0;
 }
 
+/* Greedy drafts of several sequences (drafter.h): the chains of mtp_draft, step by step across
+ * the sequences. The sequences go in order of decreasing n_max, so those still drafting at a
+ * step are a prefix of the previous step's, whose argmaxes (the step's tokens) and output
+ * hidden rows are then the first rows of the previous output. A sequence whose stage holds
+ * more than MTP_BATCH_ROWS rows drafts on its own first. */
+static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const struct draft_request *rq, struct draft_result *out,
+                           char *err, size_t err_size) {
+    struct mtp *t = mtp_of(d);
+    struct model *m = t->m;
+    struct backend *be = m->be;
+    const size_t row = sizeof(float) * (size_t)t->E;
+    int ord[SPEC_MAX_BATCH], n_ord = 0, rows_in = 0;
+    if (n > SPEC_MAX_BATCH) return coti_fail(err, err_size, COTI_E_ARG, "mtp: %d sequences in a batch", n);
+    for (int i = 0; i < n; i++) {
+        out[i].n = 0;
+        out[i].on_device = true;
+        const struct mtp_seq *sq = &t->seqs[seqs[i]];
+        if (t->head->seq_len(m, seqs[i]) - 1 + sq->n_staged != rq[i].L)
+            return coti_fail(err, err_size, COTI_E_ARG, "mtp: staged hidden rows end at %d, expected %d",
+                             t->head->seq_len(m, seqs[i]) - 1 + sq->n_staged, rq[i].L);
+        if (rq[i].n_max < 1) continue;
+        if (sq->n_staged > MTP_BATCH_ROWS || rows_in + sq->n_staged > m->n_batch) {
+            int rc = mtp_draft(d, seqs[i], &rq[i], &out[i], err, err_size);
+            if (rc) return rc;
+            continue;
+        }
+        rows_in += sq->n_staged;
+        int at = n_ord++; /* insertion by decreasing n_max */
+        while (at > 0 && rq[ord[at - 1]].n_max < rq[i].n_max) { ord[at] = ord[at - 1]; at--; }
+        ord[at] = i;
+    }
+    if (!n_ord) return 0;
+    /* catch-up: every sequence's staged rows, logits (and the argmax: draft 0) on its last */
+    int rows = 0;
+    for (int j = 0; j < n_ord; j++) {
+        const int i = ord[j], s = seqs[i];
+        struct mtp_seq *sq = &t->seqs[s];
+        const int q0 = t->head->seq_len(m, s);
+        for (int r = 0; r < sq->n_staged; r++) {
+            t->bpos[rows + r] = q0 + r;
+            t->btok[rows + r] = rq[i].history[q0 + r];
+            t->bseqv[rows + r] = s;
+            t->bwant[rows + r] = r == sq->n_staged - 1;
+        }
+        be->copy(be, t->bh_in + (size_t)rows * t->E, sq->staged, row * (size_t)sq->n_staged);
+        rows += sq->n_staged;
+    }
+    struct model_batch b = {.n = rows, .tokens = t->btok, .pos = t->bpos, .seq = t->bseqv, .want_logits = t->bwant,
+                            .draft_head = true, .argmax_out = t->bids[0]};
+    struct model_output o;
+    int rc = t->head->forward(m, &b, t->bh_in, &o, err, err_size);
+    if (rc) return rc;
+    /* each sequence's last row: its draft 0, and the hidden its chain goes on from */
+    rows = 0;
+    for (int j = 0; j < n_ord; j++) {
+        const int i = ord[j];
+        rows += t->seqs[seqs[i]].n_staged;
+        be->copy(be, rq[i].dev_tokens, t->bids[0] + j, sizeof(int32_t));
+        be->copy(be, t->bh_chain + (size_t)j * t->E, o.hidden + (size_t)(rows - 1) * t->E, row);
+        out[i].n = 1;
+    }
+    const float *h_prev = t->bh_chain;
+    for (int step = 1, live = n_ord; ; step++) {
+        while (live > 0 && (rq[ord[live - 1]].n_max <= step || rq[ord[live - 1]].L + step >= m->n_ctx)) live--;
+        if (live == 0) break;
+        for (int j = 0; j < live; j++) {
+            const int i = ord[j];
+            t->bpos[j] = rq[i].L + step;
+            t->bseqv[j] = seqs[i];
+            t->bwant[j] = true;
+        }
+        int32_t *ids_in = t->bids[(step - 1) & 1], *ids_out = t->bids[step & 1];
+        struct model_batch bc = {.n = live, .tokens_dev = ids_in, .pos = t->bpos, .seq = t->bseqv, .want_logits = t->bwant,
+                                 .draft_head = true, .argmax_out = ids_out};
+        if ((rc = t->head->forward(m, &bc, h_prev, &o, err, err_size))) return rc;
+        for (int j = 0; j < live; j++) {
+            const int i = ord[j];
+            be->copy(be, rq[i].dev_tokens + step, ids_out + j, sizeof(int32_t));
+            out[i].n = step + 1;
+        }
+        h_prev = o.hidden; /* one row per live sequence, in order */
+    }
+    for (int j = 0; j < n_ord; j++) {
+        const int i = ord[j];
+        t->head->seq_truncate(m, seqs[i], rq[i].L + 1);
+        t->seqs[seqs[i]].n_staged = 0;
+    }
+    return 0;
+}
+
 /* The rows that follow the stage go straight into it (the verify batch after a draft). */
 static float *mtp_hidden_dest(struct drafter *d, int s, int pos0, int n) {
     struct mtp *t = mtp_of(d);
@@ -171,7 +278,7 @@ static void mtp_resume(struct drafter *d, int s, int q, const float *hidden) {
  * (mtp_draft truncates its chained rows), and the target never drops that one. */
 static const struct drafter_vtable mtp_vtable = {
     .free = mtp_free, .reset = mtp_reset, .observe = mtp_observe, .draft = mtp_draft, .hidden_dest = mtp_hidden_dest,
-    .can_resume = mtp_can_resume, .resume = mtp_resume,
+    .can_resume = mtp_can_resume, .resume = mtp_resume, .draft_batch = mtp_draft_batch,
 };
 
 static bool mtp_available(const struct drafter_config *c) { return model_nextn(c->m) != NULL; }
@@ -196,7 +303,16 @@ static int mtp_init(struct drafter **out, const struct drafter_config *c, char *
     t->seqv = malloc(sizeof(int32_t) * (size_t)t->cap);
     t->want = malloc(sizeof(bool) * (size_t)t->cap);
     t->h_zero = be->alloc(be, sizeof(float) * (size_t)t->E); /* alloc zeroes */
-    bool ok = t->seqs && t->pos && t->tok && t->seqv && t->want && t->h_zero &&
+    t->batch_rows = m->n_seq * MTP_BATCH_ROWS;
+    t->bpos = malloc(sizeof(int32_t) * (size_t)t->batch_rows);
+    t->btok = malloc(sizeof(int32_t) * (size_t)t->batch_rows);
+    t->bseqv = malloc(sizeof(int32_t) * (size_t)t->batch_rows);
+    t->bwant = malloc(sizeof(bool) * (size_t)t->batch_rows);
+    t->bh_in = be->alloc(be, row_bytes(t) * (size_t)t->batch_rows);
+    t->bh_chain = be->alloc(be, row_bytes(t) * (size_t)m->n_seq);
+    for (int i = 0; i < 2; i++) t->bids[i] = be->alloc(be, sizeof(int32_t) * (size_t)m->n_seq);
+    bool ok = t->seqs && t->pos && t->tok && t->seqv && t->want && t->h_zero && t->bpos && t->btok && t->bseqv &&
+              t->bwant && t->bh_in && t->bh_chain && t->bids[0] && t->bids[1] &&
               draft_picker_init(&t->pick, be, m->info.n_vocab) == 0;
     for (int s = 0; ok && s < m->n_seq; s++) {
         t->seqs[s].staged = be->alloc(be, sizeof(float) * (size_t)t->E * t->cap);

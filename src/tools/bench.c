@@ -12,6 +12,9 @@
  * --prefill N[,N...]: prompt processing of N random tokens (as llama-bench's ppN): the first run
  * of each size after the model is loaded (cold: new shapes, scratch growth) and the median of
  * --repeat runs after it (warm); every run starts a fresh sequence.
+ * --parallel P[,P...]: every configuration also with P sequences decoding together (one
+ * batched cycle of all of them, spec_step_batch, as `coti serve` steps its busy slots): the
+ * prompts go in groups of P and tok/s is the aggregate of the group (issue 24).
  * --depth N: each prompt comes after N random tokens (the same for every configuration, as
  * llama-bench's -d), so decode runs at context positions N and up; the prefill stays untimed. */
 #include <cjson/cJSON.h>
@@ -42,12 +45,14 @@ static void help(FILE *out, const struct cli_common *d) {
                  "  --json PATH          the results as JSON too ('-': to stdout, the table then goes to stderr)\n"
                  "  --op-cost            decode time with each family of ops left out in turn (outputs are garbage then)\n"
                  "  --prefill N[,N...]   prompt processing of N random tokens instead (tok/s, cold and warm; no --prompts)\n"
-                 "  --depth N            decode after N random tokens in front of each prompt (default 0; -c must hold them)\n",
+                 "  --depth N            decode after N random tokens in front of each prompt (default 0; -c must hold them)\n"
+                 "  --parallel P[,P...]  also with P sequences decoding together, batched (aggregate tok/s; default 1)\n",
             BENCH_SPEC_DEFAULT, BENCH_N_GEN_DEFAULT, BENCH_REPEAT_DEFAULT);
 }
 
 struct config {
     struct spec_params sp;
+    int par;                     /* sequences decoding together */
     char name[32];
     double *tps;                 /* per repeat */
     long drafted, accepted, verifies, tokens;
@@ -74,11 +79,68 @@ struct bench_io {
     const struct tokenizer *tok;
 };
 
+/* Prompts [p0, p0 + n) together on sequences 0 .. n-1, every cycle one spec_step_batch: their
+ * tokens into gen[i * gen_stride ..], *n_tokens (after the first of each), the time they took. */
+static int run_group(struct bench_io *io, struct config *k, size_t p0, int n, int32_t *gen, long gen_stride, long *n_tokens,
+                     int64_t *t_us, char *err, size_t err_size) {
+    int n_got[SPEC_MAX_BATCH];
+    for (int i = 0; i < n; i++) {
+        if (spec_seq_begin(io->eng, i, io->ptoks[p0 + i], (int)io->np[p0 + i], &io->sampling, &k->sp, &gen[i * gen_stride], err,
+                           err_size))
+            return 1;
+        n_got[i] = 1;
+    }
+    const int64_t t0 = coti_time_us();
+    for (;;) {
+        int seqs[SPEC_MAX_BATCH], max_new[SPEC_MAX_BATCH], n_out[SPEC_MAX_BATCH], rc[SPEC_MAX_BATCH], m = 0;
+        int32_t out[SPEC_MAX_BATCH][SPEC_MAX_DRAFT + 1];
+        for (int i = 0; i < n; i++)
+            if (n_got[i] < io->n_gen && !(k->sp.grammar && tokenizer_is_eog(io->tok, gen[i * gen_stride + n_got[i] - 1]))) {
+                seqs[m] = i;
+                max_new[m++] = (int)(io->n_gen - n_got[i]);
+            }
+        if (!m) break;
+        if (spec_step_batch(io->eng, m, seqs, max_new, out, n_out, rc, err, err_size)) return 1;
+        for (int j = 0; j < m; j++) {
+            if (rc[j]) return 1;
+            memcpy(&gen[seqs[j] * gen_stride + n_got[seqs[j]]], out[j], sizeof(int32_t) * (size_t)n_out[j]);
+            n_got[seqs[j]] += n_out[j];
+        }
+    }
+    *t_us = coti_time_us() - t0;
+    *n_tokens = 0;
+    for (int i = 0; i < n; i++) {
+        for (long t = n_got[i]; t < io->n_gen; t++) gen[i * gen_stride + t] = -1;
+        *n_tokens += n_got[i] - 1;
+    }
+    return 0;
+}
+
 /* Every prompt once with configuration k, fresh: decode tok/s into *tps, statistics added to k. */
 static int run_prompts(struct bench_io *io, struct config *k, double *tps, char *err, size_t err_size) {
     long toks = 0;
     int64_t t_dec = 0;
-    for (size_t p = 0; p < io->n_prompts; p++) {
+    for (size_t p0 = 0; k->par > 1 && p0 < io->n_prompts; p0 += (size_t)k->par) {
+        cli_progress("bench: %s, prompts %zu-%zu/%zu", k->name, p0 + 1, COTI_MIN(p0 + (size_t)k->par, io->n_prompts), io->n_prompts);
+        const int n = (int)COTI_MIN((size_t)k->par, io->n_prompts - p0);
+        long n_tok;
+        int64_t us;
+        if (run_group(io, k, p0, n, io->gen, io->n_gen + SPEC_MAX_DRAFT + 1, &n_tok, &us, err, err_size)) return 1;
+        t_dec += us;
+        toks += n_tok;
+        k->tokens += n_tok;
+        k->t_total += us;
+        for (int i = 0; i < n; i++) {
+            const int32_t *g = io->gen + (size_t)i * (size_t)(io->n_gen + SPEC_MAX_DRAFT + 1);
+            if (!io->have_ref) memcpy(io->ref[p0 + i], g, sizeof(int32_t) * (size_t)io->n_gen);
+            else if (memcmp(io->ref[p0 + i], g, sizeof(int32_t) * (size_t)io->n_gen)) k->same_as_first = false;
+            const struct spec_stats *st = spec_seq_stats(io->eng, i);
+            k->drafted += st->n_drafted;
+            k->accepted += st->n_accepted;
+            k->verifies += st->n_verify;
+        }
+    }
+    for (size_t p = 0; k->par == 1 && p < io->n_prompts; p++) {
         cli_progress("bench: %s, prompt %zu/%zu", k->name, p + 1, io->n_prompts);
         int32_t first;
         if (spec_seq_begin(io->eng, 0, io->ptoks[p], (int)io->np[p], &io->sampling, &k->sp, &first, err, err_size))
@@ -198,12 +260,12 @@ static int prefill_bench(struct spec_engine *eng, const struct model *m, const c
 }
 
 struct bench_opts {
-    const char *prompts_path, *json_path, *spec_list, *prefill;
+    const char *prompts_path, *json_path, *spec_list, *prefill, *parallel;
     long n_gen, repeat, depth;
     bool op_cost, spec_given;
 };
 
-enum { OPT_SPEC_LIST = CLI_TOOL_CODE, OPT_OP_COST, OPT_PROMPTS, OPT_JSON, OPT_REPEAT, OPT_PREFILL, OPT_DEPTH };
+enum { OPT_SPEC_LIST = CLI_TOOL_CODE, OPT_OP_COST, OPT_PROMPTS, OPT_JSON, OPT_REPEAT, OPT_PREFILL, OPT_DEPTH, OPT_PARALLEL };
 
 static int on_option(void *state, int code, const char *name, const char *v) {
     struct bench_opts *o = state;
@@ -216,6 +278,7 @@ static int on_option(void *state, int code, const char *name, const char *v) {
     case 'n': return cli_parse_int(name, v, 2, 1 << 16, &o->n_gen);
     case OPT_REPEAT: return cli_parse_int(name, v, 1, 1000, &o->repeat);
     case OPT_DEPTH: return cli_parse_int(name, v, 0, 1 << 24, &o->depth);
+    case OPT_PARALLEL: o->parallel = v; return 0;
     }
     return -1;
 }
@@ -232,6 +295,7 @@ int tool_bench_main(int argc, char **argv) {
         {"repeat", required_argument, NULL, OPT_REPEAT},
         {"prefill", required_argument, NULL, OPT_PREFILL},
         {"depth", required_argument, NULL, OPT_DEPTH},
+        {"parallel", required_argument, NULL, OPT_PARALLEL},
         {0},
     };
     const struct cli_tool tool = {.name = "bench", .help = help, .short_opts = "n:", .opts = opts,
@@ -278,17 +342,41 @@ int tool_bench_main(int argc, char **argv) {
         if (drafter_kind_parse(t, &k->sp.drafter)) { fprintf(stderr, "error: unknown speculation '%s'\n", t); return 1; }
         k->sp.n_max = (int)nm;
         k->sp.p_min = (float)pm;
+        k->par = 1;
         if (!k->sp.drafter) snprintf(k->name, sizeof k->name, "off");
         else if (colon2) snprintf(k->name, sizeof k->name, "%s:%ld:%g", t, nm, pm);
         else snprintf(k->name, sizeof k->name, "%s:%ld", t, nm);
         n_cfg++;
     }
     if (want_op_cost && n_cfg != 1) { fprintf(stderr, "error: --op-cost times one configuration\n"); return 1; }
+    /* --parallel: each configuration once per group size, the spec list's order within each */
+    int max_par = 1;
+    if (o.parallel) {
+        if (want_op_cost || o.depth) { fprintf(stderr, "error: --parallel goes with neither --op-cost nor --depth\n"); return 1; }
+        const int n_spec = n_cfg;
+        n_cfg = 0;
+        struct config spec_cfg[BENCH_MAX_CONFIGS];
+        memcpy(spec_cfg, cfg, sizeof cfg);
+        snprintf(list, sizeof list, "%s", o.parallel);
+        for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            long par;
+            if (cli_parse_int("--parallel", t, 1, SPEC_MAX_BATCH, &par)) return 1;
+            for (int i = 0; i < n_spec; i++) {
+                if (n_cfg == BENCH_MAX_CONFIGS) { fprintf(stderr, "error: at most %d configurations\n", BENCH_MAX_CONFIGS); return 1; }
+                cfg[n_cfg] = spec_cfg[i];
+                cfg[n_cfg].par = (int)par;
+                char nm[32];
+                snprintf(nm, sizeof nm, "%s", spec_cfg[i].name);
+                snprintf(cfg[n_cfg++].name, sizeof cfg[0].name, "%.24s x%ld", nm, par);
+            }
+            max_par = COTI_MAX(max_par, (int)par);
+        }
+    }
     struct prompt_list pl;
     if (prompts_load(prompts_path, &pl)) return 1;
     struct backend *be;
     struct model *m;
-    if (cli_open_model_wrapped(&c, 1, 0, want_op_cost ? opcost_wrap : NULL, &be, &m)) { prompts_free(&pl); return 1; }
+    if (cli_open_model_wrapped(&c, max_par, 0, want_op_cost ? opcost_wrap : NULL, &be, &m)) { prompts_free(&pl); return 1; }
     int rc = 1;
     char err[512];
     struct tokenizer *tok = NULL;
@@ -296,7 +384,7 @@ int tool_bench_main(int argc, char **argv) {
     int32_t **ptoks = calloc(pl.n, sizeof(int32_t *));
     size_t *np = calloc(pl.n, sizeof(size_t));
     int32_t **ref = calloc(pl.n, sizeof(int32_t *)); /* first configuration's outputs */
-    int32_t *gen = malloc(sizeof(int32_t) * ((size_t)n_gen + SPEC_MAX_DRAFT + 1));
+    int32_t *gen = malloc(sizeof(int32_t) * ((size_t)n_gen + SPEC_MAX_DRAFT + 1) * (size_t)max_par);
     double *tmp = malloc(sizeof(double) * (size_t)repeat);
     for (int k = 0; k < n_cfg; k++) { cfg[k].tps = calloc((size_t)repeat, sizeof(double)); cfg[k].same_as_first = true; }
     if (!ptoks || !np || !ref || !gen || !tmp) { fprintf(stderr, "error: out of memory\n"); goto done; }
@@ -305,6 +393,10 @@ int tool_bench_main(int argc, char **argv) {
         goto done;
     }
     if (cli_grammar_open(&c, tok, m->info.n_vocab)) goto done;
+    if (max_par > 1 && spec_engine_calibrate(eng, err, sizeof err)) {
+        fprintf(stderr, "error: calibration: %s\n", err);
+        goto done;
+    }
     for (int k = 0; k < n_cfg; k++) {
         cfg[k].sp.grammar = c.spec.grammar;
         cfg[k].sp.grammar_vocab = c.spec.grammar_vocab;
@@ -351,6 +443,9 @@ int tool_bench_main(int argc, char **argv) {
     FILE *table = json_stdout ? stderr : stdout;
     fprintf(table, "# bench %s | %zu prompts x %ld tokens, %ld repeats, threads %d | first fresh request each time, greedy%s",
            c.model_path, pl.n, n_gen, repeat, c.n_threads, c.spec.grammar ? ", under a grammar (an output may end early)" : "");
+    if (max_par > 1)
+        fprintf(table, " | groups batched, depth by verify cost (1 row %.0f us, 4 rows %.0f us, 16 rows %.0f us)",
+                spec_engine_verify_cost_us(eng, 1), spec_engine_verify_cost_us(eng, 4), spec_engine_verify_cost_us(eng, 16));
     if (o.depth) fprintf(table, " | after %ld random tokens (--depth), KV cache K %s V %s", o.depth,
                          ggml_type_traits_get(c.cache_type_k)->name, ggml_type_traits_get(c.cache_type_v)->name);
     fprintf(table, "\n");
@@ -369,8 +464,12 @@ int tool_bench_main(int argc, char **argv) {
         double tt = g->t_total > 0 ? (double)g->t_total : 1.0;
         char accs[32];
         snprintf(accs, sizeof accs, "%ld/%ld", g->accepted, g->drafted);
-        fprintf(table, "%-10s %10.1f %8.3f %12s %10.2f %7.1f%% %7.1f%% %7.1f%% %6s   (acceptance %.3f; repeats:", g->name, med[k], med[k] / med[0], accs, tpv,
-               100.0 * g->t_draft / tt, 100.0 * g->t_verify / tt, 100.0 * g->t_glue / tt, g->same_as_first ? "yes" : "NO", acc);
+        if (g->par > 1) /* the sequences of a group share their cycles: no split of its time */
+            fprintf(table, "%-10s %10.1f %8.3f %12s %10.2f %8s %8s %8s %6s   (acceptance %.3f; repeats:", g->name, med[k], med[k] / med[0],
+                    accs, tpv, "-", "-", "-", g->same_as_first ? "yes" : "NO", acc);
+        else
+            fprintf(table, "%-10s %10.1f %8.3f %12s %10.2f %7.1f%% %7.1f%% %7.1f%% %6s   (acceptance %.3f; repeats:", g->name, med[k], med[k] / med[0],
+                    accs, tpv, 100.0 * g->t_draft / tt, 100.0 * g->t_verify / tt, 100.0 * g->t_glue / tt, g->same_as_first ? "yes" : "NO", acc);
         for (long r = 0; r < repeat; r++) fprintf(table, " %.1f", g->tps[r]);
         fprintf(table, ")\n");
         cJSON *jo = cJSON_CreateObject();

@@ -188,6 +188,17 @@ int tool_serve_main(int argc, char **argv) {
         coti_log(COTI_LOG_INFO, "serve", "warmup: %d slots recorded in %.0f ms", p.n_parallel,
                  (coti_time_us() - t0) / 1e3);
     }
+    if (p.n_parallel > 1 && spec_batch_worthwhile(eng)) {
+        /* busy slots decode in batched cycles, whose draft depths follow what verify rows cost */
+        int64_t t0 = coti_time_us();
+        if (spec_engine_calibrate(eng, err, sizeof err)) {
+            fprintf(stderr, "error: calibration: %s\n", err);
+            goto done;
+        }
+        coti_log(COTI_LOG_INFO, "serve", "verify cost: 1 row %.0f us, 4 rows %.0f us, 16 rows %.0f us, 64 rows %.0f us "
+                 "(calibrated in %.0f ms)", spec_engine_verify_cost_us(eng, 1), spec_engine_verify_cost_us(eng, 4),
+                 spec_engine_verify_cost_us(eng, 16), spec_engine_verify_cost_us(eng, 64), (coti_time_us() - t0) / 1e3);
+    }
     rc = server_run(&p, m, tok, eng);
 done:
     free(o.template_text);
