@@ -406,8 +406,8 @@ static void note_result(char *note, size_t size, const struct task *t, const str
 
 /* The HTTP error of a task that failed (its result's status and message) into e. */
 static int task_error(const struct task_result *res, struct openai_error *e) {
-    return openai_error_set(e, res->status, res->status == 503 ? "unavailable_error" : res->status < 500 ? "invalid_request_error" : "server_error",
-                            "%s", res->message);
+    const char *type = res->status == 503 ? "unavailable_error" : res->status < 500 ? "invalid_request_error" : "server_error";
+    return openai_error_set(e, res->status, type, "%s", res->message);
 }
 
 /* One answer of a streamed request (OpenAI's n: several, each its own task): what its channel
@@ -610,7 +610,8 @@ static void stream_free(void *cls) {
     const struct stream_choice *first = &s->choice[0];
     char note[384];
     if (first->chunk.done && !first->chunk.result.status) note_result(note, sizeof note, first->t, &first->chunk.result);
-    else if (first->chunk.done) snprintf(note, sizeof note, "task=%ld stream error=%d", task_id(first->t), first->chunk.result.status);
+    else if (first->chunk.done)
+        snprintf(note, sizeof note, "task=%ld stream error=%d", task_id(first->t), first->chunk.result.status);
     else snprintf(note, sizeof note, "task=%ld stream gen=%d", task_id(first->t), first->n_predicted);
     if (s->n_choices > 1) snprintf(note + strlen(note), sizeof note - strlen(note), " choices=%d", s->n_choices);
     http_log_request(s->log_id, s->method, s->url, 200, s->t_start_us, note, !s->ended || s->failed);
