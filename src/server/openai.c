@@ -3,8 +3,8 @@
  * (server-api.md §3.2); the shapes follow server-task.cpp (§4, §5). Deviations, each chosen
  * so that a client is told rather than silently served something else, are listed in
  * docs/server.md: wrong JSON types and malformed JSON are 400 (llama.cpp: 500 for some),
- * unsupported features (grammars, n > 1, several prompts, samplers such as
- * Mirostat turned on) are 400, and the per-request `speculative.*` fields are honoured
+ * unsupported features (several prompts, samplers such as Mirostat turned on, n > 1 on the
+ * native endpoint) are 400, and the per-request `speculative.*` fields are honoured
  * (llama.cpp ignores them). */
 #include "server/openai.h"
 
@@ -518,7 +518,6 @@ static int parse_params(const struct openai_ctx *c, const cJSON *o, struct opena
     r->n_choices = (int)nc;
     if (r->n_choices > 1 && r->api == OPENAI_API_NATIVE)
         return bad_request(e, "Field 'n': one answer per request on /completion (use /v1/completions)");
-    if (r->n_choices > 1 && r->stream) return bad_request(e, "Field 'n': n > 1 is not supported with stream");
     if ((rc = get_bool(o, "return_tokens", &r->return_tokens, e))) return rc;
     if ((rc = get_bool(o, "timings_per_token", &r->timings_per_token, e))) return rc;
     const cJSON *so = field(o, "stream_options");
@@ -859,12 +858,13 @@ cJSON *openai_timings(const struct task_result *res) {
     return t;
 }
 
-static cJSON *usage_json(const struct task_result *res) {
+/* usage of choices that generated n_completion tokens in all from res's prompt */
+static cJSON *usage_json(const struct task_result *res, long n_completion) {
     cJSON *u = cJSON_CreateObject();
     if (!u) return NULL;
-    cJSON_AddNumberToObject(u, "completion_tokens", res->predicted_n);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)n_completion);
     cJSON_AddNumberToObject(u, "prompt_tokens", res->n_prompt);
-    cJSON_AddNumberToObject(u, "total_tokens", res->n_prompt + res->predicted_n);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(res->n_prompt + n_completion));
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     if (d) cJSON_AddNumberToObject(d, "cached_tokens", res->cache_n);
     return u;
@@ -1032,8 +1032,8 @@ static bool add_choice(cJSON *choices, const struct openai_ctx *c, const struct 
     return ok;
 }
 
-char *openai_render_final_n(const struct openai_ctx *c, const struct openai_request *r, const struct openai_choice *x,
-                            int n) {
+char *openai_render_final(const struct openai_ctx *c, const struct openai_request *r, const struct openai_choice *x,
+                          int n) {
     bool ok = true;
     if (r->api == OPENAI_API_NATIVE) {
         cJSON *o = native_object(c, r, x->text, x->n_text, x->tokens, x->n_tokens, x->res, &ok);
@@ -1052,24 +1052,17 @@ char *openai_render_final_n(const struct openai_ctx *c, const struct openai_requ
     for (int i = 0; ok && i < n; i++) ok = add_choice(choices, c, r, i, &x[i]);
     add_envelope(o, c, r, r->api == OPENAI_API_CHAT ? "chat.completion" : "text_completion");
     /* usage counts every choice's tokens (the prompt once); the timings are the first's */
-    struct task_result sum = *x[0].res;
-    for (int i = 1; i < n; i++) sum.predicted_n += x[i].res->predicted_n;
-    cJSON *u = usage_json(&sum), *t = openai_timings(x[0].res);
+    long n_completion = 0;
+    for (int i = 0; i < n; i++) n_completion += x[i].res->predicted_n;
+    cJSON *u = usage_json(x[0].res, n_completion), *t = openai_timings(x[0].res);
     if (u) cJSON_AddItemToObject(o, "usage", u);
     if (t) cJSON_AddItemToObject(o, "timings", t);
     return print_free(o, ok && u && t);
 }
 
-char *openai_render_final(const struct openai_ctx *c, const struct openai_request *r, const char *text,
-                          size_t n_text, const int32_t *tokens, size_t n_tokens, const struct token_probs *tp,
-                          const struct task_result *res) {
-    const struct openai_choice x = {text, n_text, tokens, n_tokens, tp, res};
-    return openai_render_final_n(c, r, &x, 1);
-}
-
-/* A chat stream chunk of one choice with a null finish_reason: its delta object, to be filled
+/* A chat stream chunk of choice index with a null finish_reason: its delta object, to be filled
  * (NULL when out of memory; *o is then freed or NULL). */
-static cJSON *chat_chunk_delta(cJSON **o) {
+static cJSON *chat_chunk_delta(cJSON **o, int index) {
     *o = cJSON_CreateObject();
     if (!*o) return NULL;
     cJSON *choices = cJSON_AddArrayToObject(*o, "choices");
@@ -1077,7 +1070,7 @@ static cJSON *chat_chunk_delta(cJSON **o) {
     cJSON *d = NULL;
     if (choices && ch && cJSON_AddItemToArray(choices, ch)) {
         cJSON_AddNullToObject(ch, "finish_reason");
-        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON_AddNumberToObject(ch, "index", index);
         d = cJSON_AddObjectToObject(ch, "delta");
     } else {
         cJSON_Delete(ch);
@@ -1086,9 +1079,9 @@ static cJSON *chat_chunk_delta(cJSON **o) {
     return d;
 }
 
-char *openai_render_chunk_tool_calls(const struct openai_ctx *c, const struct openai_request *r,
+char *openai_render_chunk_tool_calls(const struct openai_ctx *c, const struct openai_request *r, int index,
                                      const struct tool_calls_out *calls) {
-    cJSON *o, *d = chat_chunk_delta(&o);
+    cJSON *o, *d = chat_chunk_delta(&o, index);
     if (!d) return NULL;
     cJSON *tc = tools_calls_json(calls, r->id, true);
     const bool ok = tc && cJSON_AddItemToObject(d, "tool_calls", tc);
@@ -1097,8 +1090,8 @@ char *openai_render_chunk_tool_calls(const struct openai_ctx *c, const struct op
     return print_free(o, ok);
 }
 
-char *openai_render_chunk_role(const struct openai_ctx *c, const struct openai_request *r) {
-    cJSON *o, *d = chat_chunk_delta(&o);
+char *openai_render_chunk_role(const struct openai_ctx *c, const struct openai_request *r, int index) {
+    cJSON *o, *d = chat_chunk_delta(&o, index);
     if (!d) return NULL;
     const bool ok = cJSON_AddStringToObject(d, "role", "assistant") && cJSON_AddNullToObject(d, "content");
     add_envelope(o, c, r, "chat.completion.chunk");
@@ -1114,7 +1107,7 @@ static bool add_timings_so_far(cJSON *o, const struct openai_request *r, const s
     return t != NULL;
 }
 
-char *openai_render_chunk(const struct openai_ctx *c, const struct openai_request *r, const char *text,
+char *openai_render_chunk(const struct openai_ctx *c, const struct openai_request *r, int index, const char *text,
                           size_t len, int32_t id, int id_slot, int n_predicted, const struct task_result *now,
                           const struct token_probs *tp) {
     cJSON *o = cJSON_CreateObject();
@@ -1144,13 +1137,13 @@ char *openai_render_chunk(const struct openai_ctx *c, const struct openai_reques
     if (!ok) cJSON_Delete(ch);
     if (ok && r->api == OPENAI_API_CHAT) {
         cJSON_AddNullToObject(ch, "finish_reason");
-        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON_AddNumberToObject(ch, "index", index);
         cJSON *d = cJSON_AddObjectToObject(ch, "delta");
         ok = d && openai_add_text(d, "content", text, len);
         ok = ok && (!probs || add_choice_probs(ch, c, r, tp));
     } else if (ok) {
         ok = openai_add_text(ch, "text", text, len);
-        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON_AddNumberToObject(ch, "index", index);
         ok = (probs ? add_choice_probs(ch, c, r, tp) : cJSON_AddNullToObject(ch, "logprobs") != NULL) && ok;
         cJSON_AddNullToObject(ch, "finish_reason");
     }
@@ -1158,62 +1151,51 @@ char *openai_render_chunk(const struct openai_ctx *c, const struct openai_reques
     return print_free(o, add_timings_so_far(o, r, now) && ok);
 }
 
-bool openai_render_stream_end(const struct openai_ctx *c, const struct openai_request *r,
-                              const struct task_result *res, char **out, int *n) {
-    *n = 0;
-    if (r->api == OPENAI_API_NATIVE) {
-        /* the full native object with empty content and no tokens (server-api.md §5) */
-        bool ok = true;
-        cJSON *o = native_object(c, r, "", 0, NULL, 0, res, &ok);
-        if (!(out[0] = print_free(o, ok))) return false;
-        *n = 1;
-        return true;
-    }
+char *openai_render_chunk_end(const struct openai_ctx *c, const struct openai_request *r, int index,
+                              const struct task_result *res, bool tools_called) {
+    bool ok = true;
+    if (r->api == OPENAI_API_NATIVE) /* the full native object with empty content and no tokens (server-api.md §5) */
+        return print_free(native_object(c, r, "", 0, NULL, 0, res, &ok), ok);
     const bool chat = r->api == OPENAI_API_CHAT;
-    const char *object = chat ? "chat.completion.chunk" : "text_completion";
     cJSON *o = cJSON_CreateObject();
-    if (!o) return false;
+    if (!o) return NULL;
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
-    bool ok = choices && ch && cJSON_AddItemToArray(choices, ch);
+    ok = choices && ch && cJSON_AddItemToArray(choices, ch);
     if (!ok) cJSON_Delete(ch);
     if (ok && chat) {
-        cJSON_AddStringToObject(ch, "finish_reason", chat_finish_reason(res, r->tools_called));
-        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON_AddStringToObject(ch, "finish_reason", chat_finish_reason(res, tools_called));
+        cJSON_AddNumberToObject(ch, "index", index);
         ok = cJSON_AddObjectToObject(ch, "delta") != NULL;
     } else if (ok) {
         cJSON_AddStringToObject(ch, "text", "");
-        cJSON_AddNumberToObject(ch, "index", 0);
+        cJSON_AddNumberToObject(ch, "index", index);
         cJSON_AddNullToObject(ch, "logprobs");
         cJSON_AddStringToObject(ch, "finish_reason", finish_reason(res));
     }
-    add_envelope(o, c, r, object);
+    add_envelope(o, c, r, chat ? "chat.completion.chunk" : "text_completion");
     /* with stream_options.include_usage the usage comes in a chunk of its own with no choices
      * (OpenAI's shape), to which the timings then move; without it, chat has none and
      * completions keep it in the last chunk, as llama.cpp always does */
-    const bool usage_chunk = r->include_usage;
-    if (!chat && !usage_chunk) {
-        cJSON *u = usage_json(res);
-        ok = ok && u;
+    if (!r->include_usage) {
+        cJSON *u = chat ? NULL : usage_json(res, res->predicted_n), *t = openai_timings(res);
+        ok = ok && (chat || u) && t;
         if (u) cJSON_AddItemToObject(o, "usage", u);
-    }
-    if (!usage_chunk) {
-        cJSON *t = openai_timings(res);
-        ok = ok && t;
         if (t) cJSON_AddItemToObject(o, "timings", t);
     }
-    if (!(out[0] = print_free(o, ok))) return false;
-    *n = 1;
-    if (usage_chunk) {
-        cJSON *o2 = cJSON_CreateObject();
-        if (!o2) { free(out[0]); *n = 0; return false; }
-        bool ok2 = cJSON_AddArrayToObject(o2, "choices") != NULL;
-        add_envelope(o2, c, r, object);
-        cJSON *u = usage_json(res), *t = openai_timings(res);
-        if (u) cJSON_AddItemToObject(o2, "usage", u);
-        if (t) cJSON_AddItemToObject(o2, "timings", t);
-        if (!(out[1] = print_free(o2, ok2 && u && t))) { free(out[0]); *n = 0; return false; }
-        *n = 2;
-    }
-    return true;
+    return print_free(o, ok);
+}
+
+char *openai_render_chunk_usage(const struct openai_ctx *c, const struct openai_request *r,
+                                const struct task_result *const *res, int n) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    bool ok = cJSON_AddArrayToObject(o, "choices") != NULL;
+    add_envelope(o, c, r, r->api == OPENAI_API_CHAT ? "chat.completion.chunk" : "text_completion");
+    long n_completion = 0;
+    for (int i = 0; i < n; i++) n_completion += res[i]->predicted_n;
+    cJSON *u = usage_json(res[0], n_completion), *t = openai_timings(res[0]);
+    if (u) cJSON_AddItemToObject(o, "usage", u);
+    if (t) cJSON_AddItemToObject(o, "timings", t);
+    return print_free(o, ok && u && t);
 }

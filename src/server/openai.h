@@ -68,7 +68,6 @@ struct openai_request {
     char id[48];                 /* chatcmpl-<32 alnum> */
     long created;                /* unix seconds */
     struct tool_set tools;       /* chat: the request's tools (tools.active: parse the answer) */
-    bool tools_called;           /* streaming: the answer had tool calls (set by the stream) */
     int n_choices;               /* OpenAI's `n` (n_cmpl): independent answers, each its own task */
 };
 void openai_request_free(struct openai_request *r);
@@ -106,16 +105,10 @@ struct token_probs {
     size_t n;
 };
 
-/* The final, non-streamed answer to r: text[0..n_text) generated, tokens[0..n_tokens) their
- * ids (native return_tokens), tp their log-probabilities (NULL: not asked for). A malloc'ed
- * JSON string, NULL when out of memory. */
-char *openai_render_final(const struct openai_ctx *c, const struct openai_request *r, const char *text,
-                          size_t n_text, const int32_t *tokens, size_t n_tokens, const struct token_probs *tp,
-                          const struct task_result *res);
-
-/* The final answer with n > 1 choices (OpenAI's `n`): choice i generated x[i]; usage counts
- * the tokens of all of them (the prompt once), the timings are choice 0's. The native shape has
- * one choice. */
+/* The final, non-streamed answer to r: choice i generated x[i] (text, the tokens' ids for the
+ * native return_tokens, tp their log-probabilities, NULL: not asked for); usage counts the
+ * tokens of all n choices (the prompt once), the timings are choice 0's. The native shape
+ * has one choice. A malloc'ed JSON string, NULL when out of memory. */
 struct openai_choice {
     const char *text;
     size_t n_text;
@@ -124,25 +117,33 @@ struct openai_choice {
     const struct token_probs *tp;
     const struct task_result *res;
 };
-char *openai_render_final_n(const struct openai_ctx *c, const struct openai_request *r, const struct openai_choice *x,
-                            int n);
+char *openai_render_final(const struct openai_ctx *c, const struct openai_request *r, const struct openai_choice *x,
+                          int n);
 
-/* One stream event for text released at token id (n_predicted tokens so far, id_slot for
- * the native shape; now: the numbers so far, written as `timings` when the request asked for
- * timings_per_token, may be NULL; tp: the log-probabilities of the tokens it releases, NULL or
- * empty when none): the payload after "data: ", malloc'ed; NULL when out of memory. */
-char *openai_render_chunk(const struct openai_ctx *c, const struct openai_request *r, const char *text,
+/* Stream events, each the payload after "data: ", malloc'ed (NULL when out of memory). The
+ * OpenAI shapes carry one choice each, of index `index` (n > 1: the choices' chunks
+ * interleave as their tokens arrive); the native shape has only index 0. */
+/* Text released at token id (n_predicted tokens so far, id_slot for the native shape; now:
+ * the numbers so far, written as `timings` when the request asked for timings_per_token, may
+ * be NULL; tp: the log-probabilities of the tokens it releases, NULL or empty when none). */
+char *openai_render_chunk(const struct openai_ctx *c, const struct openai_request *r, int index, const char *text,
                           size_t len, int32_t id, int id_slot, int n_predicted, const struct task_result *now,
                           const struct token_probs *tp);
-/* A chat stream's chunk carrying an answer's tool calls (delta.tool_calls). */
-char *openai_render_chunk_tool_calls(const struct openai_ctx *c, const struct openai_request *r,
+/* A chat choice's tool calls (delta.tool_calls). */
+char *openai_render_chunk_tool_calls(const struct openai_ctx *c, const struct openai_request *r, int index,
                                      const struct tool_calls_out *calls);
-/* The chat stream's first chunk: the assistant role with null content. */
-char *openai_render_chunk_role(const struct openai_ctx *c, const struct openai_request *r);
-/* The stream's closing events (payloads after "data: "), written into out[0..*n) (at most 2),
- * each malloc'ed. Returns false when out of memory (then nothing is allocated). */
-bool openai_render_stream_end(const struct openai_ctx *c, const struct openai_request *r,
-                              const struct task_result *res, char **out, int *n);
+/* A chat choice's first chunk: the assistant role with null content. */
+char *openai_render_chunk_role(const struct openai_ctx *c, const struct openai_request *r, int index);
+/* A choice's last chunk, with its finish_reason (tools_called: a chat answer that called
+ * tools). Without stream_options.include_usage it carries res's timings, and on
+ * /v1/completions res's usage too (as llama.cpp does); native: the full answer object with
+ * empty content. */
+char *openai_render_chunk_end(const struct openai_ctx *c, const struct openai_request *r, int index,
+                              const struct task_result *res, bool tools_called);
+/* With stream_options.include_usage, after every choice's last chunk: the usage of all the
+ * choices res[0..n) (the prompt once) and the first one's timings, with no choices. */
+char *openai_render_chunk_usage(const struct openai_ctx *c, const struct openai_request *r,
+                                const struct task_result *const *res, int n);
 
 /* llama.cpp's "timings" object (server-api.md §4.1). */
 cJSON *openai_timings(const struct task_result *res);

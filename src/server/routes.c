@@ -404,17 +404,18 @@ static void note_result(char *note, size_t size, const struct task *t, const str
              res->prompt_ms, res->predicted_ms, stop_type_name(res->stop_type), res->cancelled ? " cancelled" : "");
 }
 
-/* A streamed answer in progress: owns its request copy, its task reference and a buffer of
- * formatted SSE bytes not yet handed to MHD. */
-struct stream {
-    struct routes *r;
-    struct MHD_Connection *conn;
-    struct openai_request req;
+/* The HTTP error of a task that failed (its result's status and message) into e. */
+static int task_error(const struct task_result *res, struct openai_error *e) {
+    const char *type = res->status == 503 ? "unavailable_error" : res->status < 500 ? "invalid_request_error" : "server_error";
+    return openai_error_set(e, res->status, type, "%s", res->message);
+}
+
+/* One answer of a streamed request (OpenAI's n: several, each its own task): what its channel
+ * handed over and what it holds back. */
+struct stream_choice {
     struct task *t;
     struct task_chunk chunk;
-    char *out;
-    size_t n_out, off, cap;
-    bool ended, role_sent, failed;
+    bool role_sent, ended, tools_called;
     /* a chat with tools: the whole answer so far, of which [0, n_said) went out as content;
      * the rest waits for the end, when it is either tool calls or more content */
     char *said;
@@ -424,6 +425,21 @@ struct stream {
     struct spec_token_prob *pend;
     size_t n_pend, cap_pend_ids, cap_pend;
     int n_predicted;
+};
+
+/* A streamed answer in progress: owns its request copy, its choices' task references and a
+ * buffer of formatted SSE bytes not yet handed to MHD. The choices' events interleave as
+ * their tokens arrive; the stream ends when every choice has, or at the first error. */
+struct stream {
+    struct routes *r;
+    struct MHD_Connection *conn;
+    struct openai_request req;
+    struct task_bell bell;       /* rung by every choice's task: one wait for all of them */
+    int n_choices, n_ended;
+    struct stream_choice choice[OPENAI_MAX_CHOICES];
+    char *out;
+    size_t n_out, off, cap;
+    bool ended, failed;
     int64_t t_last_event_us;
     /* for the log line, written when MHD is done with the stream */
     long log_id;
@@ -446,83 +462,102 @@ static bool stream_event(struct stream *s, char *payload) {
     return ok;
 }
 
-/* Format what the channel holds into SSE events. Returns false when out of memory. */
-static bool stream_format(struct stream *s) {
-    const struct openai_ctx *c = &s->r->oc;
-    struct task_chunk *k = &s->chunk;
+static void stream_cancel(struct stream *s) {
+    for (int i = 0; i < s->n_choices; i++) task_cancel(s->choice[i].t);
+}
+
+/* The end of the stream once every choice has ended: the usage of all of them (when asked
+ * for) and [DONE]. */
+static bool stream_close(struct stream *s) {
+    s->ended = true;
+    if (s->req.api == OPENAI_API_NATIVE) return true;
     bool ok = true;
-    if (s->req.api == OPENAI_API_CHAT && !s->role_sent && (k->n_pieces || (k->done && !k->result.status))) {
-        ok = stream_event(s, openai_render_chunk_role(c, &s->req));
-        s->role_sent = true;
+    if (s->req.include_usage) {
+        const struct task_result *res[OPENAI_MAX_CHOICES];
+        for (int i = 0; i < s->n_choices; i++) res[i] = &s->choice[i].chunk.result;
+        ok = stream_event(s, openai_render_chunk_usage(&s->r->oc, &s->req, res, s->n_choices));
+    }
+    return ok && stream_put(s, "data: [DONE]\n\n", 14);
+}
+
+/* Format what choice i's channel holds into SSE events. Returns false when out of memory. */
+static bool stream_format(struct stream *s, int i) {
+    const struct openai_ctx *c = &s->r->oc;
+    struct stream_choice *ch = &s->choice[i];
+    struct task_chunk *k = &ch->chunk;
+    bool ok = true;
+    if (s->req.api == OPENAI_API_CHAT && !ch->role_sent && (k->n_pieces || (k->done && !k->result.status))) {
+        ok = stream_event(s, openai_render_chunk_role(c, &s->req, i));
+        ch->role_sent = true;
     }
     const bool tools = s->req.api == OPENAI_API_CHAT && s->req.tools.active;
-    for (size_t i = 0; i < k->n_pieces && ok; i++) {
-        const struct task_piece *p = &k->pieces[i];
-        if (p->id >= 0) s->n_predicted++;
+    for (size_t j = 0; j < k->n_pieces && ok; j++) {
+        const struct task_piece *p = &k->pieces[j];
+        if (p->id >= 0) ch->n_predicted++;
         if (p->prob >= 0) { /* travels with the next text that goes out */
-            if (!coti_grow(&s->pend_ids, &s->cap_pend_ids, s->n_pend + 1, sizeof *s->pend_ids, 16) ||
-                !coti_grow(&s->pend, &s->cap_pend, s->n_pend + 1, sizeof *s->pend, 16)) { ok = false; break; }
-            s->pend_ids[s->n_pend] = p->id;
-            s->pend[s->n_pend++] = k->probs[p->prob];
+            if (!coti_grow(&ch->pend_ids, &ch->cap_pend_ids, ch->n_pend + 1, sizeof *ch->pend_ids, 16) ||
+                !coti_grow(&ch->pend, &ch->cap_pend, ch->n_pend + 1, sizeof *ch->pend, 16)) { ok = false; break; }
+            ch->pend_ids[ch->n_pend] = p->id;
+            ch->pend[ch->n_pend++] = k->probs[p->prob];
         }
-        const struct token_probs tp = {s->pend_ids, s->pend, s->n_pend};
+        const struct token_probs tp = {ch->pend_ids, ch->pend, ch->n_pend};
         /* OpenAI chunks carry text; a token whose text is held back (or empty) makes none */
         if (s->req.api != OPENAI_API_NATIVE && p->len == 0) continue;
         if (tools) {
             /* content goes out up to where a tool call may begin */
-            if (!coti_grow(&s->said, &s->cap_said, s->n_said_text + p->len + 1, 1, 1024)) { ok = false; break; }
-            memcpy(s->said + s->n_said_text, k->text + p->off, p->len);
-            s->n_said_text += p->len;
-            size_t upto = tools_content_end(s->said, s->n_said_text);
-            if (upto > s->n_said) {
-                ok = stream_event(s, openai_render_chunk(c, &s->req, s->said + s->n_said, upto - s->n_said, p->id, k->id_slot,
-                                                         s->n_predicted, &k->progress, &tp));
-                s->n_said = upto;
-                s->n_pend = 0;
+            if (!coti_grow(&ch->said, &ch->cap_said, ch->n_said_text + p->len + 1, 1, 1024)) { ok = false; break; }
+            memcpy(ch->said + ch->n_said_text, k->text + p->off, p->len);
+            ch->n_said_text += p->len;
+            size_t upto = tools_content_end(ch->said, ch->n_said_text);
+            if (upto > ch->n_said) {
+                ok = stream_event(s, openai_render_chunk(c, &s->req, i, ch->said + ch->n_said, upto - ch->n_said, p->id, k->id_slot,
+                                                         ch->n_predicted, &k->progress, &tp));
+                ch->n_said = upto;
+                ch->n_pend = 0;
             }
             continue;
         }
-        ok = stream_event(s, openai_render_chunk(c, &s->req, k->text + p->off, p->len, p->id, k->id_slot, s->n_predicted,
+        ok = stream_event(s, openai_render_chunk(c, &s->req, i, k->text + p->off, p->len, p->id, k->id_slot, ch->n_predicted,
                                                  &k->progress, &tp));
-        s->n_pend = 0;
+        ch->n_pend = 0;
     }
     task_chunk_clear(k);
     if (ok && k->done && tools && !k->result.status) {
         /* the held-back rest: the answer's tool calls, or content after all */
         struct tool_calls_out calls;
-        const bool parsed = tools_parse_output(s->said ? s->said : "", s->n_said_text, &calls);
+        const bool parsed = tools_parse_output(ch->said ? ch->said : "", ch->n_said_text, &calls);
         ok = parsed;
-        if (ok && calls.n) ok = stream_event(s, openai_render_chunk_tool_calls(c, &s->req, &calls));
-        else if (ok && s->n_said_text > s->n_said)
-            ok = stream_event(s, openai_render_chunk(c, &s->req, s->said + s->n_said, s->n_said_text - s->n_said, -1,
-                                                     k->id_slot, s->n_predicted, &k->progress,
-                                                     &(struct token_probs){s->pend_ids, s->pend, s->n_pend}));
-        if (ok && !calls.n) s->n_pend = 0;
-        s->req.tools_called = parsed && calls.n > 0;
+        if (ok && calls.n) ok = stream_event(s, openai_render_chunk_tool_calls(c, &s->req, i, &calls));
+        else if (ok && ch->n_said_text > ch->n_said)
+            ok = stream_event(s, openai_render_chunk(c, &s->req, i, ch->said + ch->n_said, ch->n_said_text - ch->n_said, -1,
+                                                     k->id_slot, ch->n_predicted, &k->progress,
+                                                     &(struct token_probs){ch->pend_ids, ch->pend, ch->n_pend}));
+        if (ok && !calls.n) ch->n_pend = 0;
+        ch->tools_called = parsed && calls.n > 0;
         if (parsed) tool_calls_out_free(&calls);
     }
-    if (ok && k->done && !k->result.status && s->n_pend && s->req.api != OPENAI_API_NATIVE) {
+    if (ok && k->done && !k->result.status && ch->n_pend && s->req.api != OPENAI_API_NATIVE) {
         /* tokens whose text never went out (held back at a stop, an end-of-generation token):
          * their log-probabilities in a chunk without text */
-        ok = stream_event(s, openai_render_chunk(c, &s->req, "", 0, -1, k->id_slot, s->n_predicted, &k->progress,
-                                                 &(struct token_probs){s->pend_ids, s->pend, s->n_pend}));
-        s->n_pend = 0;
+        ok = stream_event(s, openai_render_chunk(c, &s->req, i, "", 0, -1, k->id_slot, ch->n_predicted, &k->progress,
+                                                 &(struct token_probs){ch->pend_ids, ch->pend, ch->n_pend}));
+        ch->n_pend = 0;
     }
     if (ok && k->done) {
+        ch->ended = true;
+        s->n_ended++;
         if (k->result.status) {
-            /* an error after the stream began: one error event, and the stream ends */
+            /* an error after the stream began: one error event, and the stream ends (the
+             * other choices with it) */
             struct openai_error e;
-            openai_error_set(&e, k->result.status, k->result.status == 503 ? "unavailable_error" : "server_error", "%s",
-                             k->result.message);
+            task_error(&k->result, &e);
             ok = stream_event(s, openai_error_render(&e));
+            stream_cancel(s);
+            s->ended = true;
         } else {
-            char *ev[2];
-            int n = 0;
-            ok = openai_render_stream_end(c, &s->req, &k->result, ev, &n);
-            for (int i = 0; i < n; i++) ok = stream_event(s, ev[i]) && ok;
-            if (ok && s->req.api != OPENAI_API_NATIVE) ok = stream_put(s, "data: [DONE]\n\n", 14);
+            ok = stream_event(s, openai_render_chunk_end(c, &s->req, i, &k->result, ch->tools_called));
+            if (ok && s->n_ended == s->n_choices) ok = stream_close(s);
         }
-        s->ended = true;
     }
     return ok;
 }
@@ -539,20 +574,25 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         s->off = s->n_out = 0;
         if (s->ended) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (s->chunk.n_pieces || s->chunk.done) {
-            if (!stream_format(s)) {
+        /* counted before the takes: news that comes after them rings past `seen` */
+        const unsigned long seen = task_bell_rings(&s->bell);
+        for (int i = 0; i < s->n_choices && !s->ended; i++) {
+            struct stream_choice *ch = &s->choice[i];
+            if (ch->ended) continue;
+            task_take(ch->t, 0, &ch->chunk);
+            if ((ch->chunk.n_pieces || ch->chunk.done) && !stream_format(s, i)) {
                 s->failed = true;
-                task_cancel(s->t);
+                stream_cancel(s);
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             }
-            continue;
         }
-        bool news = task_take(s->t, HTTP_POLL_MS, &s->chunk);
+        if (s->n_out || s->ended) continue;
+        bool news = task_bell_wait(&s->bell, seen, HTTP_POLL_MS);
         int64_t now = coti_time_us();
         if (!news || now - t_check > HTTP_POLL_MS * 1000) {
             t_check = now;
             if (http_client_gone(s->conn)) {
-                task_cancel(s->t);
+                stream_cancel(s);
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             }
         }
@@ -565,18 +605,26 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) {
     struct stream *s = cls;
-    /* the task may still run (client gone): stop it; a no-op when it has finished */
-    task_cancel(s->t);
+    /* the tasks may still run (client gone): stop them; a no-op for those that have finished */
+    stream_cancel(s);
+    const struct stream_choice *first = &s->choice[0];
     char note[384];
-    if (s->chunk.done && !s->chunk.result.status) note_result(note, sizeof note, s->t, &s->chunk.result);
-    else if (s->chunk.done) snprintf(note, sizeof note, "task=%ld stream error=%d", task_id(s->t), s->chunk.result.status);
-    else snprintf(note, sizeof note, "task=%ld stream gen=%d", task_id(s->t), s->n_predicted);
+    if (first->chunk.done && !first->chunk.result.status) note_result(note, sizeof note, first->t, &first->chunk.result);
+    else if (first->chunk.done)
+        snprintf(note, sizeof note, "task=%ld stream error=%d", task_id(first->t), first->chunk.result.status);
+    else snprintf(note, sizeof note, "task=%ld stream gen=%d", task_id(first->t), first->n_predicted);
+    if (s->n_choices > 1) snprintf(note + strlen(note), sizeof note - strlen(note), " choices=%d", s->n_choices);
     http_log_request(s->log_id, s->method, s->url, 200, s->t_start_us, note, !s->ended || s->failed);
-    task_unref(s->t);
-    task_chunk_free(&s->chunk);
-    free(s->said);
-    free(s->pend_ids);
-    free(s->pend);
+    for (int i = 0; i < s->n_choices; i++) {
+        struct stream_choice *ch = &s->choice[i];
+        task_set_bell(ch->t, NULL); /* the task may outlive the stream and its bell */
+        task_unref(ch->t);
+        task_chunk_free(&ch->chunk);
+        free(ch->said);
+        free(ch->pend_ids);
+        free(ch->pend);
+    }
+    task_bell_destroy(&s->bell);
     openai_request_free(&s->req);
     free(s->out);
     free(s);
@@ -613,137 +661,108 @@ static bool chunk_ids(const struct task_chunk *chunk, int32_t **ids, size_t *n_i
     return *ids && *prob_ids;
 }
 
-/* OpenAI's n > 1 (not streamed): n tasks, the others queued after the first so that they take
- * its prompt from the memory; each its own seed (the request's + its index). */
-static enum MHD_Result route_generate_n(struct routes *r, struct http_exchange *x, struct openai_request *req) {
-    const int n = req->n_choices;
-    struct task *t[OPENAI_MAX_CHOICES] = {0};
-    struct task_chunk chunk[OPENAI_MAX_CHOICES] = {0};
-    struct openai_error e = {0};
-    int status = 0;
-    for (int i = 0; i < n && !status; i++) {
+/* The request's tasks into t[0..n_choices), submitted: one per choice (OpenAI's n), those
+ * after the first queued behind it so that they take its prompt from the memory, each with
+ * its own seed (the request's + its index). Returns 0, or 500 / 503 (the tasks made so far
+ * are in t, to cancel and unref). */
+static int submit_choices(struct routes *r, const struct openai_request *req, struct task **t) {
+    for (int i = 0; i < req->n_choices; i++) {
         struct gen_params g = req->g;
         g.sp.seed = req->g.sp.seed + (uint64_t)i;
-        if (!(t[i] = task_new(req->prompt, req->n_prompt, &g))) status = 500;
-        else if (i) task_after(t[i], t[0]);
+        if (!(t[i] = task_new(req->prompt, req->n_prompt, &g))) return 500;
+        if (i) task_after(t[i], t[0]);
     }
-    int submitted = 0;
-    for (; !status && submitted < n; submitted++)
-        if (slots_submit(r->slots, t[submitted])) status = 503;
-    bool gone = false;
-    for (int i = 0; i < submitted && !status && !gone; i++) gone = !wait_task(t[i], x->conn, &chunk[i], false);
-    for (int i = 0; !status && !gone && i < n; i++)
-        if (chunk[i].result.status) {
-            status = chunk[i].result.status;
-            openai_error_set(&e, status, status == 503 ? "unavailable_error" : status < 500 ? "invalid_request_error" : "server_error",
-                             "%s", chunk[i].result.message);
-        }
-    char *json = NULL;
+    for (int i = 0; i < req->n_choices; i++)
+        if (slots_submit(r->slots, t[i])) return 503;
+    return 0;
+}
+
+/* A stream that takes over the request, its tasks and what their channels gave so far; NULL
+ * when out of memory (then nothing is taken). */
+static struct stream *stream_new(struct routes *r, struct http_exchange *x, const struct openai_request *req, struct task **t,
+                                 const struct task_chunk *chunk) {
+    struct stream *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->r = r;
+    s->conn = x->conn;
+    s->req = *req;
+    task_bell_init(&s->bell);
+    s->n_choices = req->n_choices;
+    for (int i = 0; i < s->n_choices; i++) {
+        s->choice[i].t = t[i];
+        s->choice[i].chunk = chunk[i];
+        task_set_bell(t[i], &s->bell);
+    }
+    s->t_last_event_us = coti_time_us();
+    s->log_id = x->id;
+    snprintf(s->method, sizeof s->method, "%s", x->method);
+    snprintf(s->url, sizeof s->url, "%s", x->url);
+    s->t_start_us = x->t_start_us;
+    return s;
+}
+
+/* The final, non-streamed answer of the finished choices (NULL when out of memory). */
+static char *render_final(struct routes *r, const struct openai_request *req, const struct task_chunk *chunk) {
+    const int n = req->n_choices;
     int32_t *ids[OPENAI_MAX_CHOICES] = {0}, *prob_ids[OPENAI_MAX_CHOICES] = {0};
     struct token_probs tp[OPENAI_MAX_CHOICES];
     struct openai_choice ch[OPENAI_MAX_CHOICES];
-    bool ok = !status && !gone;
+    bool ok = true;
     for (int i = 0; ok && i < n; i++) {
+        /* the ids of the generated tokens (native return_tokens), and those with
+         * log-probabilities: pieces carry them in order, probs[j] is the j-th such piece's */
         size_t n_ids, n_prob;
         ok = chunk_ids(&chunk[i], &ids[i], &n_ids, &prob_ids[i], &n_prob);
         tp[i] = (struct token_probs){prob_ids[i], chunk[i].probs, COTI_MIN(n_prob, chunk[i].n_probs)};
         ch[i] = (struct openai_choice){chunk[i].text ? chunk[i].text : "", chunk[i].n_text, ids[i], n_ids, &tp[i], &chunk[i].result};
     }
-    if (ok) json = openai_render_final_n(&r->oc, req, ch, n);
-    if (!status && !gone) note_result(x->note, sizeof x->note, t[0], &chunk[0].result);
+    char *json = ok ? openai_render_final(&r->oc, req, ch, n) : NULL;
+    for (int i = 0; i < n; i++) {
+        free(ids[i]);
+        free(prob_ids[i]);
+    }
+    return json;
+}
+
+static enum MHD_Result route_generate(struct routes *r, struct http_exchange *x, enum openai_api api) {
+    struct openai_error e = {0};
+    cJSON *b = parse_body(r, x, &e);
+    if (!b) return http_send_error(x, &e);
+    struct openai_request req;
+    int status = openai_parse_request(&r->oc, api, b, &req, &e);
+    cJSON_Delete(b);
+    if (status) return http_send_error(x, &e);
+    const int n = req.n_choices;
+    struct task *t[OPENAI_MAX_CHOICES] = {0};
+    struct task_chunk chunk[OPENAI_MAX_CHOICES] = {0};
+    status = submit_choices(r, &req, t);
+    /* a stream's headers go out once the first choice's prompt is processed, so an early
+     * failure is a plain error; the other choices follow it, and fail in the stream */
+    bool gone = false;
+    for (int i = 0; !status && !gone && i < (req.stream ? 1 : n); i++) gone = !wait_task(t[i], x->conn, &chunk[i], req.stream);
+    for (int i = 0; !status && !gone && i < n; i++)
+        if (chunk[i].done && chunk[i].result.status) status = task_error(&chunk[i].result, &e);
+    if (!status && !gone && req.stream) {
+        struct stream *s = stream_new(r, x, &req, t, chunk);
+        if (s) return http_send_stream(x, stream_read, s, stream_free);
+        status = 500;
+    }
+    char *json = NULL;
+    if (!status && !gone) {
+        json = render_final(r, &req, chunk);
+        note_result(x->note, sizeof x->note, t[0], &chunk[0].result);
+    }
+    if (gone) snprintf(x->note, sizeof x->note, "task=%ld cancelled: client gone", task_id(t[0]));
     for (int i = 0; i < n; i++) {
         if (t[i] && (gone || status)) task_cancel(t[i]);
         task_unref(t[i]);
         task_chunk_free(&chunk[i]);
-        free(ids[i]);
-        free(prob_ids[i]);
     }
-    openai_request_free(req);
-    if (gone) {
-        snprintf(x->note, sizeof x->note, "cancelled: client gone");
-        return MHD_NO;
-    }
+    openai_request_free(&req);
+    if (gone) return MHD_NO;
     if (status == 500 && !e.message[0]) openai_error_set(&e, 500, "server_error", "out of memory");
     if (status == 503 && !e.message[0]) openai_error_set(&e, 503, "unavailable_error", "the server is busy or shutting down, retry later");
     if (status) return http_send_error(x, &e);
-    return http_send_json(x, 200, json);
-}
-
-static enum MHD_Result route_generate(struct routes *r, struct http_exchange *x, enum openai_api api) {
-    struct openai_error e;
-    cJSON *b = parse_body(r, x, &e);
-    if (!b) return http_send_error(x, &e);
-    struct openai_request req;
-    int rc = openai_parse_request(&r->oc, api, b, &req, &e);
-    cJSON_Delete(b);
-    if (rc) return http_send_error(x, &e);
-    if (req.n_choices > 1) return route_generate_n(r, x, &req);
-    struct task *t = task_new(req.prompt, req.n_prompt, &req.g);
-    if (!t) {
-        openai_request_free(&req);
-        openai_error_set(&e, 500, "server_error", "out of memory");
-        return http_send_error(x, &e);
-    }
-    if (slots_submit(r->slots, t)) {
-        task_unref(t);
-        openai_request_free(&req);
-        openai_error_set(&e, 503, "unavailable_error", "the server is busy or shutting down, retry later");
-        return http_send_error(x, &e);
-    }
-    struct task_chunk chunk = {0};
-    /* headers go out once the prompt is processed, so an early failure is a plain error */
-    if (!wait_task(t, x->conn, &chunk, req.stream)) {
-        snprintf(x->note, sizeof x->note, "task=%ld cancelled: client gone", task_id(t));
-        task_unref(t);
-        task_chunk_free(&chunk);
-        openai_request_free(&req);
-        return MHD_NO;
-    }
-    if (chunk.done && chunk.result.status) {
-        openai_error_set(&e, chunk.result.status,
-                         chunk.result.status == 503 ? "unavailable_error" : chunk.result.status < 500 ? "invalid_request_error" : "server_error",
-                         "%s", chunk.result.message);
-        task_unref(t);
-        task_chunk_free(&chunk);
-        openai_request_free(&req);
-        return http_send_error(x, &e);
-    }
-    if (req.stream) {
-        struct stream *s = calloc(1, sizeof *s);
-        if (!s) {
-            task_cancel(t);
-            task_unref(t);
-            task_chunk_free(&chunk);
-            openai_request_free(&req);
-            return http_send_json(x, 500, NULL);
-        }
-        s->r = r;
-        s->conn = x->conn;
-        s->req = req;
-        s->t = t;
-        s->chunk = chunk;
-        s->t_last_event_us = coti_time_us();
-        s->log_id = x->id;
-        snprintf(s->method, sizeof s->method, "%s", x->method);
-        snprintf(s->url, sizeof s->url, "%s", x->url);
-        s->t_start_us = x->t_start_us;
-        return http_send_stream(x, stream_read, s, stream_free);
-    }
-    /* the ids of the generated tokens (native return_tokens), and those with log-probabilities:
-     * pieces carry them in order, probs[j] is the j-th such piece's */
-    int32_t *ids, *prob_ids;
-    size_t n_ids, n_prob;
-    const bool have = chunk_ids(&chunk, &ids, &n_ids, &prob_ids, &n_prob);
-    const struct token_probs tp = {prob_ids, chunk.probs, COTI_MIN(n_prob, chunk.n_probs)};
-    char *json = have ? openai_render_final(&r->oc, &req, chunk.text ? chunk.text : "", chunk.n_text, ids, n_ids, &tp,
-                                            &chunk.result)
-                      : NULL;
-    note_result(x->note, sizeof x->note, t, &chunk.result);
-    free(ids);
-    free(prob_ids);
-    task_unref(t);
-    task_chunk_free(&chunk);
-    openai_request_free(&req);
     return http_send_json(x, 200, json);
 }
 

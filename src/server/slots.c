@@ -2,7 +2,8 @@
  * Only the engine thread touches the model, the backend and the speculative driver. Locks:
  * slots.mu guards the queue, the slot table's task pointers and the /slots views; each
  * task.mu guards that task's channel. The engine never holds both at once, so the order
- * between them cannot deadlock. Reference for the output rules (stop strings held back while
+ * between them cannot deadlock; a task.mu may be held while taking its bell's mutex (never
+ * the other way round). Reference for the output rules (stop strings held back while
  * they may still match, incomplete UTF-8 held back, EOG never rendered): llama.cpp
  * tools/server/server-context.cpp process_token / find_stopping_strings. */
 #include "server/slots.h"
@@ -33,6 +34,7 @@ struct task {
     struct task *next;           /* queue link (guarded by slots.mu) */
     struct task *after;          /* stays queued until this one has begun (task_after) */
     atomic_bool begun;           /* its prompt processing has started */
+    struct task_bell *bell;      /* rung with cv when not NULL (guarded by mu) */
 };
 
 void gen_params_free(struct gen_params *g) {
@@ -81,6 +83,24 @@ static bool chunk_append(struct task_chunk *c, int32_t id, const char *text, siz
     return true;
 }
 
+/* Deadline timeout_ms from now on CLOCK_MONOTONIC (the clock of the condition variables). */
+static struct timespec deadline_in(int timeout_ms) {
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+    return dl;
+}
+
+static void cond_init_monotonic(pthread_cond_t *cv) {
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
 struct task *task_new(const int32_t *prompt, int n_prompt, const struct gen_params *g) {
     struct task *t = calloc(1, sizeof *t);
     if (!t) return NULL;
@@ -112,11 +132,7 @@ struct task *task_new(const int32_t *prompt, int n_prompt, const struct gen_para
     if (n_prompt > 0) memcpy(t->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
     t->n_prompt = n_prompt;
     pthread_mutex_init(&t->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&t->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    cond_init_monotonic(&t->cv);
     atomic_init(&t->refs, 1);
     atomic_init(&t->cancel, false);
     atomic_init(&t->begun, false);
@@ -152,11 +168,7 @@ long task_id(const struct task *t) { return t->id; }
 const struct gen_params *task_params(const struct task *t) { return &t->g; }
 
 bool task_take(struct task *t, int timeout_ms, struct task_chunk *c) {
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+    const struct timespec dl = deadline_in(timeout_ms);
     pthread_mutex_lock(&t->mu);
     while (t->out.n_pieces == 0 && !t->out.done && t->out.started == c->started) {
         if (pthread_cond_timedwait(&t->cv, &t->mu, &dl) == ETIMEDOUT) break;
@@ -184,6 +196,50 @@ bool task_take(struct task *t, int timeout_ms, struct task_chunk *c) {
     return news;
 }
 
+void task_bell_init(struct task_bell *b) {
+    pthread_mutex_init(&b->mu, NULL);
+    cond_init_monotonic(&b->cv);
+    b->rings = 0;
+}
+
+void task_bell_destroy(struct task_bell *b) {
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv);
+}
+
+unsigned long task_bell_rings(struct task_bell *b) {
+    pthread_mutex_lock(&b->mu);
+    unsigned long n = b->rings;
+    pthread_mutex_unlock(&b->mu);
+    return n;
+}
+
+bool task_bell_wait(struct task_bell *b, unsigned long seen, int timeout_ms) {
+    const struct timespec dl = deadline_in(timeout_ms);
+    pthread_mutex_lock(&b->mu);
+    while (b->rings == seen)
+        if (pthread_cond_timedwait(&b->cv, &b->mu, &dl) == ETIMEDOUT) break;
+    const bool rung = b->rings != seen;
+    pthread_mutex_unlock(&b->mu);
+    return rung;
+}
+
+void task_set_bell(struct task *t, struct task_bell *b) {
+    pthread_mutex_lock(&t->mu);
+    t->bell = b;
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Wake t's taker; called with t->mu held (lock order: task.mu, then bell.mu). */
+static void task_notify_locked(struct task *t) {
+    pthread_cond_broadcast(&t->cv);
+    if (!t->bell) return;
+    pthread_mutex_lock(&t->bell->mu);
+    t->bell->rings++;
+    pthread_cond_broadcast(&t->bell->cv);
+    pthread_mutex_unlock(&t->bell->mu);
+}
+
 /* Engine side of the channel. A piece is appended without waking the taker: a step emits up to
  * 1 + n_max tokens and wakes it once (task_wake), so the taker takes a step's pieces together
  * instead of a futex wake-up and a turn on the mutex per token. */
@@ -198,7 +254,7 @@ static bool task_emit(struct task *t, int32_t id, const char *text, size_t len, 
 
 static void task_wake(struct task *t) {
     pthread_mutex_lock(&t->mu);
-    pthread_cond_broadcast(&t->cv);
+    task_notify_locked(t);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -206,7 +262,7 @@ static void task_set_started(struct task *t, int id_slot) {
     pthread_mutex_lock(&t->mu);
     t->out.started = true;
     t->out.id_slot = id_slot;
-    pthread_cond_broadcast(&t->cv);
+    task_notify_locked(t);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -216,7 +272,7 @@ static void task_set_done(struct task *t, const struct task_result *r) {
     if (!t->out.started) t->out.id_slot = r->id_slot;
     t->out.started = true;
     t->out.done = true;
-    pthread_cond_broadcast(&t->cv);
+    task_notify_locked(t);
     pthread_mutex_unlock(&t->mu);
 }
 

@@ -9,6 +9,7 @@
 #ifndef COTI_SERVER_SLOTS_H
 #define COTI_SERVER_SLOTS_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -102,6 +103,22 @@ const struct gen_params *task_params(const struct task *t);
 /* Wait up to timeout_ms for output; append what arrived to c and copy the flags (and the
  * result when done). Returns true if anything new arrived or the task is done. */
 bool task_take(struct task *t, int timeout_ms, struct task_chunk *c);
+
+/* A bell rung whenever any task hung on it has news (pieces, started, done): one taker of
+ * several tasks (OpenAI's streamed n > 1) waits on it instead of on one task's channel. */
+struct task_bell {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned long rings;
+};
+void task_bell_init(struct task_bell *b);
+void task_bell_destroy(struct task_bell *b);
+unsigned long task_bell_rings(struct task_bell *b);
+/* Wait up to timeout_ms until b has rung more than `seen` times; true if it has. */
+bool task_bell_wait(struct task_bell *b, unsigned long seen, int timeout_ms);
+/* Hang t on b; NULL takes it off, after which t never touches b again (the task may outlive
+ * its taker: a cancelled task ends at the engine's next cycle). */
+void task_set_bell(struct task *t, struct task_bell *b);
 
 /* What /slots shows of a slot (a snapshot). */
 struct slot_view {

@@ -41,7 +41,7 @@ const BAD = [
   ['prompt token out of range', 'POST', '/v1/completions', '{"prompt": [1, 999999]}', 400, 'invalid_request_error', /invalid token/],
   ['several prompts', 'POST', '/v1/completions', '{"prompt": ["a", "b"]}', 400, 'invalid_request_error', /several prompts/],
   ['empty prompt', 'POST', '/v1/completions', '{"prompt": ""}', 400, 'invalid_request_error', /empty/],
-  ['n = 2 streamed', 'POST', '/v1/chat/completions', chat({ n: 2, stream: true }), 400, 'invalid_request_error', /Field 'n'/],
+  ['n = 17 streamed', 'POST', '/v1/chat/completions', chat({ n: 17, stream: true }), 400, 'invalid_request_error', /Field 'n'/],
   ['speculative.n_max too large', 'POST', '/v1/completions', '{"prompt": "a", "speculative.n_max": 99}', 400, 'invalid_request_error', /speculative\.n_max/],
   ['speculative type unknown', 'POST', '/v1/completions', '{"prompt": "a", "speculative": {"type": "magic"}}', 400, 'invalid_request_error', /Field 'type'/],
   ['speculative not an object', 'POST', '/v1/completions', '{"prompt": "a", "speculative": 3}', 400, 'invalid_request_error', /Field 'speculative'/],

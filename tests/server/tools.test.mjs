@@ -77,6 +77,33 @@ describe('tool calling', () => {
     assert.equal(text, c.choices[0].message.content);
   });
 
+  test('n = 2 streamed: each choice holds back its own call; the same calls as not streamed', async () => {
+    // a grammar makes the model write a call (a city of 2-3 letters varies with the seed)
+    const grammar = 'root ::= "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"" '
+      + '[A-Z] [a-z] [a-z]? "\\"}}\\n</tool_call>"';
+    const body = {
+      model: 'x', messages: [{ role: 'user', content: 'Weather in Paris?' }], tools: [WEATHER], max_tokens: 64,
+      temperature: 0.8, seed: 3, n: 2, grammar,
+    };
+    const whole = await postJson(withTools.base, '/v1/chat/completions', body);
+    assert.equal(whole.status, 200, whole.text);
+    assert.ok(whole.json.choices.some((c) => c.finish_reason === 'tool_calls'), whole.text);
+    const s = await withTools.client.chat.completions.create({ ...body, stream: true });
+    const got = [0, 1].map(() => ({ content: '', calls: [], finish: null }));
+    for await (const ch of s) {
+      const c = ch.choices[0];
+      const g = got[c.index];
+      g.content += c.delta?.content ?? '';
+      for (const tc of c.delta?.tool_calls ?? []) g.calls.push([tc.function.name, tc.function.arguments]);
+      if (c.finish_reason) g.finish = c.finish_reason;
+    }
+    for (const [i, w] of whole.json.choices.entries()) {
+      assert.equal(got[i].finish, w.finish_reason, `choice ${i}`);
+      assert.deepEqual(got[i].calls, (w.message.tool_calls ?? []).map((tc) => [tc.function.name, tc.function.arguments]));
+      assert.equal(got[i].content, w.message.content ?? '', 'a call goes out as tool_calls, not as content');
+    }
+  });
+
   test('tool_choice "none" leaves the tools out of the prompt', async () => {
     const r = await postJson(withTools.base, '/apply-template', {
       messages: [{ role: 'user', content: 'hi' }], tools: [WEATHER], tool_choice: 'none',
