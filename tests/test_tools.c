@@ -170,3 +170,23 @@ Test(tools, streaming_holds_back_a_possible_call) {
     cr_assert_eq(tools_content_end("Hi <tool_call>{...", 18), 3);
     cr_assert_eq(tools_content_end("a < b", 5), 5);
 }
+
+/* A call's name and arguments go out as UTF-8 whatever bytes the model wrote (invalid ones
+ * become U+FFFD, as in the rest of an answer). */
+Test(tools, call_text_goes_out_as_utf8) {
+    static const char text[] = "<tool_call>\n{\"name\": \"f\\u00e9\xff\", \"arguments\": {\"x\": \"a\xc0\x8a" "b\"}}\n</tool_call>";
+    struct tool_calls_out o;
+    cr_assert(tools_parse_output(text, sizeof text - 1, &o));
+    cr_assert_eq(o.n, 1);
+    cJSON *j = tools_calls_json(&o, "id", false);
+    cr_assert_not_null(j);
+    char *s = cJSON_PrintUnformatted(j);
+    cr_assert_not_null(s);
+    cr_assert_null(strstr(s, "\xff"), "%s", s);
+    cr_assert_null(strstr(s, "\xc0"), "%s", s);
+    cr_assert_not_null(strstr(s, "\"name\":\"f\xc3\xa9\xef\xbf\xbd\""), "%s", s);
+    cr_assert_not_null(strstr(s, "a\xef\xbf\xbd\xef\xbf\xbd" "b"), "%s", s);
+    free(s);
+    cJSON_Delete(j);
+    tool_calls_out_free(&o);
+}

@@ -356,8 +356,9 @@ cJSON *tools_calls_json(const struct tool_calls_out *o, const char *id_base, boo
         cJSON_AddStringToObject(c, "id", id);
         cJSON_AddStringToObject(c, "type", "function");
         cJSON *fn = cJSON_AddObjectToObject(c, "function");
-        ok = fn && cJSON_AddStringToObject(fn, "name", o->calls[i].name) &&
-             cJSON_AddStringToObject(fn, "arguments", o->calls[i].arguments);
+        /* the model's bytes, repaired into UTF-8 as every other text of an answer is */
+        ok = fn && openai_add_text(fn, "name", o->calls[i].name, strlen(o->calls[i].name)) &&
+             openai_add_text(fn, "arguments", o->calls[i].arguments, strlen(o->calls[i].arguments));
     }
     if (!ok) { cJSON_Delete(a); return NULL; }
     return a;
