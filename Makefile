@@ -81,7 +81,10 @@ $(BUILD)/%.o: %.cu
 	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) $(CUDA_DEFS) -Isrc -MMD -MP -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -c -o $@ $<
 
 # The suite: unit tests (Criterion) and the CLI-level checks in tests/cli.sh.
+# The fuzz harnesses are type-checked here too (they are built with clang's libFuzzer by
+# `make fuzz`), so an API change that breaks one fails the tests, not only CI's fuzz run.
 test: $(BUILD)/test_coti coti
+	$(CC) $(filter-out -MMD -MP,$(CFLAGS)) -fsyntax-only $(wildcard fuzz/fuzz_*.c)
 	$(BUILD)/test_coti -j2
 	bash tests/cli.sh ./coti
 	$(MAKE) test-server

@@ -60,20 +60,25 @@ static void render_answers(const struct openai_request *r, const char *text, siz
     struct spec_token_prob pr = {.logprob = -1.0f, .n_top = 2, .top_id = {0, 1}, .top_logprob = {-0.5f, -INFINITY}};
     const int32_t pid = 0;
     const struct token_probs tp = {&pid, &pr, 1};
-    free(openai_render_final(&fuzz_oc, r, text, len, r->prompt, (size_t)r->n_prompt, &tp, &res));
+    const struct openai_choice ch[2] = {{text, len, r->prompt, (size_t)r->n_prompt, &tp, &res},
+                                        {text, len / 2, r->prompt, (size_t)r->n_prompt / 2, NULL, &res}};
+    free(openai_render_final(&fuzz_oc, r, ch, 1 + (r->n_choices > 1)));
     if (!r->stream) return;
-    free(openai_render_chunk_role(&fuzz_oc, r));
-    free(openai_render_chunk(&fuzz_oc, r, text, len, 0, 0, 1, &res, &tp));
+    for (int i = 0; i < 2; i++) {
+        free(openai_render_chunk_role(&fuzz_oc, r, i));
+        free(openai_render_chunk(&fuzz_oc, r, i, text, len, 0, 0, 1, &res, &tp));
+    }
     struct tool_calls_out calls;
+    bool called = false;
     if (r->tools.active && tools_parse_output(text, len, &calls)) {
         if (tools_content_end(text, len) > len) __builtin_trap();
-        free(openai_render_chunk_tool_calls(&fuzz_oc, r, &calls));
+        free(openai_render_chunk_tool_calls(&fuzz_oc, r, 0, &calls));
+        called = calls.n > 0;
         tool_calls_out_free(&calls);
     }
-    char *end[2];
-    int n = 0;
-    if (openai_render_stream_end(&fuzz_oc, r, &res, end, &n))
-        for (int i = 0; i < n; i++) free(end[i]);
+    free(openai_render_chunk_end(&fuzz_oc, r, 0, &res, called));
+    const struct task_result *all[2] = {&res, &res};
+    free(openai_render_chunk_usage(&fuzz_oc, r, all, 2));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

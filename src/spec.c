@@ -713,24 +713,31 @@ static double verify_us(const struct spec_engine *e, int R) {
     return e->cost_us[i] + (e->cost_us[i + 1] - e->cost_us[i]) * (R - x0) / (x1 - x0);
 }
 
-/* Draft depths of a batched cycle: each sequence's next draft is worth its chance of being
- * accepted (its acceptance so far, from a prior of 0.7, to the power of its rank), and costs a
- * verify row more and a draft; drafts are added best first while the cycle's tokens per
- * microsecond grow. Verify rows ride nearly free where a forward's time is its weights' reading
- * (a GPU, a large model): deep drafts; they cost their compute where it is not (a small model
- * on a few cores): shallow or none, so that speculation never makes the batch slower. */
+/* Draft depths of a batched cycle (at least each sequence's n_min): each sequence's next draft
+ * is worth its chance of being accepted (its acceptance so far, from a prior of 0.7, to the
+ * power of its rank), and costs a verify row more and a draft; drafts are added best first
+ * while the cycle's tokens per microsecond grow. Verify rows ride nearly free where a forward's
+ * time is its weights' reading (a GPU, a large model): deep drafts; they cost their compute
+ * where it is not (a small model on a few cores): shallow or none, so that speculation never
+ * makes the batch slower. */
 static void batch_depths(const struct spec_engine *e, int n, const int *seqs, const int *rc, int *depth) {
     int R = 0, n_draft = 0;
     double alpha[SPEC_MAX_BATCH], tok = 0;
     for (int i = 0; i < n; i++) {
         const struct spec_seq *q = &e->seqs[seqs[i]];
-        depth[i] = e->cost_n ? 0 : SPEC_MAX_DRAFT;
+        /* a sequence's n_min drafts are taken whatever they cost (its request asked for them) */
+        depth[i] = !e->cost_n ? SPEC_MAX_DRAFT : q->p.drafter ? q->p.n_min : 0;
         alpha[i] = (q->st.n_accepted + 2.8) / (q->st.n_drafted + 4.0);
-        if (!rc[i]) { R++; tok += 1; }
+        if (!rc[i]) {
+            R += 1 + (e->cost_n ? depth[i] : 0);
+            n_draft += e->cost_n ? depth[i] : 0;
+            tok += 1;
+            for (int k = 1; e->cost_n && k <= depth[i]; k++) tok += pow(alpha[i], k);
+        }
     }
     if (!e->cost_n || R == 0) return;
     const double per_draft = e->draft_us > 0 ? e->draft_us : 0.25 * e->cost_us[0];
-    double T = verify_us(e, R);
+    double T = verify_us(e, R) + per_draft * n_draft;
     for (;;) {
         int best = -1;
         double g = 0;

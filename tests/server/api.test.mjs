@@ -6,7 +6,7 @@ import { metric, postJson, rawRequest, readSse, startServer } from './helpers.mj
 
 let srv;
 before(async () => {
-  srv = await startServer(['--spec', 'mtp', '-np', '2']);
+  srv = await startServer(['--spec', 'mtp', '--spec-n-min', '1', '-np', '2']);
 });
 after(async () => {
   const r = await srv.stop();

@@ -10,7 +10,7 @@ import { postJson, startServer } from './helpers.mjs';
 let mtp, off;
 before(async () => {
   [mtp, off] = await Promise.all([
-    startServer(['--spec', 'mtp', '--spec-n-max', '4', '-np', '2']),
+    startServer(['--spec', 'mtp', '--spec-n-max', '4', '--spec-n-min', '1', '-np', '2']),
     startServer(['--spec', 'off', '-np', '2']),
   ]);
 });

@@ -9,7 +9,7 @@ import { postJson, startServer } from './helpers.mjs';
 
 let mtp, off;
 before(async () => {
-  [mtp, off] = await Promise.all([startServer(['--spec', 'mtp', '-np', '2']), startServer(['--spec', 'off', '-np', '2'])]);
+  [mtp, off] = await Promise.all([startServer(['--spec', 'mtp', '--spec-n-min', '1', '-np', '2']), startServer(['--spec', 'off', '-np', '2'])]);
 });
 after(async () => {
   const r = await Promise.all([mtp.stop(), off.stop()]);

@@ -10,7 +10,7 @@ import { postJson, readSse, startServer } from './helpers.mjs';
 let srv, sampledDrafts;
 before(async () => {
   [srv, sampledDrafts] = await Promise.all([
-    startServer(['--spec', 'mtp', '-np', '2']),
+    startServer(['--spec', 'mtp', '--spec-n-min', '1', '-np', '2']),
     startServer(['--spec', 'mtp', '--spec-sample-drafts', '-np', '1']),
   ]);
 });
