@@ -7,6 +7,8 @@
 
 /* Resume points looked at per source sequence (a memory has a few checkpoints and its length). */
 #define SPEC_MAX_RESUME_POINTS 8
+/* Checkpoint positions a prefill takes from its caller. */
+#define SPEC_MAX_CHECKPOINTS 8
 /* Calibrated verify sizes: 1, 2, 4, ... rows, up to 2^(SPEC_COST_POINTS - 1). */
 #define SPEC_COST_POINTS 11
 
@@ -29,6 +31,10 @@ struct spec_seq {
     /* under a grammar (p.grammar): its state after every emitted token (pending one included),
      * and a scratch state for the drafts and verify rows */
     struct grammar_state *gs, *gtmp;
+    /* a prompt being processed (spec_seq_prefill): the next position, the prompt's end, the
+     * positions whose state is remembered (checkpoints), time spent so far */
+    int pf_at, pf_end, pf_ck[SPEC_MAX_CHECKPOINTS], pf_n_ck;
+    int64_t pf_us;
 };
 
 struct spec_engine {
@@ -221,11 +227,12 @@ struct seq_checkpoints {
     int n;
 };
 
-/* spec_seq_begin with the first n_keep prompt tokens already held by sequence s (0: reset),
- * checkpoints at ck's positions when ck is not NULL. */
-static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt, int n_keep,
+/* The start of spec_seq_begin with the first n_keep prompt tokens already held by sequence s
+ * (0: reset), checkpoints at ck's positions when ck is not NULL: everything but the prompt's
+ * forwards, which seq_prefill runs. */
+static int seq_setup(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt, int n_keep,
                      const struct seq_checkpoints *ck, const struct sampler_params *sp, const struct spec_params *p,
-                     int32_t *first, char *err, size_t err_size) {
+                     char *err, size_t err_size) {
     struct model *m = e->m;
     if (s < 0 || s >= m->n_seq) return coti_fail(err, err_size, COTI_E_ARG, "sequence %d out of range", s);
     if (n_prompt < 1) return coti_fail(err, err_size, COTI_E_ARG, "empty prompt");
@@ -263,17 +270,41 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
     memcpy(q->hist, prompt, sizeof(int32_t) * (size_t)n_prompt);
     q->n_hist = n_prompt;
 
+    q->pf_at = n_keep;
+    q->pf_end = n_prompt;
+    q->pf_n_ck = 0;
+    /* with checkpoints (ck), the prompt's last-but-one position is remembered too (an identical
+     * prompt then runs one token) */
+    if (ck) q->pf_ck[q->pf_n_ck++] = n_prompt - 1;
+    for (int k = 0; ck && k < ck->n && q->pf_n_ck < SPEC_MAX_CHECKPOINTS; k++) q->pf_ck[q->pf_n_ck++] = ck->at[k];
+    q->pf_us = 0;
+    q->st.n_prompt = n_prompt - n_keep;
+    return 0;
+}
+
+/* Up to max_rows more of sequence s's prompt (seq_setup); at its end the first token is picked
+ * into *first and *done set. */
+static int seq_prefill(struct spec_engine *e, int s, int max_rows, int32_t *first, bool *done, char *err, size_t err_size) {
+    struct model *m = e->m;
+    struct spec_seq *q = &e->seqs[s];
+    struct drafter *d = drafter_for(e, q->p.drafter);
+    const struct spec_params *p = &q->p;
+    const struct sampler_params *sp = &q->sp;
+    const int32_t *prompt = q->hist;
+    const int n_prompt = q->pf_end;
+    *done = false;
+    if (q->pf_at >= n_prompt) return coti_fail(err, err_size, COTI_E_ARG, "sequence %d has no prompt to process", s);
     int64_t t0 = coti_time_us();
     struct model_output o;
-    for (int i0 = n_keep, n; i0 < n_prompt; i0 += n) {
+    int rc;
+    const int stop = max_rows >= n_prompt - q->pf_at ? n_prompt : q->pf_at + COTI_MAX(max_rows, 1);
+    for (int i0 = q->pf_at, n; i0 < stop; i0 += n) {
         /* a chunk ends at n_batch rows, or where a checkpoint is wanted */
-        int end = COTI_MIN(i0 + m->n_batch, n_prompt);
-        for (int k = -1; ck && k < ck->n; k++) {
-            const int at = k < 0 ? n_prompt - 1 : ck->at[k];
-            if (at > i0 && at < end) end = at;
-        }
+        int end = COTI_MIN(i0 + m->n_batch, stop);
+        for (int k = 0; k < q->pf_n_ck; k++)
+            if (q->pf_ck[k] > i0 && q->pf_ck[k] < end) end = q->pf_ck[k];
         bool mark = false;
-        for (int k = -1; ck && k < ck->n; k++) mark = mark || (k < 0 ? n_prompt - 1 : ck->at[k]) == end;
+        for (int k = 0; k < q->pf_n_ck; k++) mark = mark || q->pf_ck[k] == end;
         n = end - i0;
         for (int i = 0; i < n; i++) e->pos[i] = i0 + i;
         for (int i = 0; i < n; i++) e->seqv[i] = s;
@@ -283,6 +314,11 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
         if (rc) return rc;
         if (d && (rc = d->vt->observe(d, s, q->hist, i0, n, o.hidden, err, err_size))) return rc;
         if (mark) model_seq_checkpoint(m, s, o.hidden + (size_t)(n - 1) * m->info.n_embd);
+        q->pf_at = end;
+    }
+    if (q->pf_at < n_prompt) {
+        q->pf_us += coti_time_us() - t0;
+        return 0;
     }
     if (sampler_params_plain_argmax(sp) && !q->gs) {
         m->be->download(m->be, first, e->d_ids, sizeof *first);
@@ -295,11 +331,20 @@ static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_
     }
     if (q->n_top_probs >= 0) spec_token_prob_of_row(e->row, e->V, *first, q->n_top_probs, &q->probs[0]);
     q->hist[q->n_hist++] = *first;
-    q->st.n_prompt = n_prompt - n_keep;
     q->st.n_gen = 1;
-    q->st.t_prompt_us = coti_time_us() - t0;
+    q->st.t_prompt_us = q->pf_us + coti_time_us() - t0;
+    *done = true;
     return 0;
 }
+
+static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt, int n_keep,
+                     const struct seq_checkpoints *ck, const struct sampler_params *sp, const struct spec_params *p,
+                     int32_t *first, char *err, size_t err_size) {
+    bool done;
+    int rc = seq_setup(e, s, prompt, n_prompt, n_keep, ck, sp, p, err, err_size);
+    return rc ? rc : seq_prefill(e, s, n_prompt, first, &done, err, err_size);
+}
+
 
 int spec_seq_begin(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt,
                    const struct sampler_params *sp, const struct spec_params *p, int32_t *first,
@@ -349,9 +394,9 @@ int spec_seq_reusable(const struct spec_engine *e, int s, int src, const int32_t
     return COTI_MAX(cont, resume_point(e, src, prompt, n_prompt, k, &h));
 }
 
-int spec_seq_begin_reuse(struct spec_engine *e, int s, int src, int n_reuse, const int32_t *prompt, int n_prompt,
+int spec_seq_start_reuse(struct spec_engine *e, int s, int src, int n_reuse, const int32_t *prompt, int n_prompt,
                          const int *ck_at, int n_ck_at, const struct sampler_params *sp, const struct spec_params *p,
-                         int32_t *first, int *n_cached, char *err, size_t err_size) {
+                         int *n_cached, char *err, size_t err_size) {
     *n_cached = 0;
     if (s < 0 || s >= e->m->n_seq || src < 0 || src >= e->m->n_seq)
         return coti_fail(err, err_size, COTI_E_ARG, "sequence %d or %d out of range", s, src);
@@ -368,9 +413,23 @@ int spec_seq_begin_reuse(struct spec_engine *e, int s, int src, int n_reuse, con
             keep = q;
         }
     }
-    int rc = seq_start(e, s, prompt, n_prompt, keep, &ck, sp, p, first, err, err_size);
+    int rc = seq_setup(e, s, prompt, n_prompt, keep, &ck, sp, p, err, err_size);
     if (!rc) *n_cached = keep;
     return rc;
+}
+
+int spec_seq_prefill(struct spec_engine *e, int s, int max_rows, int32_t *first, bool *done, char *err, size_t err_size) {
+    *done = false;
+    if (s < 0 || s >= e->m->n_seq) return coti_fail(err, err_size, COTI_E_ARG, "sequence %d out of range", s);
+    return seq_prefill(e, s, max_rows, first, done, err, err_size);
+}
+
+int spec_seq_begin_reuse(struct spec_engine *e, int s, int src, int n_reuse, const int32_t *prompt, int n_prompt,
+                         const int *ck_at, int n_ck_at, const struct sampler_params *sp, const struct spec_params *p,
+                         int32_t *first, int *n_cached, char *err, size_t err_size) {
+    bool done;
+    int rc = spec_seq_start_reuse(e, s, src, n_reuse, prompt, n_prompt, ck_at, n_ck_at, sp, p, n_cached, err, err_size);
+    return rc ? rc : seq_prefill(e, s, n_prompt, first, &done, err, err_size);
 }
 
 int spec_engine_warmup(struct spec_engine *e, const int32_t *prompt, int n_prompt, const struct sampler_params *sp,

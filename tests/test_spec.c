@@ -557,3 +557,44 @@ Test(spec, batched_steps_equal_single_steps, .timeout = 300) {
     }
     env_close(&one);
 }
+
+/* A prompt processed in steps (spec_seq_start_reuse + spec_seq_prefill of a few rows at a time,
+ * with a checkpoint inside) gives the tokens of spec_seq_begin, and the steps report progress
+ * only at the end. */
+Test(spec, prefill_in_steps_equals_whole, .timeout = 120) {
+    struct env v = env_open(MODEL_PATH), w = env_open(MODEL_PATH);
+    char err[512];
+    int32_t prompt[150];
+    for (int i = 0; i < 150; i++) prompt[i] = (int32_t)((i * 37 + 11) % 3000);
+    for (int t = -1; t < n_drafter_kinds; t++) {
+        const struct drafter_kind *k = t < 0 ? NULL : drafter_kinds[t];
+        if (!spec_engine_supports(v.e, k)) continue;
+        struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 3);
+        struct spec_params p = spec_params_default();
+        p.drafter = k;
+        int32_t ref[N_GEN], got[N_GEN];
+        generate_with(&v, prompt, 150, &sp, &p, ref, N_GEN);
+        const int ck = 61;
+        int n_cached = -1;
+        cr_assert_eq(spec_seq_start_reuse(w.e, 0, 0, 0, prompt, 150, &ck, 1, &sp, &p, &n_cached, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(n_cached, 0);
+        bool done = false;
+        int calls = 0;
+        while (!done) {
+            got[0] = -1;
+            cr_assert_eq(spec_seq_prefill(w.e, 0, 7 + calls % 5, &got[0], &done, err, sizeof err), 0, "%s", err);
+            cr_assert(done || got[0] == -1, "a first token before the prompt's end");
+            calls++;
+        }
+        cr_assert_geq(calls, 150 / 11, "the prompt went in steps");
+        cr_assert_neq(spec_seq_prefill(w.e, 0, 7, &got[1], &done, err, sizeof err), 0, "nothing left to process");
+        for (int n = 1, nb; n < N_GEN; n += nb) {
+            int32_t buf[SPEC_MAX_DRAFT + 1];
+            cr_assert_eq(spec_seq_step(w.e, 0, N_GEN - n, buf, &nb, NULL, err, sizeof err), 0, "%s", err);
+            memcpy(got + n, buf, sizeof(int32_t) * (size_t)nb);
+        }
+        cr_assert_eq(memcmp(ref, got, sizeof ref), 0, "%s: steps differ from a whole prefill", drafter_kind_name(k));
+    }
+    env_close(&v);
+    env_close(&w);
+}

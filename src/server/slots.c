@@ -9,6 +9,7 @@
 #include "server/slots.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -17,6 +18,10 @@
 #include <time.h>
 
 #include "server/metrics.h"
+
+/* Rows of a prompt processed per engine cycle while other slots decode: at least this many,
+ * or a quarter of n_batch. */
+#define SLOTS_PREFILL_CHUNK_MIN 32
 
 /* ------------------------------------------------------------------------------------------
  * Tasks and their channels */
@@ -283,6 +288,8 @@ struct slot {
     int id;
     struct task *t;              /* NULL when idle (written under slots.mu, read by the engine) */
     bool begun;                  /* the prompt has been processed */
+    bool prefilling;             /* set up, its prompt being processed in steps (slot_prefill) */
+    int64_t t_begin_us;          /* when its prompt processing started */
     /* generated text so far: stop strings are searched in it, [n_sent, n_text) is held back */
     char *text;
     size_t n_text, cap_text, n_sent;
@@ -305,6 +312,7 @@ struct slots {
     int n;
     struct slot *slot;
     struct slot **stepping;      /* [n]: the engine thread's list of slots decoding this cycle */
+    struct slot **prefilling;    /* [n]: ... and of those processing their prompts */
     struct slot_view *views;     /* guarded by mu */
     pthread_t thread;
     bool thread_started;
@@ -552,30 +560,48 @@ static int slot_room(struct slots *s, struct slot *sl) {
     return s->m->n_ctx - (sl->t->n_prompt + sl->n_decoded);
 }
 
+/* A slot's new task: its sequence set up, taking what slots_pick chose to reuse; the prompt
+ * itself is processed by slot_prefill. */
 static void slot_begin(struct slots *s, struct slot *sl) {
     struct task *t = sl->t;
     atomic_store(&t->begun, true);
     char err[256];
-    int32_t first = -1;
     sl->n_text = sl->n_sent = 0;
     sl->n_decoded = 0;
     sl->cache_n = 0;
-    int64_t t0 = coti_time_us();
+    sl->t_begin_us = coti_time_us();
     /* what slots_pick chose to reuse (only states the driver left consistent); the prefill
      * leaves checkpoints for later requests */
     const int n_mark = t->g.reuse_mark > 0 && t->g.reuse_mark < t->n_prompt ? 1 : 0;
     spec_seq_want_probs(s->e, sl->id, t->g.n_probs);
-    int rc = spec_seq_begin_reuse(s->e, sl->id, sl->reuse_src, sl->reuse_n, t->prompt, t->n_prompt, &t->g.reuse_mark,
-                                  n_mark, &t->g.sp, &t->g.spec, &first, &sl->cache_n, err, sizeof err);
+    int rc = spec_seq_start_reuse(s->e, sl->id, sl->reuse_src, sl->reuse_n, t->prompt, t->n_prompt, &t->g.reuse_mark,
+                                  n_mark, &t->g.sp, &t->g.spec, &sl->cache_n, err, sizeof err);
     sl->state_ok = rc == 0;
-    sl->t_first_us = sl->t_last_us = coti_time_us();
-    sl->prompt_ms = (sl->t_first_us - t0) / 1e3;
+    sl->prefilling = rc == 0;
     if (rc) {
         /* parameters and sizes were checked by the HTTP side: what is left is the engine's */
         coti_log(COTI_LOG_ERROR, "server", "task %ld: slot %d: prompt processing failed: %s", t->id, sl->id, err);
         slot_fail(s, sl, rc == COTI_E_RANGE || rc == COTI_E_ARG || rc == COTI_E_UNSUPPORTED ? 400 : 500, err);
+    }
+}
+
+/* Up to max_rows more of slot sl's prompt; at its end the first token goes out. */
+static void slot_prefill(struct slots *s, struct slot *sl, int max_rows) {
+    struct task *t = sl->t;
+    char err[256];
+    int32_t first = -1;
+    bool done;
+    int rc = spec_seq_prefill(s->e, sl->id, max_rows, &first, &done, err, sizeof err);
+    sl->state_ok = rc == 0;
+    if (rc) {
+        coti_log(COTI_LOG_ERROR, "server", "task %ld: slot %d: prompt processing failed: %s", t->id, sl->id, err);
+        slot_fail(s, sl, rc == COTI_E_RANGE || rc == COTI_E_ARG || rc == COTI_E_UNSUPPORTED ? 400 : 500, err);
         return;
     }
+    if (!done) return;
+    sl->prefilling = false;
+    sl->t_first_us = sl->t_last_us = coti_time_us();
+    sl->prompt_ms = (sl->t_first_us - sl->t_begin_us) / 1e3;
     sl->begun = true;
     task_set_started(t, sl->id);
     if (t->g.n_predict == 0) {
@@ -687,6 +713,7 @@ static void *slots_engine_main(void *arg) {
             s->q_len--;
             sl->t = t;
             sl->begun = false;
+            sl->prefilling = false;
             s->n_busy++;
         }
         metrics_set_load(s->mx, s->n_busy, s->q_len);
@@ -694,7 +721,7 @@ static void *slots_engine_main(void *arg) {
 
         /* one cycle of every busy slot (those decoding together); sl->t is only cleared by
          * this thread */
-        int n_busy = 0, n_step = 0;
+        int n_busy = 0, n_step = 0, n_prefill = 0;
         for (int i = 0; i < s->n; i++) {
             sl = &s->slot[i];
             if (!sl->t) continue;
@@ -703,12 +730,18 @@ static void *slots_engine_main(void *arg) {
                 struct task_result r = {.cancelled = true, .stop_index = -1};
                 slot_finish(s, sl, &r);
             } else if (!sl->begun) {
-                slot_begin(s, sl);
+                if (!sl->prefilling) slot_begin(s, sl);
+                if (sl->prefilling) s->prefilling[n_prefill++] = sl;
             } else {
                 s->stepping[n_step++] = sl;
             }
         }
         slots_step(s, s->stepping, n_step);
+        /* prompts after the decoding slots' step, in chunks while any slot decodes (a long
+         * prompt then delays the others by a chunk per cycle, not by all of it), whole when
+         * none does */
+        const int chunk = n_step ? COTI_MAX(SLOTS_PREFILL_CHUNK_MIN, s->m->n_batch / 4) : INT_MAX;
+        for (int i = 0; i < n_prefill; i++) slot_prefill(s, s->prefilling[i], chunk);
         if (n_busy) metrics_count_decode(s->mx, n_busy);
     }
     slots_drain(s);
@@ -727,10 +760,12 @@ int slots_init(struct slots **out, struct model *m, struct spec_engine *e, const
     s->slot = calloc((size_t)s->n, sizeof *s->slot);
     s->views = calloc((size_t)s->n, sizeof *s->views);
     s->stepping = calloc((size_t)s->n, sizeof *s->stepping);
-    if (!s->slot || !s->views || !s->stepping) {
+    s->prefilling = calloc((size_t)s->n, sizeof *s->prefilling);
+    if (!s->slot || !s->views || !s->stepping || !s->prefilling) {
         free(s->slot);
         free(s->views);
         free(s->stepping);
+        free(s->prefilling);
         free(s);
         return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     }
@@ -770,5 +805,6 @@ void slots_free(struct slots *s) {
     free(s->slot);
     free(s->views);
     free(s->stepping);
+    free(s->prefilling);
     free(s);
 }

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { after, before, test } from 'node:test';
-import { metric, postJson, startServer } from './helpers.mjs';
+import { metric, postJson, sleep, startServer } from './helpers.mjs';
 
 let srv;
 before(async () => {
@@ -52,4 +52,19 @@ test('a mixed batch: each request as it is alone (speculation, sampling, grammar
     assert.equal(together[i].text, alone[i].text, `prompt ${i}: ${JSON.stringify(reqs[i][1])}`);
     assert.deepEqual(together[i].logprobs, alone[i].logprobs, `prompt ${i} logprobs`);
   }
+});
+
+test('a long prompt arriving while others decode is processed in chunks: every answer as alone', async () => {
+  const long = PROMPTS.slice(0, 8).join('\n').repeat(2).slice(0, 3000); // several hundred tokens: > one chunk
+  const others = PROMPTS.slice(8, 11);
+  const spec = { speculative: { type: 'mtp' }, cache_prompt: false }; // each prompt processed whole
+  const aloneLong = text(await ask(long, spec));
+  const aloneOthers = [];
+  for (const p of others) aloneOthers.push(text(await ask(p, { ...spec, max_tokens: 80 })));
+  const running = others.map((p) => ask(p, { ...spec, max_tokens: 80 }));
+  await sleep(60); // the others decoding by now (else the long prompt is processed whole)
+  const [l, ...o] = await Promise.all([ask(long, spec), ...running]);
+  assert.equal(l.json.timings.prompt_n > 300, true, `prompt_n ${l.json.timings.prompt_n}`);
+  assert.equal(text(l), aloneLong);
+  o.forEach((r, i) => assert.equal(text(r), aloneOthers[i], `other ${i}`));
 });
