@@ -783,11 +783,13 @@ static void batch_depths(const struct spec_engine *e, int n, const int *seqs, co
     int R = 0, n_draft = 0;
     double alpha[SPEC_MAX_BATCH], tok = 0;
     for (int i = 0; i < n; i++) {
-        const struct spec_seq *q = &e->seqs[seqs[i]];
-        /* a sequence's n_min drafts are taken whatever they cost (its request asked for them) */
-        depth[i] = !e->cost_n ? SPEC_MAX_DRAFT : q->p.drafter ? q->p.n_min : 0;
-        alpha[i] = (q->st.n_accepted + 2.8) / (q->st.n_drafted + 4.0);
-        if (!rc[i]) {
+        depth[i] = e->cost_n ? 0 : SPEC_MAX_DRAFT;
+        alpha[i] = 0;
+        if (!rc[i]) { /* (a refused entry's sequence may be out of range) */
+            const struct spec_seq *q = &e->seqs[seqs[i]];
+            /* a sequence's n_min drafts are taken whatever they cost (its request asked for them) */
+            if (e->cost_n && q->p.drafter) depth[i] = q->p.n_min;
+            alpha[i] = (q->st.n_accepted + 2.8) / (q->st.n_drafted + 4.0);
             R += 1 + (e->cost_n ? depth[i] : 0);
             n_draft += e->cost_n ? depth[i] : 0;
             tok += 1;
@@ -801,8 +803,9 @@ static void batch_depths(const struct spec_engine *e, int n, const int *seqs, co
         int best = -1;
         double g = 0;
         for (int i = 0; i < n; i++) {
+            if (rc[i]) continue;
             const struct spec_seq *q = &e->seqs[seqs[i]];
-            if (rc[i] || !q->p.drafter || depth[i] >= q->p.n_max) continue;
+            if (!q->p.drafter || depth[i] >= q->p.n_max) continue;
             const double gi = pow(alpha[i], depth[i] + 1);
             if (gi > g) { g = gi; best = i; }
         }
