@@ -195,6 +195,16 @@ static bool ring_holds(const struct memory *mem, int src, int q) {
     return !w->ring || q == 0 || q - w->window + 1 >= mem->seq_len[src] - w->ring;
 }
 
+/* Resume point v (hidden row h) into q[0, *n), longest first. */
+static void points_insert(int *q, const float **hidden, int *n, int v, const float *h) {
+    int at = 0;
+    while (at < *n && q[at] > v) at++;
+    for (int i = *n; i > at; i--) { q[i] = q[i - 1]; hidden[i] = hidden[i - 1]; }
+    q[at] = v;
+    hidden[at] = h;
+    (*n)++;
+}
+
 int memory_resume_points(const struct memory *mem, int src, int p, int *q, const float **hidden, int max) {
     if (src < 0 || src >= mem->n_seq || max < 1) return 0;
     int n = 0;
@@ -218,23 +228,12 @@ int memory_resume_points(const struct memory *mem, int src, int p, int *q, const
         /* the live state: a checkpoint at the same length already gave its hidden row */
         bool dup = false;
         for (int i = 0; i < n; i++) dup = dup || q[i] == len;
-        if (!dup) {
-            int at = 0;
-            while (at < n && q[at] > len) at++;
-            for (int i = n; i > at; i--) { q[i] = q[i - 1]; hidden[i] = hidden[i - 1]; }
-            q[at] = len;
-            hidden[at] = NULL;
-            n++;
-        }
+        if (!dup) points_insert(q, hidden, &n, len, NULL);
     }
     /* without recurrent layers any shorter prefix of the cells is one too */
     if (!mem->rec.n_layer && n < max && COTI_MIN(p, len) > 0 && (n == 0 || q[0] < COTI_MIN(p, len)) &&
-        ring_holds(mem, src, COTI_MIN(p, len))) {
-        for (int i = n; i > 0; i--) { q[i] = q[i - 1]; hidden[i] = hidden[i - 1]; }
-        q[0] = COTI_MIN(p, len);
-        hidden[0] = NULL;
-        n++;
-    }
+        ring_holds(mem, src, COTI_MIN(p, len)))
+        points_insert(q, hidden, &n, COTI_MIN(p, len), NULL);
     return n;
 }
 

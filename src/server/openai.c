@@ -1110,10 +1110,18 @@ static bool add_timings_so_far(cJSON *o, const struct openai_request *r, const s
 char *openai_render_chunk(const struct openai_ctx *c, const struct openai_request *r, int index, const char *text,
                           size_t len, int32_t id, int id_slot, int n_predicted, const struct task_result *now,
                           const struct token_probs *tp) {
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return NULL;
-    bool ok = true;
     const bool probs = r->g.n_probs >= 0 && tp && tp->n;
+    cJSON *o;
+    bool ok = true;
+    if (r->api == OPENAI_API_CHAT) {
+        cJSON *d = chat_chunk_delta(&o, index);
+        if (!d) return NULL;
+        cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+        ok = openai_add_text(d, "content", text, len) && (!probs || add_choice_probs(ch, c, r, tp));
+        add_envelope(o, c, r, "chat.completion.chunk");
+        return print_free(o, add_timings_so_far(o, r, now) && ok);
+    }
+    if (!(o = cJSON_CreateObject())) return NULL;
     if (r->api == OPENAI_API_NATIVE) {
         if (probs) {
             cJSON *a = probs_json(c, tp);
@@ -1135,19 +1143,13 @@ char *openai_render_chunk(const struct openai_ctx *c, const struct openai_reques
     cJSON *ch = cJSON_CreateObject();
     ok = choices && ch && cJSON_AddItemToArray(choices, ch);
     if (!ok) cJSON_Delete(ch);
-    if (ok && r->api == OPENAI_API_CHAT) {
-        cJSON_AddNullToObject(ch, "finish_reason");
-        cJSON_AddNumberToObject(ch, "index", index);
-        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
-        ok = d && openai_add_text(d, "content", text, len);
-        ok = ok && (!probs || add_choice_probs(ch, c, r, tp));
-    } else if (ok) {
+    if (ok) {
         ok = openai_add_text(ch, "text", text, len);
         cJSON_AddNumberToObject(ch, "index", index);
         ok = (probs ? add_choice_probs(ch, c, r, tp) : cJSON_AddNullToObject(ch, "logprobs") != NULL) && ok;
         cJSON_AddNullToObject(ch, "finish_reason");
     }
-    add_envelope(o, c, r, r->api == OPENAI_API_CHAT ? "chat.completion.chunk" : "text_completion");
+    add_envelope(o, c, r, "text_completion");
     return print_free(o, add_timings_so_far(o, r, now) && ok);
 }
 
