@@ -645,9 +645,9 @@ static void slot_took_step(struct slots *s, struct slot *sl, int rc, const int32
     slot_view_update(s, sl);
 }
 
-/* One step of every slot in busy[0, n) (begun, not cancelled): a single batched cycle where the
- * backend gains from it (spec_batch_worthwhile), else one cycle per slot. */
-static void slots_step(struct slots *s, struct slot **busy, int n) {
+/* One step of every slot in busy[0, n) (begun, not cancelled; n <= SPEC_MAX_BATCH): a single
+ * batched cycle where the backend gains from it (spec_batch_worthwhile), else one cycle per slot. */
+static void slots_step_group(struct slots *s, struct slot **busy, int n) {
     int seqs[SPEC_MAX_BATCH], max_new[SPEC_MAX_BATCH], n_out[SPEC_MAX_BATCH], rc[SPEC_MAX_BATCH];
     int32_t out[SPEC_MAX_BATCH][SPEC_MAX_DRAFT + 1];
     struct slot *go[SPEC_MAX_BATCH];
@@ -661,11 +661,8 @@ static void slots_step(struct slots *s, struct slot **busy, int n) {
     }
     char err[256];
     if (m > 1 && spec_batch_worthwhile(s->e)) {
-        for (int i0 = 0; i0 < m; i0 += SPEC_MAX_BATCH) {
-            const int nb = COTI_MIN(m - i0, SPEC_MAX_BATCH);
-            if (spec_step_batch(s->e, nb, seqs + i0, max_new + i0, out + i0, n_out + i0, rc + i0, err, sizeof err))
-                for (int i = i0; i < i0 + nb; i++) rc[i] = COTI_E_ARG;
-        }
+        if (spec_step_batch(s->e, m, seqs, max_new, out, n_out, rc, err, sizeof err))
+            for (int i = 0; i < m; i++) rc[i] = COTI_E_ARG;
         metrics_count_batch(s->mx, m);
         for (int i = 0; i < m; i++) slot_took_step(s, go[i], rc[i], out[i], n_out[i], err);
         return;
@@ -674,6 +671,11 @@ static void slots_step(struct slots *s, struct slot **busy, int n) {
         rc[i] = spec_seq_step(s->e, seqs[i], max_new[i], out[i], &n_out[i], NULL, err, sizeof err);
         slot_took_step(s, go[i], rc[i], out[i], n_out[i], err);
     }
+}
+
+/* One step of every slot in busy[0, n): in groups of at most SPEC_MAX_BATCH (slots_step_group). */
+static void slots_step(struct slots *s, struct slot **busy, int n) {
+    for (int i0 = 0; i0 < n; i0 += SPEC_MAX_BATCH) slots_step_group(s, busy + i0, COTI_MIN(n - i0, SPEC_MAX_BATCH));
 }
 
 /* Fail every queued task and every running one: the server is going away. */

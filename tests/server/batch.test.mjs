@@ -68,3 +68,18 @@ test('a long prompt arriving while others decode is processed in chunks: every a
   assert.equal(text(l), aloneLong);
   o.forEach((r, i) => assert.equal(text(r), aloneOthers[i], `other ${i}`));
 });
+
+test('more busy slots than one batched cycle takes (SPEC_MAX_BATCH 64): every answer as alone', async () => {
+  const wide = await startServer(['-np', '72', '-c', '256']);
+  try {
+    const prompts = Array.from({ length: 72 }, (_, i) => PROMPTS[i % PROMPTS.length].slice(0, 40 + i));
+    const one = (p) => postJson(wide.base, '/v1/completions', { prompt: p, max_tokens: 8, temperature: 0, ignore_eos: true });
+    const alone = [];
+    for (const p of prompts.slice(0, 6)) alone.push(text(await one(p)));
+    const together = (await Promise.all(prompts.map(one))).map(text);
+    alone.forEach((t, i) => assert.equal(together[i], t, `prompt ${i}`));
+  } finally {
+    const r = await wide.stop();
+    assert.deepEqual(r, { code: 0, signal: null }, `server exit:\n${wide.log().slice(-4000)}`);
+  }
+});
