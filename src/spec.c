@@ -56,7 +56,7 @@ struct spec_engine {
     double cost_us[SPEC_COST_POINTS];
     int cost_n;
     double draft_us;
-    int32_t *pos, *seqv, *toks_cal; /* host [max(n_batch, batch rows)] */
+    int32_t *pos, *seqv;         /* host [max(n_batch, batch rows)] */
     bool *want;                  /* host [max(n_batch, batch rows)] */
 };
 
@@ -79,7 +79,7 @@ void spec_engine_free(struct spec_engine *e) {
     if (e->d_btoks) e->m->be->free(e->m->be, e->d_btoks);
     if (e->d_toks) e->m->be->free(e->m->be, e->d_toks);
     if (e->d_acc) e->m->be->free(e->m->be, e->d_acc);
-    free(e->drafters); free(e->seqs); free(e->row); free(e->qdense); free(e->resid); free(e->pos); free(e->seqv); free(e->want); free(e->toks_cal);
+    free(e->drafters); free(e->seqs); free(e->row); free(e->qdense); free(e->resid); free(e->pos); free(e->seqv); free(e->want);
     free(e);
 }
 
@@ -103,12 +103,11 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     e->pos = malloc(sizeof(int32_t) * host_rows);
     e->seqv = malloc(sizeof(int32_t) * host_rows);
     e->want = malloc(sizeof(bool) * host_rows);
-    e->toks_cal = malloc(sizeof(int32_t) * host_rows);
     e->d_ids = m->be->alloc(m->be, sizeof(int32_t) * batch_rows);
     e->d_btoks = m->be->alloc(m->be, sizeof(int32_t) * batch_rows);
     e->d_toks = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT) * (size_t)m->n_seq);
     e->d_acc = m->be->alloc(m->be, sizeof(int32_t) * (2 + SPEC_MAX_DRAFT));
-    bool ok = e->seqs && e->drafters && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->toks_cal && e->d_ids && e->d_btoks && e->d_toks && e->d_acc;
+    bool ok = e->seqs && e->drafters && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_btoks && e->d_toks && e->d_acc;
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
     for (int s = 0; ok && s < m->n_seq; s++) e->seqs[s].n_top_probs = -1;
     if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
@@ -470,6 +469,9 @@ int spec_engine_warmup(struct spec_engine *e, const int32_t *prompt, int n_promp
     return 0;
 }
 
+/* Sequence s's verify tokens on the device: the pending one, then its drafts. */
+static int32_t *seq_dev_tokens(const struct spec_engine *e, int s) { return e->d_toks + (size_t)s * (1 + SPEC_MAX_DRAFT); }
+
 /* One sequence's cycle between its draft and its acceptance (spec_seq_step, spec_step_batch). */
 struct cycle {
     int s, L, max_new;
@@ -504,7 +506,7 @@ static int cycle_plan(struct spec_engine *e, int s, int max_new, int depth, stru
     k_cap = COTI_MIN(k_cap, m->n_ctx - 1 - (L + 1));
     if (probe) k_cap = COTI_MIN(k_cap, probe->n_forced - probe->n_used - 1);
     c->drafting = d && k_cap > 0;
-    int32_t *d_toks = e->d_toks + (size_t)s * (1 + SPEC_MAX_DRAFT);
+    int32_t *d_toks = seq_dev_tokens(e, s);
     if (c->drafting && q->ahead_n == k_cap && q->ahead_L == L) {
         c->dr.n = k_cap; /* queued by the previous step, the same call as the one below */
         c->dr.on_device = true;
@@ -521,7 +523,7 @@ static int cycle_plan(struct spec_engine *e, int s, int max_new, int depth, stru
 static int cycle_drafted(struct spec_engine *e, struct cycle *c, struct spec_probe *probe, char *err, size_t err_size) {
     const int s = c->s, L = c->L;
     struct spec_seq *q = &e->seqs[s];
-    int32_t *d_toks = e->d_toks + (size_t)s * (1 + SPEC_MAX_DRAFT);
+    int32_t *d_toks = seq_dev_tokens(e, s);
     c->k_drafted = c->dr.n;
     if (q->gs && c->k_drafted > 0) {
         int rc = grammar_cut_drafts(e, q, d_toks + 1, &c->dr);
@@ -539,10 +541,10 @@ static int cycle_drafted(struct spec_engine *e, struct cycle *c, struct spec_pro
     return 0;
 }
 
-/* The start of sequence s's cycle: its draft (or the one the previous step queued), cut under a
- * grammar. marks: time the draft on the device. */
-static int cycle_draft(struct spec_engine *e, int s, int max_new, struct spec_probe *probe, bool marks, struct cycle *c,
-                       char *err, size_t err_size) {
+/* The start of sequence s's cycle: its draft (timed on the device; or the one the previous
+ * step queued), cut under a grammar. */
+static int cycle_draft(struct spec_engine *e, int s, int max_new, struct spec_probe *probe, struct cycle *c, char *err,
+                       size_t err_size) {
     struct backend *be = e->m->be;
     struct draft_request rq;
     bool need;
@@ -550,9 +552,9 @@ static int cycle_draft(struct spec_engine *e, int s, int max_new, struct spec_pr
     if (rc) return rc;
     if (need) {
         struct drafter *d = drafter_for(e, e->seqs[s].p.drafter);
-        if (marks) be->mark(be, 0);
+        be->mark(be, 0);
         if ((rc = d->vt->draft(d, s, &rq, &c->dr, err, err_size))) return rc;
-        if (marks) be->mark(be, 1);
+        be->mark(be, 1);
     }
     return cycle_drafted(e, c, probe, err, err_size);
 }
@@ -684,7 +686,7 @@ static int cycle_queue_next(struct spec_engine *e, const struct cycle *c, char *
     if (c->greedy && d && d->draft_is_pure && q->p.p_min <= 0.0f) {
         const int L2 = q->n_hist - 1;
         const int k2 = COTI_MIN(COTI_MIN(q->p.n_max, c->max_new - (c->a + 1) - 1), m->n_ctx - 1 - (L2 + 1));
-        int32_t *d_toks = e->d_toks + (size_t)s * (1 + SPEC_MAX_DRAFT);
+        int32_t *d_toks = seq_dev_tokens(e, s);
         struct draft_request rq = {q->hist, L2, k2, COTI_MIN(q->p.n_min, k2), 0.0f, NULL, d_toks + 1};
         struct draft_result dr2 = {0};
         if (k2 > 0) {
@@ -707,12 +709,12 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     *n_out = 0;
     if (max_new < 1) return 0;
     struct cycle c;
-    int rc = cycle_draft(e, s, max_new, probe, true, &c, err, err_size);
+    int rc = cycle_draft(e, s, max_new, probe, &c, err, err_size);
     if (rc) return rc;
     struct spec_seq *q = &e->seqs[s];
     struct drafter *d = drafter_for(e, q->p.drafter);
     const int L = c.L, k = c.k;
-    int32_t *d_toks = e->d_toks + (size_t)s * (1 + SPEC_MAX_DRAFT);
+    int32_t *d_toks = seq_dev_tokens(e, s);
 
     /* verify: [pending, d1..dk] at L..L+k; drafts left on the device are read there */
     for (int i = 0; i <= k; i++) { e->pos[i] = L + i; e->seqv[i] = s; e->want[i] = true; }
@@ -780,23 +782,22 @@ static double verify_us(const struct spec_engine *e, int R) {
  * where it is not (a small model on a few cores): shallow or none, so that speculation never
  * makes the batch slower. */
 static void batch_depths(const struct spec_engine *e, int n, const int *seqs, const int *rc, int *depth) {
+    for (int i = 0; i < n; i++) depth[i] = e->cost_n ? 0 : SPEC_MAX_DRAFT;
+    if (!e->cost_n) return; /* not calibrated: as deep as each asked */
     int R = 0, n_draft = 0;
     double alpha[SPEC_MAX_BATCH], tok = 0;
     for (int i = 0; i < n; i++) {
-        depth[i] = e->cost_n ? 0 : SPEC_MAX_DRAFT;
-        alpha[i] = 0;
-        if (!rc[i]) { /* (a refused entry's sequence may be out of range) */
-            const struct spec_seq *q = &e->seqs[seqs[i]];
-            /* a sequence's n_min drafts are taken whatever they cost (its request asked for them) */
-            if (e->cost_n && q->p.drafter) depth[i] = q->p.n_min;
-            alpha[i] = (q->st.n_accepted + 2.8) / (q->st.n_drafted + 4.0);
-            R += 1 + (e->cost_n ? depth[i] : 0);
-            n_draft += e->cost_n ? depth[i] : 0;
-            tok += 1;
-            for (int k = 1; e->cost_n && k <= depth[i]; k++) tok += pow(alpha[i], k);
-        }
+        if (rc[i]) continue; /* (a refused entry's sequence may be out of range) */
+        const struct spec_seq *q = &e->seqs[seqs[i]];
+        /* a sequence's n_min drafts are taken whatever they cost (its request asked for them) */
+        if (q->p.drafter) depth[i] = q->p.n_min;
+        alpha[i] = (q->st.n_accepted + 2.8) / (q->st.n_drafted + 4.0);
+        R += 1 + depth[i];
+        n_draft += depth[i];
+        tok += 1;
+        for (int k = 1; k <= depth[i]; k++) tok += pow(alpha[i], k);
     }
-    if (!e->cost_n || R == 0) return;
+    if (R == 0) return;
     const double per_draft = e->draft_us > 0 ? e->draft_us : 0.25 * e->cost_us[0];
     double T = verify_us(e, R) + per_draft * n_draft;
     for (;;) {
@@ -826,22 +827,24 @@ int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
     e->cost_n = 0;
     e->draft_us = 0;
     if (m->n_ctx <= max_rows) return 0; /* no room: batched cycles draft as asked */
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)max_rows);
+    if (!toks) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    for (int i = 0; i < max_rows; i++) {
+        e->pos[i] = i;
+        e->seqv[i] = 0;
+        e->want[i] = true;
+        toks[i] = (int32_t)((7919u * (unsigned)i + 17u) % (unsigned)e->V);
+    }
     struct model_output o;
     for (int n = 0, R = 1; R <= max_rows && n < SPEC_COST_POINTS; n++, R *= 2) {
         double best = 0;
         for (int rep = 0; rep < 3; rep++) {
             model_seq_reset(m, 0);
-            for (int i = 0; i < R; i++) {
-                e->pos[i] = i;
-                e->seqv[i] = 0;
-                e->want[i] = true;
-                e->toks_cal[i] = (int32_t)((7919u * (unsigned)i + 17u) % (unsigned)e->V);
-            }
-            struct model_batch b = {.n = R, .tokens = e->toks_cal, .pos = e->pos, .seq = e->seqv, .want_logits = e->want,
+            struct model_batch b = {.n = R, .tokens = toks, .pos = e->pos, .seq = e->seqv, .want_logits = e->want,
                                     .keep_states = true, .argmax_out = e->d_ids};
             const int64_t t0 = coti_time_us();
             int rc = model_forward(m, &b, &o, err, err_size);
-            if (rc) { model_seq_reset(m, 0); return rc; }
+            if (rc) { model_seq_reset(m, 0); free(toks); return rc; }
             m->be->sync(m->be);
             const double us = (double)(coti_time_us() - t0);
             best = rep == 0 || us < best ? us : best;
@@ -850,6 +853,7 @@ int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
         e->cost_n = n + 1;
     }
     model_seq_reset(m, 0);
+    free(toks);
     return 0;
 }
 
@@ -932,7 +936,7 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
             if (!live[i1]) continue;
             struct cycle *ci = &c[i1];
             ci->row0 = rows;
-            int32_t *d_toks = e->d_toks + (size_t)ci->s * (1 + SPEC_MAX_DRAFT);
+            int32_t *d_toks = seq_dev_tokens(e, ci->s);
             for (int r = 0; r <= ci->k; r++) {
                 e->pos[rows + r] = ci->L + r;
                 e->seqv[rows + r] = ci->s;
@@ -957,12 +961,8 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         int frc = model_forward(m, &b, &o, err, err_size);
         /* one wait: every row's argmax and token (the drafts the device made) */
         int32_t ids[SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)], toks[SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)];
-        if (!frc && any_greedy) {
-            be->download(be, ids, e->d_ids, sizeof(int32_t) * (size_t)rows);
-            be->download(be, toks, e->d_btoks, sizeof(int32_t) * (size_t)rows);
-        } else if (!frc) {
-            be->download(be, toks, e->d_btoks, sizeof(int32_t) * (size_t)rows);
-        }
+        if (!frc && any_greedy) be->download(be, ids, e->d_ids, sizeof(int32_t) * (size_t)rows);
+        if (!frc) be->download(be, toks, e->d_btoks, sizeof(int32_t) * (size_t)rows);
         const int64_t t2 = coti_time_us();
         for (int i = i0; i < i1; i++) {
             if (!live[i]) continue;

@@ -560,6 +560,13 @@ static int slot_room(struct slots *s, struct slot *sl) {
     return s->m->n_ctx - (sl->t->n_prompt + sl->n_decoded);
 }
 
+/* Slot sl's prompt could not be processed (rc, err). Parameters and sizes were checked by the
+ * HTTP side: what is left is the engine's. */
+static void slot_prompt_failed(struct slots *s, struct slot *sl, int rc, const char *err) {
+    coti_log(COTI_LOG_ERROR, "server", "task %ld: slot %d: prompt processing failed: %s", sl->t->id, sl->id, err);
+    slot_fail(s, sl, rc == COTI_E_RANGE || rc == COTI_E_ARG || rc == COTI_E_UNSUPPORTED ? 400 : 500, err);
+}
+
 /* A slot's new task: its sequence set up, taking what slots_pick chose to reuse; the prompt
  * itself is processed by slot_prefill. */
 static void slot_begin(struct slots *s, struct slot *sl) {
@@ -578,11 +585,7 @@ static void slot_begin(struct slots *s, struct slot *sl) {
                                   n_mark, &t->g.sp, &t->g.spec, &sl->cache_n, err, sizeof err);
     sl->state_ok = rc == 0;
     sl->prefilling = rc == 0;
-    if (rc) {
-        /* parameters and sizes were checked by the HTTP side: what is left is the engine's */
-        coti_log(COTI_LOG_ERROR, "server", "task %ld: slot %d: prompt processing failed: %s", t->id, sl->id, err);
-        slot_fail(s, sl, rc == COTI_E_RANGE || rc == COTI_E_ARG || rc == COTI_E_UNSUPPORTED ? 400 : 500, err);
-    }
+    if (rc) slot_prompt_failed(s, sl, rc, err);
 }
 
 /* Up to max_rows more of slot sl's prompt; at its end the first token goes out. */
@@ -594,8 +597,7 @@ static void slot_prefill(struct slots *s, struct slot *sl, int max_rows) {
     int rc = spec_seq_prefill(s->e, sl->id, max_rows, &first, &done, err, sizeof err);
     sl->state_ok = rc == 0;
     if (rc) {
-        coti_log(COTI_LOG_ERROR, "server", "task %ld: slot %d: prompt processing failed: %s", t->id, sl->id, err);
-        slot_fail(s, sl, rc == COTI_E_RANGE || rc == COTI_E_ARG || rc == COTI_E_UNSUPPORTED ? 400 : 500, err);
+        slot_prompt_failed(s, sl, rc, err);
         return;
     }
     if (!done) return;

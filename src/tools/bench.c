@@ -79,6 +79,16 @@ struct bench_io {
     const struct tokenizer *tok;
 };
 
+/* Prompt p's output gen (n_gen tokens) against the first pass's, and its sequence's statistics
+ * into k. */
+static void account(struct bench_io *io, struct config *k, size_t p, const int32_t *gen, const struct spec_stats *st) {
+    if (!io->have_ref) memcpy(io->ref[p], gen, sizeof(int32_t) * (size_t)io->n_gen);
+    else if (memcmp(io->ref[p], gen, sizeof(int32_t) * (size_t)io->n_gen)) k->same_as_first = false;
+    k->drafted += st->n_drafted;
+    k->accepted += st->n_accepted;
+    k->verifies += st->n_verify;
+}
+
 /* Prompts [p0, p0 + n) together on sequences 0 .. n-1, every cycle one spec_step_batch: their
  * tokens into gen[i * gen_stride ..], *n_tokens (after the first of each), the time they took. */
 static int run_group(struct bench_io *io, struct config *k, size_t p0, int n, int32_t *gen, long gen_stride, long *n_tokens,
@@ -125,20 +135,13 @@ static int run_prompts(struct bench_io *io, struct config *k, double *tps, char 
         const int n = (int)COTI_MIN((size_t)k->par, io->n_prompts - p0);
         long n_tok;
         int64_t us;
-        if (run_group(io, k, p0, n, io->gen, io->n_gen + SPEC_MAX_DRAFT + 1, &n_tok, &us, err, err_size)) return 1;
+        const long stride = io->n_gen + SPEC_MAX_DRAFT + 1;
+        if (run_group(io, k, p0, n, io->gen, stride, &n_tok, &us, err, err_size)) return 1;
         t_dec += us;
         toks += n_tok;
         k->tokens += n_tok;
         k->t_total += us;
-        for (int i = 0; i < n; i++) {
-            const int32_t *g = io->gen + (size_t)i * (size_t)(io->n_gen + SPEC_MAX_DRAFT + 1);
-            if (!io->have_ref) memcpy(io->ref[p0 + i], g, sizeof(int32_t) * (size_t)io->n_gen);
-            else if (memcmp(io->ref[p0 + i], g, sizeof(int32_t) * (size_t)io->n_gen)) k->same_as_first = false;
-            const struct spec_stats *st = spec_seq_stats(io->eng, i);
-            k->drafted += st->n_drafted;
-            k->accepted += st->n_accepted;
-            k->verifies += st->n_verify;
-        }
+        for (int i = 0; i < n; i++) account(io, k, p0 + (size_t)i, io->gen + (size_t)i * (size_t)stride, spec_seq_stats(io->eng, i));
     }
     for (size_t p = 0; k->par == 1 && p < io->n_prompts; p++) {
         cli_progress("bench: %s, prompt %zu/%zu", k->name, p + 1, io->n_prompts);
@@ -157,12 +160,8 @@ static int run_prompts(struct bench_io *io, struct config *k, double *tps, char 
         int64_t t1 = coti_time_us();
         t_dec += t1 - t0;
         toks += n - 1;
-        if (!io->have_ref) memcpy(io->ref[p], io->gen, sizeof(int32_t) * (size_t)io->n_gen);
-        else if (memcmp(io->ref[p], io->gen, sizeof(int32_t) * (size_t)io->n_gen)) k->same_as_first = false;
         const struct spec_stats *st = spec_seq_stats(io->eng, 0);
-        k->drafted += st->n_drafted;
-        k->accepted += st->n_accepted;
-        k->verifies += st->n_verify;
+        account(io, k, p, io->gen, st);
         k->tokens += n - 1;
         k->t_draft += st->t_draft_us;
         k->t_verify += st->t_verify_us;
