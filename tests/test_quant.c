@@ -484,6 +484,30 @@ Test(quant, rmse_per_type) {
     }
 }
 
+/* mkmodel's Q4_K (the min/max grid without the search): a valid encoding within Q4_K's
+ * step bound on random data, at least as coarse as the reference's fit and no more than
+ * 1.5x its error, and never the reference's bytes by accident of the test (the search moves
+ * some scales). */
+Test(quant, q4_K_grid_within_step_bound) {
+    enum { N = 8192 };
+    static float x[N], y[N];
+    static uint8_t q[N], r[N];
+    uint64_t s = 9;
+    fill_uniform(&s, x, N);
+    quant_quantize_q4_K_grid(x, q, N);
+    quant_quantize_row_ref(GGML_TYPE_Q4_K, x, r, N);
+    double se = 0, se_ref = 0, sx = 0;
+    quant_dequantize_row_ref(GGML_TYPE_Q4_K, q, y, N);
+    for (int j = 0; j < N; j++) { se += (double)(y[j] - x[j]) * (y[j] - x[j]); sx += (double)x[j] * x[j]; }
+    quant_dequantize_row_ref(GGML_TYPE_Q4_K, r, y, N);
+    for (int j = 0; j < N; j++) se_ref += (double)(y[j] - x[j]) * (y[j] - x[j]);
+    const double rel = sqrt(se / sx), rel_ref = sqrt(se_ref / sx);
+    cr_log_info("q4_K grid rmse %.3e, reference %.3e", rel, rel_ref);
+    cr_expect(rel <= RMSE_Q4_K, "grid rmse %.4e > %.4e", rel, RMSE_Q4_K);
+    cr_expect(rel >= rel_ref && rel <= 1.5 * rel_ref, "grid rmse %.4e vs the reference's %.4e", rel, rel_ref);
+    cr_expect(memcmp(q, r, ggml_row_size(GGML_TYPE_Q4_K, N)) != 0);
+}
+
 /* Runs of 256 values at very different magnitudes each round-trip within the bound (catches
  * scale packing that only works near 1). Magnitudes stay >= 0.03: below that the f16 block
  * scale of Q6_K (max/4096) is subnormal and loses relative precision, a property of the

@@ -454,17 +454,21 @@ static void quantize_k4_scales(const float *x, int nmax, float rmin, int nstep, 
     }
 }
 
-void quant_quantize_q4_K_ref(const float *x, void *dst, int64_t n) {
+/* nstep: the scale search's stretched grids (20: the reference; -1: the min/max grid alone) */
+static void quantize_q4_K(const float *x, void *dst, int64_t n, int nstep) {
     for (int64_t ib = 0; ib < n / QK_K; ib++, x += QK_K) {
         struct block_q4_K b;
         uint8_t L[QK_K];
-        quantize_k4_scales(x, 15, -1.0f, 20, b.scales, &b.d, &b.dmin, L);
+        quantize_k4_scales(x, 15, -1.0f, nstep, b.scales, &b.d, &b.dmin, L);
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++)
                 b.qs[32 * c + l] = (uint8_t)(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
         STORE_BLOCK(b, dst, ib);
     }
 }
+
+void quant_quantize_q4_K_ref(const float *x, void *dst, int64_t n) { quantize_q4_K(x, dst, n, 20); }
+void quant_quantize_q4_K_grid(const float *x, void *dst, int64_t n) { quantize_q4_K(x, dst, n, -1); }
 
 void quant_quantize_q5_K_ref(const float *x, void *dst, int64_t n) {
     for (int64_t ib = 0; ib < n / QK_K; ib++, x += QK_K) {

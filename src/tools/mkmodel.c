@@ -283,7 +283,9 @@ static void *fill_rows(void *arg) {
     if (!row) { j->rc = COTI_E_NOMEM; return NULL; }
     for (int64_t r = j->row0; r < j->row1; r++) {
         gen_row(j->m, j->t, r, row);
-        quant_quantize_row_ref(j->t->type, row, j->dst + (size_t)r * j->row_bytes, j->t->ne[0]);
+        uint8_t *out = j->dst + (size_t)r * j->row_bytes;
+        if (j->t->type == GGML_TYPE_Q4_K) quant_quantize_q4_K_grid(row, out, j->t->ne[0]); /* the search: 35B params in hours */
+        else quant_quantize_row_ref(j->t->type, row, out, j->t->ne[0]);
     }
     free(row);
     return NULL;
