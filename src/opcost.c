@@ -1,13 +1,17 @@
-/* opcost.c — the forwarding backend behind `coti bench --op-cost` (opcost.h). Memory, weights,
- * marks and graphs always pass through; compute ops pass unless their family is skipped. */
+/* opcost.c — the forwarding backend behind `coti bench --op-cost` and `--verify-cost`
+ * (opcost.h). Memory, weights, marks and graphs always pass through; compute ops pass unless
+ * their family is skipped; the matmuls count their weights' bytes while counting is on. */
 #include "opcost.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 struct opcost {
     struct backend be;           /* first: the ops receive &be and find the rest from it */
     struct backend *inner;
     int skip;                    /* an enum opcost_family, or -1 */
+    bool counting;
+    struct opcost_bytes counted;
 };
 
 /* A graph recorded with a skip choice replays only under the same choice. */
@@ -102,6 +106,36 @@ static bool o_supports(struct backend *be, enum backend_op op, enum ggml_type ty
 #include "backend_ops.h"
 #undef BACKEND_OP
 
+/* ---- the matmuls, counted ---- */
+
+static void c_matmul(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
+                     const struct matmul_in *in, int n_tok) {
+    if (oc(be)->counting)
+        for (int i = 0; i < n_w; i++) oc(be)->counted.weight_bytes += (double)ws[i]->row_bytes * (double)ws[i]->n_out;
+    o_matmul(be, ws, ys, n_w, in, n_tok);
+}
+
+/* An expert is read once per call however many slots chose it: its rows count once. The ids
+ * are on the device: reading them waits for the routing (counting runs without graphs). */
+static void c_matmul_id(struct backend *be, const struct bweight *w, const struct matmul_id_in *in, int n_tok, float *y) {
+    struct opcost *o = oc(be);
+    const int n_slots = n_tok * in->n_used;
+    int32_t *ids = o->counting ? malloc(sizeof(int32_t) * (size_t)n_slots) : NULL;
+    if (ids) {
+        bool seen[BACKEND_MOE_MAX_EXPERTS];
+        memset(seen, 0, sizeof seen);
+        o->inner->download(o->inner, ids, in->ids, sizeof(int32_t) * (size_t)n_slots);
+        int n_distinct = 0;
+        for (int i = 0; i < n_slots; i++)
+            if (ids[i] >= 0 && ids[i] < in->n_expert && !seen[ids[i]]) { seen[ids[i]] = true; n_distinct++; }
+        o->counted.weight_bytes += (double)n_distinct * (double)(w->n_out / in->n_expert) * (double)w->row_bytes;
+        o->counted.expert_calls++;
+        o->counted.experts_read += n_distinct;
+        free(ids);
+    }
+    o_matmul_id(be, w, in, n_tok, y);
+}
+
 struct backend *opcost_wrap(struct backend *inner) {
     struct opcost *o = calloc(1, sizeof *o);
     if (!o) return NULL;
@@ -125,6 +159,8 @@ struct backend *opcost_wrap(struct backend *inner) {
 #define BACKEND_OP(name, family, params, args) be->name = o_##name;
 #include "backend_ops.h"
 #undef BACKEND_OP
+    be->matmul = c_matmul;
+    be->matmul_id = c_matmul_id;
     be->mark = o_mark;
     be->mark_elapsed_us = o_mark_elapsed_us;
     if (inner->capture_begin) { /* graphs only where the inner backend has them */
@@ -138,3 +174,14 @@ struct backend *opcost_wrap(struct backend *inner) {
 }
 
 void opcost_skip(struct backend *be, int family) { oc(be)->skip = family; }
+
+void opcost_count(struct backend *be, bool on) {
+    struct opcost *o = oc(be);
+    o->counting = on;
+    if (on) o->counted = (struct opcost_bytes){0};
+    /* the engine records graphs only where capture_begin is set: none while counting, so that
+     * every op runs (and may read its ids back) */
+    be->capture_begin = !on && o->inner->capture_begin ? o_capture_begin : NULL;
+}
+
+struct opcost_bytes opcost_counted(struct backend *be) { return oc(be)->counted; }

@@ -1,5 +1,5 @@
 /* opcost.h — a backend that forwards every op to another one, except one family of ops it is
- * told to skip. `coti bench --op-cost` times decode with each family left out in turn: the time
+ * told to skip, and counts the weight bytes its matmuls read when told to. `coti bench --op-cost` times decode with each family left out in turn: the time
  * saved is that family's cost on the step's critical path. On a GPU, where a small kernel costs
  * mostly its dependent launch on an idle device, this says more than per-kernel timings do.
  * What the model computes while a family is skipped is garbage, by design. */
@@ -29,5 +29,17 @@ struct backend *opcost_wrap(struct backend *inner);
 /* Skip the ops of `family` from now on (-1: skip nothing). Graphs recorded under another
  * choice are refused as stale, so a model records them again. */
 void opcost_skip(struct backend *be, int family);
+
+/* Weight bytes the matmuls read (each routed expert once per matmul_id call, whatever number
+ * of slots chose it: what an engine that reads nothing twice must read), and the routed
+ * experts' calls and distinct experts over them. */
+struct opcost_bytes {
+    double weight_bytes;
+    long expert_calls, experts_read;
+};
+/* Counting on: the counts start from zero, and no graphs are recorded or replayed (ops run one
+ * by one; matmul_id reads its ids back, a wait). Off: graphs again. */
+void opcost_count(struct backend *be, bool on);
+struct opcost_bytes opcost_counted(struct backend *be);
 
 #endif

@@ -294,6 +294,18 @@ bench_prefill() {
 }
 check "coti bench --prefill: cold and warm tok/s per size" bench_prefill
 
+# --verify-cost on a random qwen35moe (4 experts per token): one row reads 4 experts per call,
+# four rows their union (more than 4, at most 16), and more weight bytes than one
+bench_verify_cost() {
+    "$COTI" mkmodel --arch qwen35moe -o "$TMP/vc.gguf" --type q8_0 --seed 5 >/dev/null 2>&1 || return 1
+    "$COTI" bench -m "$TMP/vc.gguf" --verify-cost 4 --repeat 1 -t 1 > "$TMP/vc.txt" 2>/dev/null || return 1
+    awk '$1 == 1 { one = $4; if ($5 == 4.00 && $2 > 0) ok1 = 1 }
+         $1 == 4 { if ($5 > 4 && $5 <= 16 && $4 > one && $2 > 0) ok4 = 1 }
+         END { exit ok1 && ok4 ? 0 : 1 }' "$TMP/vc.txt" || return 1
+    "$COTI" bench --verify-cost 2 --spec off -t 1 > /dev/null 2>&1; [ $? -eq 1 ]
+}
+check "coti bench --verify-cost: weight bytes and the experts' union per row count" bench_verify_cost
+
 bench_depth() {
     printf '["def fib(n):"]' > "$TMP/pd.json"
     "$COTI" bench --depth 300 -c 512 -ctk q8_0 -ctv q4_0 --spec off,mtp:2 --prompts "$TMP/pd.json" -n 16 --repeat 1 -t 1 \

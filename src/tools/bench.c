@@ -16,7 +16,12 @@
  * batched cycle of all of them, spec_step_batch, as `coti serve` steps its busy slots): the
  * prompts go in groups of P and tok/s is the aggregate of the group (issue 24).
  * --depth N: each prompt comes after N random tokens (the same for every configuration, as
- * llama-bench's -d), so decode runs at context positions N and up; the prefill stays untimed. */
+ * llama-bench's -d), so decode runs at context positions N and up; the prefill stays untimed.
+ * --verify-cost K: the target's forward of 1 .. K rows (a decode step, then verifies of 1 ..
+ * K-1 drafts), timed as the speculative cycle runs it (recorded graphs where the backend has
+ * them), beside the weight bytes it reads (opcost.h: each routed expert once per call) and
+ * what those bytes take at the decode step's bandwidth: on a mixture of experts a verify reads
+ * the union of its rows' experts (issue 22). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +51,8 @@ static void help(FILE *out, const struct cli_common *d) {
                  "  --op-cost            decode time with each family of ops left out in turn (outputs are garbage then)\n"
                  "  --prefill N[,N...]   prompt processing of N random tokens instead (tok/s, cold and warm; no --prompts)\n"
                  "  --depth N            decode after N random tokens in front of each prompt (default 0; -c must hold them)\n"
-                 "  --parallel P[,P...]  also with P sequences decoding together, batched (aggregate tok/s; default 1)\n",
+                 "  --parallel P[,P...]  also with P sequences decoding together, batched (aggregate tok/s; default 1)\n"
+                 "  --verify-cost K      instead: time and weight bytes of a forward of 1 .. K rows (decode, verifies)\n",
             BENCH_SPEC_DEFAULT, BENCH_N_GEN_DEFAULT, BENCH_REPEAT_DEFAULT);
 }
 
@@ -258,13 +264,62 @@ static int prefill_bench(struct spec_engine *eng, const struct model *m, const c
     return rc;
 }
 
+/* --verify-cost: per row count, a counted forward (bytes, experts), then repeat + 2 timed ones
+ * (the first two record the graphs), each on a fresh sequence at position 0, random tokens. */
+static int verify_cost_bench(struct model *m, struct backend *be, long max_rows, long repeat, const char *model_path) {
+    char err[512];
+    int32_t toks[SPEC_MAX_DRAFT + 1], pos[SPEC_MAX_DRAFT + 1], seq[SPEC_MAX_DRAFT + 1];
+    bool want[SPEC_MAX_DRAFT + 1];
+    double *us = malloc(sizeof(double) * (size_t)(repeat + 2));
+    int32_t *d_ids = be->alloc(be, sizeof(int32_t) * (SPEC_MAX_DRAFT + 1));
+    if (!us || !d_ids) { free(us); if (d_ids) be->free(be, d_ids); fprintf(stderr, "error: out of memory\n"); return 1; }
+    printf("# bench --verify-cost %ld | %s | a forward of n rows (n = 1: a decode step; n > 1: a verify of n-1 drafts),\n"
+           "# fresh sequence, random tokens, logits and argmax of every row; median of %ld after 2 warm-ups\n",
+           max_rows, model_path, repeat);
+    printf("%5s %10s %9s %12s %15s %14s %9s\n", "rows", "us", "x decode", "weights MB", "experts/call", "us at dec GB/s", "x that");
+    double decode_us = 0, decode_bytes = 0;
+    int rc = 0;
+    for (int n = 1; n <= max_rows && !rc; n++) {
+        random_tokens(toks, n, m->info.n_vocab, (uint64_t)n);
+        for (int i = 0; i < n; i++) { pos[i] = i; seq[i] = 0; want[i] = true; }
+        struct model_batch b = {.n = n, .tokens = toks, .pos = pos, .seq = seq, .want_logits = want,
+                                .keep_states = n > 1, .argmax_out = d_ids};
+        struct model_output o;
+        struct opcost_bytes cnt = {0};
+        for (long r = -1; r < repeat + 2 && !rc; r++) {
+            if (r == -1) opcost_count(be, true);
+            model_seq_reset(m, 0);
+            const int64_t t0 = coti_time_us();
+            rc = model_forward(m, &b, &o, err, sizeof err);
+            be->sync(be);
+            if (r == -1) { cnt = opcost_counted(be); opcost_count(be, false); }
+            else us[r] = (double)(coti_time_us() - t0);
+        }
+        if (rc) { fprintf(stderr, "error: %s\n", err); break; }
+        const double t = median(us + 2, repeat);
+        if (n == 1) { decode_us = t; decode_bytes = cnt.weight_bytes; }
+        const double at_bw = decode_bytes > 0 ? cnt.weight_bytes / decode_bytes * decode_us : 0;
+        char experts[32] = "-";
+        if (cnt.expert_calls) snprintf(experts, sizeof experts, "%.2f", (double)cnt.experts_read / (double)cnt.expert_calls);
+        printf("%5d %10.1f %9.3f %12.1f %15s %14.1f %9.3f\n", n, t, t / decode_us, cnt.weight_bytes / 1e6, experts, at_bw,
+               at_bw > 0 ? t / at_bw : 0.0);
+    }
+    if (!rc) printf("# decode: %.1f MB of weights in %.1f us = %.1f GB/s\n", decode_bytes / 1e6, decode_us,
+                    decode_us > 0 ? decode_bytes / decode_us / 1e3 : 0.0);
+    model_seq_reset(m, 0);
+    be->free(be, d_ids);
+    free(us);
+    return rc;
+}
+
 struct bench_opts {
     const char *prompts_path, *json_path, *spec_list, *prefill, *parallel;
-    long n_gen, repeat, depth;
+    long n_gen, repeat, depth, verify_cost;
     bool op_cost, spec_given;
 };
 
-enum { OPT_SPEC_LIST = CLI_TOOL_CODE, OPT_OP_COST, OPT_PROMPTS, OPT_JSON, OPT_REPEAT, OPT_PREFILL, OPT_DEPTH, OPT_PARALLEL };
+enum { OPT_SPEC_LIST = CLI_TOOL_CODE, OPT_OP_COST, OPT_PROMPTS, OPT_JSON, OPT_REPEAT, OPT_PREFILL, OPT_DEPTH, OPT_PARALLEL,
+       OPT_VERIFY_COST };
 
 static int on_option(void *state, int code, const char *name, const char *v) {
     struct bench_opts *o = state;
@@ -278,6 +333,7 @@ static int on_option(void *state, int code, const char *name, const char *v) {
     case OPT_REPEAT: return cli_parse_int(name, v, 1, 1000, &o->repeat);
     case OPT_DEPTH: return cli_parse_int(name, v, 0, 1 << 24, &o->depth);
     case OPT_PARALLEL: o->parallel = v; return 0;
+    case OPT_VERIFY_COST: return cli_parse_int(name, v, 1, SPEC_MAX_DRAFT + 1, &o->verify_cost);
     }
     return -1;
 }
@@ -295,6 +351,7 @@ int tool_bench_main(int argc, char **argv) {
         {"prefill", required_argument, NULL, OPT_PREFILL},
         {"depth", required_argument, NULL, OPT_DEPTH},
         {"parallel", required_argument, NULL, OPT_PARALLEL},
+        {"verify-cost", required_argument, NULL, OPT_VERIFY_COST},
         {0},
     };
     const struct cli_tool tool = {.name = "bench", .help = help, .short_opts = "n:", .opts = opts,
@@ -318,6 +375,19 @@ int tool_bench_main(int argc, char **argv) {
         if (rc) fprintf(stderr, "error: %s\n", err);
         else rc = prefill_bench(eng, m, o.prefill, repeat, c.model_path, c.n_threads);
         spec_engine_free(eng);
+        model_free(m);
+        backend_free(be);
+        return rc ? 1 : 0;
+    }
+    if (o.verify_cost) {
+        if (want_op_cost || spec_given || prompts_path || json_path || o.depth || o.parallel) {
+            fprintf(stderr, "error: --verify-cost times forwards alone (no --spec, --prompts, --op-cost, --depth, --parallel or --json)\n");
+            return 1;
+        }
+        struct backend *be;
+        struct model *m;
+        if (cli_open_model_wrapped(&c, 1, SPEC_MAX_DRAFT + 1, opcost_wrap, &be, &m)) return 1;
+        int rc = verify_cost_bench(m, be, o.verify_cost, repeat, c.model_path);
         model_free(m);
         backend_free(be);
         return rc ? 1 : 0;
