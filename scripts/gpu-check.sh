@@ -13,6 +13,8 @@
 # E2B shape with window rings), greedy ring vs no ring, the bench.
 # Quantized KV caches: the gate with each cache type (both sides the same type) at mtp n_max 1-4
 # and with the assistant.
+# qwen35moe: random tiny models of four weight types (and the merged gate/up layout), logits CPU vs
+# CUDA and the gate at mtp n_max 1-4.
 # NINE_B=FILE: the 9B-shaped model to use (written there when missing, kept afterwards).
 set -u
 B=${1:-build-cuda}
@@ -84,6 +86,25 @@ for t in q8_0 q4_0 q4_K q6_K f16 bf16; do
     say "random $t: logits cpu vs cuda: $(echo "$cmp" | sed 's/^positions [0-9]* *//'); equiv mtp 4: ${r#*: }"
     [ $rc = 0 ] || bad=1
     echo "$r" | grep -q 'real disagreements 0' || bad=1
+    rm -f "$R"
+done
+
+# qwen35moe (routed experts): logits CPU vs CUDA and the gate at n_max 1-4, separate and merged
+# gate/up stacks; a verify's rows share their experts' matmul and must equal the decode rows
+for t in q8_0 q4_K q4_0 f16 "q8_0 --gate-up-merged"; do
+    R=/tmp/gpu-check-moe.gguf
+    # shellcheck disable=SC2086
+    "$C" mkmodel --arch qwen35moe --shape tiny --type $t --seed 5 -o "$R" > /dev/null 2>&1
+    cmp=$(logits_cmp "$R" "-moe-${t%% *}")
+    rc=$?
+    [ $rc = 0 ] || bad=1
+    line=""
+    for n in 1 2 3 4; do
+        r=$("$C" equiv -m "$R" --device cuda --spec mtp --spec-n-max $n --prompts tests/data-prompts.json -n 32 2>&1 | tail -1)
+        line="$line n$n: $(echo "$r" | grep -o 'real disagreements [0-9]*, mean |dlogprob top-1| [0-9.e-]*' | sed 's/real disagreements/dis/; s/mean |dlogprob top-1|/dlp/')"
+        echo "$r" | grep -q 'real disagreements 0, mean |dlogprob top-1| 0,' || bad=1
+    done
+    say "qwen35moe $t: logits cpu vs cuda: $(echo "$cmp" | sed 's/^positions [0-9]* *//'); equiv mtp$line"
     rm -f "$R"
 done
 

@@ -1,6 +1,8 @@
 /* moe.cu — the mixture-of-experts ops: routing (moe_route), the routed experts' matmul
  * (matmul_id) and the weighted sum with the gated shared expert (moe_sum). The chosen ids
- * stay on the device: matmul_id's blocks find their expert's slots themselves. */
+ * stay on the device: matmul_id's blocks find their expert and its slots themselves, and only
+ * chosen experts get blocks. Quantized experts are dotted with the inputs converted to the
+ * weight's activation format, as the matvec and the CPU do. */
 #include "matmul.cuh"
 #include "dequant.cuh"
 
@@ -42,24 +44,123 @@ void cuda_moe_route(struct backend *be, const float *logits, int n_tok, int n_ex
 
 /* ---- matmul_id ------------------------------------------------------------------------------ */
 
-#define MOE_ROWS_PER_BLOCK 32      /* one warp per row, 8 warps, 4 rows each */
-#define MOE_WARPS 8
-#define MOE_SLOTS_PER_PASS 8       /* slots a warp accumulates while it reads a row once */
+#define MOE_WARPS 8                /* a warp per row: a block is (chosen expert, 8 rows) */
+#define MOE_SLOTS_PER_PASS 8       /* slots a warp dots while it decodes a row once */
 #define MOE_MAX_SLOT_LIST 2048     /* a block's slot list in shared memory, refilled past this */
 
-/* Block (expert e, rows [r0, r0 + 32)): the slots that chose e, then per row (a warp each) the
- * row dequantized once per pass of up to 8 slots and dotted with their inputs. A slot's sum is
- * over the row in one fixed order (lane-strided, then the warp reduction), whatever the other
- * slots: a verify row equals its decode row. Inputs are f32 (formed silu(g)·u when swiglu). */
+/* The input row of slot s: its token's row, or its own row when slots have their own inputs
+ * (the down projection's swiglu of the slot's gate and up). */
+__device__ __forceinline__ const float *moe_src(const float *x, int r, bool per_slot, int n_used, int tok_stride,
+                                                int slot_stride) {
+    return per_slot ? x + (size_t)(r / n_used) * tok_stride + (size_t)(r % n_used) * slot_stride
+                    : x + (size_t)r * tok_stride;
+}
+/* element e of input row p (n wide): swiglu forms silu(gate) · up as the swiglu op does */
+__device__ __forceinline__ float moe_val(const float *p, int n, int e, bool swiglu) {
+    return e >= n ? 0.0f : swiglu ? __fmul_rn(cuda_silu(p[e]), p[n + e]) : p[e];
+}
+
+/* The input rows converted to the weight's activation format (Q8_0 / Q8_1), once per call:
+ * the codes of quant.c's reference rule, as the CPU converts each slot's row. */
+__global__ void moe_q8_rows_kernel(const float *__restrict__ x, int n, int n_rows, bool per_slot, int n_used,
+                                   int tok_stride, int slot_stride, bool swiglu, int stride, int8_t *__restrict__ q,
+                                   float *__restrict__ d, float *__restrict__ s) {
+    cuda_pdl_begin();
+    q8_rows(
+        [&](int r, int e0, float (&v)[4]) {
+            const float *p = moe_src(x, r, per_slot, n_used, tok_stride, slot_stride);
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[k] = moe_val(p, n, e0 + k, swiglu);
+        },
+        n, n_rows, stride, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x, q, d, s);
+}
+
+/* The same to Q8_K (the K-quants): a warp per 256-block. */
+__global__ void moe_q8K_rows_kernel(const float *__restrict__ x, int n, int n_rows, bool per_slot, int n_used,
+                                    int tok_stride, int slot_stride, bool swiglu, int stride, int8_t *__restrict__ q,
+                                    float *__restrict__ d, int16_t *__restrict__ bs) {
+    cuda_pdl_begin();
+    const int nb = stride / 256, gw = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (gw >= n_rows * nb) return;
+    const int r = gw / nb, b = gw % nb;
+    const float *p = moe_src(x, r, per_slot, n_used, tok_stride, slot_stride);
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = moe_val(p, n, 256 * b + 8 * lane + i, swiglu);
+    q8K_block_vals(v, lane, q + (size_t)r * stride + 256 * b, d + (size_t)r * nb + b, bs + (size_t)r * (stride / 16) + 16 * b);
+}
+
+/* The a-th smallest expert that some slot chose, or -1 past the last: a bitmap of the chosen
+ * experts, then warp 0 finds the word and the bit by a scan of the words' counts. Every thread
+ * of the block calls; the answer is the block's. */
+__device__ int moe_nth_chosen(const int32_t *__restrict__ ids, int n_slots, int E, int a) {
+    __shared__ uint32_t bits[BACKEND_MOE_MAX_EXPERTS / 32];
+    __shared__ int found;
+    const int nw = (E + 31) / 32, lane = threadIdx.x % 32;
+    for (int i = threadIdx.x; i < nw; i += blockDim.x) bits[i] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
+        const int e = ids[s];
+        if (e >= 0 && e < E) atomicOr(&bits[e / 32], 1u << (e % 32));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        int res = -1, base = 0;
+        for (int w0 = 0; w0 < nw && res < 0; w0 += 32) {
+            const int wi = w0 + lane;
+            uint32_t v = wi < nw ? bits[wi] : 0u;
+            const int cnt = __popc(v);
+            int inc = cnt;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int t = __shfl_up_sync(0xFFFFFFFFu, inc, o);
+                if (lane >= o) inc += t;
+            }
+            const int k = a - base - (inc - cnt);
+            int mine = -1;
+            if (k >= 0 && k < cnt) {
+                for (int i = 0; i < k; i++) v &= v - 1;
+                mine = 32 * wi + __ffs((int)v) - 1;
+            }
+            const unsigned hit = __ballot_sync(0xFFFFFFFFu, mine >= 0);
+            if (hit) res = __shfl_sync(0xFFFFFFFFu, mine, __ffs((int)hit) - 1);
+            base += __shfl_sync(0xFFFFFFFFu, inc, 31);
+        }
+        if (lane == 0) found = res;
+    }
+    __syncthreads();
+    return found;
+}
+
+/* Block (the blockIdx.x-th chosen expert e, rows [8·blockIdx.y, +8)): the slots that chose e,
+ * then per row (a warp each) the row staged in shared memory once and, per pass of up to 8
+ * slots, each 32-element unit decoded once and dotted with the slots' codes (dp4a, exact
+ * integer sums, the matvec's combine). A slot's sum is over the row in one fixed order
+ * (lane-strided units, then the warp reduction), whatever the other slots: a verify row equals
+ * its decode row; against the CPU it differs by f32 reassociation alone. */
 template <int T>
 __global__ void __launch_bounds__(32 * MOE_WARPS)
-matmul_id_kernel(const uint8_t *__restrict__ w, size_t rb, int rows, int n_in, const int32_t *__restrict__ ids,
-                 int n_slots, int n_used, const float *__restrict__ x, int tok_stride, int slot_stride, int swiglu,
-                 float *__restrict__ y, int y_stride) {
-    cuda_pdl_begin();
+matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int rows, int n_units, int E,
+                   const int32_t *__restrict__ ids, int n_slots, int n_used, bool per_slot, const xact x,
+                   float *__restrict__ y, int y_stride) {
+    extern __shared__ __align__(16) uint8_t moe_rows[];
     __shared__ int list[MOE_MAX_SLOT_LIST];
     __shared__ int n_list;
-    const int e = blockIdx.x, r0 = blockIdx.y * MOE_ROWS_PER_BLOCK, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    cuda_pdl_begin();
+    const int e = moe_nth_chosen(ids, n_slots, E, blockIdx.x);
+    if (e < 0) return; /* the block's answer: every thread leaves */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = blockIdx.y * MOE_WARPS + warp;
+    uint8_t *sm = moe_rows + (size_t)warp * rstride;
+    if (r < rows) {
+        const uint8_t *row = w + ((size_t)e * rows + r) * rb;
+        if ((rb & 15) == 0 && ((uintptr_t)w & 15) == 0)
+            for (int i = lane; i < (int)(rb / 16); i += 32) ((uint4 *)sm)[i] = __ldg((const uint4 *)row + i);
+        else if ((rb & 3) == 0 && ((uintptr_t)w & 3) == 0)
+            for (int i = lane; i < (int)(rb / 4); i += 32) ((uint32_t *)sm)[i] = __ldg((const uint32_t *)row + i);
+        else
+            for (int i = lane; i < (int)rb; i += 32) sm[i] = row[i];
+        if (lane < 4) ((uint32_t *)(sm + rstride - 16))[lane] = 0; /* the decoders read a word past */
+        __syncwarp();
+    }
     for (int base = 0; base < n_slots; base += MOE_MAX_SLOT_LIST) {
         __syncthreads();
         if (threadIdx.x == 0) n_list = 0;
@@ -69,7 +170,60 @@ matmul_id_kernel(const uint8_t *__restrict__ w, size_t rb, int rows, int n_in, c
             if (ids[s] == e) list[atomicAdd(&n_list, 1)] = s;
         __syncthreads();
         const int n = n_list;
-        for (int r = r0 + warp; r < min(r0 + MOE_ROWS_PER_BLOCK, rows); r += MOE_WARPS) {
+        if (r >= rows) continue;
+        for (int j0 = 0; j0 < n; j0 += MOE_SLOTS_PER_PASS) {
+            const int nj = min(MOE_SLOTS_PER_PASS, n - j0);
+            int slot[MOE_SLOTS_PER_PASS], xr[MOE_SLOTS_PER_PASS];
+            float acc[MOE_SLOTS_PER_PASS];
+#pragma unroll
+            for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) {
+                slot[j] = list[j0 + min(j, nj - 1)];
+                xr[j] = per_slot ? slot[j] : slot[j] / n_used;
+                acc[j] = 0.0f;
+            }
+            for (int u = lane; u < n_units; u += 32) {
+                uint32_t c[8];
+                usc sc;
+                qt<T>::decode(sm, (u / qt<T>::UPB) * qt<T>::BB, u % qt<T>::UPB, c, sc);
+#pragma unroll
+                for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) {
+                    if (j < nj) {
+                        const int4 *xa = (const int4 *)((const int8_t *)x.q + (size_t)xr[j] * x.stride + 32 * u);
+                        const int lo = dp4a_half(c, __ldg(xa)), hi = dp4a_half(c + 4, __ldg(xa + 1));
+                        acc[j] += qt<T>::combine(sc, lo, hi, load_xs<qt<T>::XF, false>(x, (size_t)xr[j], u));
+                    }
+                }
+            }
+            for (int j = 0; j < nj; j++) {
+                const float v = cuda_warp_sum(acc[j]);
+                if (lane == 0) y[(size_t)slot[j] * y_stride + r] = v;
+            }
+        }
+    }
+}
+
+/* Float weights (F32 / F16 / BF16): a block per (expert, 32 rows), each row dequantized
+ * exactly and dotted with the f32 inputs, up to 8 slots per read of the row. */
+#define MOE_F_ROWS_PER_BLOCK 32
+template <int T>
+__global__ void __launch_bounds__(32 * MOE_WARPS)
+matmul_id_float_kernel(const uint8_t *__restrict__ w, size_t rb, int rows, int n_in, const int32_t *__restrict__ ids,
+                       int n_slots, int n_used, const float *__restrict__ x, int tok_stride, int slot_stride, int swiglu,
+                       float *__restrict__ y, int y_stride) {
+    cuda_pdl_begin();
+    __shared__ int list[MOE_MAX_SLOT_LIST];
+    __shared__ int n_list;
+    const int e = blockIdx.x, r0 = blockIdx.y * MOE_F_ROWS_PER_BLOCK, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int base = 0; base < n_slots; base += MOE_MAX_SLOT_LIST) {
+        __syncthreads();
+        if (threadIdx.x == 0) n_list = 0;
+        __syncthreads();
+        const int end = min(n_slots, base + MOE_MAX_SLOT_LIST);
+        for (int s = base + threadIdx.x; s < end; s += blockDim.x)
+            if (ids[s] == e) list[atomicAdd(&n_list, 1)] = s;
+        __syncthreads();
+        const int n = n_list;
+        for (int r = r0 + warp; r < min(r0 + MOE_F_ROWS_PER_BLOCK, rows); r += MOE_WARPS) {
             const uint8_t *row = w + ((size_t)e * rows + r) * rb;
             for (int j0 = 0; j0 < n; j0 += MOE_SLOTS_PER_PASS) {
                 const int nj = min(MOE_SLOTS_PER_PASS, n - j0);
@@ -104,11 +258,34 @@ typedef void (*matmul_id_fn)(struct cuda_ctx *c, const struct bweight *w, const 
 template <int T>
 static void matmul_id_launch(struct cuda_ctx *c, const struct bweight *w, const struct matmul_id_in *in, int n_tok,
                              float *y) {
-    const int rows = (int)(w->n_out / in->n_expert);
-    const dim3 grid(in->n_expert, cuda_cdiv(rows, MOE_ROWS_PER_BLOCK));
-    cuda_launch(c, grid, dim3(32 * MOE_WARPS), matmul_id_kernel<T>, (const uint8_t *)w->data, w->row_bytes, rows,
-                (int)w->n_in, in->ids, n_tok * in->n_used, in->n_used, in->x, in->tok_stride, in->slot_stride,
-                (int)in->swiglu, y, in->y_stride);
+    const int E = in->n_expert, rows = (int)(w->n_out / E), n = (int)w->n_in, n_slots = n_tok * in->n_used;
+    if constexpr (T == GGML_TYPE_F32 || T == GGML_TYPE_F16 || T == GGML_TYPE_BF16) {
+        const dim3 grid(E, cuda_cdiv(rows, MOE_F_ROWS_PER_BLOCK));
+        cuda_launch(c, grid, dim3(32 * MOE_WARPS), matmul_id_float_kernel<T>, (const uint8_t *)w->data, w->row_bytes,
+                    rows, n, in->ids, n_slots, in->n_used, in->x, in->tok_stride, in->slot_stride, (int)in->swiglu, y,
+                    in->y_stride);
+    } else {
+        const int f = qt<T>::XF, stride = x_stride(n);
+        const bool per_slot = in->slot_stride != 0;
+        const int n_rows = per_slot ? n_slots : n_tok;
+        const xact xa = converted_scratch(c, f, n_rows, stride);
+        if (f == XF_Q8_K)
+            cuda_launch(c, cuda_cdiv((int64_t)n_rows * (stride / 256), 8), 256, moe_q8K_rows_kernel, in->x, n, n_rows,
+                        per_slot, in->n_used, in->tok_stride, in->slot_stride, in->swiglu, stride, (int8_t *)xa.q,
+                        (float *)xa.d, (int16_t *)xa.bs);
+        else
+            cuda_launch(c, cuda_cdiv((int64_t)n_rows * (stride / 32) * 8, 256), 256, moe_q8_rows_kernel, in->x, n,
+                        n_rows, per_slot, in->n_used, in->tok_stride, in->slot_stride, in->swiglu, stride,
+                        (int8_t *)xa.q, (float *)xa.d, f == XF_Q8_1 ? (float *)xa.s : (float *)NULL);
+        const int rstride = (int)((w->row_bytes + 15) & ~(size_t)15) + 16;
+        const size_t smem = (size_t)MOE_WARPS * rstride;
+        if (smem > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(matmul_id_q_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        const dim3 grid(min(E, n_slots), cuda_cdiv(rows, MOE_WARPS));
+        cuda_launch_smem(c, grid, dim3(32 * MOE_WARPS), smem, matmul_id_q_kernel<T>, (const uint8_t *)w->data,
+                         w->row_bytes, rstride, rows, n / 32, E, in->ids, n_slots, in->n_used, per_slot, xa, y,
+                         in->y_stride);
+    }
 }
 
 #define MOE_TYPE(T) matmul_id_launch<T>,
@@ -116,7 +293,7 @@ static const matmul_id_fn matmul_id_types[] = {CUDA_MM_TYPES(MOE_TYPE)};
 
 void cuda_matmul_id(struct backend *be, const struct bweight *w, const struct matmul_id_in *in, int n_tok, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
-    if (n_tok < 1 || in->n_expert < 1 || in->n_used < 1) return;
+    if (n_tok < 1 || in->n_expert < 1 || in->n_used < 1 || in->n_expert > BACKEND_MOE_MAX_EXPERTS) return;
     const int slot = cuda_mm_slot(w->type);
     if (slot < 0) { /* weight_init refused it: a caller bug */
         fprintf(stderr, "cuda: matmul_id on a weight of unsupported type %d\n", (int)w->type);

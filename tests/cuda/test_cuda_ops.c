@@ -31,9 +31,10 @@
  * - argmax: the same index; p_max within 1e-6 relative (double sums on both sides).
  * - accept_greedy: bit-exact. mark: the time of 4 GiB of copies between two marks.
  * - moe_route: the same ids; weights 2e-6 relative. moe_sum: 2e-6 relative (expf's sigmoid).
- * - matmul_id: f32 inputs on the GPU where the CPU rounds them to the activation type, so
- *   |gpu - cpu| <= Σ|w|·amax(x)/127 + 2e-6·Σ|w x| per output; a token alone equals its slots
- *   in a batch, bit for bit.
+ * - matmul_id: quantized experts: the inputs converted as the CPU does, exact integer sums,
+ *   so the matvec's 2e-6·Σ|w x|; float experts: f32 inputs on the GPU where the CPU rounds
+ *   them to f16 / bf16, so Σ|w|·amax(x)/127 more; a token alone equals its slots in a batch,
+ *   bit for bit.
  * - graphs: a replay equals the op run eagerly, bit for bit.
  * Every op of backend_ops.h has an entry in op_tests (main fails for one without); the matmul's
  * cases run under the variant rules and then with each kernel variant forced
@@ -1458,10 +1459,10 @@ static void test_moe_route(int n_tok, int n_expert, int n_used) {
     free(l); free(wc); free(wg); free(ic); free(ig);
 }
 
-/* matmul_id against the CPU reference. The GPU dots the weights with f32 inputs where the CPU
- * first rounds them to the weight type's activation type (Q8_0/Q8_1/Q8_K: at most amax/254 per
- * element; F16, BF16: at most |x|·2^-8): so |gpu - cpu| <= Σ_i |w_i| · amax(x)/127 (twice that)
- * + 2e-6 · Σ_i |w_i x_i| (f32 reassociation). Then every slot of token 2 computed alone must be
+/* matmul_id against the CPU reference. Quantized weights: both sides convert the inputs to the
+ * activation type by the same rule and sum exact integer block products, so they differ by f32
+ * reassociation alone, 2e-6 · Σ_i |w_i x_i|. Float weights: the GPU dots with f32 inputs where
+ * the CPU first rounds them to f16 / bf16 (at most |x|·2^-8), so Σ_i |w_i| · amax(x)/127 more. Then every slot of token 2 computed alone must be
  * bit-identical to the batch's (a verify row equals its decode row), and a slot whose id is out
  * of range is left as it was. */
 static void test_matmul_id(enum ggml_type t, int n_in, int rows, int n_expert, int n_used, int n_tok, bool swiglu) {
@@ -1500,7 +1501,8 @@ static void test_matmul_id(enum ggml_type t, int n_in, int rows, int n_expert, i
             const float *wr = hw.deq + ((size_t)ids[sl] * rows + r) * n_in;
             double sw = 0, swx = 0;
             for (int i = 0; i < n_in; i++) { sw += fabs(wr[i]); swx += fabs((double)wr[i] * a[i]); }
-            bound[(size_t)sl * ys + r] = (float)((t == GGML_TYPE_F32 ? 0.0 : sw * amax / 127.0) + 2e-6 * swx + 1e-30);
+            const bool rounded = t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
+            bound[(size_t)sl * ys + r] = (float)((rounded ? sw * amax / 127.0 : 0.0) + 2e-6 * swx + 1e-30);
         }
     }
     int32_t *di = gdup(ids, sizeof(int32_t) * n_slots);
@@ -1706,6 +1708,8 @@ static void run_matmul_id(void) {
     }
     test_matmul_id(GGML_TYPE_Q8_0, 2048, 512, 32, 8, 1, false);  /* 35B-A3B's gate widths, decode */
     test_matmul_id(GGML_TYPE_Q4_K, 512, 2048, 32, 8, 1, true);   /* its down's, decode */
+    test_matmul_id(GGML_TYPE_Q4_K, 2048, 64, 256, 8, 3, false);  /* 256 experts: blocks for the chosen only */
+    test_matmul_id(GGML_TYPE_Q6_K, 512, 40, 512, 8, 5, true);    /* 512 experts, rows not a multiple of 8 */
     test_matmul_id(GGML_TYPE_Q8_0, 256, 48, 8, 2, 300, true);    /* prefill: slot lists past 8 */
 }
 static void run_moe_sum(void) { test_moe_sum(1, 8, 2048); test_moe_sum(5, 4, 300); }
