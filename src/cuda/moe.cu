@@ -6,45 +6,75 @@
 #include "matmul.cuh"
 #include "dequant.cuh"
 
-/* ---- moe_route: one thread per token (at most BACKEND_MOE_MAX_EXPERTS experts) ---------------- */
+/* ---- moe_route: a warp per token (at most BACKEND_MOE_MAX_EXPERTS experts) ------------------- */
 
+#define MOE_ROUTE_PER_LANE (BACKEND_MOE_MAX_EXPERTS / 32)
+
+/* The CPU's arithmetic: f32 exponentials of l - max, their sum in double (here per lane, then
+ * across the warp: the order differs, the double sum does not round to another f32 reciprocal
+ * in practice), p = e · (1/sum); the top n_used by repeated selection (the larger p, the lower
+ * expert on ties), their p over their f32 sum in selection order. */
 __global__ void moe_route_kernel(const float *__restrict__ logits, int n_tok, int n_expert, int n_used,
                                  int32_t *__restrict__ ids, float *__restrict__ wts) {
     cuda_pdl_begin();
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (t >= n_tok) return;
-    float p[BACKEND_MOE_MAX_EXPERTS];
     const float *l = logits + (size_t)t * n_expert;
+    float p[MOE_ROUTE_PER_LANE];
     float mx = -INFINITY;
-    for (int e = 0; e < n_expert; e++) mx = fmaxf(mx, l[e]);
+#pragma unroll
+    for (int i = 0; i < MOE_ROUTE_PER_LANE; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < n_expert ? l[e] : -INFINITY;
+        mx = fmaxf(mx, p[i]);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
     double sum = 0.0;
-    for (int e = 0; e < n_expert; e++) sum += (p[e] = expf(l[e] - mx));
+#pragma unroll
+    for (int i = 0; i < MOE_ROUTE_PER_LANE; i++)
+        if (lane + 32 * i < n_expert) sum += (p[i] = expf(p[i] - mx));
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
     const float inv = (float)(1.0 / sum);
-    for (int e = 0; e < n_expert; e++) p[e] *= inv;
+#pragma unroll
+    for (int i = 0; i < MOE_ROUTE_PER_LANE; i++) p[i] = lane + 32 * i < n_expert ? p[i] * inv : -2.0f;
     float wsum = 0.0f;
+    float *wt = wts + (size_t)t * n_used;
     for (int k = 0; k < n_used; k++) {
-        int best = 0;
-        for (int e = 1; e < n_expert; e++)
-            if (p[e] > p[best]) best = e;
-        ids[(size_t)t * n_used + k] = best;
-        wts[(size_t)t * n_used + k] = p[best];
-        wsum += p[best];
-        p[best] = -1.0f; /* taken */
+        float bp = -3.0f;
+        int be = 1 << 30;
+#pragma unroll
+        for (int i = 0; i < MOE_ROUTE_PER_LANE; i++)
+            if (p[i] > bp) { bp = p[i]; be = lane + 32 * i; }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float op = __shfl_xor_sync(0xFFFFFFFFu, bp, o);
+            const int oe = __shfl_xor_sync(0xFFFFFFFFu, be, o);
+            if (op > bp || (op == bp && oe < be)) { bp = op; be = oe; }
+        }
+#pragma unroll
+        for (int i = 0; i < MOE_ROUTE_PER_LANE; i++)
+            if (lane + 32 * i == be) p[i] = -1.0f; /* taken */
+        wsum += bp;
+        if (lane == 0) {
+            ids[(size_t)t * n_used + k] = be;
+            wt[k] = bp;
+        }
     }
     wsum = fmaxf(wsum, 6.103515625e-5f);
-    for (int k = 0; k < n_used; k++) wts[(size_t)t * n_used + k] /= wsum;
+    __syncwarp();
+    for (int k = lane; k < n_used; k += 32) wt[k] = wt[k] / wsum;
 }
 
 void cuda_moe_route(struct backend *be, const float *logits, int n_tok, int n_expert, int n_used, int32_t *ids,
                     float *wts) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1 || n_expert > BACKEND_MOE_MAX_EXPERTS || n_used > n_expert) return;
-    cuda_launch(c, dim3(cuda_cdiv(n_tok, 64)), dim3(64), moe_route_kernel, logits, n_tok, n_expert, n_used, ids, wts);
+    cuda_launch(c, dim3(cuda_cdiv(n_tok, 4)), dim3(128), moe_route_kernel, logits, n_tok, n_expert, n_used, ids, wts);
 }
 
 /* ---- matmul_id ------------------------------------------------------------------------------ */
 
-#define MOE_WARPS 8                /* a warp per row: a block is (chosen expert, 8 rows) */
+#define MOE_WARPS 8                /* a block is (chosen expert, 16 rows): 2 rows a warp */
+#define MOE_ROWS_PER_WARP 2
 #define MOE_SLOTS_PER_PASS 8       /* slots a warp dots while it decodes a row once */
 #define MOE_MAX_SLOT_LIST 2048     /* a block's slot list in shared memory, refilled past this */
 
@@ -131,14 +161,16 @@ __device__ int moe_nth_chosen(const int32_t *__restrict__ ids, int n_slots, int 
     return found;
 }
 
-/* Block (the blockIdx.x-th chosen expert e, rows [8·blockIdx.y, +8)): the slots that chose e,
- * then per row (a warp each) the row staged in shared memory once and, per pass of up to 8
- * slots, each 32-element unit decoded once and dotted with the slots' codes (dp4a, exact
- * integer sums, the matvec's combine). A slot's sum is over the row in one fixed order
- * (lane-strided units, then the warp reduction), whatever the other slots: a verify row equals
- * its decode row; against the CPU it differs by f32 reassociation alone. */
+/* Block (the blockIdx.x-th chosen expert e, rows [16·blockIdx.y, +16)): the slots that chose
+ * e, then per row (a warp has two, both staged in shared memory before either is used) and per
+ * pass of up to 8 slots, each 32-element unit decoded once and dotted with the slots' codes
+ * (dp4a, exact integer sums, the matvec's combine). A slot's sum is over the row in one fixed
+ * order (lane-strided units, then the warp reduction), whatever the other slots: a verify row
+ * equals its decode row; against the CPU it differs by f32 reassociation alone. At most 80
+ * registers, so that three blocks share an SM (148 without the bound: one block, 8 warps per
+ * SM, and the 35B-A3B's expert reads ran at ~150 GB/s). */
 template <int T>
-__global__ void __launch_bounds__(32 * MOE_WARPS)
+__global__ void __launch_bounds__(32 * MOE_WARPS, 3)
 matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int rows, int n_units, int E,
                    const int32_t *__restrict__ ids, int n_slots, int n_used, bool per_slot, const xact x,
                    float *__restrict__ y, int y_stride) {
@@ -148,10 +180,12 @@ matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int ro
     cuda_pdl_begin();
     const int e = moe_nth_chosen(ids, n_slots, E, blockIdx.x);
     if (e < 0) return; /* the block's answer: every thread leaves */
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = blockIdx.y * MOE_WARPS + warp;
-    uint8_t *sm = moe_rows + (size_t)warp * rstride;
-    if (r < rows) {
-        const uint8_t *row = w + ((size_t)e * rows + r) * rb;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r0 = (blockIdx.y * MOE_WARPS + warp) * MOE_ROWS_PER_WARP;
+    uint8_t *sm0 = moe_rows + (size_t)warp * MOE_ROWS_PER_WARP * rstride;
+    for (int q = 0; q < MOE_ROWS_PER_WARP && r0 + q < rows; q++) {
+        const uint8_t *row = w + ((size_t)e * rows + r0 + q) * rb;
+        uint8_t *sm = sm0 + (size_t)q * rstride;
         if ((rb & 15) == 0 && ((uintptr_t)w & 15) == 0)
             for (int i = lane; i < (int)(rb / 16); i += 32) ((uint4 *)sm)[i] = __ldg((const uint4 *)row + i);
         else if ((rb & 3) == 0 && ((uintptr_t)w & 3) == 0)
@@ -159,8 +193,8 @@ matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int ro
         else
             for (int i = lane; i < (int)rb; i += 32) sm[i] = row[i];
         if (lane < 4) ((uint32_t *)(sm + rstride - 16))[lane] = 0; /* the decoders read a word past */
-        __syncwarp();
     }
+    __syncwarp();
     for (int base = 0; base < n_slots; base += MOE_MAX_SLOT_LIST) {
         __syncthreads();
         if (threadIdx.x == 0) n_list = 0;
@@ -170,33 +204,38 @@ matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int ro
             if (ids[s] == e) list[atomicAdd(&n_list, 1)] = s;
         __syncthreads();
         const int n = n_list;
-        if (r >= rows) continue;
-        for (int j0 = 0; j0 < n; j0 += MOE_SLOTS_PER_PASS) {
-            const int nj = min(MOE_SLOTS_PER_PASS, n - j0);
-            int slot[MOE_SLOTS_PER_PASS], xr[MOE_SLOTS_PER_PASS];
-            float acc[MOE_SLOTS_PER_PASS];
-#pragma unroll
-            for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) {
-                slot[j] = list[j0 + min(j, nj - 1)];
-                xr[j] = per_slot ? slot[j] : slot[j] / n_used;
-                acc[j] = 0.0f;
-            }
-            for (int u = lane; u < n_units; u += 32) {
-                uint32_t c[8];
-                usc sc;
-                qt<T>::decode(sm, (u / qt<T>::UPB) * qt<T>::BB, u % qt<T>::UPB, c, sc);
+        for (int q = 0; q < MOE_ROWS_PER_WARP && r0 + q < rows; q++) {
+            const uint8_t *sm = sm0 + (size_t)q * rstride;
+            for (int j0 = 0; j0 < n; j0 += MOE_SLOTS_PER_PASS) {
+                const int nj = min(MOE_SLOTS_PER_PASS, n - j0);
+                int slot[MOE_SLOTS_PER_PASS], xr[MOE_SLOTS_PER_PASS];
+                float acc[MOE_SLOTS_PER_PASS];
 #pragma unroll
                 for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) {
-                    if (j < nj) {
-                        const int4 *xa = (const int4 *)((const int8_t *)x.q + (size_t)xr[j] * x.stride + 32 * u);
-                        const int lo = dp4a_half(c, __ldg(xa)), hi = dp4a_half(c + 4, __ldg(xa + 1));
-                        acc[j] += qt<T>::combine(sc, lo, hi, load_xs<qt<T>::XF, false>(x, (size_t)xr[j], u));
+                    slot[j] = list[j0 + min(j, nj - 1)];
+                    xr[j] = per_slot ? slot[j] : slot[j] / n_used;
+                    acc[j] = 0.0f;
+                }
+                for (int u = lane; u < n_units; u += 32) {
+                    uint32_t c[8];
+                    usc sc;
+                    qt<T>::decode(sm, (u / qt<T>::UPB) * qt<T>::BB, u % qt<T>::UPB, c, sc);
+#pragma unroll
+                    for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) {
+                        if (j < nj) {
+                            const int4 *xa = (const int4 *)((const int8_t *)x.q + (size_t)xr[j] * x.stride + 32 * u);
+                            const int lo = dp4a_half(c, __ldg(xa)), hi = dp4a_half(c + 4, __ldg(xa + 1));
+                            acc[j] += qt<T>::combine(sc, lo, hi, load_xs<qt<T>::XF, false>(x, (size_t)xr[j], u));
+                        }
                     }
                 }
-            }
-            for (int j = 0; j < nj; j++) {
-                const float v = cuda_warp_sum(acc[j]);
-                if (lane == 0) y[(size_t)slot[j] * y_stride + r] = v;
+#pragma unroll
+                for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) {
+                    if (j < nj) { /* nj is the warp's: the reduction is uniform */
+                        const float v = cuda_warp_sum(acc[j]);
+                        if (lane == 0) y[(size_t)slot[j] * y_stride + r0 + q] = v;
+                    }
+                }
             }
         }
     }
@@ -278,10 +317,10 @@ static void matmul_id_launch(struct cuda_ctx *c, const struct bweight *w, const 
                         n_rows, per_slot, in->n_used, in->tok_stride, in->slot_stride, in->swiglu, stride,
                         (int8_t *)xa.q, (float *)xa.d, f == XF_Q8_1 ? (float *)xa.s : (float *)NULL);
         const int rstride = (int)((w->row_bytes + 15) & ~(size_t)15) + 16;
-        const size_t smem = (size_t)MOE_WARPS * rstride;
+        const size_t smem = (size_t)MOE_WARPS * MOE_ROWS_PER_WARP * rstride;
         if (smem > 48 * 1024)
             CUDA_CHECK(cudaFuncSetAttribute(matmul_id_q_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        const dim3 grid(min(E, n_slots), cuda_cdiv(rows, MOE_WARPS));
+        const dim3 grid(min(E, n_slots), cuda_cdiv(rows, MOE_WARPS * MOE_ROWS_PER_WARP));
         cuda_launch_smem(c, grid, dim3(32 * MOE_WARPS), smem, matmul_id_q_kernel<T>, (const uint8_t *)w->data,
                          w->row_bytes, rstride, rows, n / 32, E, in->ids, n_slots, in->n_used, per_slot, xa, y,
                          in->y_stride);

@@ -1698,7 +1698,10 @@ static void run_accept_greedy(void) {
         for (int miss = 0; miss <= n; miss++) test_accept_greedy(n, miss);
 }
 
-static void run_moe_route(void) { test_moe_route(1, 256, 8); test_moe_route(5, 16, 4); test_moe_route(70, 64, 2); }
+static void run_moe_route(void) {
+    test_moe_route(1, 256, 8); test_moe_route(5, 16, 4); test_moe_route(70, 64, 2);
+    test_moe_route(3, 512, 40); test_moe_route(9, 100, 8); /* past a warp's lanes; not a multiple of 32 */
+}
 static void run_matmul_id(void) {
     for (size_t i = 0; i < sizeof mm_types / sizeof mm_types[0]; i++) {
         const enum ggml_type t = mm_types[i];
