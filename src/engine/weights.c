@@ -56,6 +56,36 @@ int weights_bind_experts(const struct weight_loader *L, struct bweight *w, const
     return bind_rows(L, w, name, n_in, n_out, BACKEND_MOE_MAX_EXPERTS);
 }
 
+int weights_merge_experts(const struct weight_loader *L, struct bweight *a, const char *name_a, struct bweight *b,
+                          const char *name_b, int n_expert, struct bweight *out) {
+    const struct gguf_tensor *ta = gguf_find_tensor(L->g, name_a), *tb = gguf_find_tensor(L->g, name_b);
+    if (!ta || !tb || a->type != b->type || a->n_in != b->n_in || a->data == ta->data || b->data == tb->data ||
+        n_expert < 1 || a->n_out % n_expert || b->n_out % n_expert)
+        return 0; /* the backend reads the file's bytes: a merged copy would only add one */
+    const size_t rb = a->row_bytes, ra = (size_t)(a->n_out / n_expert) * rb, rbb = (size_t)(b->n_out / n_expert) * rb;
+    uint8_t *buf = malloc((ra + rbb) * (size_t)n_expert);
+    if (!buf) return coti_fail(L->err, L->err_size, COTI_E_NOMEM, "out of memory");
+    for (int e = 0; e < n_expert; e++) {
+        memcpy(buf + (ra + rbb) * (size_t)e, (const uint8_t *)ta->data + ra * (size_t)e, ra);
+        memcpy(buf + (ra + rbb) * (size_t)e + ra, (const uint8_t *)tb->data + rbb * (size_t)e, rbb);
+    }
+    struct bweight m = {0};
+    int rc = L->be->weight_init(L->be, &m, a->type, a->n_in, a->n_out + b->n_out, buf);
+    if (!rc && !m.repacked && m.data == buf) { /* kept a pointer to it after all: keep the two */
+        L->be->weight_free(L->be, &m);
+        free(buf);
+        return 0;
+    }
+    free(buf);
+    if (rc) return coti_fail(L->err, L->err_size, rc, "backend cannot hold the merged %s and %s", name_a, name_b);
+    L->be->weight_free(L->be, a);
+    L->be->weight_free(L->be, b);
+    memset(a, 0, sizeof *a);
+    memset(b, 0, sizeof *b);
+    *out = m;
+    return 0;
+}
+
 int weights_bind_vector(const struct weight_loader *L, float **out, const char *name, int64_t n) {
     const struct gguf_tensor *t = gguf_find_tensor(L->g, name);
     if (!t) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing tensor %s", name);

@@ -83,6 +83,13 @@ int weights_bind_matrix(const struct weight_loader *L, struct bweight *w, const 
 /* A 3-D tensor {n_in, n_out, n} (any n in [1, BACKEND_MOE_MAX_EXPERTS]) as one bweight of n·n_out rows. */
 int weights_bind_experts(const struct weight_loader *L, struct bweight *w, const char *name, int64_t n_in,
                          int64_t n_out);
+/* Two expert stacks bound apart (a: name_a, b: name_b, n_expert experts each) become one in
+ * *out, each expert's rows of a then its rows of b (the layout of llama.cpp's merged
+ * ffn_gate_up_exps), where the backend holds a copy of the weights anyway: one matmul_id call
+ * then reads both. a and b are freed and zeroed then; left as they are (0 returned) where the
+ * backend reads the file's bytes in place. */
+int weights_merge_experts(const struct weight_loader *L, struct bweight *a, const char *name_a, struct bweight *b,
+                          const char *name_b, int n_expert, struct bweight *out);
 /* A small F32 tensor of n elements (any shape with that count) copied to the backend. */
 int weights_bind_vector(const struct weight_loader *L, float **out, const char *name, int64_t n);
 

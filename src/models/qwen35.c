@@ -404,6 +404,14 @@ static int load(struct model **out, struct gguf_file *g, struct backend *be, con
         if ((rc = weights_bind(&L, qwen35_tensors, qwen35_n_tensors, q->layers[il].kind, il, &q->layers[il], widths)))
             goto fail;
         if (moe && (rc = check_moe_layer(&L, hp, &q->layers[il], il))) goto fail;
+        struct moe_ffn_weights *mw = &q->layers[il].moe;
+        if (moe && mw->gate_exps.data) { /* gate and up in one matmul_id call */
+            char ng[64], nu[64];
+            snprintf(ng, sizeof ng, "blk.%d.ffn_gate_exps.weight", il);
+            snprintf(nu, sizeof nu, "blk.%d.ffn_up_exps.weight", il);
+            if ((rc = weights_merge_experts(&L, &mw->gate_exps, ng, &mw->up_exps, nu, hp->n_expert, &mw->gate_up_exps)))
+                goto fail;
+        }
     }
     if (hp->n_mtp) {
         char n1[128], n2[128];
