@@ -61,6 +61,14 @@ for spec in "mtp --spec-n-max 1" "mtp --spec-n-max 3" "ngram"; do
     echo "$r" | grep -q 'real disagreements 0' || bad=1
 done
 
+# the speculative pass as a batch of 4 sequences (one verify forward for all)
+for spec in "mtp --spec-n-max 3" "ngram"; do
+    # shellcheck disable=SC2086
+    r=$("$C" equiv --device cuda --spec $spec --parallel 4 --prompts tests/data-prompts.json -n 48 2>&1 | tail -1)
+    say "equiv $spec, batched x4: $r"
+    echo "$r" | grep -q 'real disagreements 0, mean |dlogprob top-1| 0,' || bad=1
+done
+
 # quantized KV caches: the same cache type on both sides, so only draft/verify is under test
 for ct in "q8_0 q8_0" "q4_0 q4_0" "q8_0 q4_0" "bf16 bf16"; do
     set -- $ct

@@ -867,7 +867,7 @@ bool spec_batch_worthwhile(const struct spec_engine *e) {
 }
 
 int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *max_new, int32_t (*out)[SPEC_MAX_DRAFT + 1],
-                    int *n_out, int *rc, char *err, size_t err_size) {
+                    int *n_out, int *rc, struct spec_probe *const *probes, char *err, size_t err_size) {
     struct model *m = e->m;
     struct backend *be = m->be;
     struct cycle c[SPEC_MAX_BATCH];
@@ -889,7 +889,8 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
     for (int i = 0; i < n; i++) {
         live[i] = !rc[i] && max_new[i] >= 1;
         need[i] = false;
-        if (live[i] && (rc[i] = cycle_plan(e, seqs[i], max_new[i], depth[i], NULL, &c[i], &rq[i], &need[i], err, err_size)))
+        if (live[i] && (rc[i] = cycle_plan(e, seqs[i], max_new[i], depth[i], probes ? probes[i] : NULL, &c[i], &rq[i], &need[i],
+                                           err, err_size)))
             live[i] = false;
     }
     for (int t = 0; t < n_drafter_kinds; t++) {
@@ -917,7 +918,7 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
             struct drafter *d = drafter_for(e, e->seqs[seqs[i]].p.drafter);
             if ((rc[i] = d->vt->draft(d, seqs[i], &rq[i], &c[i].dr, err, err_size))) live[i] = false;
         }
-        if (live[i] && (rc[i] = cycle_drafted(e, &c[i], NULL, err, err_size))) live[i] = false;
+        if (live[i] && (rc[i] = cycle_drafted(e, &c[i], probes ? probes[i] : NULL, err, err_size))) live[i] = false;
         if (live[i]) n_drafted += c[i].k_drafted;
     }
     /* the draft phase's cost per drafted token, for the next depths (host time: meaningful
@@ -978,7 +979,7 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
                 acc[0] = a;
                 acc[1 + a] = ids[ci->row0 + a];
             }
-            rc[i] = cycle_pick(e, ci, &o, acc, NULL, err, err_size);
+            rc[i] = cycle_pick(e, ci, &o, acc, probes ? probes[i] : NULL, err, err_size);
         }
         /* every pick has read its rows: now the drafters may run (their forwards may reuse the
          * verify's output memory) */

@@ -115,9 +115,10 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
  * the rows beside it; after spec_engine_calibrate each sequence drafts at most as deep as pays
  * off for the whole batch). out[i] gets sequence seqs[i]'s 1..n_max+1 tokens (at most max_new[i]),
  * n_out[i] their count, rc[i] its own status (0, or what spec_seq_step would return; err holds
- * the last failure's message). Returns 0, or COTI_E_ARG for more than SPEC_MAX_BATCH. */
+ * the last failure's message). probes: NULL, or per entry spec_seq_step's teacher forcing (or
+ * NULL), for the gate over a batch. Returns 0, or COTI_E_ARG for more than SPEC_MAX_BATCH. */
 int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *max_new, int32_t (*out)[SPEC_MAX_DRAFT + 1],
-                    int *n_out, int *rc, char *err, size_t err_size);
+                    int *n_out, int *rc, struct spec_probe *const *probes, char *err, size_t err_size);
 /* Time a verify forward of 1, 2, 4, ... rows (up to what a batched cycle may have) on sequence 0,
  * which it leaves empty, so that batched cycles choose their draft depths from what rows cost
  * (spec_step_batch: a sequence's next draft is added while the cycle's tokens per second grow;

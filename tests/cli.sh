@@ -67,6 +67,19 @@ equiv_flags_injected() {
 }
 check "coti equiv flags an injected divergence (exit 1)" equiv_flags_injected
 
+# the speculative pass over a batch of sequences (spec_step_batch, as serve steps its slots):
+# every verify row of every sequence equals plain decoding (delta 0), and a divergence is caught
+equiv_batched() {
+    for spec in "mtp --spec-n-max 3" "ngram"; do
+        # shellcheck disable=SC2086
+        "$COTI" equiv --spec $spec --prompts tests/data-prompts.json -n 24 -t 2 --parallel 4 2>/dev/null |
+            grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || return 1
+    done
+    "$COTI" equiv --spec mtp --prompts tests/data-prompts.json -n 16 -t 2 --parallel 3 --inject-divergence 4 > /dev/null 2>&1
+    [ $? -eq 1 ]
+}
+check "coti equiv --parallel: batched verify rows equal plain decoding; divergence caught" equiv_batched
+
 equiv_random_models() {
     for t in q8_0 q4_0 f16; do
         "$COTI" mkmodel --arch qwen35 -o "$TMP/r-$t.gguf" --type "$t" --seed 3 >/dev/null 2>&1 || return 1

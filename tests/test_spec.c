@@ -532,7 +532,7 @@ Test(spec, batched_steps_equal_single_steps, .timeout = 300) {
                 for (int i = 0; i < NS; i++)
                     if (n_got[i] < N_GEN) { seqs[n] = i; max_new[n++] = N_GEN - n_got[i]; }
                 if (!n) break;
-                cr_assert_eq(spec_step_batch(many.e, n, seqs, max_new, out, n_out, rc, err, sizeof err), 0, "%s", err);
+                cr_assert_eq(spec_step_batch(many.e, n, seqs, max_new, out, n_out, rc, NULL, err, sizeof err), 0, "%s", err);
                 for (int j = 0; j < n; j++) {
                     cr_assert_eq(rc[j], 0, "sequence %d: %s", seqs[j], err);
                     cr_assert(n_out[j] >= 1 && n_out[j] <= max_new[j]);
@@ -548,10 +548,10 @@ Test(spec, batched_steps_equal_single_steps, .timeout = 300) {
         int seqs[2] = {1, 1}, max_new[2] = {4, 4}, n_out[2], rc[2];
         int32_t out[2][SPEC_MAX_DRAFT + 1];
         char err[256];
-        cr_assert_eq(spec_step_batch(many.e, 2, seqs, max_new, out, n_out, rc, err, sizeof err), 0);
+        cr_assert_eq(spec_step_batch(many.e, 2, seqs, max_new, out, n_out, rc, NULL, err, sizeof err), 0);
         cr_assert(rc[0] == 0 && rc[1] == COTI_E_ARG && n_out[1] == 0);
         seqs[1] = NS;
-        cr_assert_eq(spec_step_batch(many.e, 2, seqs, max_new, out, n_out, rc, err, sizeof err), 0);
+        cr_assert_eq(spec_step_batch(many.e, 2, seqs, max_new, out, n_out, rc, NULL, err, sizeof err), 0);
         cr_assert(rc[0] == 0 && rc[1] == COTI_E_ARG);
         env_close(&many);
     }

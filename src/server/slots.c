@@ -663,7 +663,7 @@ static void slots_step_group(struct slots *s, struct slot **busy, int n) {
     }
     char err[256];
     if (m > 1 && spec_batch_worthwhile(s->e)) {
-        if (spec_step_batch(s->e, m, seqs, max_new, out, n_out, rc, err, sizeof err))
+        if (spec_step_batch(s->e, m, seqs, max_new, out, n_out, rc, NULL, err, sizeof err))
             for (int i = 0; i < m; i++) rc[i] = COTI_E_ARG;
         metrics_count_batch(s->mx, m);
         for (int i = 0; i < m; i++) slot_took_step(s, go[i], rc[i], out[i], n_out[i], err);

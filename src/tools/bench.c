@@ -116,7 +116,7 @@ static int run_group(struct bench_io *io, struct config *k, size_t p0, int n, in
                 max_new[m++] = (int)(io->n_gen - n_got[i]);
             }
         if (!m) break;
-        if (spec_step_batch(io->eng, m, seqs, max_new, out, n_out, rc, err, err_size)) return 1;
+        if (spec_step_batch(io->eng, m, seqs, max_new, out, n_out, rc, NULL, err, err_size)) return 1;
         for (int j = 0; j < m; j++) {
             if (rc[j]) return 1;
             memcpy(&gen[seqs[j] * gen_stride + n_got[seqs[j]]], out[j], sizeof(int32_t) * (size_t)n_out[j]);
