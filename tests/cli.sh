@@ -303,9 +303,12 @@ check "--opt=value, -f -, --prompts - and --json -" option_spellings
 bench_prefill() {
     "$COTI" bench --prefill 16,40 --repeat 2 -t 1 > "$TMP/pp.txt" 2>/dev/null || return 1
     awk '$1 == 16 || $1 == 40 { if ($2 > 0 && $3 > 0) n++ } END { exit n == 2 ? 0 : 1 }' "$TMP/pp.txt" || return 1
-    "$COTI" bench --prefill 16 --prompts x -t 1 > /dev/null 2>&1; [ $? -eq 1 ]
+    "$COTI" bench --prefill 16 --prompts x -t 1 > /dev/null 2>&1; [ $? -eq 1 ] || return 1
+    # past the default context (4096): the context grows to hold it
+    "$COTI" bench --prefill 4100 --repeat 1 -t 2 > "$TMP/pp2.txt" 2>/dev/null || return 1
+    awk '$1 == 4100 && $2 > 0 && $3 > 0 { ok = 1 } END { exit ok ? 0 : 1 }' "$TMP/pp2.txt"
 }
-check "coti bench --prefill: cold and warm tok/s per size" bench_prefill
+check "coti bench --prefill: cold and warm tok/s per size, any size" bench_prefill
 
 # --verify-cost on a random qwen35moe (4 experts per token): one row reads 4 experts per call,
 # four rows their union (more than 4, at most 16), and more weight bytes than one

@@ -11,7 +11,8 @@
  * (opcost.h); the time a family's absence saves is its cost per token.
  * --prefill N[,N...]: prompt processing of N random tokens (as llama-bench's ppN): the first run
  * of each size after the model is loaded (cold: new shapes, scratch growth) and the median of
- * --repeat runs after it (warm); every run starts a fresh sequence.
+ * --repeat runs after it (warm); every run starts a fresh sequence; the context grows to hold the
+ * largest N.
  * --parallel P[,P...]: every configuration also with P sequences decoding together (one
  * batched cycle of all of them, spec_step_batch, as `coti serve` steps its busy slots): the
  * prompts go in groups of P and tok/s is the aggregate of the group (issue 24).
@@ -365,6 +366,13 @@ int tool_bench_main(int argc, char **argv) {
         if (want_op_cost || spec_given || prompts_path || json_path || o.depth) {
             fprintf(stderr, "error: --prefill times prompt processing alone (no --spec, --prompts, --op-cost, --depth or --json)\n");
             return 1;
+        }
+        /* the context holds the largest prompt (as llama-bench's ppN needs no -c) */
+        for (const char *t = o.prefill; *t;) {
+            const long v = strtol(t, (char **)&t, 10);
+            if (v > 0 && v < (1 << 20)) c.n_ctx = (int)COTI_MAX((long)c.n_ctx, v + 1);
+            while (*t && *t != ',') t++;
+            if (*t == ',') t++;
         }
         struct backend *be;
         struct model *m;
