@@ -29,10 +29,14 @@ void block_moe_ffn(const struct block_ctx *c, const struct moe_ffn_weights *w, c
     struct backend *be = c->be;
     const struct block_scratch *s = c->s;
     const int F = sh->n_ff_exp, K = sh->n_used, E = (int)w->down_exps.n_out / sh->n_expert;
-    /* the router, the shared gate and the shared expert's gate and up read the same normed rows */
-    const struct bweight *ws[4] = {&w->gate_inp, &w->gate_inp_shexp, &w->gate_shexp, &w->up_shexp};
-    float *ys[4] = {s->logits, s->sh_gate, s->fg, s->fu};
-    block_matmul_n(c, in, ws, ys, 4, n);
+    /* the router, the shared gate and the shared expert's gate and up read the same normed rows:
+     * formed with the shared expert's (quantized) matmul, which writes them to s->a, then read
+     * as they are by the router and the gate (F32 in every GGUF). One call for all four made
+     * CUDA form the norm apart and convert it twice (no matvec forms rows for two formats). */
+    const struct bweight *wq[2] = {&w->gate_shexp, &w->up_shexp}, *wr[2] = {&w->gate_inp, &w->gate_inp_shexp};
+    float *yq[2] = {s->fg, s->fu}, *yr[2] = {s->logits, s->sh_gate};
+    block_matmul_n(c, in, wq, yq, 2, n);
+    be->matmul(be, wr, yr, 2, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = s->a}, n);
     be->moe_route(be, s->logits, n, sh->n_expert, K, s->ids, s->wts);
     /* every slot's [gate ; up] row, 2F wide */
     struct matmul_id_in mi = {.ids = s->ids, .n_used = K, .n_expert = sh->n_expert, .x = s->a,
