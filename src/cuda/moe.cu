@@ -161,6 +161,21 @@ __device__ int moe_nth_chosen(const int32_t *__restrict__ ids, int n_slots, int 
     return found;
 }
 
+/* The slots in [base, base + MOE_MAX_SLOT_LIST) that chose expert e, into the block's shared
+ * list (in any order: a slot's output does not depend on the others); returns their count.
+ * Every thread of the block calls. */
+__device__ __forceinline__ int moe_slots_of(const int32_t *__restrict__ ids, int base, int n_slots, int e, int *list,
+                                            int *n_list) {
+    __syncthreads();
+    if (threadIdx.x == 0) *n_list = 0;
+    __syncthreads();
+    const int end = min(n_slots, base + MOE_MAX_SLOT_LIST);
+    for (int s = base + threadIdx.x; s < end; s += blockDim.x)
+        if (ids[s] == e) list[atomicAdd(n_list, 1)] = s;
+    __syncthreads();
+    return *n_list;
+}
+
 /* Block (the blockIdx.x-th chosen expert e, rows [16·blockIdx.y, +16)): the slots that chose
  * e, then per row (a warp has two, both staged in shared memory before either is used) and per
  * pass of up to 8 slots, each 32-element unit decoded once and dotted with the slots' codes
@@ -196,14 +211,7 @@ matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int ro
     }
     __syncwarp();
     for (int base = 0; base < n_slots; base += MOE_MAX_SLOT_LIST) {
-        __syncthreads();
-        if (threadIdx.x == 0) n_list = 0;
-        __syncthreads();
-        const int end = min(n_slots, base + MOE_MAX_SLOT_LIST);
-        for (int s = base + threadIdx.x; s < end; s += blockDim.x)
-            if (ids[s] == e) list[atomicAdd(&n_list, 1)] = s;
-        __syncthreads();
-        const int n = n_list;
+        const int n = moe_slots_of(ids, base, n_slots, e, list, &n_list);
         for (int q = 0; q < MOE_ROWS_PER_WARP && r0 + q < rows; q++) {
             const uint8_t *sm = sm0 + (size_t)q * rstride;
             for (int j0 = 0; j0 < n; j0 += MOE_SLOTS_PER_PASS) {
@@ -254,14 +262,7 @@ matmul_id_float_kernel(const uint8_t *__restrict__ w, size_t rb, int rows, int n
     __shared__ int n_list;
     const int e = blockIdx.x, r0 = blockIdx.y * MOE_F_ROWS_PER_BLOCK, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int base = 0; base < n_slots; base += MOE_MAX_SLOT_LIST) {
-        __syncthreads();
-        if (threadIdx.x == 0) n_list = 0;
-        __syncthreads();
-        const int end = min(n_slots, base + MOE_MAX_SLOT_LIST);
-        for (int s = base + threadIdx.x; s < end; s += blockDim.x)
-            if (ids[s] == e) list[atomicAdd(&n_list, 1)] = s;
-        __syncthreads();
-        const int n = n_list;
+        const int n = moe_slots_of(ids, base, n_slots, e, list, &n_list);
         for (int r = r0 + warp; r < min(r0 + MOE_F_ROWS_PER_BLOCK, rows); r += MOE_WARPS) {
             const uint8_t *row = w + ((size_t)e * rows + r) * rb;
             for (int j0 = 0; j0 < n; j0 += MOE_SLOTS_PER_PASS) {
