@@ -226,18 +226,31 @@ static void random_tokens(int32_t *out, long n, int32_t n_vocab, uint64_t seed) 
     }
 }
 
+#define BENCH_MAX_PREFILL_SIZES 32
+#define BENCH_MAX_PREFILL ((1 << 20) - 1)
+
+/* --prefill's list into sizes[] (*n of them); 1 (after a message) if one is not a size. */
+static int parse_prefill_sizes(const char *list_in, long *sizes, int *n) {
+    char list[256];
+    snprintf(list, sizeof list, "%s", list_in);
+    *n = 0;
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (*n == BENCH_MAX_PREFILL_SIZES) { fprintf(stderr, "error: --prefill takes at most %d sizes\n", BENCH_MAX_PREFILL_SIZES); return 1; }
+        if (cli_parse_int("--prefill", t, 1, BENCH_MAX_PREFILL, &sizes[(*n)++])) return 1;
+    }
+    return 0;
+}
+
 /* --prefill: each size's cold run and its warm median (module comment). */
-static int prefill_bench(struct spec_engine *eng, const struct model *m, const char *sizes, long repeat, const char *model_path,
-                         int n_threads) {
-    char list[256], err[512];
-    snprintf(list, sizeof list, "%s", sizes);
-    printf("# bench --prefill %s | %s | %ld warm runs, threads %d | fresh sequence each run, random tokens\n", sizes, model_path,
+static int prefill_bench(struct spec_engine *eng, const struct model *m, const char *list, const long *sizes, int n_sizes,
+                         long repeat, const char *model_path, int n_threads) {
+    char err[512];
+    printf("# bench --prefill %s | %s | %ld warm runs, threads %d | fresh sequence each run, random tokens\n", list, model_path,
            repeat, n_threads);
     printf("%-10s %14s %14s   %s\n", "tokens", "cold tok/s", "warm tok/s", "(warm runs)");
     int rc = 0;
-    for (char *save = NULL, *t = strtok_r(list, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
-        long n;
-        if (cli_parse_int("--prefill", t, 1, m->n_ctx - 1, &n)) return 1;
+    for (int i = 0; i < n_sizes && !rc; i++) {
+        const long n = sizes[i];
         int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
         double *tps = malloc(sizeof(double) * (size_t)(repeat + 1));
         if (!toks || !tps) { free(toks); free(tps); fprintf(stderr, "error: out of memory\n"); return 1; }
@@ -367,13 +380,11 @@ int tool_bench_main(int argc, char **argv) {
             fprintf(stderr, "error: --prefill times prompt processing alone (no --spec, --prompts, --op-cost, --depth or --json)\n");
             return 1;
         }
+        long sizes[BENCH_MAX_PREFILL_SIZES];
+        int n_sizes;
+        if (parse_prefill_sizes(o.prefill, sizes, &n_sizes)) return 1;
         /* the context holds the largest prompt (as llama-bench's ppN needs no -c) */
-        for (const char *t = o.prefill; *t;) {
-            const long v = strtol(t, (char **)&t, 10);
-            if (v > 0 && v < (1 << 20)) c.n_ctx = (int)COTI_MAX((long)c.n_ctx, v + 1);
-            while (*t && *t != ',') t++;
-            if (*t == ',') t++;
-        }
+        for (int i = 0; i < n_sizes; i++) c.n_ctx = (int)COTI_MAX((long)c.n_ctx, sizes[i] + 1);
         struct backend *be;
         struct model *m;
         if (cli_open_model(&c, 1, SPEC_MAX_DRAFT + 1, &be, &m)) return 1;
@@ -381,7 +392,7 @@ int tool_bench_main(int argc, char **argv) {
         struct spec_engine *eng = NULL;
         int rc = spec_engine_init(&eng, m, NULL, err, sizeof err);
         if (rc) fprintf(stderr, "error: %s\n", err);
-        else rc = prefill_bench(eng, m, o.prefill, repeat, c.model_path, c.n_threads);
+        else rc = prefill_bench(eng, m, o.prefill, sizes, n_sizes, repeat, c.model_path, c.n_threads);
         spec_engine_free(eng);
         model_free(m);
         backend_free(be);
