@@ -189,7 +189,7 @@ int tool_equiv_main(int argc, char **argv) {
             if (spec_seq_begin(eng, j, pt[j], (int)np[j], &greedy, &c.spec, &first, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
             if (first != seq[j][np[j]]) { fprintf(stderr, "error: prompt %zu: the speculative prefill chose a different first token\n", g0 + (size_t)j); goto done; }
         }
-        if (P == 1) {
+        if (P == 1) { /* the single-sequence cycle (device-side acceptance), which run and bench use */
             while (sprobe[0].n_used < sprobe[0].n_forced)
                 if (spec_seq_step(eng, 0, sprobe[0].n_forced - sprobe[0].n_used, buf, &nb, &sprobe[0], err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
         } else {
