@@ -143,9 +143,15 @@ bench_op_cost() {
     "$COTI" bench --op-cost --spec mtp:2 --prompts "$TMP/p1.json" -n 8 --repeat 1 -t 1 > "$TMP/oc2.txt" || return 1
     grep -q "^nothing  " "$TMP/oc2.txt" || { echo "no row 'nothing' with --spec mtp:2" >&2; return 1; }
     # one configuration only; a plain bench afterwards is unaffected
-    ! "$COTI" bench --op-cost --spec off,mtp --prompts "$TMP/p1.json" -n 8 --repeat 1 -t 1 2>/dev/null
+    ! "$COTI" bench --op-cost --spec off,mtp --prompts "$TMP/p1.json" -n 8 --repeat 1 -t 1 2>/dev/null || return 1
+    # a prefill's costs: one size; the delta-net's share of a prefill is real (>= 1%)
+    "$COTI" bench --op-cost --prefill 24 --repeat 1 -t 1 > "$TMP/oc3.txt" 2>/dev/null || return 1
+    grep -q "^# op cost | prefill of 24 random tokens" "$TMP/oc3.txt" || { echo "no prefill header" >&2; return 1; }
+    awk '/^delta-net / { gsub("%", "", $NF); ok = $NF + 0 >= 1 } END { exit !ok }' "$TMP/oc3.txt" ||
+        { echo "delta-net share of a prefill below 1%" >&2; return 1; }
+    ! "$COTI" bench --op-cost --prefill 8,16 --repeat 1 -t 1 2>/dev/null
 }
-check "coti bench --op-cost: a row per op family; one configuration only" bench_op_cost
+check "coti bench --op-cost: a row per op family; one configuration or prefill size" bench_op_cost
 
 logits_json() {
     "$COTI" logits --tokens 1,200,300,400 --top 5 --json > "$TMP/l.json" &&

@@ -8,7 +8,8 @@
  * acceptance = accepted/drafted over the same requests, tokens per verify, the split of time
  * into draft / verify / glue, and whether the output equals the first configuration's.
  * --op-cost: one configuration, timed with each family of backend ops left out in turn
- * (opcost.h); the time a family's absence saves is its cost per token.
+ * (opcost.h); the time a family's absence saves is its cost per token. With --prefill (one
+ * size): the same for a prompt's prefill.
  * --prefill N[,N...]: prompt processing of N random tokens (as llama-bench's ppN): the first run
  * of each size after the model is loaded (cold: new shapes, scratch growth) and the median of
  * --repeat runs after it (warm); every run starts a fresh sequence; the context grows to hold the
@@ -43,6 +44,7 @@
 static void help(FILE *out, const struct cli_common *d) {
     fprintf(out, "usage: coti bench [-m MODEL] --spec off,mtp,ngram[,mtp:N ...] --prompts FILE [-n N] [--repeat R] [--json PATH]\n"
                  "       coti bench [-m MODEL] --op-cost [--spec CONFIG] --prompts FILE [-n N] [--repeat R]\n"
+                 "       coti bench [-m MODEL] --op-cost --prefill N [--repeat R]\n"
                  "  --spec LIST          configurations, comma-separated (default %s); a configuration is\n"
                  "                       TYPE, TYPE:N_MAX or TYPE:N_MAX:P_MIN (defaults: --spec-n-max, --spec-p-min)\n"
                  "  --prompts FILE       a JSON array of prompts ('-': standard input)\n"
@@ -185,28 +187,33 @@ static double median(double *v, long n) {
     return v[n / 2];
 }
 
-/* --op-cost: the configuration with nothing skipped (before and after, to see drift), then
- * with each family skipped; each pass `repeat` times, medians. */
-static int op_cost(struct bench_io *io, struct backend *be, struct config *k, long repeat, const char *model_path,
-                   int n_threads) {
+/* One timed pass of what --op-cost measures: its rate (tok/s) into *tps. */
+typedef int (*opcost_pass)(void *arg, double *tps, char *err, size_t err_size);
+
+/* --op-cost: the pass with nothing skipped (before and after, to see drift), then with each
+ * family skipped; each `repeat` times, medians. what: the pass, for the header. */
+static int op_cost(struct backend *be, opcost_pass pass_fn, void *arg, long repeat, const char *what) {
     char err[512];
     double med[OPCOST_COUNT + 2];
+    double *tps = malloc(sizeof(double) * (size_t)repeat);
+    if (!tps) { fprintf(stderr, "error: out of memory\n"); return 1; }
     for (int pass = 0; pass < OPCOST_COUNT + 2; pass++) {
         const int family = pass == 0 || pass == OPCOST_COUNT + 1 ? -1 : pass - 1;
         opcost_skip(be, family);
         for (long r = 0; r < repeat; r++)
-            if (run_prompts(io, k, &k->tps[r], err, sizeof err)) {
+            if (pass_fn(arg, &tps[r], err, sizeof err)) {
                 fprintf(stderr, "error: %s\n", err);
+                free(tps);
                 return 1;
             }
-        med[pass] = median(k->tps, repeat);
+        med[pass] = median(tps, repeat);
     }
+    free(tps);
     opcost_skip(be, -1);
     cli_progress_end();
     const double base = 0.5 * (med[0] + med[OPCOST_COUNT + 1]), step_us = 1e6 / base;
-    printf("# op cost %s | config %s, %zu prompts x %ld tokens, %ld repeats, threads %d | decode with one family of\n"
-           "# ops left out (what the model computes then is garbage): the time saved is the family's cost per token\n",
-           model_path, k->name, io->n_prompts, io->n_gen, repeat, n_threads);
+    printf("# op cost | %s, %ld repeats | with one family of ops left out (what the model computes\n"
+           "# then is garbage): the time saved is the family's cost per token\n", what, repeat);
     printf("%-26s %10s %14s %8s\n", "left out", "tok/s", "us per token", "share");
     printf("%-26s %10.1f %14.1f %8s   (before %.1f, after %.1f)\n", "nothing", base, step_us, "100%", med[0],
            med[OPCOST_COUNT + 1]);
@@ -215,6 +222,15 @@ static int op_cost(struct bench_io *io, struct backend *be, struct config *k, lo
         printf("%-26s %10.1f %14.1f %7.1f%%\n", opcost_family_name(f), med[f + 1], saved, 100.0 * saved / step_us);
     }
     return 0;
+}
+
+struct decode_pass {
+    struct bench_io *io;
+    struct config *k;
+};
+static int decode_pass_run(void *arg, double *tps, char *err, size_t err_size) {
+    struct decode_pass *d = arg;
+    return run_prompts(d->io, d->k, tps, err, err_size);
 }
 
 /* n random token ids below n_vocab, the same for the same seed. */
@@ -241,13 +257,33 @@ static int parse_prefill_sizes(const char *list_in, long *sizes, int *n) {
     return 0;
 }
 
-/* --prefill: each size's cold run and its warm median (module comment). */
-static int prefill_bench(struct spec_engine *eng, const struct model *m, const char *list, const long *sizes, int n_sizes,
-                         long repeat, const char *model_path, int n_threads) {
+/* A prefill of n tokens on a fresh sequence 0: its tok/s into *tps. */
+struct prefill_pass {
+    struct spec_engine *eng;
+    const int32_t *toks;
+    long n;
+};
+static int prefill_pass_run(void *arg, double *tps, char *err, size_t err_size) {
+    struct prefill_pass *p = arg;
+    const struct sampler_params greedy = sampler_params_basic(0.0f, 1, 1.0f, 0.0f, 0);
+    const struct spec_params off = spec_params_default();
+    int32_t first;
+    if (spec_seq_begin(p->eng, 0, p->toks, (int)p->n, &greedy, &off, &first, err, err_size)) return 1;
+    const int64_t us = spec_seq_stats(p->eng, 0)->t_prompt_us;
+    *tps = us > 0 ? p->n / (us / 1e6) : 0.0;
+    return 0;
+}
+
+/* --prefill: each size's cold run and its warm median (module comment); with --op-cost (one
+ * size), the warm prefill with each family of ops left out in turn, after the cold run. */
+static int prefill_bench(struct spec_engine *eng, struct backend *be, const struct model *m, const char *list,
+                         const long *sizes, int n_sizes, long repeat, bool op_costs, const char *model_path, int n_threads) {
     char err[512];
-    printf("# bench --prefill %s | %s | %ld warm runs, threads %d | fresh sequence each run, random tokens\n", list, model_path,
-           repeat, n_threads);
-    printf("%-10s %14s %14s   %s\n", "tokens", "cold tok/s", "warm tok/s", "(warm runs)");
+    if (!op_costs) {
+        printf("# bench --prefill %s | %s | %ld warm runs, threads %d | fresh sequence each run, random tokens\n", list,
+               model_path, repeat, n_threads);
+        printf("%-10s %14s %14s   %s\n", "tokens", "cold tok/s", "warm tok/s", "(warm runs)");
+    }
     int rc = 0;
     for (int i = 0; i < n_sizes && !rc; i++) {
         const long n = sizes[i];
@@ -255,16 +291,16 @@ static int prefill_bench(struct spec_engine *eng, const struct model *m, const c
         double *tps = malloc(sizeof(double) * (size_t)(repeat + 1));
         if (!toks || !tps) { free(toks); free(tps); fprintf(stderr, "error: out of memory\n"); return 1; }
         random_tokens(toks, n, m->info.n_vocab, (uint64_t)n);
-        const struct sampler_params greedy = sampler_params_basic(0.0f, 1, 1.0f, 0.0f, 0);
-        const struct spec_params off = spec_params_default();
-        for (long r = 0; r <= repeat && !rc; r++) {
-            int32_t first;
-            rc = spec_seq_begin(eng, 0, toks, (int)n, &greedy, &off, &first, err, sizeof err);
-            if (rc) { fprintf(stderr, "error: %s\n", err); break; }
-            const int64_t us = spec_seq_stats(eng, 0)->t_prompt_us;
-            tps[r] = us > 0 ? n / (us / 1e6) : 0.0;
+        struct prefill_pass pp = {eng, toks, n};
+        if (op_costs) {
+            if ((rc = prefill_pass_run(&pp, &tps[0], err, sizeof err))) fprintf(stderr, "error: %s\n", err);
+            char what[512];
+            snprintf(what, sizeof what, "prefill of %ld random tokens | %s | threads %d", n, model_path, n_threads);
+            if (!rc) rc = op_cost(be, prefill_pass_run, &pp, repeat, what);
         }
-        if (!rc) {
+        for (long r = 0; r <= repeat && !rc && !op_costs; r++)
+            if ((rc = prefill_pass_run(&pp, &tps[r], err, sizeof err))) fprintf(stderr, "error: %s\n", err);
+        if (!rc && !op_costs) {
             printf("%-10ld %14.1f", n, tps[0]);
             char runs[512];
             int at = 0;
@@ -376,23 +412,24 @@ int tool_bench_main(int argc, char **argv) {
     const long n_gen = o.n_gen, repeat = o.repeat;
     const bool want_op_cost = o.op_cost, spec_given = o.spec_given;
     if (o.prefill) {
-        if (want_op_cost || spec_given || prompts_path || json_path || o.depth) {
-            fprintf(stderr, "error: --prefill times prompt processing alone (no --spec, --prompts, --op-cost, --depth or --json)\n");
+        if (spec_given || prompts_path || json_path || o.depth) {
+            fprintf(stderr, "error: --prefill times prompt processing alone (no --spec, --prompts, --depth or --json)\n");
             return 1;
         }
         long sizes[BENCH_MAX_PREFILL_SIZES];
         int n_sizes;
         if (parse_prefill_sizes(o.prefill, sizes, &n_sizes)) return 1;
+        if (want_op_cost && n_sizes != 1) { fprintf(stderr, "error: --op-cost times one --prefill size\n"); return 1; }
         /* the context holds the largest prompt (as llama-bench's ppN needs no -c) */
         for (int i = 0; i < n_sizes; i++) c.n_ctx = (int)COTI_MAX((long)c.n_ctx, sizes[i] + 1);
         struct backend *be;
         struct model *m;
-        if (cli_open_model(&c, 1, SPEC_MAX_DRAFT + 1, &be, &m)) return 1;
+        if (cli_open_model_wrapped(&c, 1, SPEC_MAX_DRAFT + 1, want_op_cost ? opcost_wrap : NULL, &be, &m)) return 1;
         char err[512];
         struct spec_engine *eng = NULL;
         int rc = spec_engine_init(&eng, m, NULL, err, sizeof err);
         if (rc) fprintf(stderr, "error: %s\n", err);
-        else rc = prefill_bench(eng, m, o.prefill, sizes, n_sizes, repeat, c.model_path, c.n_threads);
+        else rc = prefill_bench(eng, be, m, o.prefill, sizes, n_sizes, repeat, want_op_cost, c.model_path, c.n_threads);
         spec_engine_free(eng);
         model_free(m);
         backend_free(be);
@@ -511,7 +548,11 @@ int tool_bench_main(int argc, char **argv) {
      * differently), so the `same` column is only meaningful for greedy runs */
     struct bench_io io = {eng, sampler_params_basic(c.temperature, c.top_k, c.top_p, c.min_p, c.seed), pl.n, ptoks, np, n_gen, gen, ref, false, tok};
     if (want_op_cost) {
-        rc = op_cost(&io, be, &cfg[0], repeat, c.model_path, c.n_threads);
+        char what[512];
+        snprintf(what, sizeof what, "decode | %s | config %s, %zu prompts x %ld tokens, threads %d", c.model_path,
+                 cfg[0].name, pl.n, n_gen, c.n_threads);
+        struct decode_pass d = {&io, &cfg[0]};
+        rc = op_cost(be, decode_pass_run, &d, repeat, what);
         goto done;
     }
     for (long r = 0; r < repeat; r++)
