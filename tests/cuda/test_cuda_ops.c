@@ -1683,6 +1683,8 @@ static void run_ssm_conv(void) {
     test_ssm_conv(70, 300, 4, 0);
     test_ssm_conv(6, 100, 2, 6);
     test_ssm_conv(4, 77, 16, 2);
+    test_ssm_conv(600, 300, 4, 0);   /* a prompt: tokens in parallel */
+    test_ssm_conv(40, 64, 4, 40);
 }
 static void run_gdn(void) {
     test_gdn(false, 1, 16, 32, 128, 1);
@@ -1690,6 +1692,8 @@ static void run_gdn(void) {
     test_gdn(false, 70, 2, 4, 16, 0);
     test_gdn(false, 5, 1, 2, 256, 5);
     test_gdn(false, 3, 2, 6, 40, 2);
+    test_gdn(false, 70, 2, 4, 128, 40); /* past the staged chunk of 32 tokens, snapshots across it */
+    test_gdn(false, 40, 1, 2, 256, 0);  /* chunks of 16 */
 }
 static void run_gdn_chunked(void) { test_gdn(true, 150, 2, 4, 128, 0); test_gdn(true, 64, 2, 4, 16, 0); }
 static void run_argmax(void) { test_argmax(1, 248320); test_argmax(5, 1000); test_argmax(3, 4097); }
