@@ -4,28 +4,42 @@
 
 /* ---- prefill: int8 tensor-core tiles ------------------------------------------------------
  * For more than MV_MAX_NT tokens. A block computes a 64-row x 64-token tile with 4 warps (each
- * 32 x 32) over K tiles of 8 units (256 elements): cp.async stages the raw weight bytes of the
- * next K tile while the threads decode the current one into int8 codes (the same decode() as
- * the matvec) and its converted activations are loaded; then per unit and 16-element half an
- * mma.sync m16n8k16 (s8 x s8 -> s32) gives the exact integer sums lo / hi of every output.
+ * 32 x 32) over K tiles of KU units (4 blocks of 32, or 1 super-block of 8 units): cp.async
+ * stages the raw weight bytes of the next K tile while the threads decode the current one into
+ * int8 codes (the same decode() as the matvec) and its converted activations are loaded; then
+ * per unit an mma.sync m16n8k32 (s8 x s8 -> s32) gives the exact integer sum of every output,
+ * or two m16n8k16 its 16-element halves lo / hi where the type scales them apart (Q6_K).
  * Each output accumulates its blocks in row order exactly as the CPU reference does: per unit
  * with combine() for the 32-element formats, and per super-block from exact integer sums for
- * the K-quants (sb()), so prefill outputs are bit-identical to the CPU reference. */
+ * the K-quants (sb()), so prefill outputs are bit-identical to the CPU reference.
+ * KU 4 for the 32-element formats keeps a block's shared memory near 48 KB, so 4 blocks share
+ * an SM (registers allow 4): at KU 8, 88.6 KB let 2 (ncu, 9B Q8_0 prefill: 2 warps per
+ * scheduler, 0.67 eligible, issue slots 46% busy). */
 
 #define MMQ_BM 64
 #define MMQ_BN 64
-#define MMQ_KU 8                      /* units per K tile: 8 blocks of 32, or 1 super-block */
-#define MMQ_LD (MMQ_KU * 32 + 16)     /* padded row stride of the code tiles (no bank conflicts) */
 #define MMQ_THREADS 128
 
 template <int T> struct mmq_shape {
     enum {
-        RAW = MMQ_KU / qt<T>::UPB * qt<T>::BB,            /* raw bytes of a row per K tile */
+        KU = qt<T>::UPB == 8 ? 8 : 4,                    /* units per K tile */
+        LD = KU * 32 + 16,                               /* padded row stride of the code tiles (no bank conflicts) */
+        RAW = KU / qt<T>::UPB * qt<T>::BB,               /* raw bytes of a row per K tile */
         RSLOT = ((RAW + 30) / 16) * 16 + 16,
-        SMEM = 2 * MMQ_BM * RSLOT + (MMQ_BM + MMQ_BN) * MMQ_LD + MMQ_BM * MMQ_KU * (int)sizeof(usc) +
-               MMQ_BN * MMQ_KU * (int)sizeof(uxs) + MMQ_BM * (int)sizeof(void *),
+        SMEM = 2 * MMQ_BM * RSLOT + (MMQ_BM + MMQ_BN) * LD + MMQ_BM * KU * (int)sizeof(usc) +
+               MMQ_BN * KU * (int)sizeof(uxs) + MMQ_BM * (int)sizeof(void *),
     };
 };
+
+/* Whether a type's unit contributes through the sum of its two halves only (one k32 mma). */
+template <int T> struct mmq_whole_unit { enum { V = T != GGML_TYPE_Q6_K }; };
+
+__device__ __forceinline__ void mma_s8_16832(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
+                                             int (&c)[4]) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
 
 __device__ __forceinline__ void mma_s8_16816(uint32_t a0, uint32_t a1, uint32_t b0, int (&c)[4]) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
@@ -37,19 +51,20 @@ template <int T>
 __global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mv_params P, const xact x, int n_tok) {
     typedef qt<T> Q;
     typedef mmq_shape<T> S;
-    constexpr bool KQ = Q::UPB == 8;
+    constexpr bool KQ = Q::UPB == 8, WHOLE = mmq_whole_unit<T>::V;
+    constexpr int KU = S::KU, LD = S::LD;
     extern __shared__ __align__(16) uint8_t dsm[];
     uint8_t(*raw)[MMQ_BM][S::RSLOT] = reinterpret_cast<uint8_t(*)[MMQ_BM][S::RSLOT]>(dsm);
     uint8_t *acode = dsm + 2 * MMQ_BM * S::RSLOT;
-    uint8_t *xcode = acode + MMQ_BM * MMQ_LD;
-    usc *wsc = (usc *)(xcode + MMQ_BN * MMQ_LD);
-    uxs *xsc = (uxs *)(wsc + MMQ_BM * MMQ_KU);
-    const uint8_t **rowp = (const uint8_t **)(xsc + MMQ_BN * MMQ_KU);
+    uint8_t *xcode = acode + MMQ_BM * LD;
+    usc *wsc = (usc *)(xcode + MMQ_BN * LD);
+    uxs *xsc = (uxs *)(wsc + MMQ_BM * KU);
+    const uint8_t **rowp = (const uint8_t **)(xsc + MMQ_BN * KU);
     cuda_pdl_trigger();
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
     const int wm = warp / 2, wn = warp % 2;
     const int total = P.row0[P.n_w], row_base = blockIdx.x * MMQ_BM, tok_base = blockIdx.y * MMQ_BN;
-    const int n_kt = (P.n_units + MMQ_KU - 1) / MMQ_KU;
+    const int n_kt = (P.n_units + KU - 1) / KU;
     if (tid < MMQ_BM) { /* rows past the end repeat the last one (results dropped) */
         const int row = min(row_base + tid, total - 1);
         int k = 0;
@@ -59,7 +74,7 @@ __global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mv_params P, con
     __syncthreads();
     /* raw bytes of K tile kt: two threads per row */
     auto issue = [&](int kt, int st) {
-        const int i = tid / 2, u0 = kt * MMQ_KU, uend = min(u0 + MMQ_KU, P.n_units);
+        const int i = tid / 2, u0 = kt * KU, uend = min(u0 + KU, P.n_units);
         const uint8_t *gs = rowp[i] + (size_t)(u0 / Q::UPB) * Q::BB;
         const uint8_t *ge = rowp[i] + (size_t)((uend + Q::UPB - 1) / Q::UPB) * Q::BB;
         const uint8_t *a0 = (const uint8_t *)((uintptr_t)gs & ~(uintptr_t)15);
@@ -80,69 +95,73 @@ __global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mv_params P, con
             for (int e = 0; e < 4; e++) { acc[mi][ni][e] = 0.0f; isum[mi][ni][e] = 0; msum[mi][ni][e] = 0; }
 
     for (int kt = 0; kt < n_kt; kt++) {
-        const int st = kt & 1, u0 = kt * MMQ_KU;
+        const int st = kt & 1, u0 = kt * KU;
         if (kt + 1 < n_kt) issue(kt + 1, st ^ 1);
         else cp_async_commit();
         /* activation codes (zero-padded to the stride in global memory) and scales */
-        for (int p = tid; p < MMQ_BN * 16; p += MMQ_THREADS) {
-            const int j = p / 16, q = p % 16, t = min(tok_base + j, n_tok - 1);
+        for (int p = tid; p < MMQ_BN * 2 * KU; p += MMQ_THREADS) {
+            const int j = p / (2 * KU), q = p % (2 * KU), t = min(tok_base + j, n_tok - 1);
             const uint4 v = __ldg((const uint4 *)((const int8_t *)x.q + (size_t)t * x.stride + 32 * u0) + q);
-            *(uint4 *)(xcode + j * MMQ_LD + 16 * q) = v;
+            *(uint4 *)(xcode + j * LD + 16 * q) = v;
         }
-        for (int p = tid; p < MMQ_BN * MMQ_KU; p += MMQ_THREADS) {
-            const int j = p / MMQ_KU, uu = p % MMQ_KU, t = min(tok_base + j, n_tok - 1);
+        for (int p = tid; p < MMQ_BN * KU; p += MMQ_THREADS) {
+            const int j = p / KU, uu = p % KU, t = min(tok_base + j, n_tok - 1);
             xsc[p] = u0 + uu < P.n_units ? load_xs<Q::XF, false>(x, (size_t)t, u0 + uu) : uxs{0.0f, 0.0f, 0};
         }
         cp_async_wait1();
         __syncthreads();
         /* decode: 4 (row, unit) pairs per thread */
-        for (int p = tid; p < MMQ_BM * MMQ_KU; p += MMQ_THREADS) {
-            const int i = p / MMQ_KU, uu = p % MMQ_KU;
+        for (int p = tid; p < MMQ_BM * KU; p += MMQ_THREADS) {
+            const int i = p / KU, uu = p % KU;
             uint32_t c[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             usc s = {0.0f, 0.0f, 0, 0};
             if (u0 + uu < P.n_units) {
                 const int off0 = (int)((uintptr_t)(rowp[i] + (size_t)(u0 / Q::UPB) * Q::BB) & 15);
                 Q::decode(&raw[st][i][0], off0 + (uu / Q::UPB) * Q::BB, uu % Q::UPB, c, s);
             }
-            uint4 *dst = (uint4 *)(acode + i * MMQ_LD + 32 * uu);
+            uint4 *dst = (uint4 *)(acode + i * LD + 32 * uu);
             dst[0] = make_uint4(c[0], c[1], c[2], c[3]);
             dst[1] = make_uint4(c[4], c[5], c[6], c[7]);
             wsc[p] = s;
         }
         __syncthreads();
         /* tensor cores: per unit, lo and hi halves of every output of the warp's 32 x 32 */
-        const int uend = min(MMQ_KU, P.n_units - u0);
+        const int uend = min(KU, P.n_units - u0);
         for (int uu = 0; uu < uend; uu++) {
             uint32_t a[2][2][2], b[4][2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++) {
-                    const uint8_t *ap = acode + (wm * 32 + mi * 16 + g) * MMQ_LD + 32 * uu + 16 * h + 4 * tq;
+                    const uint8_t *ap = acode + (wm * 32 + mi * 16 + g) * LD + 32 * uu + 16 * h + 4 * tq;
                     a[mi][h][0] = *(const uint32_t *)ap;
-                    a[mi][h][1] = *(const uint32_t *)(ap + 8 * MMQ_LD);
+                    a[mi][h][1] = *(const uint32_t *)(ap + 8 * LD);
                 }
 #pragma unroll
                 for (int ni = 0; ni < 4; ni++)
-                    b[ni][h] = *(const uint32_t *)(xcode + (wn * 32 + ni * 8 + g) * MMQ_LD + 32 * uu + 16 * h + 4 * tq);
+                    b[ni][h] = *(const uint32_t *)(xcode + (wn * 32 + ni * 8 + g) * LD + 32 * uu + 16 * h + 4 * tq);
             }
             usc ws[2][2];
             uxs xs[4][2];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int rr = 0; rr < 2; rr++) ws[mi][rr] = wsc[(wm * 32 + mi * 16 + g + 8 * rr) * MMQ_KU + uu];
+                for (int rr = 0; rr < 2; rr++) ws[mi][rr] = wsc[(wm * 32 + mi * 16 + g + 8 * rr) * KU + uu];
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
 #pragma unroll
-                for (int cc = 0; cc < 2; cc++) xs[ni][cc] = xsc[(wn * 32 + ni * 8 + 2 * tq + cc) * MMQ_KU + uu];
+                for (int cc = 0; cc < 2; cc++) xs[ni][cc] = xsc[(wn * 32 + ni * 8 + 2 * tq + cc) * KU + uu];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
                 for (int ni = 0; ni < 4; ni++) {
-                    int lo[4], hi[4];
-                    mma_s8_16816(a[mi][0][0], a[mi][0][1], b[ni][0], lo);
-                    mma_s8_16816(a[mi][1][0], a[mi][1][1], b[ni][1], hi);
+                    int lo[4], hi[4] = {0, 0, 0, 0};
+                    if constexpr (WHOLE) {
+                        mma_s8_16832(a[mi][0][0], a[mi][0][1], a[mi][1][0], a[mi][1][1], b[ni][0], b[ni][1], lo);
+                    } else {
+                        mma_s8_16816(a[mi][0][0], a[mi][0][1], b[ni][0], lo);
+                        mma_s8_16816(a[mi][1][0], a[mi][1][1], b[ni][1], hi);
+                    }
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const usc &sw = ws[mi][e / 2];
@@ -163,8 +182,8 @@ __global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mv_params P, con
                 for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        const usc &sw = wsc[(wm * 32 + mi * 16 + g + 8 * (e / 2)) * MMQ_KU];
-                        const uxs &sx = xsc[(wn * 32 + ni * 8 + 2 * tq + e % 2) * MMQ_KU];
+                        const usc &sw = wsc[(wm * 32 + mi * 16 + g + 8 * (e / 2)) * KU];
+                        const uxs &sx = xsc[(wn * 32 + ni * 8 + 2 * tq + e % 2) * KU];
                         acc[mi][ni][e] += Q::sb(sw, isum[mi][ni][e], msum[mi][ni][e], sx.d);
                         isum[mi][ni][e] = 0;
                         msum[mi][ni][e] = 0;

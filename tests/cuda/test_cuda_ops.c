@@ -7,7 +7,7 @@
  *   build-cuda/test_cuda_ops [--seed N] [--only OP]     correctness; one line per case (OP: an op of
  *                                                       backend_ops.h, or memory, supports, copy_n,
  *                                                       copy_n_at, marks, graphs)
- *   build-cuda/test_cuda_ops --bench [--only formed|attention|matmul]  Q8_0 matvec GB/s against a D2D copy,
+ *   build-cuda/test_cuda_ops --bench [--only formed|attention|matmul|prefill]  Q8_0 matvec GB/s against a D2D copy,
  *                                                       and the fused-input matmuls' µs per call
  *
  * Tolerances (each case prints its max abs / rel error and the bound):
@@ -1321,6 +1321,69 @@ static void bench_attention(cudaEvent_t e0, cudaEvent_t e1, int n_tok, int len) 
     free(q); free(kv);
 }
 
+/* A matmul of weight type t, n_in -> n_out, at each row count: µs per call, GB/s of weights
+ * against the copy, TOP/s; at 1-2 rows as a graph too. Weights rotate over copies so the working
+ * set is well beyond the L2. */
+static void bench_matmul(enum ggml_type t, int n_in, int n_out, const int *rows, int n_rows, double copy_gbps,
+                         cudaEvent_t e0, cudaEvent_t e1) {
+    cudaStream_t s = (cudaStream_t)backend_cuda_stream(gpu);
+    const int reps = 7, iters = 50;
+    float ts[16];
+    const char *tn = ggml_type_traits_get(t)->name;
+    const size_t rb = ggml_row_size(t, n_in), bytes = rb * n_out;
+    int n_copies = (int)((((size_t)512 << 20) + bytes - 1) / bytes);
+    if (n_copies > 16) n_copies = 16;
+    /* random weight bytes with sane scales: quantize a few rows and repeat them */
+    unsigned char *h = xmalloc(bytes);
+    float *row = xmalloc(sizeof(float) * n_in);
+    for (int o = 0; o < 64 && o < n_out; o++) {
+        fill(row, n_in, 1.0f);
+        quant_quantize_row_ref(t, row, h + (size_t)o * rb, n_in);
+    }
+    for (int o = 64; o < n_out; o++) memcpy(h + (size_t)o * rb, h + (size_t)(o % 64) * rb, rb);
+    struct bweight w[16];
+    for (int c = 0; c < n_copies; c++) {
+        memset(&w[c], 0, sizeof w[c]);
+        if (gpu->weight_init(gpu, &w[c], t, n_in, n_out, h)) { fprintf(stderr, "weight_init failed\n"); exit(2); }
+    }
+    float *x = xmalloc(sizeof(float) * 512 * n_in);
+    fill(x, (size_t)512 * n_in, 1.0f);
+    float *dx = gdup(x, sizeof(float) * 512 * n_in), *dy = galloc(sizeof(float) * 512 * (size_t)n_out);
+    for (int ri = 0; ri < n_rows; ri++) {
+        const int nt = rows[ri];
+        if ((double)nt * n_out > 2.6e7) continue; /* the 512-row LM head needs 0.5 GB of output */
+        for (int i = 0; i < 3; i++) matmul1(gpu, &w[i % n_copies], dx, nt, dy);
+        double host_us = 1e30;
+        for (int r = 0; r < reps; r++) {
+            BENCH_CHECK(cudaEventRecord(e0, s));
+            const int64_t h0 = coti_time_us();
+            for (int i = 0; i < iters; i++) matmul1(gpu, &w[i % n_copies], dx, nt, dy);
+            host_us = fmin(host_us, (double)(coti_time_us() - h0) / iters);
+            BENCH_CHECK(cudaEventRecord(e1, s));
+            BENCH_CHECK(cudaEventSynchronize(e1));
+            BENCH_CHECK(cudaEventElapsedTime(&ts[r], e0, e1));
+        }
+        qsort(ts, reps, sizeof ts[0], cmp_float);
+        const double us = ts[reps / 2] * 1e3 / iters, gbps = bytes / (us * 1e-6) / 1e9;
+        const double tops = 2.0 * n_in * (double)n_out * nt / (us * 1e-6) / 1e12;
+        printf("matmul %-5s %5d -> %6d rows %3d: %9.2f us %7.1f GB/s %5.1f%% of copy %6.1f TOP/s (spread %.2f..%.2f us, %d copies; host %.2f us/call)\n",
+               tn, n_in, n_out, nt, us, gbps, 100.0 * gbps / copy_gbps, tops, ts[0] * 1e3 / iters,
+               ts[reps - 1] * 1e3 / iters, n_copies, host_us);
+        if (nt <= 2) { /* the same calls recorded once as a graph and replayed: no host in the loop */
+            gpu->capture_begin(gpu);
+            for (int i = 0; i < iters; i++) matmul1(gpu, &w[i % n_copies], dx, nt, dy);
+            const double gus = graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1);
+            const double ggbps = bytes / (gus * 1e-6) / 1e9;
+            printf("matmul %-5s %5d -> %6d rows %3d graph: %9.2f us %7.1f GB/s %5.1f%% of copy\n", tn, n_in, n_out,
+                   nt, gus, ggbps, 100.0 * ggbps / copy_gbps);
+        }
+    }
+    for (int c = 0; c < n_copies; c++) gpu->weight_free(gpu, &w[c]);
+    gpu->free(gpu, dx);
+    gpu->free(gpu, dy);
+    free(h); free(row); free(x);
+}
+
 /* Median over reps of (time of `iters` calls)/iters, in µs, with CUDA events on the backend's
  * stream. Weights rotate over copies so the working set is well beyond the L2. */
 static void bench(void) {
@@ -1328,7 +1391,7 @@ static void bench(void) {
     cudaEvent_t e0, e1;
     BENCH_CHECK(cudaEventCreate(&e0));
     BENCH_CHECK(cudaEventCreate(&e1));
-    const int reps = 7, iters = 50;
+    const int reps = 7;
     float ts[16];
     /* copy baseline: 1 GiB device to device, counted as bytes read + written */
     const size_t cb = (size_t)1 << 30;
@@ -1374,60 +1437,14 @@ static void bench(void) {
     for (size_t k = 0; k < sizeof att / sizeof att[0] && want("attention"); k++) bench_attention(e0, e1, att[k][0], att[k][1]);
     static const int shapes[][2] = {{384, 384}, {384, 16384}, {4096, 4096}, {4096, 12288}, {12288, 4096}, {4096, 248320}};
     static const int rows[] = {1, 2, 4, 8, 64, 512};
-    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0] && want("matmul"); k++) {
-        const int n_in = shapes[k][0], n_out = shapes[k][1];
-        const size_t rb = ggml_row_size(GGML_TYPE_Q8_0, n_in), bytes = rb * n_out;
-        int n_copies = (int)((((size_t)512 << 20) + bytes - 1) / bytes);
-        if (n_copies > 16) n_copies = 16;
-        /* random weight bytes with sane scales: quantize a few rows and repeat them */
-        unsigned char *h = xmalloc(bytes);
-        float *row = xmalloc(sizeof(float) * n_in);
-        for (int o = 0; o < 64 && o < n_out; o++) {
-            fill(row, n_in, 1.0f);
-            quant_quantize_row_ref(GGML_TYPE_Q8_0, row, h + (size_t)o * rb, n_in);
-        }
-        for (int o = 64; o < n_out; o++) memcpy(h + (size_t)o * rb, h + (size_t)(o % 64) * rb, rb);
-        struct bweight w[16];
-        for (int c = 0; c < n_copies; c++) {
-            memset(&w[c], 0, sizeof w[c]);
-            if (gpu->weight_init(gpu, &w[c], GGML_TYPE_Q8_0, n_in, n_out, h)) { fprintf(stderr, "weight_init failed\n"); exit(2); }
-        }
-        float *x = xmalloc(sizeof(float) * 512 * n_in);
-        fill(x, (size_t)512 * n_in, 1.0f);
-        float *dx = gdup(x, sizeof(float) * 512 * n_in), *dy = galloc(sizeof(float) * 512 * (size_t)n_out);
-        for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
-            const int nt = rows[ri];
-            if ((double)nt * n_out > 2.6e7) continue; /* the 512-row LM head needs 0.5 GB of output */
-            for (int i = 0; i < 3; i++) matmul1(gpu, &w[i % n_copies], dx, nt, dy);
-            double host_us = 1e30;
-            for (int r = 0; r < reps; r++) {
-                BENCH_CHECK(cudaEventRecord(e0, s));
-                const int64_t h0 = coti_time_us();
-                for (int i = 0; i < iters; i++) matmul1(gpu, &w[i % n_copies], dx, nt, dy);
-                host_us = fmin(host_us, (double)(coti_time_us() - h0) / iters);
-                BENCH_CHECK(cudaEventRecord(e1, s));
-                BENCH_CHECK(cudaEventSynchronize(e1));
-                BENCH_CHECK(cudaEventElapsedTime(&ts[r], e0, e1));
-            }
-            qsort(ts, reps, sizeof ts[0], cmp_float);
-            const double us = ts[reps / 2] * 1e3 / iters, gbps = bytes / (us * 1e-6) / 1e9;
-            const double tops = 2.0 * n_in * (double)n_out * nt / (us * 1e-6) / 1e12;
-            printf("matmul q8_0 %5d -> %6d rows %3d: %9.2f us %7.1f GB/s %5.1f%% of copy %6.1f TOP/s (spread %.2f..%.2f us, %d copies; host %.2f us/call)\n",
-                   n_in, n_out, nt, us, gbps, 100.0 * gbps / copy_gbps, tops, ts[0] * 1e3 / iters,
-                   ts[reps - 1] * 1e3 / iters, n_copies, host_us);
-            if (nt <= 2) { /* the same calls recorded once as a graph and replayed: no host in the loop */
-                gpu->capture_begin(gpu);
-                for (int i = 0; i < iters; i++) matmul1(gpu, &w[i % n_copies], dx, nt, dy);
-                const double gus = graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1);
-                const double ggbps = bytes / (gus * 1e-6) / 1e9;
-                printf("matmul q8_0 %5d -> %6d rows %3d graph: %9.2f us %7.1f GB/s %5.1f%% of copy\n", n_in, n_out,
-                       nt, gus, ggbps, 100.0 * ggbps / copy_gbps);
-            }
-        }
-        for (int c = 0; c < n_copies; c++) gpu->weight_free(gpu, &w[c]);
-        gpu->free(gpu, dx);
-        gpu->free(gpu, dy);
-        free(h); free(row); free(x);
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0] && want("matmul"); k++)
+        bench_matmul(GGML_TYPE_Q8_0, shapes[k][0], shapes[k][1], rows, 6, copy_gbps, e0, e1);
+    /* prefill: the 9B's FFN shapes at 512 rows, per weight type (the tiles) */
+    static const enum ggml_type pt[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
+    static const int prow[] = {512};
+    for (size_t i = 0; i < sizeof pt / sizeof pt[0] && want("prefill"); i++) {
+        bench_matmul(pt[i], 4096, 12288, prow, 1, copy_gbps, e0, e1);
+        bench_matmul(pt[i], 12288, 4096, prow, 1, copy_gbps, e0, e1);
     }
     BENCH_CHECK(cudaEventDestroy(e0));
     BENCH_CHECK(cudaEventDestroy(e1));
