@@ -26,6 +26,7 @@ template <int T> struct mmq_shape {
         LD = KU * 32 + 16,                               /* padded row stride of the code tiles (no bank conflicts) */
         RAW = KU / qt<T>::UPB * qt<T>::BB,               /* raw bytes of a row per K tile */
         RSLOT = ((RAW + 30) / 16) * 16 + 16,
+        MIN_BLOCKS = KU == 4 ? 4 : 3,                    /* per SM: what shared memory allows */
         SMEM = 2 * MMQ_BM * RSLOT + (MMQ_BM + MMQ_BN) * LD + MMQ_BM * KU * (int)sizeof(usc) +
                MMQ_BN * KU * (int)sizeof(uxs) + MMQ_BM * (int)sizeof(void *),
     };
@@ -36,19 +37,19 @@ template <int T> struct mmq_whole_unit { enum { V = T != GGML_TYPE_Q6_K }; };
 
 __device__ __forceinline__ void mma_s8_16832(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
                                              int (&c)[4]) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
                  : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 
 __device__ __forceinline__ void mma_s8_16816(uint32_t a0, uint32_t a1, uint32_t b0, int (&c)[4]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
                  : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
                  : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
 template <int T>
-__global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mv_params P, const xact x, int n_tok) {
+__global__ void __launch_bounds__(MMQ_THREADS, mmq_shape<T>::MIN_BLOCKS) mmq_kernel(const mv_params P, const xact x, int n_tok) {
     typedef qt<T> Q;
     typedef mmq_shape<T> S;
     constexpr bool KQ = Q::UPB == 8, WHOLE = mmq_whole_unit<T>::V;
@@ -94,20 +95,42 @@ __global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mv_params P, con
 #pragma unroll
             for (int e = 0; e < 4; e++) { acc[mi][ni][e] = 0.0f; isum[mi][ni][e] = 0; msum[mi][ni][e] = 0; }
 
+    /* the converted activations of a K tile: read into registers one tile ahead (their loads
+     * in flight during the tile before), stored to shared memory when their tile starts; at K
+     * tiles of 8 units the registers held across a tile would halve the blocks per SM (ptxas:
+     * Q4_K 168 -> 249), so those read their own tile's */
+    constexpr bool AHEAD = KU == 4;
+    constexpr int XV = MMQ_BN * 2 * KU / MMQ_THREADS, XSN = MMQ_BN * KU / MMQ_THREADS;
+    uint4 xr[XV];
+    uxs xsr[XSN];
+    auto load_x = [&](int kt) {
+        const int u0 = kt * KU;
+#pragma unroll
+        for (int i = 0; i < XV; i++) {
+            const int p = tid + i * MMQ_THREADS, j = p / (2 * KU), q = p % (2 * KU), t = min(tok_base + j, n_tok - 1);
+            xr[i] = __ldg((const uint4 *)((const int8_t *)x.q + (size_t)t * x.stride + 32 * u0) + q);
+        }
+#pragma unroll
+        for (int i = 0; i < XSN; i++) {
+            const int p = tid + i * MMQ_THREADS, j = p / KU, uu = p % KU, t = min(tok_base + j, n_tok - 1);
+            xsr[i] = u0 + uu < P.n_units ? load_xs<Q::XF, false>(x, (size_t)t, u0 + uu) : uxs{0.0f, 0.0f, 0};
+        }
+    };
+    if constexpr (AHEAD) load_x(0);
+
     for (int kt = 0; kt < n_kt; kt++) {
         const int st = kt & 1, u0 = kt * KU;
         if (kt + 1 < n_kt) issue(kt + 1, st ^ 1);
         else cp_async_commit();
-        /* activation codes (zero-padded to the stride in global memory) and scales */
-        for (int p = tid; p < MMQ_BN * 2 * KU; p += MMQ_THREADS) {
-            const int j = p / (2 * KU), q = p % (2 * KU), t = min(tok_base + j, n_tok - 1);
-            const uint4 v = __ldg((const uint4 *)((const int8_t *)x.q + (size_t)t * x.stride + 32 * u0) + q);
-            *(uint4 *)(xcode + j * LD + 16 * q) = v;
+        if constexpr (!AHEAD) load_x(kt);
+#pragma unroll
+        for (int i = 0; i < XV; i++) {
+            const int p = tid + i * MMQ_THREADS, j = p / (2 * KU), q = p % (2 * KU);
+            *(uint4 *)(xcode + j * LD + 16 * q) = xr[i];
         }
-        for (int p = tid; p < MMQ_BN * KU; p += MMQ_THREADS) {
-            const int j = p / KU, uu = p % KU, t = min(tok_base + j, n_tok - 1);
-            xsc[p] = u0 + uu < P.n_units ? load_xs<Q::XF, false>(x, (size_t)t, u0 + uu) : uxs{0.0f, 0.0f, 0};
-        }
+#pragma unroll
+        for (int i = 0; i < XSN; i++) xsc[tid + i * MMQ_THREADS] = xsr[i];
+        if (AHEAD && kt + 1 < n_kt) load_x(kt + 1);
         cp_async_wait1();
         __syncthreads();
         /* decode: 4 (row, unit) pairs per thread */
@@ -127,7 +150,9 @@ __global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mv_params P, con
         __syncthreads();
         /* tensor cores: per unit, lo and hi halves of every output of the warp's 32 x 32 */
         const int uend = min(KU, P.n_units - u0);
-        for (int uu = 0; uu < uend; uu++) {
+#pragma unroll(KU == 4 ? 4 : 1) /* 8 units unrolled: 234 registers for Q4_K */
+        for (int uu = 0; uu < KU; uu++) {
+            if (uu >= uend) break;
             uint32_t a[2][2][2], b[4][2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -152,28 +177,34 @@ __global__ void __launch_bounds__(MMQ_THREADS) mmq_kernel(const mv_params P, con
 #pragma unroll
                 for (int cc = 0; cc < 2; cc++) xs[ni][cc] = xsc[(wn * 32 + ni * 8 + 2 * tq + cc) * KU + uu];
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++)
+            for (int mi = 0; mi < 2; mi++) {
+                /* a row group's mmas first, then their sums: the combines wait on the first only */
+                int lo[4][4], hi[4][4];
 #pragma unroll
                 for (int ni = 0; ni < 4; ni++) {
-                    int lo[4], hi[4] = {0, 0, 0, 0};
                     if constexpr (WHOLE) {
-                        mma_s8_16832(a[mi][0][0], a[mi][0][1], a[mi][1][0], a[mi][1][1], b[ni][0], b[ni][1], lo);
+                        mma_s8_16832(a[mi][0][0], a[mi][0][1], a[mi][1][0], a[mi][1][1], b[ni][0], b[ni][1], lo[ni]);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) hi[ni][e] = 0;
                     } else {
-                        mma_s8_16816(a[mi][0][0], a[mi][0][1], b[ni][0], lo);
-                        mma_s8_16816(a[mi][1][0], a[mi][1][1], b[ni][1], hi);
+                        mma_s8_16816(a[mi][0][0], a[mi][0][1], b[ni][0], lo[ni]);
+                        mma_s8_16816(a[mi][1][0], a[mi][1][1], b[ni][1], hi[ni]);
                     }
+                }
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const usc &sw = ws[mi][e / 2];
                         const uxs &sx = xs[ni][e % 2];
                         if constexpr (KQ) {
-                            isum[mi][ni][e] += Q::isum(sw, lo[e], hi[e]);
+                            isum[mi][ni][e] += Q::isum(sw, lo[ni][e], hi[ni][e]);
                             msum[mi][ni][e] += Q::msum(sw, sx);
                         } else {
-                            acc[mi][ni][e] += Q::combine(sw, lo[e], hi[e], sx);
+                            acc[mi][ni][e] += Q::combine(sw, lo[ni][e], hi[ni][e], sx);
                         }
                     }
-                }
+            }
         }
         if constexpr (KQ) { /* the K tile is one super-block: fold its exact sums */
 #pragma unroll
