@@ -488,12 +488,6 @@ static __host__ __device__ __forceinline__ int xs_bytes(int f, int nt, int strid
 }
 
 
-__device__ __forceinline__ void cp_async16(uint8_t *smem, const void *gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
 /* The direct kernel's blocks per SM (its register bound). */
 #define MV_DIRECT_PER_SM 2

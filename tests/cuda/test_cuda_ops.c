@@ -1038,7 +1038,9 @@ static void test_ssm_conv(int n_tok, int n_ch, int k, int n_snap) {
 
 static void test_gdn(bool chunked, int n_tok, int nk, int nv, int dk, int n_snap) {
     char shape[96];
-    const int dv = dk, ch = 2 * nk * dk + nv * dv, stride = ch + 7;
+    /* odd token counts: rows 7 floats apart beyond their width (not 16-byte aligned: the
+     * kernel's 4-byte copies); even: 8 (its 16-byte copies where dk allows) */
+    const int dv = dk, ch = 2 * nk * dk + nv * dv, stride = ch + (n_tok % 2 ? 7 : 8);
     const size_t st_n = (size_t)nv * dk * dv, nsnap = (size_t)COTI_MAX(n_snap, 1) * st_n;
     const int as = nv + 3, bs = nv + 5;
     float *qkv = xmalloc(sizeof(float) * n_tok * stride), *a = xmalloc(sizeof(float) * n_tok * as);
@@ -1711,6 +1713,9 @@ static void run_gdn(void) {
     test_gdn(false, 3, 2, 6, 40, 2);
     test_gdn(false, 70, 2, 4, 128, 40); /* past the staged chunk of 32 tokens, snapshots across it */
     test_gdn(false, 40, 1, 2, 256, 0);  /* chunks of 16 */
+    test_gdn(false, 9, 1, 2, 30, 4);    /* rows not in float4s */
+    test_gdn(false, 33, 1, 2, 30, 0);   /* a prompt's kernel (> 16 tokens): rows not in float4s */
+    test_gdn(false, 34, 2, 4, 40, 0);   /* ... rows in float4s, past the lanes' elements */
 }
 static void run_gdn_chunked(void) { test_gdn(true, 150, 2, 4, 128, 0); test_gdn(true, 64, 2, 4, 16, 0); }
 static void run_argmax(void) { test_argmax(1, 248320); test_argmax(5, 1000); test_argmax(3, 4097); }
