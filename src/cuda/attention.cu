@@ -78,29 +78,36 @@ __device__ __forceinline__ void attn_merge(const float *pp, int n_split, int D, 
     }
 }
 
-template <int TK, int TV, int NE, bool VEC>
+/* HG query heads of one KV head per block (HG > 1: prompts, one slice): each cache row loaded
+ * serves all HG, so a prompt's blocks read the cache HG times less (a block per query head
+ * made the 9B's prefill of 4096 tokens wait on the L2: 42 µs per token in attention). */
+template <int TK, int TV, int NE, bool VEC, int HG>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const uint8_t *__restrict__ kc,
             const uint8_t *__restrict__ vc, size_t k_row, size_t v_row, size_t k_head, size_t v_head,
             const int32_t *__restrict__ cell0, const int32_t *__restrict__ n_ctx, int n_head, int n_head_kv, int D,
             float scale, float *__restrict__ out, float *part, unsigned *count) {
-    __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
+    __shared__ float sm_m[HG][ATTN_WARPS], sm_l[HG][ATTN_WARPS];
     __shared__ float sm_acc[ATTN_WARPS][ATTN_MAX_D];
     cuda_pdl_begin();
-    const int s = blockIdx.x, n_split = gridDim.x, h = blockIdx.y, t = blockIdx.z;
+    const int s = blockIdx.x, n_split = gridDim.x, h0 = blockIdx.y * HG, t = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int hk = h / (n_head / n_head_kv);
+    const int hk = h0 / (n_head / n_head_kv);
     const int len = n_ctx[t], c0 = cell0[t];
     const int per = (len + n_split - 1) / n_split, lo = s * per, hi = min(len, lo + per);
-    const float *qh = q + (size_t)t * q_stride + (size_t)h * q_head_stride;
-    float qv[NE], acc[NE], kf[NE], vf[NE];
+    float qv[HG][NE], acc[HG][NE], kf[NE], vf[NE], m[HG], l[HG];
 #pragma unroll
-    for (int i = 0; i < NE; i++) {
-        const int e = attn_elem<NE, VEC>(lane, i);
-        qv[i] = e < D ? qh[e] : 0.0f;
-        acc[i] = 0.0f;
+    for (int g = 0; g < HG; g++) {
+        const float *qh = q + (size_t)t * q_stride + (size_t)(h0 + g) * q_head_stride;
+#pragma unroll
+        for (int i = 0; i < NE; i++) {
+            const int e = attn_elem<NE, VEC>(lane, i);
+            qv[g][i] = e < D ? qh[e] : 0.0f;
+            acc[g][i] = 0.0f;
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
     }
-    float m = -INFINITY, l = 0.0f;
     /* the next row's k and v are requested before this row's arithmetic: a warp's rows are few
      * at decode (a slice of a short context), so each load's latency is most of its cost */
     float kn[NE], vn[NE];
@@ -114,64 +121,83 @@ attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const 
 #pragma unroll
         for (int i = 0; i < NE; i++) { kf[i] = kn[i]; vf[i] = vn[i]; }
         if (c + ATTN_WARPS < hi) load_row(c + ATTN_WARPS);
-        float dot = 0.0f;
+        float sc[HG];
 #pragma unroll
-        for (int i = 0; i < NE; i++) dot = fmaf(qv[i], kf[i], dot);
-        const float sc = cuda_warp_sum(dot) * scale;
-        if (sc > m) {
-            const float corr = expf(m - sc);
+        for (int g = 0; g < HG; g++) {
+            float dot = 0.0f;
 #pragma unroll
-            for (int i = 0; i < NE; i++) acc[i] *= corr;
-            l *= corr;
-            m = sc;
+            for (int i = 0; i < NE; i++) dot = fmaf(qv[g][i], kf[i], dot);
+            sc[g] = dot;
         }
-        const float p = expf(sc - m);
-        l += p;
 #pragma unroll
-        for (int i = 0; i < NE; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(p, vf[i]));
-    }
-    if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
+        for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-    for (int i = 0; i < NE; i++) {
-        const int e = attn_elem<NE, VEC>(lane, i);
-        if (e < D) sm_acc[warp][e] = acc[i];
-    }
-    __syncthreads();
-    float M = sm_m[0];
-    for (int w = 1; w < ATTN_WARPS; w++) M = fmaxf(M, sm_m[w]);
-    float f[ATTN_WARPS], L = 0.0f;
-    for (int w = 0; w < ATTN_WARPS; w++) {
-        f[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - M);
-        L += sm_l[w] * f[w];
-    }
-    float *o = out + (size_t)t * n_head * D + (size_t)h * D;
-    if (n_split == 1) {
-        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-        for (int e = threadIdx.x; e < D; e += blockDim.x) {
-            float a = 0.0f;
-            for (int w = 0; w < ATTN_WARPS; w++) a += sm_acc[w][e] * f[w];
-            o[e] = a * inv;
+            for (int g = 0; g < HG; g++) sc[g] += __shfl_xor_sync(0xFFFFFFFFu, sc[g], o);
+#pragma unroll
+        for (int g = 0; g < HG; g++) {
+            const float scg = sc[g] * scale;
+            if (scg > m[g]) {
+                const float corr = expf(m[g] - scg);
+#pragma unroll
+                for (int i = 0; i < NE; i++) acc[g][i] *= corr;
+                l[g] *= corr;
+                m[g] = scg;
+            }
+            const float p = expf(scg - m[g]);
+            l[g] += p;
+#pragma unroll
+            for (int i = 0; i < NE; i++) acc[g][i] = __fadd_rn(acc[g][i], __fmul_rn(p, vf[i]));
         }
-    } else {
-        float *ph = part + ((size_t)t * n_head + h) * n_split * (D + 2), *pp = ph + (size_t)s * (D + 2);
-        if (threadIdx.x == 0) { pp[0] = M; pp[1] = L; }
-        for (int e = threadIdx.x; e < D; e += blockDim.x) {
-            float a = 0.0f;
-            for (int w = 0; w < ATTN_WARPS; w++) a += sm_acc[w][e] * f[w];
-            pp[2 + e] = a;
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int g = 0; g < HG; g++) { sm_m[g][warp] = m[g]; sm_l[g][warp] = l[g]; }
+#pragma unroll
+    for (int g = 0; g < HG; g++) {
+        if (g) __syncthreads(); /* the last head's merge has read sm_acc */
+#pragma unroll
+        for (int i = 0; i < NE; i++) {
+            const int e = attn_elem<NE, VEC>(lane, i);
+            if (e < D) sm_acc[warp][e] = acc[g][i];
         }
-        /* the token-head's last slice to finish merges them all (a merge kernel of its own
-         * cost a dependent launch per attention layer) and rearms the counter for the next */
-        __shared__ bool last;
-        __threadfence();
         __syncthreads();
-        unsigned *cnt = count + (size_t)t * n_head + h;
-        if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == (unsigned)n_split - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        if (threadIdx.x == 0) *cnt = 0;
-        attn_merge(ph, n_split, D, o);
+        float M = sm_m[g][0];
+        for (int w = 1; w < ATTN_WARPS; w++) M = fmaxf(M, sm_m[g][w]);
+        float f[ATTN_WARPS], L = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            f[w] = sm_m[g][w] == -INFINITY ? 0.0f : expf(sm_m[g][w] - M);
+            L += sm_l[g][w] * f[w];
+        }
+        const int h = h0 + g;
+        float *o = out + (size_t)t * n_head * D + (size_t)h * D;
+        if (n_split == 1) {
+            const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+            for (int e = threadIdx.x; e < D; e += blockDim.x) {
+                float a = 0.0f;
+                for (int w = 0; w < ATTN_WARPS; w++) a += sm_acc[w][e] * f[w];
+                o[e] = a * inv;
+            }
+        } else { /* HG 1 */
+            float *ph = part + ((size_t)t * n_head + h) * n_split * (D + 2), *pp = ph + (size_t)s * (D + 2);
+            if (threadIdx.x == 0) { pp[0] = M; pp[1] = L; }
+            for (int e = threadIdx.x; e < D; e += blockDim.x) {
+                float a = 0.0f;
+                for (int w = 0; w < ATTN_WARPS; w++) a += sm_acc[w][e] * f[w];
+                pp[2 + e] = a;
+            }
+            /* the token-head's last slice to finish merges them all (a merge kernel of its own
+             * cost a dependent launch per attention layer) and rearms the counter for the next */
+            __shared__ bool last;
+            __threadfence();
+            __syncthreads();
+            unsigned *cnt = count + (size_t)t * n_head + h;
+            if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == (unsigned)n_split - 1;
+            __syncthreads();
+            if (!last) return;
+            __threadfence();
+            if (threadIdx.x == 0) *cnt = 0;
+            attn_merge(ph, n_split, D, o);
+        }
     }
 }
 
@@ -196,12 +222,22 @@ void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head
                                          sizeof(unsigned) * (size_t)ATTN_SMALL_BATCH * n_head);
         if (c->attn_count_size != had) CUDA_CHECK(cudaMemsetAsync(count, 0, c->attn_count_size, c->stream));
     }
-    const dim3 grid(n_split, n_head, n_tok);
+    /* prompts: the query heads of a KV head together, up to 4 (2 for heads past 256) */
+    const int group = n_head / n_head_kv;
+    int hg = 1;
+    if (n_split == 1) hg = group % 4 == 0 && head_dim <= 256 ? 4 : group % 2 == 0 ? 2 : 1;
+    const dim3 grid(n_split, n_head / hg, n_tok);
     const bool vec = head_dim % 8 == 0;
-#define ATTN_LAUNCH(TK, TV, NE, VEC)                                                            \
-    cuda_launch(c, grid, ATTN_WARPS * 32, attn_kernel<TK, TV, NE, VEC>, q, q_stride, q_head_stride, k_cache,   \
-                v_cache, kv->k_row_bytes, kv->v_row_bytes, k_head, v_head, cell0, n_ctx, n_head, n_head_kv,    \
+#define ATTN_LAUNCH_G(TK, TV, NE, VEC, HG)                                                                     \
+    cuda_launch(c, grid, ATTN_WARPS * 32, attn_kernel<TK, TV, NE, VEC, HG>, q, q_stride, q_head_stride, k_cache, \
+                v_cache, kv->k_row_bytes, kv->v_row_bytes, k_head, v_head, cell0, n_ctx, n_head, n_head_kv,     \
                 head_dim, scale, out, part, count)
+#define ATTN_LAUNCH(TK, TV, NE, VEC)                                                            \
+    do {                                                                                        \
+        if (hg == 4) ATTN_LAUNCH_G(TK, TV, NE, VEC, 4);                                         \
+        else if (hg == 2) ATTN_LAUNCH_G(TK, TV, NE, VEC, 2);                                    \
+        else ATTN_LAUNCH_G(TK, TV, NE, VEC, 1);                                                 \
+    } while (0)
     /* the block types tile heads by 32 (kv_type_ok), so only float caches take the scalar loads */
 #define ATTN_VEC(TK, TV)                                                                        \
     do {                                                                                        \
@@ -229,6 +265,7 @@ void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head
 #undef ATTN_VEC
 #undef ATTN_FLOAT
 #undef ATTN_LAUNCH
+#undef ATTN_LAUNCH_G
 }
 
 CUDA_TRACE_TU(attention)

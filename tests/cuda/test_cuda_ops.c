@@ -1684,6 +1684,9 @@ static void run_attention(void) {
     test_attention(3, 50, 6, 3, 36, 0);      /* head dim not a multiple of 8 */
     test_attention(12, 20, 4, 4, 512, 1);    /* widest head, no GQA */
     test_attention(2, 10, 2, 1, 400, 0);     /* wide, scalar path */
+    test_attention(20, 100, 16, 4, 256, 1);  /* prompt: 4 query heads per block */
+    test_attention(10, 30, 4, 2, 512, 0);    /* prompt, widest head: 2 per block */
+    test_attention(9, 7, 6, 3, 36, 0);       /* prompt, scalar path, 3 per KV head: 1 per block */
     /* the other cache types: the same values (exact conversions), the same tolerance */
     const enum ggml_type f16 = GGML_TYPE_F16, bf16 = GGML_TYPE_BF16, q8 = GGML_TYPE_Q8_0, q4 = GGML_TYPE_Q4_0;
     test_attention_types(q8, q8, 1, 700, 16, 4, 256, 1);   /* decode */
@@ -1695,6 +1698,7 @@ static void run_attention(void) {
     test_attention_types(bf16, bf16, 3, 50, 6, 3, 36, 0);  /* bf16, scalar path */
     test_attention_types(f16, bf16, 2, 10, 2, 1, 400, 0);
     test_attention_types(bf16, q8, 4, 300, 16, 4, 256, 0);
+    test_attention_types(q8, q4, 20, 100, 16, 4, 256, 0);  /* prompt, 4 query heads per block */
 }
 static void run_ssm_conv(void) {
     test_ssm_conv(1, 8192, 4, 1);
