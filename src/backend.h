@@ -173,6 +173,14 @@ struct backend {
     void (*mark)(struct backend *be, int i);
     double (*mark_elapsed_us)(struct backend *be, int from, int to);
 
+    /* Optional (NULL: every op's rows come out the same in any batch, as on the CPU). Whether
+     * the ops queued from now on compute a prompt chunk (model_batch.prompt): then the backend
+     * may use kernels whose rows depend on the batch they came in (tensor-core tiles, one
+     * slice of the cache per token). Otherwise (the default) every row must equal what it gives
+     * alone or in any other batch: a verify row replaces a decode row bit for bit, or
+     * speculation would not be lossless. */
+    void (*set_prompt)(struct backend *be, bool prompt);
+
     /* Graphs — optional (NULL on backends whose ops run synchronously, like the CPU's): a
      * recorded op sequence replayed with one call, for the launch-bound small batches of
      * decode, drafting and verify. capture_begin: the ops queued until capture_end are

@@ -38,6 +38,9 @@ struct model_batch {
     const int32_t *pos;          /* host */
     const int32_t *seq;          /* host; NULL = all sequence 0 */
     const bool *want_logits;     /* host; NULL = only the last row */
+    bool prompt;                 /* the rows are a prompt chunk, which replaces no decode row: the
+                                    backend may compute them batch-dependently (backend.h
+                                    set_prompt); verify and decode batches leave it false */
     bool keep_states;            /* recurrent layers keep the state after every token of the
                                     last run of each sequence, so model_seq_rollback works */
     bool draft_head;             /* NextN only: logits from the model's cheaper draft copy of
@@ -148,7 +151,10 @@ void model_free(struct model *m);
 
 static inline int model_forward(struct model *m, const struct model_batch *b,
                                 struct model_output *out, char *err, size_t err_size) {
-    return m->vt->forward(m, b, out, err, err_size);
+    if (m->be->set_prompt) m->be->set_prompt(m->be, b->prompt);
+    const int rc = m->vt->forward(m, b, out, err, err_size);
+    if (m->be->set_prompt) m->be->set_prompt(m->be, false);
+    return rc;
 }
 static inline int model_seq_len(const struct model *m, int s) { return m->seq_len[s]; }
 /* The model's NextN draft head, or NULL when the file carries none. */

@@ -307,7 +307,7 @@ static int seq_prefill(struct spec_engine *e, int s, int max_rows, int32_t *firs
         n = end - i0;
         for (int i = 0; i < n; i++) e->pos[i] = i0 + i;
         for (int i = 0; i < n; i++) e->seqv[i] = s;
-        struct model_batch b = {.n = n, .tokens = prompt + i0, .pos = e->pos, .seq = e->seqv};
+        struct model_batch b = {.n = n, .tokens = prompt + i0, .pos = e->pos, .seq = e->seqv, .prompt = true};
         if (sampler_params_plain_argmax(sp) && !q->gs) b.argmax_out = e->d_ids; /* the greedy pick, in the forward's work */
         rc = model_forward(m, &b, &o, err, err_size);
         if (rc) return rc;

@@ -9,7 +9,8 @@
  * (n_tok <= ATTN_SMALL_BATCH) cut every token's rows into ATTN_SPLIT slices (a function of that
  * token's n_ctx only), and the last slice block of a (token, head) to finish merges them, so
  * the whole GPU works on one token and a token's output does not depend on the batch it came
- * in. Prefill uses one slice.
+ * in. A prompt's tokens past ATTN_SMALL_BATCH take one slice each; other batches that long go
+ * in launches of ATTN_SMALL_BATCH tokens with their slices (the same rows as alone).
  * Differences from the CPU: the order of the q·k sum and the merge of the partial softmaxes
  * (rounding only), and CUDA's expf. */
 #include "cuda_internal.cuh"
@@ -201,15 +202,13 @@ attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const 
     }
 }
 
-void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head_stride, const struct kv_view *kv,
-                    const int32_t *cell0, const int32_t *n_ctx, int n_tok, int n_head, float scale, float *out) {
-    struct cuda_ctx *c = cuda_enter(be);
+/* One launch: n_tok tokens (<= ATTN_SMALL_BATCH where n_split > 1), n_split slices each. */
+static void attention_launch(struct cuda_ctx *c, const float *q, int q_stride, int q_head_stride,
+                             const struct kv_view *kv, const int32_t *cell0, const int32_t *n_ctx, int n_tok,
+                             int n_head, float scale, float *out, int n_split) {
     const int n_head_kv = kv->n_head_kv, head_dim = kv->head_dim;
     const uint8_t *k_cache = (const uint8_t *)kv->k, *v_cache = (const uint8_t *)kv->v;
     const size_t k_head = ggml_row_size(kv->k_type, head_dim), v_head = ggml_row_size(kv->v_type, head_dim);
-    if (n_tok < 1 || n_head < 1) return;
-    if (head_dim > ATTN_MAX_D || n_head_kv < 1 || n_head % n_head_kv) abort(); /* model loading rejects these */
-    const int n_split = n_tok <= ATTN_SMALL_BATCH ? ATTN_SPLIT : 1;
     float *part = NULL;
     unsigned *count = NULL;
     /* sized for the largest small batch at once: growing it later makes recorded graphs stale */
@@ -266,6 +265,24 @@ void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head
 #undef ATTN_FLOAT
 #undef ATTN_LAUNCH
 #undef ATTN_LAUNCH_G
+}
+
+/* A prompt's tokens past ATTN_SMALL_BATCH: one slice each, one launch. Any other batch: every
+ * token in ATTN_SPLIT slices, in launches of ATTN_SMALL_BATCH tokens, so that its result is
+ * what it gives in any batch (a verify row equals the decode row it replaces). */
+void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head_stride, const struct kv_view *kv,
+                    const int32_t *cell0, const int32_t *n_ctx, int n_tok, int n_head, float scale, float *out) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (n_tok < 1 || n_head < 1) return;
+    if (kv->head_dim > ATTN_MAX_D || kv->n_head_kv < 1 || n_head % kv->n_head_kv) abort(); /* model loading rejects these */
+    if (c->prompt && n_tok > ATTN_SMALL_BATCH) {
+        attention_launch(c, q, q_stride, q_head_stride, kv, cell0, n_ctx, n_tok, n_head, scale, out, 1);
+        return;
+    }
+    for (int t0 = 0; t0 < n_tok; t0 += ATTN_SMALL_BATCH)
+        attention_launch(c, q + (size_t)t0 * q_stride, q_stride, q_head_stride, kv, cell0 + t0, n_ctx + t0,
+                         COTI_MIN(ATTN_SMALL_BATCH, n_tok - t0), n_head, scale, out + (size_t)t0 * n_head * kv->head_dim,
+                         ATTN_SPLIT);
 }
 
 CUDA_TRACE_TU(attention)

@@ -155,6 +155,8 @@ static void cuda_mark(struct backend *be, int i) {
     CUDA_CHECK(cudaEventRecord(c->marks[i], c->stream));
 }
 
+static void cuda_set_prompt(struct backend *be, bool prompt) { cuda_enter(be)->prompt = prompt; }
+
 static double cuda_mark_elapsed_us(struct backend *be, int from, int to) {
     struct cuda_ctx *c = cuda_enter(be);
     float ms = 0.0f;
@@ -341,6 +343,7 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
 #define BACKEND_OP(name, family, params, args) be->name = cuda_##name;
 #include "backend_ops.h"
 #undef BACKEND_OP
+    be->set_prompt = cuda_set_prompt;
     be->mark = cuda_mark;
     be->mark_elapsed_us = cuda_mark_elapsed_us;
     be->capture_begin = cuda_capture_begin;

@@ -47,6 +47,7 @@ struct cuda_ctx {
     int mv_smem_static[16][8][4];
     bool mmq_ready[16];        /* prefill kernel's shared-memory limit raised */
     int mv_force;                         /* enum cuda_matvec: a test's choice, or CUDA_MV_AUTO */
+    bool prompt;                          /* backend.h set_prompt: batch-dependent kernels allowed */
     long mv_launches[CUDA_MV_COUNT];      /* matmul launches by variant, for the tests */
 };
 

@@ -9,9 +9,10 @@
  *   whole call and steps through the tokens, two dot products per token (Sᵀk, then Sᵀq). The
  *   loads, norms and gates of the tokens are staged in shared memory first, off that chain.
  *   Two layouts of the rows over the lanes:
- *   - decode and verify (<= GDN_ROWS_MAX_TOK tokens): a warp per GDN_ROWS rows, 32 lanes per
- *     row; the state's reads and writes coalesce, which is what a single token costs;
- *   - prompts: L lanes per row (4 for dk <= 128), so each dot ends in a reduction over L lanes
+ *   - decode and verify (any batch but a prompt's, chunks of GDN_ROWS_MAX_TOK tokens): a warp
+ *     per GDN_ROWS rows, 32 lanes per row; the state's reads and writes coalesce, which is what
+ *     a single token costs;
+ *   - prompts past GDN_ROWS_MAX_TOK tokens: L lanes per row (4 for dk <= 128), so each dot ends in a reduction over L lanes
  *     instead of 32, chunks double-buffered with cp.async (H200, 9B prefill of 512 tokens:
  *     27.7 µs per token in the delta-net with the 32-lane form, 20.5 with this one, which at
  *     a single token cost 9B decode 5 %).
@@ -375,12 +376,13 @@ void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1 || nv < 1) return;
     if (dk > GDN_MAX_DIM || dv > GDN_MAX_DIM || nk < 1) abort(); /* model loading rejects such files */
-    if (n_tok <= GDN_ROWS_MAX_TOK) {
+    if (n_tok <= GDN_ROWS_MAX_TOK || !c->prompt) {
+        const int n_ch = COTI_MIN(n_tok, GDN_ROWS_MAX_TOK);
         const dim3 grid(cuda_cdiv(dv, GDN_BLOCK_ROWS), nv);
-        const size_t smem = gdn_rows_smem(n_tok, dk);
+        const size_t smem = gdn_rows_smem(n_ch, dk);
 #define GDN_ROWS_LAUNCH(NE)                                                                                     \
     cuda_launch_smem(c, grid, GDN_WARPS * 32, smem, gdn_rows_kernel<NE>, qkv, qkv_stride, *gates, state, n_tok, nk, \
-                     nv, dk, dv, eps, n_tok, out, snap, snap ? n_snap : 0)
+                     nv, dk, dv, eps, n_ch, out, snap, snap ? n_snap : 0)
         if (dk <= 64) GDN_ROWS_LAUNCH(2);
         else if (dk <= 128) GDN_ROWS_LAUNCH(4);
         else GDN_ROWS_LAUNCH(8);

@@ -75,7 +75,9 @@ static bool fuses(const struct cuda_ctx *c, const struct mv_type *te, int n_tok,
 
 /* The kernel for a weight group's n_tok rows of n (mode: what the launch forms, MV_IN_X for rows
  * as they are); converted: the rows come already converted (no launch quantizes them itself).
- * Rules: fused where it pays (fuses); past MV_MAX_NT rows the tiles; one converted token staged
+ * Rules: fused where it pays (fuses); past MV_MAX_NT rows of a prompt the tiles (they sum in
+ * another order than the matvec: a verify batch's rows must equal decode rows, so other
+ * batches past MV_MAX_NT rows take the converted matvec in groups); one converted token staged
  * in shared memory where it fits (9B FFN down +0.5% decode against reading it in the dot
  * products); else the converted matvec, in groups of MV_MAX_NT rows. */
 static int choose_kernel(const struct cuda_ctx *c, const struct mv_type *te, int n_tok, int stride, int mode, int n,
@@ -89,7 +91,7 @@ static int choose_kernel(const struct cuda_ctx *c, const struct mv_type *te, int
     default: break;
     }
     if (!converted && fuses(c, te, n_tok, stride, mode, n)) return CUDA_MV_FUSED;
-    if (n_tok > MV_MAX_NT && te->quantized) return CUDA_MV_TILES;
+    if (n_tok > MV_MAX_NT && te->quantized && c->prompt) return CUDA_MV_TILES;
     if (can_staged) return CUDA_MV_STAGED;
     return CUDA_MV_CONVERTED;
 }

@@ -152,7 +152,7 @@ int tool_logits_main(int argc, char **argv) {
     for (int pass = 0; pass < (mtp ? 2 : 1); pass++) {
         for (size_t i0 = 0; i0 < n; i0 += (size_t)nb) {
             int cnt = (int)COTI_MIN((size_t)nb, n - i0);
-            struct model_batch b = {.n = cnt, .tokens = toks + i0, .pos = pos + i0, .want_logits = want};
+            struct model_batch b = {.n = cnt, .tokens = toks + i0, .pos = pos + i0, .want_logits = want, .prompt = true};
             int frc;
             if (pass == 0) {
                 frc = model_forward(m, &b, &out, err, sizeof err);

@@ -15,8 +15,9 @@
  *   block's integer sum and scale products identically; the matvec (<= 8 tokens) only changes
  *   the f32 order of the block sum, so |gpu - cpu| <= 2e-6 · Σ_i |w_i x_i| per output (f32
  *   reassociation of <= n/32 block terms: ~2e-7 seen, the worst case is n·2^-24). A row's
- *   output must be bit-identical whatever batch of <= 8 it came in. Prefill (> 8 tokens) of
- *   quantized types sums blocks in the reference's order: bit-exact against the CPU.
+ *   output must be bit-identical whatever batch it came in, but a prompt's. A prompt's rows
+ *   past 8 (set_prompt) of quantized types sum blocks in the reference's order: bit-exact
+ *   against the CPU.
  * - get_rows, kv_store, add, ssm_conv state/snapshots: bit-exact (same f32/f16 operations; the
  *   q8_0 / q4_0 cache rows by quant.c's reference rules on both sides).
  * - rmsnorm: 4 ulp relative (Σx² reordered, in double on both sides).
@@ -81,6 +82,7 @@ static void *galloc(size_t bytes) {
     return d;
 }
 static void gget(void *h, const void *d, size_t bytes) { gpu->download(gpu, h, d, bytes); }
+static void gput(void *d, const void *h, size_t bytes) { gpu->upload(gpu, d, h, bytes); }
 
 /* Element-wise: |got - ref| <= abs_tol + rel_tol·|ref|, NaN where the reference has NaN. */
 static bool check(const char *op, const char *shape, const float *got, const float *ref, size_t n,
@@ -287,9 +289,20 @@ static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
         check_scaled("matmul", shape, yg, yc, scale, (size_t)nt * n_out, MM_TOL);
         if (nt < ref_tok) check_bits("matmul-batch", shape, yg, yref, sizeof(float) * (size_t)nt * n_out);
-        /* the tiles (prefill, or forced) sum every output's blocks in the CPU reference's order */
-        if (quantized && (mv_forced == CUDA_MV_TILES || (nt > ref_tok && mv_forced != CUDA_MV_CONVERTED)))
+        /* past 8 rows too, in any batch but a prompt's: a verify row = the decode row */
+        if (nt > ref_tok && mv_forced == CUDA_MV_AUTO)
+            check_bits("matmul-batch", shape, yg, yref, sizeof(float) * (size_t)ref_tok * n_out);
+        /* the tiles (a prompt's rows past 8, or forced) sum every output's blocks in the CPU
+         * reference's order */
+        if (quantized && mv_forced == CUDA_MV_TILES) check_bits("matmul-exact", shape, yg, yc, sizeof(float) * (size_t)nt * n_out);
+        if (quantized && nt > ref_tok && mv_forced != CUDA_MV_CONVERTED && mv_forced != CUDA_MV_TILES) {
+            gpu->set_prompt(gpu, true);
+            matmul1(gpu, &wg, dx, nt, dy);
+            gpu->set_prompt(gpu, false);
+            gget(yg, dy, sizeof(float) * (size_t)nt * n_out);
+            snprintf(shape, sizeof shape, "%s %dx%d tok %d prompt", tn, n_in, n_out, nt);
             check_bits("matmul-exact", shape, yg, yc, sizeof(float) * (size_t)nt * n_out);
+        }
     }
     /* a single row taken from the middle of the batch (x offset) */
     matmul1(gpu, &wg, dx + (size_t)5 * n_in, 1, dy);
@@ -985,12 +998,21 @@ static void test_attention_types(enum ggml_type tk, enum ggml_type tv, int n_tok
     const struct kv_view kvc = kv_view_make(tk, tv, n_head_kv, D, kc, vc);
     const struct kv_view kvg = kv_view_make(tk, tv, n_head_kv, D, dkc, dvc);
     cpu->attention(cpu, q, qs, qhs, &kvc, cell0, nctx, n_tok, n_head, scale, oc);
-    gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
-    gget(og, dout, sizeof(float) * n_tok * n_head * D);
     snprintf(shape, sizeof shape, "%d tok ctx %d..%d heads %d/%d dim %d K %s V %s", n_tok, len0 + 1, len0 + n_tok, n_head,
              n_head_kv, D, ggml_type_traits_get(tk)->name, ggml_type_traits_get(tv)->name);
+    if (n_tok > 8) { /* as a prompt: one slice per token, query heads grouped */
+        gpu->set_prompt(gpu, true);
+        gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
+        gpu->set_prompt(gpu, false);
+        gget(og, dout, sizeof(float) * n_tok * n_head * D);
+        char ps[160];
+        snprintf(ps, sizeof ps, "%.120s prompt", shape);
+        check("attention", ps, og, oc, (size_t)n_tok * n_head * D, 1e-5 * vmax, 0);
+    }
+    gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
+    gget(og, dout, sizeof(float) * n_tok * n_head * D);
     check("attention", shape, og, oc, (size_t)n_tok * n_head * D, 1e-5 * vmax, 0);
-    if (n_tok > 1 && n_tok <= 8) { /* decode of each row alone = the verify batch's row */
+    if (n_tok > 1) { /* decode of each row alone = the row in any batch but a prompt's */
         bool same = true;
         for (int t = 0; t < n_tok && same; t++) {
             gpu->attention(gpu, dq + (size_t)t * qs, qs, qhs, &kvg, dc0 + t, dn + t, 1, n_head, scale, dout);
@@ -1062,25 +1084,34 @@ static void test_gdn(bool chunked, int n_tok, int nk, int nv, int dk, int n_snap
     float *ddt = gdup(dt, sizeof(float) * nv), *dsa = gdup(sa, sizeof(float) * nv);
     const struct gdn_gates gc = {a, b, dt, sa, as, bs}, gg = {da, db, ddt, dsa, as, bs};
     float *dout = galloc(sizeof(float) * n_tok * nv * dv), *dsn = gdup(sc, sizeof(float) * nsnap);
-    if (chunked) {
-        cpu->gdn_chunked(cpu, qkv, stride, &gc, S, n_tok, nk, nv, dk, dv, 1e-6f, oc);
-        gpu->gdn_chunked(gpu, dqkv, stride, &gg, dS, n_tok, nk, nv, dk, dv, 1e-6f, dout);
-    } else {
-        cpu->gdn(cpu, qkv, stride, &gc, S, n_tok, nk, nv, dk, dv, 1e-6f, oc, n_snap ? sc : NULL, n_snap);
-        gpu->gdn(gpu, dqkv, stride, &gg, dS, n_tok, nk, nv, dk, dv, 1e-6f, dout, n_snap ? dsn : NULL, n_snap);
+    float *S0 = xmalloc(sizeof(float) * st_n), *sc0 = xmalloc(sizeof(float) * nsnap);
+    memcpy(S0, S, sizeof(float) * st_n);
+    memcpy(sc0, sc, sizeof(float) * nsnap);
+    if (chunked) cpu->gdn_chunked(cpu, qkv, stride, &gc, S, n_tok, nk, nv, dk, dv, 1e-6f, oc);
+    else cpu->gdn(cpu, qkv, stride, &gc, S, n_tok, nk, nv, dk, dv, 1e-6f, oc, n_snap ? sc : NULL, n_snap);
+    /* past 16 tokens a prompt takes a kernel of its own: both, from the same state */
+    for (int pm = 0; pm < (n_tok > 16 ? 2 : 1); pm++) {
+        gput(dS, S0, sizeof(float) * st_n);
+        gput(dsn, sc0, sizeof(float) * nsnap);
+        gpu->set_prompt(gpu, pm == 1);
+        if (chunked) gpu->gdn_chunked(gpu, dqkv, stride, &gg, dS, n_tok, nk, nv, dk, dv, 1e-6f, dout);
+        else gpu->gdn(gpu, dqkv, stride, &gg, dS, n_tok, nk, nv, dk, dv, 1e-6f, dout, n_snap ? dsn : NULL, n_snap);
+        gpu->set_prompt(gpu, false);
+        gget(og, dout, sizeof(float) * n_tok * nv * dv);
+        gget(Sg, dS, sizeof(float) * st_n);
+        gget(sg, dsn, sizeof(float) * nsnap);
+        const char *op = chunked ? "gdn_chunked" : "gdn", *mode = pm ? " prompt" : "";
+        snprintf(shape, sizeof shape, "%d tok nk %d nv %d d %d snap %d (out)%s", n_tok, nk, nv, dk, n_snap, mode);
+        check(op, shape, og, oc, (size_t)n_tok * nv * dv, 2e-5, 0);
+        snprintf(shape, sizeof shape, "%d tok nk %d nv %d d %d snap %d (state)%s", n_tok, nk, nv, dk, n_snap, mode);
+        check(op, shape, Sg, S, st_n, 2e-5, 0);
+        if (!chunked) {
+            snprintf(shape, sizeof shape, "%d tok nk %d nv %d d %d snap %d (snap)%s", n_tok, nk, nv, dk, n_snap, mode);
+            check(op, shape, sg, sc, nsnap, 2e-5, 0);
+        }
     }
-    gget(og, dout, sizeof(float) * n_tok * nv * dv);
-    gget(Sg, dS, sizeof(float) * st_n);
-    gget(sg, dsn, sizeof(float) * nsnap);
-    const char *op = chunked ? "gdn_chunked" : "gdn";
-    snprintf(shape, sizeof shape, "%d tok nk %d nv %d d %d snap %d (out)", n_tok, nk, nv, dk, n_snap);
-    check(op, shape, og, oc, (size_t)n_tok * nv * dv, 2e-5, 0);
-    snprintf(shape, sizeof shape, "%d tok nk %d nv %d d %d snap %d (state)", n_tok, nk, nv, dk, n_snap);
-    check(op, shape, Sg, S, st_n, 2e-5, 0);
-    if (!chunked) {
-        snprintf(shape, sizeof shape, "%d tok nk %d nv %d d %d snap %d (snap)", n_tok, nk, nv, dk, n_snap);
-        check(op, shape, sg, sc, nsnap, 2e-5, 0);
-    }
+    free(S0);
+    free(sc0);
     gpu->free(gpu, dqkv); gpu->free(gpu, da); gpu->free(gpu, db); gpu->free(gpu, ddt); gpu->free(gpu, dsa);
     gpu->free(gpu, dS); gpu->free(gpu, dout); gpu->free(gpu, dsn);
     free(qkv); free(a); free(b); free(dt); free(sa); free(S); free(Sg); free(oc); free(og); free(sc); free(sg);
@@ -1354,6 +1385,7 @@ static void bench_matmul(enum ggml_type t, int n_in, int n_out, const int *rows,
     for (int ri = 0; ri < n_rows; ri++) {
         const int nt = rows[ri];
         if ((double)nt * n_out > 2.6e7) continue; /* the 512-row LM head needs 0.5 GB of output */
+        gpu->set_prompt(gpu, nt > 8); /* past 8 rows: a prompt's kernels */
         for (int i = 0; i < 3; i++) matmul1(gpu, &w[i % n_copies], dx, nt, dy);
         double host_us = 1e30;
         for (int r = 0; r < reps; r++) {
@@ -1380,6 +1412,7 @@ static void bench_matmul(enum ggml_type t, int n_in, int n_out, const int *rows,
                    nt, gus, ggbps, 100.0 * ggbps / copy_gbps);
         }
     }
+    gpu->set_prompt(gpu, false);
     for (int c = 0; c < n_copies; c++) gpu->weight_free(gpu, &w[c]);
     gpu->free(gpu, dx);
     gpu->free(gpu, dy);
