@@ -233,8 +233,9 @@ static void attention_launch(struct cuda_ctx *c, const float *q, int q_stride, i
                 head_dim, scale, out, part, count)
 #define ATTN_LAUNCH(TK, TV, NE, VEC)                                                            \
     do {                                                                                        \
-        if (hg == 4) ATTN_LAUNCH_G(TK, TV, NE, VEC, 4);                                         \
-        else if (hg == 2) ATTN_LAUNCH_G(TK, TV, NE, VEC, 2);                                    \
+        /* (heads past 256 group by 2 at most: no 4-head instance of the wide kernel) */        \
+        if (NE == 8 && hg == 4) ATTN_LAUNCH_G(TK, TV, NE, VEC, (NE == 8 ? 4 : 2));              \
+        else if (hg >= 2) ATTN_LAUNCH_G(TK, TV, NE, VEC, 2);                                    \
         else ATTN_LAUNCH_G(TK, TV, NE, VEC, 1);                                                 \
     } while (0)
     /* the block types tile heads by 32 (kv_type_ok), so only float caches take the scalar loads */

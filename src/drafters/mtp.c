@@ -47,6 +47,18 @@ struct mtp {
 #define MTP_BATCH_ROWS (SPEC_MAX_DRAFT + 2)
 
 static struct mtp *mtp_of(struct drafter *d) { return (struct mtp *)d; }
+
+/* The head's forward. Its rows are drafts, never a verify's, so the backend may compute them
+ * as it computes a prompt (backend.h set_prompt): a long prompt's catch-up runs on the
+ * many-row kernels. */
+static int head_forward(struct mtp *t, const struct model_batch *b, const float *h_in, struct model_output *o,
+                        char *err, size_t err_size) {
+    struct backend *be = t->m->be;
+    if (be->set_prompt) be->set_prompt(be, true);
+    const int rc = t->head->forward(t->m, b, h_in, o, err, err_size);
+    if (be->set_prompt) be->set_prompt(be, false);
+    return rc;
+}
 static size_t row_bytes(const struct mtp *t) { return sizeof(float) * (size_t)t->E; }
 
 static void mtp_free(struct drafter *d) {
@@ -87,7 +99,7 @@ static int mtp_run_rows(struct mtp *t, int s, const int32_t *history, int n_rows
     for (int i = 0; i < n_rows; i++) t->seqv[i] = s;
     struct model_batch b = {.n = n_rows, .tokens = t->tok, .pos = t->pos, .seq = t->seqv, .want_logits = t->want,
                             .draft_head = true, .argmax_out = argmax_out};
-    return t->head->forward(m, &b, t->seqs[s].staged, o, err, err_size);
+    return head_forward(t, &b, t->seqs[s].staged, o, err, err_size);
 }
 
 static int mtp_observe(struct drafter *d, int s, const int32_t *history, int pos0, int n,
@@ -153,7 +165,7 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
                                 .argmax_out = pick_in_forward ? rq->dev_tokens + i + 1 : NULL};
         if (out->on_device) b.tokens_dev = rq->dev_tokens + i;
         else b.tokens = &out->tokens[i];
-        rc = t->head->forward(m, &b, h_prev, &o, err, err_size);
+        rc = head_forward(t, &b, h_prev, &o, err, err_size);
         if (rc) return rc;
     }
     /* keep the pending token's row (computed from the true hidden); drop the chained ones */
@@ -212,7 +224,7 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
     struct model_batch b = {.n = rows, .tokens = t->btok, .pos = t->bpos, .seq = t->bseqv, .want_logits = t->bwant,
                             .draft_head = true, .argmax_out = t->bids[0]};
     struct model_output o;
-    int rc = t->head->forward(m, &b, t->bh_in, &o, err, err_size);
+    int rc = head_forward(t, &b, t->bh_in, &o, err, err_size);
     if (rc) return rc;
     /* each sequence's last row: its draft 0, and the hidden its chain goes on from */
     rows = 0;
@@ -236,7 +248,7 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
         int32_t *ids_in = t->bids[(step - 1) & 1], *ids_out = t->bids[step & 1];
         struct model_batch bc = {.n = live, .tokens_dev = ids_in, .pos = t->bpos, .seq = t->bseqv, .want_logits = t->bwant,
                                  .draft_head = true, .argmax_out = ids_out};
-        if ((rc = t->head->forward(m, &bc, h_prev, &o, err, err_size))) return rc;
+        if ((rc = head_forward(t, &bc, h_prev, &o, err, err_size))) return rc;
         for (int j = 0; j < live; j++) {
             const int i = ord[j];
             be->copy(be, rq[i].dev_tokens + step, ids_out + j, sizeof(int32_t));
