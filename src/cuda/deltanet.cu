@@ -12,10 +12,10 @@
  *   - decode and verify (any batch but a prompt's, chunks of GDN_ROWS_MAX_TOK tokens): a warp
  *     per GDN_ROWS rows, 32 lanes per row; the state's reads and writes coalesce, which is what
  *     a single token costs;
- *   - prompts past GDN_ROWS_MAX_TOK tokens: L lanes per row (4 for dk <= 128), so each dot ends in a reduction over L lanes
- *     instead of 32, chunks double-buffered with cp.async (H200, 9B prefill of 512 tokens:
- *     27.7 µs per token in the delta-net with the 32-lane form, 20.5 with this one, which at
- *     a single token cost 9B decode 5 %).
+ *   - prompts past GDN_ROWS_MAX_TOK tokens: L lanes per row (4 for dk <= 128), so each dot
+ *     ends in a reduction over L lanes instead of 32, chunks double-buffered with cp.async
+ *     (H200, 9B prefill of 512 tokens: 27.7 µs per token in the delta-net with the 32-lane
+ *     form, 20.5 with this one, which at a single token cost 9B decode 5 %).
  *   Sums are reordered against the CPU (lane partials + butterfly), so outputs agree to f32
  *   rounding. The gates (decay, β) are formed from their raw inputs by the CPU's expressions.
  * gdn_chunked: the same recurrent kernel (the interface allows any form equal up to rounding);
@@ -85,11 +85,36 @@ void cuda_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch, int 
 #define GDN_ROWS 4
 #define GDN_BLOCK_ROWS (GDN_WARPS * GDN_ROWS)
 
-/* ---- decode and verify rows: a warp per GDN_ROWS state rows ----
- * The shared memory of n_ch tokens (all of a call's, <= GDN_ROWS_MAX_TOK): q and k (dk each),
- * then decay, beta and the block's GDN_BLOCK_ROWS values of v, per token. */
-static size_t gdn_rows_smem(int n_ch, int dk) { return sizeof(float) * (size_t)n_ch * (2 * (size_t)dk + 2 + GDN_BLOCK_ROWS); }
+/* A chunk of n_ch tokens in shared memory, both kernels: q and k (dk each), then the decay and
+ * beta (raw, then formed in place) and the block's br values of v, per token. */
+struct gdn_buf {
+    float *q, *k, *dec, *bet, *v;
+};
+static __host__ __device__ __forceinline__ size_t gdn_buf_floats(int n_ch, int dk, int br) {
+    return (size_t)n_ch * (2 * (size_t)dk + 2 + (size_t)br);
+}
+__device__ __forceinline__ gdn_buf gdn_buf_at(float *base, int n_ch, int dk) {
+    gdn_buf b;
+    b.q = base;
+    b.k = b.q + (size_t)n_ch * dk;
+    b.dec = b.k + (size_t)n_ch * dk;
+    b.bet = b.dec + n_ch;
+    b.v = b.bet + n_ch;
+    return b;
+}
 
+/* The decay from its raw input, as the CPU forms it; 1/|x| from Σx² with the CPU's eps floor. */
+__device__ __forceinline__ float gdn_decay(float a, float dt_bias, float ssm_a) {
+    const float av = a + dt_bias;
+    const float sp = av > 20.0f ? av : log1pf(expf(av));
+    return expf(sp * ssm_a);
+}
+__device__ __forceinline__ float gdn_inv_norm(float sum_sq, float eps) {
+    const float n = sqrtf(sum_sq);
+    return 1.0f / (n > eps ? n : eps);
+}
+
+/* ---- decode and verify rows: a warp per GDN_ROWS state rows, chunks of <= GDN_ROWS_MAX_TOK ---- */
 
 /* NE = key elements per lane (dk <= 32·NE): element i of a lane is lane + 32·i. First every
  * warp stages some of the tokens (loads, the norms of q and k, the gates) into shared memory,
@@ -97,10 +122,12 @@ static size_t gdn_rows_smem(int n_ch, int dk) { return sizeof(float) * (size_t)n
 template <int NE>
 __global__ void __launch_bounds__(GDN_WARPS * 32)
 gdn_rows_kernel(const float *__restrict__ qkv, int qkv_stride, const gdn_gates gt, float *state, int n_tok, int nk,
-           int nv, int dk, int dv, float eps, int n_ch, float *__restrict__ out, float *__restrict__ snap, int n_snap) {
+                int nv, int dk, int dv, float eps, int n_ch, float *__restrict__ out, float *__restrict__ snap,
+                int n_snap) {
     cuda_pdl_begin();
     extern __shared__ float gsm[];
-    float *qs = gsm, *ks = qs + (size_t)n_ch * dk, *decs = ks + (size_t)n_ch * dk, *bets = decs + n_ch, *vs = bets + n_ch;
+    const gdn_buf cb = gdn_buf_at(gsm, n_ch, dk);
+    float *qs = cb.q, *ks = cb.k, *decs = cb.dec, *bets = cb.bet, *vs = cb.v;
     const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int jb = blockIdx.x * GDN_BLOCK_ROWS, j0 = jb + warp * GDN_ROWS;
     const int gk = h % nk;
@@ -114,6 +141,16 @@ gdn_rows_kernel(const float *__restrict__ qkv, int qkv_stride, const gdn_gates g
             const int e = lane + 32 * i;
             s[r][i] = (e < dk && j0 + r < dv) ? S[(size_t)(j0 + r) * dk + e] : 0.0f;
         }
+    /* the warp's rows of the state into a head's dk x dv block (the state, or a snapshot) */
+    auto put_rows = [&](float *base) {
+#pragma unroll
+        for (int r = 0; r < GDN_ROWS; r++)
+#pragma unroll
+            for (int i = 0; i < NE; i++) {
+                const int e = lane + 32 * i;
+                if (e < dk && j0 + r < dv) base[(size_t)(j0 + r) * dk + e] = s[r][i];
+            }
+    };
     const float qscale = 1.0f / sqrtf((float)dk);
     for (int t0 = 0; t0 < n_tok; t0 += n_ch) {
         const int n_here = min(n_ch, n_tok - t0);
@@ -131,8 +168,7 @@ gdn_rows_kernel(const float *__restrict__ qkv, int qkv_stride, const gdn_gates g
             }
             sq = cuda_warp_sum(sq);
             sk = cuda_warp_sum(sk);
-            const float nq = sqrtf(sq), nkk = sqrtf(sk);
-            const float iq = 1.0f / (nq > eps ? nq : eps), ik = 1.0f / (nkk > eps ? nkk : eps);
+            const float iq = gdn_inv_norm(sq, eps), ik = gdn_inv_norm(sk, eps);
 #pragma unroll
             for (int i = 0; i < NE; i++) {
                 const int e = lane + 32 * i;
@@ -141,9 +177,7 @@ gdn_rows_kernel(const float *__restrict__ qkv, int qkv_stride, const gdn_gates g
             /* the gates, as the CPU forms them */
             if (lane == 0) {
                 const size_t t = (size_t)(t0 + tt);
-                const float av = gt.a[t * gt.a_stride + h] + gt.dt_bias[h];
-                const float sp = av > 20.0f ? av : log1pf(expf(av));
-                decs[tt] = expf(sp * gt.ssm_a[h]);
+                decs[tt] = gdn_decay(gt.a[t * gt.a_stride + h], gt.dt_bias[h], gt.ssm_a[h]);
                 bets[tt] = cuda_sigmoid(gt.b[t * gt.b_stride + h]);
             }
             if (lane < GDN_BLOCK_ROWS)
@@ -187,33 +221,16 @@ gdn_rows_kernel(const float *__restrict__ qkv, int qkv_stride, const gdn_gates g
                 for (int r = 1; r < GDN_ROWS; r++) if (lane == r) o = p[r];
                 if (j0 + lane < dv) out[(size_t)t * nv * dv + (size_t)h * dv + j0 + lane] = o * qscale;
             }
-            if (snap && t < n_snap) {
-                float *sp = snap + (size_t)t * st_elems + (size_t)h * dk * dv;
-#pragma unroll
-                for (int r = 0; r < GDN_ROWS; r++)
-#pragma unroll
-                    for (int i = 0; i < NE; i++) {
-                        const int e = lane + 32 * i;
-                        if (e < dk && j0 + r < dv) sp[(size_t)(j0 + r) * dk + e] = s[r][i];
-                    }
-            }
+            if (snap && t < n_snap) put_rows(snap + (size_t)t * st_elems + (size_t)h * dk * dv);
         }
     }
-#pragma unroll
-    for (int r = 0; r < GDN_ROWS; r++)
-#pragma unroll
-        for (int i = 0; i < NE; i++) {
-            const int e = lane + 32 * i;
-            if (e < dk && j0 + r < dv) S[(size_t)(j0 + r) * dk + e] = s[r][i];
-        }
+    put_rows(S);
 }
 
 /* ---- prompts: L lanes per state row ---- */
 #define GDN_STAGE_FLOATS 4096   /* q and k of a chunk of tokens: 16 KB, twice (double-buffered) */
 
-/* A chunk buffer of n_ch tokens in shared memory: q and k (dk each), then the raw decay input,
- * the raw beta and the block's br values of v, per token. Two of them. */
-static size_t gdn_buf_floats(int n_ch, int dk, int br) { return (size_t)n_ch * (2 * (size_t)dk + 2 + (size_t)br); }
+/* Tokens per chunk buffer (two of them: double-buffered). */
 static int gdn_chunk(int dk) { return COTI_MAX(1, COTI_MIN(32, GDN_STAGE_FLOATS / (2 * dk))); }
 
 /* Element i (< NE) of the row slice held by lane r (< L) of a row's L lanes: float4 chunks
@@ -237,7 +254,7 @@ gdn_kernel(const float *__restrict__ qkv, int qkv_stride, const gdn_gates gt, fl
     const int jb = blockIdx.x * BR, jr = warp * RW + lane / L, j = jb + jr;
     const bool live = j < dv;
     const int gk = h % nk;
-    const size_t st_elems = (size_t)nv * dk * dv, buf_floats = (size_t)n_ch * (2 * (size_t)dk + 2 + BR);
+    const size_t st_elems = (size_t)nv * dk * dv, buf_floats = gdn_buf_floats(n_ch, dk, BR);
     const bool vec = dk % 4 == 0; /* rows in float4s */
     const bool al16 = vec && qkv_stride % 4 == 0 && ((uintptr_t)qkv & 15) == 0;
     /* FULL: dk = L·NE, a multiple of 4 (every model's shape): no element past the row */
@@ -249,22 +266,17 @@ gdn_kernel(const float *__restrict__ qkv, int qkv_stride, const gdn_gates gt, fl
     };
     /* the copies of the chunk at t0 into buffer bi, as one group */
     auto stage = [&](int t0, int bi) {
-        float *qs = gsm + bi * buf_floats, *ks = qs + (size_t)n_ch * dk, *decs = ks + (size_t)n_ch * dk;
-        float *bets = decs + n_ch, *vs = bets + n_ch;
+        const gdn_buf cb = gdn_buf_at(gsm + bi * buf_floats, n_ch, dk);
+        float *qs = cb.q, *ks = cb.k, *decs = cb.dec, *bets = cb.bet, *vs = cb.v;
         const int n_here = min(n_ch, n_tok - t0);
-        if (al16) {
-            const int q4 = dk / 4;
-            for (int p = tid; p < n_here * 2 * q4; p += GDN_WARPS * 32) {
-                const int tt = p / (2 * q4), c = p % (2 * q4), isk = c >= q4, c4 = 4 * (c - isk * q4);
-                const float *row = qkv + (size_t)(t0 + tt) * qkv_stride + (size_t)isk * nk * dk + (size_t)gk * dk;
-                cp_async16((isk ? ks : qs) + (size_t)tt * dk + c4, row + c4);
-            }
-        } else {
-            for (int p = tid; p < n_here * 2 * dk; p += GDN_WARPS * 32) {
-                const int tt = p / (2 * dk), c = p % (2 * dk), isk = c >= dk, ce = c - isk * dk;
-                const float *row = qkv + (size_t)(t0 + tt) * qkv_stride + (size_t)isk * nk * dk + (size_t)gk * dk;
-                cp_async4((isk ? ks : qs) + (size_t)tt * dk + ce, row + ce);
-            }
+        /* q and k rows in copies of w floats: 16 bytes where aligned, else 4 */
+        const int w = al16 ? 4 : 1, per = dk / w;
+        for (int p = tid; p < n_here * 2 * per; p += GDN_WARPS * 32) {
+            const int tt = p / (2 * per), c = p % (2 * per), isk = c >= per, ce = w * (c - isk * per);
+            const float *row = qkv + (size_t)(t0 + tt) * qkv_stride + (size_t)isk * nk * dk + (size_t)gk * dk;
+            float *dst = (isk ? ks : qs) + (size_t)tt * dk + ce;
+            if (al16) cp_async16(dst, row + ce);
+            else cp_async4(dst, row + ce);
         }
         for (int p = tid; p < n_here * BR; p += GDN_WARPS * 32) {
             const int tt = p / BR, jj = jb + p % BR;
@@ -294,8 +306,8 @@ gdn_kernel(const float *__restrict__ qkv, int qkv_stride, const gdn_gates gt, fl
         else cp_async_commit();
         cp_async_wait1();
         __syncthreads();
-        float *qs = gsm + bi * buf_floats, *ks = qs + (size_t)n_ch * dk, *decs = ks + (size_t)n_ch * dk;
-        float *bets = decs + n_ch, *vs = bets + n_ch;
+        const gdn_buf cb = gdn_buf_at(gsm + bi * buf_floats, n_ch, dk);
+        float *qs = cb.q, *ks = cb.k, *decs = cb.dec, *bets = cb.bet, *vs = cb.v;
         /* norms of q and k, and the gates as the CPU forms them */
         for (int tt = warp; tt < n_here; tt += GDN_WARPS) {
             float *q = qs + (size_t)tt * dk, *k = ks + (size_t)tt * dk;
@@ -303,13 +315,10 @@ gdn_kernel(const float *__restrict__ qkv, int qkv_stride, const gdn_gates gt, fl
             for (int e = lane; e < dk; e += 32) { sq = fmaf(q[e], q[e], sq); sk = fmaf(k[e], k[e], sk); }
             sq = cuda_warp_sum(sq);
             sk = cuda_warp_sum(sk);
-            const float nq = sqrtf(sq), nkk = sqrtf(sk);
-            const float iq = 1.0f / (nq > eps ? nq : eps), ik = 1.0f / (nkk > eps ? nkk : eps);
+            const float iq = gdn_inv_norm(sq, eps), ik = gdn_inv_norm(sk, eps);
             for (int e = lane; e < dk; e += 32) { q[e] *= iq; k[e] *= ik; }
             if (lane == 0) {
-                const float av = decs[tt] + dt_bias;
-                const float sp = av > 20.0f ? av : log1pf(expf(av));
-                decs[tt] = expf(sp * ssm_a);
+                decs[tt] = gdn_decay(decs[tt], dt_bias, ssm_a);
                 bets[tt] = cuda_sigmoid(bets[tt]);
             }
         }
@@ -379,7 +388,7 @@ void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct
     if (n_tok <= GDN_ROWS_MAX_TOK || !c->prompt) {
         const int n_ch = COTI_MIN(n_tok, GDN_ROWS_MAX_TOK);
         const dim3 grid(cuda_cdiv(dv, GDN_BLOCK_ROWS), nv);
-        const size_t smem = gdn_rows_smem(n_ch, dk);
+        const size_t smem = sizeof(float) * gdn_buf_floats(n_ch, dk, GDN_BLOCK_ROWS);
 #define GDN_ROWS_LAUNCH(NE)                                                                                     \
     cuda_launch_smem(c, grid, GDN_WARPS * 32, smem, gdn_rows_kernel<NE>, qkv, qkv_stride, *gates, state, n_tok, nk, \
                      nv, dk, dv, eps, n_ch, out, snap, snap ? n_snap : 0)
