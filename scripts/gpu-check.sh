@@ -7,6 +7,7 @@
 # lacks, through LD_LIBRARY_PATH), then on the device:
 #   scripts/gpu-check.sh [BUILD_DIR (build-cuda)] [OUT_DIR ($OUT or /tmp/gpu-check)]
 # A summary goes to stdout; full outputs to OUT_DIR. Exit status 1 if a check failed.
+# pdl-check.py: no kernel of the build reads global memory before its launch wait (SASS).
 # With TRACE=DIR (a `make cuda-trace` build folder carried too), the timelines of a tiny decode,
 # a tiny mtp:2 run and a 9B decode go to OUT_DIR/timeline-*.txt (scripts/cuda_timeline.py).
 # gemma4 + the assistant: logits CPU vs CUDA, the gate at n_max 1-4 (trained pair and a random
@@ -38,6 +39,8 @@ fi
 
 timeout 300 "$B/test_cuda_ops" > "$O/ops.txt" 2>&1
 say "test_cuda_ops: $(tail -1 "$O/ops.txt")"
+python3 scripts/pdl-check.py "$C" > "$O/pdl-check.txt" 2>&1 || bad=1
+say "$(tail -1 "$O/pdl-check.txt")"
 grep -q ' 0 failed' "$O/ops.txt" || bad=1
 
 tok=$(python3 -c "import random; random.seed(1); print(','.join(str(random.randrange(16384)) for _ in range(300)))")

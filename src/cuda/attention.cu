@@ -82,12 +82,14 @@ __device__ __forceinline__ void attn_merge(const float *pp, int n_split, int D, 
 /* HG query heads of one KV head per block (HG > 1: prompts, one slice): each cache row loaded
  * serves all HG, so a prompt's blocks read the cache HG times less (a block per query head
  * made the 9B's prefill of 4096 tokens wait on the L2: 42 µs per token in attention). */
+/* No __restrict__ on the inputs: earlier kernels write them, and ptxas may hoist the
+ * non-coherent loads that `const __restrict__` allows above the launch wait (the 4-head kernel's
+ * were: gemma4's prompts read q and the cache before attn_prep had written them; pdl-check.py). */
 template <int TK, int TV, int NE, bool VEC, int HG>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
-attn_kernel(const float *__restrict__ q, int q_stride, int q_head_stride, const uint8_t *__restrict__ kc,
-            const uint8_t *__restrict__ vc, size_t k_row, size_t v_row, size_t k_head, size_t v_head,
-            const int32_t *__restrict__ cell0, const int32_t *__restrict__ n_ctx, int n_head, int n_head_kv, int D,
-            float scale, float *__restrict__ out, float *part, unsigned *count) {
+attn_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, const uint8_t *vc, size_t k_row,
+            size_t v_row, size_t k_head, size_t v_head, const int32_t *cell0, const int32_t *n_ctx, int n_head,
+            int n_head_kv, int D, float scale, float *out, float *part, unsigned *count) {
     __shared__ float sm_m[HG][ATTN_WARPS], sm_l[HG][ATTN_WARPS];
     __shared__ float sm_acc[ATTN_WARPS][ATTN_MAX_D];
     cuda_pdl_begin();

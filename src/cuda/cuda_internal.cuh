@@ -101,7 +101,11 @@ static inline int cuda_cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b
  * its first global access; matvec first prefetches weight bytes, which nothing writes). Each
  * kernel lets the next one launch as soon as all its blocks have started (cuda_pdl_trigger);
  * the next one's wait still covers this kernel's completion and memory. Launch gaps then
- * overlap the previous kernel's tail, which matters when decode is launch-bound. */
+ * overlap the previous kernel's tail, which matters when decode is launch-bound.
+ * The "memory" clobber orders the compiler's loads, not ptxas's: a `const T *__restrict__`
+ * parameter becomes non-coherent loads (LDG.E.CONSTANT), which ptxas may move above the wait.
+ * So __restrict__ only on what no kernel writes (weights, norms); scripts/pdl-check.py reads a
+ * build's SASS for loads before the wait. */
 __device__ __forceinline__ void cuda_pdl_trigger() {
     cuda_trace_start();
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -41,6 +41,7 @@
  * cases run under the variant rules and then with each kernel variant forced
  * (backend_cuda_force_matvec), each checked against the CPU reference and seen to run. */
 #include <cuda_runtime_api.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -968,11 +969,13 @@ static void test_attn_prep_q_only(int H, int HKV, int D, int n_rot) {
 
 /* n_tok tokens of sequence seq continuing a cache of len0 rows (causal), n_seq sequences of
  * n_ctx cells each; also checks that every token alone gives the bits it gave in the batch. */
-static void test_attention_types(enum ggml_type tk, enum ggml_type tv, int n_tok, int len0, int n_head, int n_head_kv,
-                                 int D, int seq) {
+/* gemma: gemma4's layout (q heads packed, scale 1), with a sliding window of `window` rows (0: none) */
+static void test_attention_win(enum ggml_type tk, enum ggml_type tv, int n_tok, int len0, int n_head, int n_head_kv,
+                               int D, int seq, bool gemma, int window) {
     char shape[128];
     const int n_ctx = len0 + n_tok + 5, n_cells = (seq + 1) * n_ctx, kvd = n_head_kv * D;
-    const int qs = 2 * n_head * D, qhs = 2 * D; /* q interleaved with its gate, as qwen35 does */
+    /* q interleaved with its gate, as qwen35 does; packed heads as gemma4 does */
+    const int qs = (gemma ? 1 : 2) * n_head * D, qhs = (gemma ? 1 : 2) * D;
     const size_t krb = ggml_row_size(tk, kvd), vrb = ggml_row_size(tv, kvd);
     float *q = xmalloc(sizeof(float) * n_tok * qs), *row = xmalloc(sizeof(float) * kvd);
     uint8_t *kc = xmalloc(krb * n_cells), *vc = xmalloc(vrb * n_cells);
@@ -989,17 +992,37 @@ static void test_attention_types(enum ggml_type tk, enum ggml_type tv, int n_tok
         quant_dequantize_row_ref(tv, vc + (size_t)c * vrb, row, kvd);
         for (int i = 0; i < kvd; i++) vmax = fmaxf(vmax, fabsf(row[i]));
     }
-    for (int t = 0; t < n_tok; t++) { cell0[t] = seq * n_ctx; nctx[t] = len0 + t + 1; }
+    for (int t = 0; t < n_tok; t++) {
+        const int len = len0 + t + 1, from = window && len > window ? len - window : 0;
+        cell0[t] = seq * n_ctx + from;
+        nctx[t] = len - from;
+    }
     float *dq = gdup(q, sizeof(float) * n_tok * qs);
     uint8_t *dkc = gdup(kc, krb * n_cells), *dvc = gdup(vc, vrb * n_cells);
     int32_t *dc0 = gdup(cell0, sizeof(int32_t) * n_tok), *dn = gdup(nctx, sizeof(int32_t) * n_tok);
     float *dout = galloc(sizeof(float) * n_tok * n_head * D);
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = gemma ? 1.0f : 1.0f / sqrtf((float)D);
     const struct kv_view kvc = kv_view_make(tk, tv, n_head_kv, D, kc, vc);
     const struct kv_view kvg = kv_view_make(tk, tv, n_head_kv, D, dkc, dvc);
     cpu->attention(cpu, q, qs, qhs, &kvc, cell0, nctx, n_tok, n_head, scale, oc);
-    snprintf(shape, sizeof shape, "%d tok ctx %d..%d heads %d/%d dim %d K %s V %s", n_tok, len0 + 1, len0 + n_tok, n_head,
-             n_head_kv, D, ggml_type_traits_get(tk)->name, ggml_type_traits_get(tv)->name);
+    /* an error of the order of rounding in a score s is s·ε relative in its weight exp(s - m),
+     * so the tolerance grows with the largest |score| seen (gemma4's scale 1 makes them large) */
+    float smax = 0;
+    float *kd = xmalloc(sizeof(float) * kvd);
+    for (int t = 0; t < n_tok; t++)
+        for (int c = cell0[t]; c < cell0[t] + nctx[t]; c++) {
+            quant_dequantize_row_ref(tk, kc + (size_t)c * krb, kd, kvd);
+            for (int h = 0; h < n_head; h++) {
+                const float *qh = q + (size_t)t * qs + (size_t)h * qhs, *kh = kd + (size_t)(h / (n_head / n_head_kv)) * D;
+                float dot = 0;
+                for (int i = 0; i < D; i++) dot += qh[i] * kh[i];
+                smax = fmaxf(smax, fabsf(dot * scale));
+            }
+        }
+    free(kd);
+    const float tol = vmax * (1e-5f + 8.0f * smax * FLT_EPSILON);
+    snprintf(shape, sizeof shape, "%d tok ctx %d..%d heads %d/%d dim %d K %s V %s%s", n_tok, len0 + 1, len0 + n_tok,
+             n_head, n_head_kv, D, ggml_type_traits_get(tk)->name, ggml_type_traits_get(tv)->name, window ? " window" : gemma ? " packed" : "");
     if (n_tok > 8) { /* as a prompt: one slice per token, query heads grouped */
         gpu->set_prompt(gpu, true);
         gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
@@ -1007,11 +1030,11 @@ static void test_attention_types(enum ggml_type tk, enum ggml_type tv, int n_tok
         gget(og, dout, sizeof(float) * n_tok * n_head * D);
         char ps[160];
         snprintf(ps, sizeof ps, "%.120s prompt", shape);
-        check("attention", ps, og, oc, (size_t)n_tok * n_head * D, 1e-5 * vmax, 0);
+        check("attention", ps, og, oc, (size_t)n_tok * n_head * D, tol, 0);
     }
     gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
     gget(og, dout, sizeof(float) * n_tok * n_head * D);
-    check("attention", shape, og, oc, (size_t)n_tok * n_head * D, 1e-5 * vmax, 0);
+    check("attention", shape, og, oc, (size_t)n_tok * n_head * D, tol, 0);
     if (n_tok > 1) { /* decode of each row alone = the row in any batch but a prompt's */
         bool same = true;
         for (int t = 0; t < n_tok && same; t++) {
@@ -1023,6 +1046,10 @@ static void test_attention_types(enum ggml_type tk, enum ggml_type tv, int n_tok
     }
     gpu->free(gpu, dq); gpu->free(gpu, dkc); gpu->free(gpu, dvc); gpu->free(gpu, dc0); gpu->free(gpu, dn); gpu->free(gpu, dout);
     free(q); free(row); free(kc); free(vc); free(cell0); free(nctx); free(oc); free(og); free(o1);
+}
+static void test_attention_types(enum ggml_type tk, enum ggml_type tv, int n_tok, int len0, int n_head, int n_head_kv,
+                                 int D, int seq) {
+    test_attention_win(tk, tv, n_tok, len0, n_head, n_head_kv, D, seq, false, 0);
 }
 static void test_attention(int n_tok, int len0, int n_head, int n_head_kv, int D, int seq) {
     test_attention_types(GGML_TYPE_F16, GGML_TYPE_F16, n_tok, len0, n_head, n_head_kv, D, seq);
@@ -1720,6 +1747,10 @@ static void run_attention(void) {
     test_attention(20, 100, 16, 4, 256, 1);  /* prompt: 4 query heads per block */
     test_attention(10, 30, 4, 2, 512, 0);    /* prompt, widest head: 2 per block */
     test_attention(9, 7, 6, 3, 36, 0);       /* prompt, scalar path, 3 per KV head: 1 per block */
+    /* gemma4's trained model: sliding layers (window 128, 2 KV heads of 64), full (1 of 128) */
+    test_attention_win(GGML_TYPE_F16, GGML_TYPE_F16, 300, 0, 4, 2, 64, 0, true, 128);
+    test_attention_win(GGML_TYPE_F16, GGML_TYPE_F16, 300, 0, 4, 1, 128, 1, true, 0);
+    test_attention_win(GGML_TYPE_F16, GGML_TYPE_F16, 5, 200, 4, 2, 64, 0, true, 128);
     /* the other cache types: the same values (exact conversions), the same tolerance */
     const enum ggml_type f16 = GGML_TYPE_F16, bf16 = GGML_TYPE_BF16, q8 = GGML_TYPE_Q8_0, q4 = GGML_TYPE_Q4_0;
     test_attention_types(q8, q8, 1, 700, 16, 4, 256, 1);   /* decode */
