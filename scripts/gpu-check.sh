@@ -15,7 +15,7 @@
 # Quantized KV caches: the gate with each cache type (both sides the same type) at mtp n_max 1-4
 # and with the assistant.
 # qwen35moe: random tiny models of four weight types (and the merged gate/up layout), logits CPU vs
-# CUDA and the gate at mtp n_max 1-4.
+# CUDA and the gate at mtp n_max 1-4. gemma4 with routed experts: the same with the assistant.
 # NINE_B=FILE: the 9B-shaped model to use (written there when missing, kept afterwards).
 set -u
 B=${1:-build-cuda}
@@ -116,6 +116,32 @@ for t in q8_0 q4_K q4_0 f16 "q8_0 --gate-up-merged"; do
         echo "$r" | grep -q 'real disagreements 0, mean |dlogprob top-1| 0,' || bad=1
     done
     say "qwen35moe $t: logits cpu vs cuda: $(echo "$cmp" | sed 's/^positions [0-9]* *//'); equiv mtp$line"
+    rm -f "$R"
+done
+
+# gemma4 with 26B-A4B's routed experts (GeGLU experts, per-expert scale, no shared expert) at the
+# shipped assistant's widths: logits CPU vs CUDA, the gate with the assistant at n_max 1 and 3,
+# and batched x4; separate and merged gate/up stacks
+for t in q8_0 q4_0 "q8_0 --gate-up-merged"; do
+    R=/tmp/gpu-check-g4moe.gguf
+    # shellcheck disable=SC2086
+    "$C" mkmodel --arch gemma4 --shape coti-tiny --n-layer 4 --n-expert 16 --n-expert-used 4 --n-ff-exp 64 --type $t \
+        --vocab-from models/coti-tiny-gemma4-q8_0.gguf -o "$R" > /dev/null 2>&1
+    # a top-k router is discontinuous: where two experts nearly tie, the backends' rounding may
+    # route a row differently and move its logits by O(1) (docs/conformance.md, qwen35moe), so
+    # here a real disagreement is allowed; a wrong branch shows as a median of ~1, not ~0.03
+    cmp=$(logits_cmp "$R" "-g4moe-${t%% *}")
+    med=$(echo "$cmp" | grep -o 'median [0-9.]*' | cut -d' ' -f2)
+    python3 -c "import sys; sys.exit(not float('${med:-9}') < 0.1)" || bad=1
+    line=""
+    for a in "--spec-n-max 1" "--spec-n-max 3" "--spec-n-max 3 --parallel 4"; do
+        # shellcheck disable=SC2086
+        r=$("$C" equiv -m "$R" --device cuda --spec assistant -md models/coti-tiny-gemma4-assistant-q8_0.gguf $a \
+            --prompts tests/data-prompts.json -n 32 2>&1 | tail -1)
+        line="$line [$a] $(echo "$r" | grep -o 'real disagreements [0-9]*, mean |dlogprob top-1| [0-9.e-]*' | sed 's/real disagreements/dis/; s/mean |dlogprob top-1|/dlp/')"
+        echo "$r" | grep -q 'real disagreements 0, mean |dlogprob top-1| 0,' || bad=1
+    done
+    say "gemma4 moe $t: logits cpu vs cuda: $(echo "$cmp" | sed 's/^positions [0-9]* *//'); equiv assistant$line"
     rm -f "$R"
 done
 

@@ -77,16 +77,17 @@ struct matmul_in {
  * (expert e's rows are e·rows.. of it, as llama.cpp's 3-D expert tensors lay them out); slot k
  * of token t (k < n_used) multiplies expert ids[t·n_used + k] with the input row at
  * x + t·tok_stride + k·slot_stride (tok_stride n_in and slot_stride 0: every slot of a token
- * reads the token's row), formed as silu(g) ⊙ u of its halves when swiglu (the row is then
- * [g ; u], 2·n_in wide), and writes y + (t·n_used + k)·y_stride. An id out of [0, n_expert)
- * leaves its slot's output unwritten. */
+ * reads the token's row), formed as act(g) ⊙ u of its halves when glu is not MOE_GLU_NONE (the
+ * row is then [g ; u], 2·n_in wide; act: the swiglu or geglu op's), and writes
+ * y + (t·n_used + k)·y_stride. An id out of [0, n_expert) leaves its slot's output unwritten. */
 #define BACKEND_MOE_MAX_EXPERTS 512   /* llama.cpp's LLAMA_MAX_EXPERTS */
+enum moe_glu { MOE_GLU_NONE, MOE_GLU_SWIGLU, MOE_GLU_GEGLU };
 struct matmul_id_in {
     const int32_t *ids;
     int n_used, n_expert;
     const float *x;
     int tok_stride, slot_stride;
-    bool swiglu;
+    enum moe_glu glu;
     int y_stride;
 };
 

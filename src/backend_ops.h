@@ -129,12 +129,13 @@ BACKEND_OP(moe_route, MOE,
 BACKEND_OP(matmul_id, MOE,
            (struct backend *be, const struct bweight *w, const struct matmul_id_in *in, int n_tok, float *y),
            (w, in, n_tok, y))
-/* The experts' outputs summed: out[t] = Σ_k wts[t·n_used + k] · y[t·n_used + k] (k in order,
- * rows of dim) + sigmoid(gate[t]) · shared[t] (the gated shared expert). */
+/* The experts' outputs summed: out[t] = Σ_k (y[t·n_used + k] · s[ids[t·n_used + k]]) ·
+ * wts[t·n_used + k] (k in order, rows of dim; s: a per-expert scale, none when exp_scale is
+ * NULL) + sigmoid(gate[t]) · shared[t] (the gated shared expert; none when shared is NULL). */
 BACKEND_OP(moe_sum, MOE,
-           (struct backend *be, const float *y, const float *wts, int n_tok, int n_used, int dim, const float *shared,
-            const float *gate, float *out),
-           (y, wts, n_tok, n_used, dim, shared, gate, out))
+           (struct backend *be, const float *y, const float *wts, const int32_t *ids, const float *exp_scale, int n_tok,
+            int n_used, int dim, const float *shared, const float *gate, float *out),
+           (y, wts, ids, exp_scale, n_tok, n_used, dim, shared, gate, out))
 
 /* out[r] = index of the max of row r (lowest index on ties); if p_max, also the softmax
  * probability of that max (drafters' p_min check) — only ids and scalars leave the op. */

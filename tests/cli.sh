@@ -250,6 +250,28 @@ bad_assistant_is_refused() {
 }
 check "a drafter that does not fit its target is refused with a reason (exit 1)" bad_assistant_is_refused
 
+# gemma4 with 26B-A4B's routed experts (8 of 64, 2 used, beside the dense FFN) at the shipped
+# assistant's widths: lossless with the assistant alone and batched, with ngram; the merged
+# gate_up layout is the same model (the same logits, bit for bit)
+gemma4_moe_is_lossless() {
+    local mk="--arch gemma4 --shape coti-tiny --n-layer 4 --n-expert 8 --n-expert-used 2 --n-ff-exp 64 --vocab-from $G4"
+    # shellcheck disable=SC2086
+    "$COTI" mkmodel $mk -o "$TMP/g4moe.gguf" > /dev/null 2>&1 &&
+        "$COTI" mkmodel $mk --gate-up-merged -o "$TMP/g4moem.gguf" > /dev/null 2>&1 || return 1
+    for a in "--spec-n-max 1" "--spec-n-max 3" "--spec-n-max 3 --parallel 4"; do
+        # shellcheck disable=SC2086
+        "$COTI" equiv -m "$TMP/g4moe.gguf" --spec assistant --spec-draft "$G4A" $a --prompts tests/data-prompts.json -n 24 \
+            -t 1 | grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || return 1
+    done
+    "$COTI" equiv -m "$TMP/g4moe.gguf" --spec ngram --prompts tests/data-prompts.json -n 24 -t 1 |
+        grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || return 1
+    "$COTI" logits -m "$TMP/g4moe.gguf" --tokens 5,900,17,3000,44 --top 5 --json -t 1 > "$TMP/l1.json" 2>/dev/null &&
+        "$COTI" logits -m "$TMP/g4moem.gguf" --tokens 5,900,17,3000,44 --top 5 --json -t 1 > "$TMP/l2.json" 2>/dev/null &&
+        python3 -c 'import json,sys; a,b=(json.load(open(f))["rows"] for f in sys.argv[1:]); sys.exit(a!=b)' \
+            "$TMP/l1.json" "$TMP/l2.json"
+}
+check "gemma4 with routed experts (26B-A4B's branch) + assistant: equiv Δ 0, merged = separate" gemma4_moe_is_lossless
+
 # random gemma4 models: shared-KV layers, K=V full layers, an untied head, each lossless
 mkmodel_gemma4_runs() {
     for args in "--kv-equal --kv-shared 2 --n-layer 6 --type q4_0" "--untied --type q4_K --n-embd 256"; do

@@ -554,22 +554,24 @@ static void check_matmul_id(enum quant_cpu_level level, enum ggml_type t, int n_
     float *x = malloc(sizeof(float) * NT * K * 2 * n_in), *y = malloc(sizeof(float) * NT * K * ys);
     float *y1 = malloc(sizeof(float) * K * ys), *ref = malloc(sizeof(float) * rows), *a = malloc(sizeof(float) * n_in);
     fill(x, (size_t)NT * K * 2 * n_in, 2.0f);
-    for (int swiglu = 0; swiglu < 2; swiglu++) {
+    for (int glu = MOE_GLU_NONE; glu <= MOE_GLU_GEGLU; glu++) {
+        const bool gated = glu != MOE_GLU_NONE;
         const struct matmul_id_in in = {.ids = ids, .n_used = K, .n_expert = NE, .x = x,
-                                        .tok_stride = swiglu ? K * 2 * n_in : n_in, .slot_stride = swiglu ? 2 * n_in : 0,
-                                        .swiglu = swiglu, .y_stride = ys};
+                                        .tok_stride = gated ? K * 2 * n_in : n_in, .slot_stride = gated ? 2 * n_in : 0,
+                                        .glu = (enum moe_glu)glu, .y_stride = ys};
         for (int i = 0; i < NT * K * ys; i++) y[i] = 1234.5f;
         be->matmul_id(be, &w, &in, NT, y);
         for (int tk = 0; tk < NT; tk++)
             for (int k = 0; k < K; k++) {
-                const float *xr = swiglu ? x + (size_t)(tk * K + k) * 2 * n_in : x + (size_t)tk * n_in;
-                if (swiglu) be->swiglu(be, xr, xr + n_in, n_in, a);
+                const float *xr = gated ? x + (size_t)(tk * K + k) * 2 * n_in : x + (size_t)tk * n_in;
+                if (glu == MOE_GLU_SWIGLU) be->swiglu(be, xr, xr + n_in, n_in, a);
+                else if (glu == MOE_GLU_GEGLU) be->geglu(be, xr, xr + n_in, n_in, a);
                 else memcpy(a, xr, sizeof(float) * n_in);
                 backend_matmul(be, &we[ids[tk * K + k]], &(struct matmul_in){.kind = MATMUL_PLAIN, .x = a}, 1, ref);
                 const float *got = y + (size_t)(tk * K + k) * ys;
                 cr_assert(memcmp(got, ref, sizeof(float) * rows) == 0,
-                          "level %d type %d swiglu %d: token %d slot %d differs from its expert's matmul (%g vs %g)",
-                          (int)level, (int)t, swiglu, tk, k, got[0], ref[0]);
+                          "level %d type %d glu %d: token %d slot %d differs from its expert's matmul (%g vs %g)",
+                          (int)level, (int)t, glu, tk, k, got[0], ref[0]);
                 cr_assert(got[rows] == 1234.5f, "wrote past the row");
             }
         /* token 3 alone: its slots as in the batch */
@@ -604,23 +606,29 @@ Test(backend_ops, matmul_id_equals_each_slots_expert_matmul) {
     }
 }
 
-/* moe_sum: the weighted slots in order, then the sigmoid-gated shared row, in f32. */
+/* moe_sum: the weighted slots in order, then the sigmoid-gated shared row, in f32; or (gemma4)
+ * each slot scaled by its expert's scale before its weight, and no shared row. */
 Test(backend_ops, moe_sum_matches_reference) {
-    enum { NT = 3, K = 4, D = 300 };
-    static float y[NT * K * D], w[NT * K], sh[NT * D], g[NT], out[NT * D];
+    enum { NT = 3, K = 4, D = 300, NE = 7 };
+    static float y[NT * K * D], w[NT * K], sh[NT * D], g[NT], out[NT * D], es[NE];
+    static const int32_t ids[NT * K] = {3, 0, 6, 1, 2, 5, 4, 0, 6, 6, 1, 3};
     fill(y, NT * K * D, 2.0f);
     fill(w, NT * K, 1.0f);
     fill(sh, NT * D, 2.0f);
     fill(g, NT, 4.0f);
+    fill(es, NE, 1.5f);
     struct backend *be = backend_cpu_init(1, quant_cpu_level_detect());
-    be->moe_sum(be, y, w, NT, K, D, sh, g, out);
-    for (int t = 0; t < NT; t++)
-        for (int i = 0; i < D; i++) {
-            double r = 0;
-            for (int k = 0; k < K; k++) r += (double)y[(t * K + k) * D + i] * w[t * K + k];
-            r += sh[t * D + i] / (1.0 + exp(-(double)g[t]));
-            cr_assert_float_eq(out[t * D + i], r, 1e-5, "token %d element %d", t, i);
-        }
+    for (int gemma = 0; gemma < 2; gemma++) {
+        be->moe_sum(be, y, w, ids, gemma ? es : NULL, NT, K, D, gemma ? NULL : sh, gemma ? NULL : g, out);
+        for (int t = 0; t < NT; t++)
+            for (int i = 0; i < D; i++) {
+                double r = 0;
+                for (int k = 0; k < K; k++)
+                    r += (double)y[(t * K + k) * D + i] * (gemma ? es[ids[t * K + k]] : 1.0) * w[t * K + k];
+                if (!gemma) r += sh[t * D + i] / (1.0 + exp(-(double)g[t]));
+                cr_assert_float_eq(out[t * D + i], r, 1e-5, "%s: token %d element %d", gemma ? "scaled" : "shared", t, i);
+            }
+    }
     backend_free(be);
 }
 

@@ -502,8 +502,8 @@ static void cpu_matmul_id(struct backend *be, const struct bweight *w, const str
         const int p = start[e] + count[e]++;
         order[p] = s;
         const float *x = in->x + (size_t)(s / in->n_used) * in->tok_stride + (size_t)(s % in->n_used) * in->slot_stride;
-        if (in->swiglu) {
-            cpu_swiglu(be, x, x + n_in, n_in, row);
+        if (in->glu != MOE_GLU_NONE) {
+            (in->glu == MOE_GLU_GEGLU ? cpu_geglu : cpu_swiglu)(be, x, x + n_in, n_in, row);
             x = row;
         }
         k->from_float(x, xc + (size_t)p * xrb, n_in);
@@ -515,16 +515,22 @@ static void cpu_matmul_id(struct backend *be, const struct bweight *w, const str
         memcpy(y + (size_t)order[p] * in->y_stride, ys + (size_t)p * rows, sizeof(float) * (size_t)rows);
 }
 
-/* The sum in llama.cpp's order: the weighted experts added in slot order, then the gated
- * shared expert. */
-static void cpu_moe_sum(struct backend *be, const float *y, const float *wts, int n_tok, int n_used, int dim,
-                        const float *shared, const float *gate, float *out) {
+/* The sum in llama.cpp's order: each expert's output times its scale, times its weight, added
+ * in slot order, then the gated shared expert. */
+static void cpu_moe_sum(struct backend *be, const float *y, const float *wts, const int32_t *ids, const float *exp_scale,
+                        int n_tok, int n_used, int dim, const float *shared, const float *gate, float *out) {
     for (int t = 0; t < n_tok; t++) {
         const float *yt = y + (size_t)t * n_used * dim, *wt = wts + (size_t)t * n_used;
         float *o = out + (size_t)t * dim;
-        for (int i = 0; i < dim; i++) o[i] = yt[i] * wt[0];
-        for (int k = 1; k < n_used; k++)
-            for (int i = 0; i < dim; i++) o[i] += yt[(size_t)k * dim + i] * wt[k];
+        for (int k = 0; k < n_used; k++) {
+            const float *yk = yt + (size_t)k * dim;
+            const float s = exp_scale ? exp_scale[ids[(size_t)t * n_used + k]] : 1.0f;
+            for (int i = 0; i < dim; i++) {
+                const float v = (exp_scale ? yk[i] * s : yk[i]) * wt[k];
+                o[i] = k ? o[i] + v : v;
+            }
+        }
+        if (!shared) continue;
         float g;
         cpu(be)->ops->sigmoid(gate + t, &g, 1);
         const float *sh = shared + (size_t)t * dim;

@@ -145,6 +145,19 @@ __device__ __forceinline__ float cuda_gnorm(float x, float sc, float w, float z)
     return __fmul_rn(__fmul_rn(__fmul_rn(x, sc), w), cuda_silu(z));
 }
 __device__ __forceinline__ float cuda_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+/* gelu by its tanh form, in llama.cpp's constants and order (the CPU's gelu_tanh) */
+__device__ __forceinline__ float cuda_gelu_tanh(float x) {
+    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+}
+/* One GeGLU element as llama.cpp's CPU forms it (the CPU's cpu_geglu): gelu of the f16-rounded
+ * gate, rounded to f16, times up. */
+__device__ __forceinline__ float cuda_geglu(float g, float u) {
+    const float gelu = g <= -10.0f ? 0.0f
+                       : g >= 10.0f ? g
+                                    : __half2float(__float2half_rn(cuda_gelu_tanh(__half2float(__float2half_rn(g)))));
+    return __fmul_rn(gelu, u);
+}
 __device__ __forceinline__ float cuda_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ uint16_t cuda_f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
 __device__ __forceinline__ float cuda_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }

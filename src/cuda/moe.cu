@@ -85,29 +85,32 @@ __device__ __forceinline__ const float *moe_src(const float *x, int r, bool per_
     return per_slot ? x + (size_t)(r / n_used) * tok_stride + (size_t)(r % n_used) * slot_stride
                     : x + (size_t)r * tok_stride;
 }
-/* element e of input row p (n wide): swiglu forms silu(gate) · up as the swiglu op does */
-__device__ __forceinline__ float moe_val(const float *p, int n, int e, bool swiglu) {
-    return e >= n ? 0.0f : swiglu ? __fmul_rn(cuda_silu(p[e]), p[n + e]) : p[e];
+/* element e of input row p (n wide): a GLU forms act(gate) · up as the swiglu / geglu op does */
+__device__ __forceinline__ float moe_val(const float *p, int n, int e, int glu) {
+    return e >= n                ? 0.0f
+           : glu == MOE_GLU_NONE ? p[e]
+           : glu == MOE_GLU_SWIGLU ? __fmul_rn(cuda_silu(p[e]), p[n + e])
+                                   : cuda_geglu(p[e], p[n + e]);
 }
 
 /* The input rows converted to the weight's activation format (Q8_0 / Q8_1), once per call:
  * the codes of quant.c's reference rule, as the CPU converts each slot's row. */
 __global__ void moe_q8_rows_kernel(const float *__restrict__ x, int n, int n_rows, bool per_slot, int n_used,
-                                   int tok_stride, int slot_stride, bool swiglu, int stride, int8_t *__restrict__ q,
+                                   int tok_stride, int slot_stride, int glu, int stride, int8_t *__restrict__ q,
                                    float *__restrict__ d, float *__restrict__ s) {
     cuda_pdl_begin();
     q8_rows(
         [&](int r, int e0, float (&v)[4]) {
             const float *p = moe_src(x, r, per_slot, n_used, tok_stride, slot_stride);
 #pragma unroll
-            for (int k = 0; k < 4; k++) v[k] = moe_val(p, n, e0 + k, swiglu);
+            for (int k = 0; k < 4; k++) v[k] = moe_val(p, n, e0 + k, glu);
         },
         n, n_rows, stride, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x, q, d, s);
 }
 
 /* The same to Q8_K (the K-quants): a warp per 256-block. */
 __global__ void moe_q8K_rows_kernel(const float *__restrict__ x, int n, int n_rows, bool per_slot, int n_used,
-                                    int tok_stride, int slot_stride, bool swiglu, int stride, int8_t *__restrict__ q,
+                                    int tok_stride, int slot_stride, int glu, int stride, int8_t *__restrict__ q,
                                     float *__restrict__ d, int16_t *__restrict__ bs) {
     cuda_pdl_begin();
     const int nb = stride / 256, gw = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -116,7 +119,7 @@ __global__ void moe_q8K_rows_kernel(const float *__restrict__ x, int n, int n_ro
     const float *p = moe_src(x, r, per_slot, n_used, tok_stride, slot_stride);
     float v[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = moe_val(p, n, 256 * b + 8 * lane + i, swiglu);
+    for (int i = 0; i < 8; i++) v[i] = moe_val(p, n, 256 * b + 8 * lane + i, glu);
     q8K_block_vals(v, lane, q + (size_t)r * stride + 256 * b, d + (size_t)r * nb + b, bs + (size_t)r * (stride / 16) + 16 * b);
 }
 
@@ -255,7 +258,7 @@ matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int ro
 template <int T>
 __global__ void __launch_bounds__(32 * MOE_WARPS)
 matmul_id_float_kernel(const uint8_t *__restrict__ w, size_t rb, int rows, int n_in, const int32_t *__restrict__ ids,
-                       int n_slots, int n_used, const float *__restrict__ x, int tok_stride, int slot_stride, int swiglu,
+                       int n_slots, int n_used, const float *__restrict__ x, int tok_stride, int slot_stride, int glu,
                        float *__restrict__ y, int y_stride) {
     cuda_pdl_begin();
     __shared__ int list[MOE_MAX_SLOT_LIST];
@@ -279,7 +282,7 @@ matmul_id_float_kernel(const uint8_t *__restrict__ w, size_t rb, int rows, int n
 #pragma unroll
                     for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) {
                         if (j >= nj) break;
-                        const float xv = swiglu ? cuda_silu(xs[j][i]) * xs[j][n_in + i] : xs[j][i];
+                        const float xv = moe_val(xs[j], n_in, i, glu);
                         acc[j] = fmaf(wv, xv, acc[j]);
                     }
                 }
@@ -302,7 +305,7 @@ static void matmul_id_launch(struct cuda_ctx *c, const struct bweight *w, const 
     if constexpr (T == GGML_TYPE_F32 || T == GGML_TYPE_F16 || T == GGML_TYPE_BF16) {
         const dim3 grid(E, cuda_cdiv(rows, MOE_F_ROWS_PER_BLOCK));
         cuda_launch(c, grid, dim3(32 * MOE_WARPS), matmul_id_float_kernel<T>, (const uint8_t *)w->data, w->row_bytes,
-                    rows, n, in->ids, n_slots, in->n_used, in->x, in->tok_stride, in->slot_stride, (int)in->swiglu, y,
+                    rows, n, in->ids, n_slots, in->n_used, in->x, in->tok_stride, in->slot_stride, (int)in->glu, y,
                     in->y_stride);
     } else {
         const int f = qt<T>::XF, stride = x_stride(n);
@@ -311,11 +314,11 @@ static void matmul_id_launch(struct cuda_ctx *c, const struct bweight *w, const 
         const xact xa = converted_scratch(c, f, n_rows, stride);
         if (f == XF_Q8_K)
             cuda_launch(c, cuda_cdiv((int64_t)n_rows * (stride / 256), 8), 256, moe_q8K_rows_kernel, in->x, n, n_rows,
-                        per_slot, in->n_used, in->tok_stride, in->slot_stride, in->swiglu, stride, (int8_t *)xa.q,
+                        per_slot, in->n_used, in->tok_stride, in->slot_stride, (int)in->glu, stride, (int8_t *)xa.q,
                         (float *)xa.d, (int16_t *)xa.bs);
         else
             cuda_launch(c, cuda_cdiv((int64_t)n_rows * (stride / 32) * 8, 256), 256, moe_q8_rows_kernel, in->x, n,
-                        n_rows, per_slot, in->n_used, in->tok_stride, in->slot_stride, in->swiglu, stride,
+                        n_rows, per_slot, in->n_used, in->tok_stride, in->slot_stride, (int)in->glu, stride,
                         (int8_t *)xa.q, (float *)xa.d, f == XF_Q8_1 ? (float *)xa.s : (float *)NULL);
         const int rstride = (int)((w->row_bytes + 15) & ~(size_t)15) + 16;
         const size_t smem = (size_t)MOE_WARPS * MOE_ROWS_PER_WARP * rstride;
@@ -342,24 +345,31 @@ void cuda_matmul_id(struct backend *be, const struct bweight *w, const struct ma
     matmul_id_types[slot](c, w, in, n_tok, y);
 }
 
-/* ---- moe_sum: the CPU's order (slots in turn, then the gated shared expert) ----------------- */
+/* ---- moe_sum: the CPU's order (slots in turn, each scaled then weighted; the shared expert) -- */
 
-__global__ void moe_sum_kernel(const float *__restrict__ y, const float *__restrict__ wts, int n_used, int dim,
-                               const float *__restrict__ shared, const float *__restrict__ gate, float *__restrict__ out) {
+__global__ void moe_sum_kernel(const float *y, const float *wts, const int32_t *ids, const float *exp_scale, int n_used,
+                               int dim, const float *shared, const float *gate, float *out) {
     cuda_pdl_begin();
     const int t = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= dim) return;
     const float *yt = y + (size_t)t * n_used * dim, *wt = wts + (size_t)t * n_used;
-    float o = __fmul_rn(yt[i], wt[0]);
-    for (int k = 1; k < n_used; k++) o = __fadd_rn(o, __fmul_rn(yt[(size_t)k * dim + i], wt[k]));
-    out[(size_t)t * dim + i] = __fadd_rn(o, __fmul_rn(shared[(size_t)t * dim + i], cuda_sigmoid(gate[t])));
+    float o = 0.0f;
+    for (int k = 0; k < n_used; k++) {
+        float v = yt[(size_t)k * dim + i];
+        if (exp_scale) v = __fmul_rn(v, exp_scale[ids[(size_t)t * n_used + k]]);
+        v = __fmul_rn(v, wt[k]);
+        o = k ? __fadd_rn(o, v) : v;
+    }
+    if (shared) o = __fadd_rn(o, __fmul_rn(shared[(size_t)t * dim + i], cuda_sigmoid(gate[t])));
+    out[(size_t)t * dim + i] = o;
 }
 
-void cuda_moe_sum(struct backend *be, const float *y, const float *wts, int n_tok, int n_used, int dim,
-                  const float *shared, const float *gate, float *out) {
+void cuda_moe_sum(struct backend *be, const float *y, const float *wts, const int32_t *ids, const float *exp_scale,
+                  int n_tok, int n_used, int dim, const float *shared, const float *gate, float *out) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1) return;
-    cuda_launch(c, dim3(cuda_cdiv(dim, 256), n_tok), dim3(256), moe_sum_kernel, y, wts, n_used, dim, shared, gate, out);
+    cuda_launch(c, dim3(cuda_cdiv(dim, 256), n_tok), dim3(256), moe_sum_kernel, y, wts, ids, exp_scale, n_used, dim,
+                shared, gate, out);
 }
 
 CUDA_TRACE_TU(moe)

@@ -139,22 +139,10 @@ __global__ void swiglu_kernel(const float *g, const float *u, int64_t n, float *
         y[i] = __fmul_rn(cuda_silu(g[i]), u[i]);
 }
 
-/* gelu by its tanh form, in llama.cpp's constants and order (the CPU's gelu_tanh) */
-__device__ __forceinline__ float cuda_gelu_tanh(float x) {
-    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
-    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
-}
-
-/* llama.cpp's CPU GeGLU (the CPU's cpu_geglu): gelu of the f16-rounded gate, rounded to f16 */
 __global__ void geglu_kernel(const float *g, const float *u, int64_t n, float *y) {
     cuda_pdl_begin();
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float x = g[i];
-        const float gelu = x <= -10.0f ? 0.0f
-                           : x >= 10.0f ? x
-                                        : __half2float(__float2half_rn(cuda_gelu_tanh(__half2float(__float2half_rn(x)))));
-        y[i] = __fmul_rn(gelu, u[i]);
-    }
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = cuda_geglu(g[i], u[i]);
 }
 
 __global__ void scale_kernel(float *x, int64_t n, float s) {

@@ -15,6 +15,22 @@ static void block_matmul_n(const struct block_ctx *c, const struct block_in *in,
                   n);
 }
 
+int block_moe_check(const struct weight_loader *L, const struct moe_ffn_weights *w, const struct moe_shape *sh, int n_embd,
+                    int il) {
+    const bool apart = w->gate_exps.data && w->up_exps.data;
+    if (apart == !!w->gate_up_exps.data || (!apart && (w->gate_exps.data || w->up_exps.data)))
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                         "block %d needs ffn_gate_exps and ffn_up_exps, or ffn_gate_up_exps instead", il);
+    /* the stacks' third dimension: every one holds expert_count experts */
+    const struct bweight *stacks[4] = {&w->gate_exps, &w->up_exps, &w->gate_up_exps, &w->down_exps};
+    const int64_t rows[4] = {sh->n_ff_exp, sh->n_ff_exp, 2 * (int64_t)sh->n_ff_exp, n_embd};
+    for (int i = 0; i < 4; i++)
+        if (stacks[i]->data && stacks[i]->n_out != rows[i] * sh->n_expert)
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                             "block %d: an expert tensor does not hold expert_count %d experts", il, sh->n_expert);
+    return 0;
+}
+
 void block_glu_ffn(const struct block_ctx *c, const struct glu_ffn_weights *w, const struct block_in *in, int n,
                    float *out) {
     const struct bweight *ws[2] = {&w->gate, &w->up};
@@ -49,11 +65,11 @@ void block_moe_ffn(const struct block_ctx *c, const struct moe_ffn_weights *w, c
         be->matmul_id(be, &w->up_exps, &mi, n, s->gu + F);
     }
     const struct matmul_id_in down = {.ids = s->ids, .n_used = K, .n_expert = sh->n_expert, .x = s->gu,
-                                      .tok_stride = K * 2 * F, .slot_stride = 2 * F, .swiglu = true, .y_stride = E};
+                                      .tok_stride = K * 2 * F, .slot_stride = 2 * F, .glu = MOE_GLU_SWIGLU, .y_stride = E};
     be->matmul_id(be, &w->down_exps, &down, n, s->ye);
     backend_matmul(be, &w->down_shexp, &(struct matmul_in){.kind = MATMUL_SWIGLU, .x = s->fg, .m = s->fu, .a = s->fg},
                    n, s->sh);
-    be->moe_sum(be, s->ye, s->wts, n, K, E, s->sh, s->sh_gate, out);
+    be->moe_sum(be, s->ye, s->wts, s->ids, NULL, n, K, E, s->sh, s->sh_gate, out);
 }
 
 void block_gated_attn(const struct block_ctx *c, const struct gated_attn_weights *w, const struct attn_shape *sh,

@@ -7,6 +7,7 @@
 #define COTI_BLOCKS_H
 
 #include "engine/engine.h"
+#include "engine/weights.h"
 
 /* The residual step that opens a block: its input is rmsnorm(x + m) ⊙ norm (m NULL: of x),
  * and x + m goes to x_out, the next residual (fused into the block's first matmul). */
@@ -54,6 +55,11 @@ struct block_ctx {
     const struct batch_meta *meta;           /* the slice's positions and cells */
     float eps;                               /* rms norm epsilon */
 };
+
+/* A MoE block's expert stacks as loaded: gate and up apart or merged (not both nor neither),
+ * every stack holding sh->n_expert experts of its rows. 0, or COTI_E_FORMAT with the reason. */
+int block_moe_check(const struct weight_loader *L, const struct moe_ffn_weights *w, const struct moe_shape *sh, int n_embd,
+                    int il);
 
 /* SwiGLU FFN. */
 void block_glu_ffn(const struct block_ctx *c, const struct glu_ffn_weights *w, const struct block_in *in, int n,

@@ -6,7 +6,9 @@
  * The E-series (E2B/E4B) features: layers past n_layer - shared_kv_layers read an earlier
  * layer's K/V, and per-layer embeddings (PLE: every layer adds a gated projection of its own P
  * wide input, formed once per token from a second embedding table and a projection of the
- * token's embedding). Not yet: the MoE branch (26B-A4B), refused at load.
+ * token's embedding). 26B-A4B's MoE layers (those whose router is in the file) add to the dense
+ * FFN's normed output the normed sum of routed GeGLU experts, which read their own norm of the
+ * layer input; the router reads its unweighted norm times a scale vector, over √E.
  * Reference: ../shared/docs/arch-gemma4.md; llama.cpp src/models/gemma4.cpp (behaviour). */
 #include "models/gemma4.h"
 #include "models/blocks.h"
@@ -19,6 +21,9 @@
 
 #define GEMMA4_MAX_HEAD_DIM 512
 #define GEMMA4_MAX_WIDTH (1 << 24)
+/* expert matrices are cut at expert bounds: whole groups of a backend's packed rows (qwen35.c) */
+#define GEMMA4_EXPERT_ROW_MULTIPLE 16
+#define GEMMA4_MAX_EXPERTS_USED 64
 
 struct layer {
     unsigned kind;                       /* GEMMA4_LAYER_* */
@@ -29,6 +34,9 @@ struct layer {
     int kv_src;                          /* the memory layer whose K/V it reads */
     struct bweight ple_gate, ple_proj;   /* PLE: E -> P gate, P -> E projection */
     float *ple_post_norm;
+    struct moe_ffn_weights moe;          /* MoE: router and experts (no shared expert: the dense FFN) */
+    float *router_scale, *exp_norm, *post_ffw_norm_1, *post_ffw_norm_2;
+    float *down_scale;                   /* per expert, optional */
 };
 
 struct globals {
@@ -42,10 +50,13 @@ struct globals {
 #define L_FULL GEMMA4_LAYER_FULL
 #define L_KV GEMMA4_LAYER_KV
 #define L_PLE GEMMA4_LAYER_PLE
+#define L_MOE GEMMA4_LAYER_MOE
 #define L_ALL (L_SWA | L_FULL)
 #define W(x) GEMMA4_W_##x
 #define MAT(name, layers, in, out, field) {name, WEIGHT_MATRIX, layers, W(in), W(out), field, WEIGHT_REQUIRED, WEIGHT_INIT_MATRIX}
 #define VEC(name, layers, in, field) {name, WEIGHT_VECTOR, layers, W(in), W(ONE), field, WEIGHT_REQUIRED, WEIGHT_INIT_NORM}
+#define EXPERTS(name, in, out, field, presence) \
+    {name, WEIGHT_EXPERTS, L_MOE, W(in), W(out), field, WEIGHT_##presence, WEIGHT_INIT_MATRIX}
 #define LY(f) offsetof(struct layer, f)
 #define GL(f) offsetof(struct globals, f)
 
@@ -76,6 +87,17 @@ const struct weight_desc gemma4_tensors[] = {
     MAT("blk.%d.inp_gate.weight", L_PLE, EMBD, PLE, LY(ple_gate)),
     MAT("blk.%d.proj.weight", L_PLE, PLE, EMBD, LY(ple_proj)),
     VEC("blk.%d.post_norm.weight", L_PLE, EMBD, LY(ple_post_norm)),
+    MAT("blk.%d.ffn_gate_inp.weight", L_MOE, EMBD, EXPERTS, LY(moe.gate_inp)),
+    VEC("blk.%d.ffn_gate_inp.scale", L_MOE, EMBD, LY(router_scale)),
+    VEC("blk.%d.pre_ffw_norm_2.weight", L_MOE, EMBD, LY(exp_norm)),
+    VEC("blk.%d.post_ffw_norm_1.weight", L_MOE, EMBD, LY(post_ffw_norm_1)),
+    VEC("blk.%d.post_ffw_norm_2.weight", L_MOE, EMBD, LY(post_ffw_norm_2)),
+    EXPERTS("blk.%d.ffn_gate_exps.weight", EMBD, FF_EXP, LY(moe.gate_exps), OPTIONAL),
+    EXPERTS("blk.%d.ffn_up_exps.weight", EMBD, FF_EXP, LY(moe.up_exps), OPTIONAL),
+    EXPERTS("blk.%d.ffn_gate_up_exps.weight", EMBD, FF_EXP2, LY(moe.gate_up_exps), ALTERNATIVE),
+    EXPERTS("blk.%d.ffn_down_exps.weight", FF_EXP, EMBD, LY(moe.down_exps), REQUIRED),
+    {"blk.%d.ffn_down_exps.scale", WEIGHT_VECTOR, L_MOE, W(EXPERTS), W(ONE), LY(down_scale), WEIGHT_OPTIONAL,
+     WEIGHT_INIT_NORM},
     {"blk.%d.layer_output_scale.weight", WEIGHT_SCALAR, L_ALL, W(ONE), W(ONE), LY(out_scale), WEIGHT_OPTIONAL,
      WEIGHT_INIT_NORM},
     {"output_norm.weight", WEIGHT_VECTOR, WEIGHT_GLOBAL_LAST, W(EMBD), W(ONE), GL(out_norm), WEIGHT_REQUIRED,
@@ -85,6 +107,7 @@ const int gemma4_n_tensors = (int)COTI_ARRAY_LEN(gemma4_tensors);
 
 #undef MAT
 #undef VEC
+#undef EXPERTS
 #undef LY
 #undef GL
 
@@ -102,11 +125,14 @@ void gemma4_widths(const struct gemma4_hparams *hp, int il, int64_t w[GEMMA4_N_W
     w[W(ROPE_FREQS)] = hp->head_dim / 2;
     w[W(PLE)] = hp->n_embd_per_layer;
     w[W(PLE_ALL)] = (int64_t)hp->n_embd_per_layer * hp->n_layer;
+    w[W(EXPERTS)] = hp->n_expert;
+    w[W(FF_EXP)] = hp->n_ff_exp;
+    w[W(FF_EXP2)] = 2 * (int64_t)hp->n_ff_exp;
 }
 
 unsigned gemma4_layer_kind(const struct gemma4_hparams *hp, int il) {
     return (hp->swa[il] ? L_SWA : L_FULL) | (il < hp->n_layer - hp->n_kv_shared ? L_KV : 0) |
-           (hp->n_embd_per_layer ? L_PLE : 0);
+           (hp->n_embd_per_layer ? L_PLE : 0) | (hp->moe[il] ? L_MOE : 0);
 }
 
 int gemma4_kv_source(const struct gemma4_hparams *hp, int il) {
@@ -120,6 +146,8 @@ int gemma4_kv_source(const struct gemma4_hparams *hp, int il) {
 
 struct scratch {
     float *x, *a, *q, *k, *v, *att, *o, *fg, *fu;
+    float *logits, *wts, *gu, *ye, *mo;  /* MoE: router logits, slot weights, [gate ; up], outputs, sum */
+    int32_t *ids;                        /* MoE: the chosen experts */
     float *ones;                         /* [max head dim] of 1: the weightless v norm */
     /* PLE: a slice's per-layer inputs are formed in ple_tok ([n][n_layer][P], a token's layers
      * side by side) and, for n > 1, regrouped into ple_in ([n_layer][n][P]) so that each layer's
@@ -142,6 +170,36 @@ struct gemma4 {
 static struct gemma4 *g4(struct model *m) { return (struct gemma4 *)m; }
 
 /* ---- loading ------------------------------------------------------------------------ */
+
+/* 26B-A4B's experts: counts and width from the metadata; a layer has the expert branch when its
+ * router is in the file (llama.cpp's test). */
+static int read_expert_hparams(const struct weight_loader *L, struct gemma4_hparams *hp) {
+    int rc;
+    if ((rc = weights_get_u32_opt(L, "expert_count", &hp->n_expert, 0))) return rc;
+    if (!hp->n_expert) return 0;
+    if ((rc = weights_get_u32(L, "expert_used_count", &hp->n_expert_used))) return rc;
+    if ((rc = weights_get_u32(L, "expert_feed_forward_length", &hp->n_ff_exp))) return rc;
+    if (hp->n_expert < 1 || hp->n_expert > BACKEND_MOE_MAX_EXPERTS || hp->n_expert_used < 1 ||
+        hp->n_expert_used > hp->n_expert || hp->n_expert_used > GEMMA4_MAX_EXPERTS_USED || hp->n_ff_exp < 1 ||
+        (int64_t)hp->n_expert * hp->n_ff_exp * 2 > GEMMA4_MAX_WIDTH ||
+        (int64_t)hp->n_expert_used * (2 * (int64_t)hp->n_ff_exp + hp->n_embd) > GEMMA4_MAX_WIDTH ||
+        (int64_t)hp->n_expert * hp->n_embd > GEMMA4_MAX_WIDTH)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                         "expert_count %d / expert_used_count %d / expert_feed_forward_length %d out of range (at most %d "
+                         "experts, %d used, widths under %d)",
+                         hp->n_expert, hp->n_expert_used, hp->n_ff_exp, BACKEND_MOE_MAX_EXPERTS, GEMMA4_MAX_EXPERTS_USED,
+                         GEMMA4_MAX_WIDTH);
+    if (hp->n_ff_exp % GEMMA4_EXPERT_ROW_MULTIPLE || hp->n_embd % GEMMA4_EXPERT_ROW_MULTIPLE)
+        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED,
+                         "expert widths (embedding %d, expert feed-forward %d) must be multiples of %d", hp->n_embd,
+                         hp->n_ff_exp, GEMMA4_EXPERT_ROW_MULTIPLE);
+    for (int il = 0; il < hp->n_layer; il++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", il);
+        hp->moe[il] = gguf_find_tensor(L->g, name) != NULL;
+    }
+    return 0;
+}
 
 static int read_hparams(const struct weight_loader *L, struct gemma4_hparams *hp) {
     int rc;
@@ -179,10 +237,7 @@ static int read_hparams(const struct weight_loader *L, struct gemma4_hparams *hp
     }
     if ((rc = weights_get_u32_opt(L, "attention.shared_kv_layers", &hp->n_kv_shared, 0))) return rc;
     if ((rc = weights_get_u32_opt(L, "embedding_length_per_layer_input", &hp->n_embd_per_layer, 0))) return rc;
-    int n_expert;
-    if ((rc = weights_get_u32_opt(L, "expert_count", &n_expert, 0))) return rc;
-    if (n_expert)
-        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "gemma4 with experts (%d) is not supported yet", n_expert);
+    if ((rc = read_expert_hparams(L, hp))) return rc;
     if ((rc = weights_get_f32(L, "attention.layer_norm_rms_epsilon", &hp->eps))) return rc;
     if ((rc = weights_get_f32_opt(L, "rope.freq_base", &hp->rope_base, 10000.0f))) return rc;
     if ((rc = weights_get_f32_opt(L, "rope.freq_base_swa", &hp->rope_base_swa, 10000.0f))) return rc;
@@ -257,12 +312,15 @@ static int init_engine(struct gemma4 *q) {
     }
     const size_t nb = (size_t)m->n_batch, f = sizeof(float), E = (size_t)hp->n_embd;
     const size_t P = (size_t)hp->n_embd_per_layer, nl = (size_t)hp->n_layer;
+    const size_t NE = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used, F = (size_t)hp->n_ff_exp;
     struct scratch *s = &q->s;
 #define SLOT(p, n) {(void **)&(p), f * nb * (n)}
     const struct arena_slot slots[] = {
         SLOT(s->x, E), SLOT(s->a, E), SLOT(s->q, qw), SLOT(s->k, kvw), SLOT(s->v, kvw), SLOT(s->att, qw),
         SLOT(s->o, E), SLOT(s->fg, ff), SLOT(s->fu, ff),
         SLOT(s->ple_tok, P * nl), SLOT(s->ple_in, P * nl), SLOT(s->ple_g, P),
+        SLOT(s->logits, NE), SLOT(s->wts, K), SLOT(s->ids, K), SLOT(s->gu, K * 2 * F), SLOT(s->ye, K * E),
+        SLOT(s->mo, E),
     };
 #undef SLOT
     if (P) {
@@ -340,6 +398,10 @@ int gemma4_load(struct model **out, struct gguf_file *g, struct backend *be, con
         any_full |= !hp->swa[il];
         gemma4_widths(hp, il, widths);
         if ((rc = weights_bind(&L, gemma4_tensors, gemma4_n_tensors, ly->kind, il, ly, widths))) goto fail;
+        if ((ly->kind & L_MOE) &&
+            (rc = block_moe_check(&L, &ly->moe, &(struct moe_shape){hp->n_expert, hp->n_expert_used, hp->n_ff_exp},
+                                  hp->n_embd, il)))
+            goto fail;
     }
     if (hp->n_embd_per_layer && !(q->g.ple_embd.data && q->g.ple_model_proj.data && q->g.ple_proj_norm)) {
         rc = coti_fail(err, err_size, COTI_E_FORMAT,
@@ -449,6 +511,36 @@ static void ple_layer(struct gemma4 *q, const struct layer *ly, const float *in,
     be->rmsnorm_add(be, s->x, s->o, ly->ple_post_norm, n, q->hp.n_embd, q->hp.eps, out_scale);
 }
 
+/* The routed experts of a MoE layer into s->mo: the router over the unweighted norm of the
+ * layer input times its scale vector, over √E (llama.cpp's order up to where the 1/√E applies:
+ * to the logits here, to the input there); GeGLU experts over their own norm of the input,
+ * each output times its expert's scale, weighted, summed in slot order, then normed. */
+static void experts(struct gemma4 *q, const struct layer *ly, int n) {
+    struct backend *be = q->base.be;
+    const struct gemma4_hparams *hp = &q->hp;
+    const struct scratch *s = &q->s;
+    const int E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used, F = hp->n_ff_exp;
+    backend_matmul(be, &ly->moe.gate_inp,
+                   &(struct matmul_in){.kind = MATMUL_RMSNORM, .x = s->x, .w = ly->router_scale, .eps = hp->eps, .a = s->a},
+                   n, s->logits);
+    be->scale(be, s->logits, (int64_t)n * NE, 1.0f / sqrtf((float)E));
+    be->moe_route(be, s->logits, n, NE, K, s->ids, s->wts);
+    be->rmsnorm(be, s->x, E, ly->exp_norm, n, E, hp->eps, s->a, E);
+    const struct matmul_id_in gu = {.ids = s->ids, .n_used = K, .n_expert = NE, .x = s->a, .tok_stride = E,
+                                    .y_stride = 2 * F};
+    if (ly->moe.gate_up_exps.data) {
+        be->matmul_id(be, &ly->moe.gate_up_exps, &gu, n, s->gu);
+    } else {
+        be->matmul_id(be, &ly->moe.gate_exps, &gu, n, s->gu);
+        be->matmul_id(be, &ly->moe.up_exps, &gu, n, s->gu + F);
+    }
+    const struct matmul_id_in down = {.ids = s->ids, .n_used = K, .n_expert = NE, .x = s->gu, .tok_stride = K * 2 * F,
+                                      .slot_stride = 2 * F, .glu = MOE_GLU_GEGLU, .y_stride = E};
+    be->matmul_id(be, &ly->moe.down_exps, &down, n, s->ye);
+    be->moe_sum(be, s->ye, s->wts, s->ids, ly->down_scale, n, K, E, NULL, NULL, s->mo);
+    be->rmsnorm(be, s->mo, E, ly->post_ffw_norm_2, n, E, hp->eps, s->mo, E);
+}
+
 static void trunk_pass(struct model *m, const struct slice_ops_args *a) {
     struct gemma4 *q = g4(m);
     struct backend *be = m->be;
@@ -467,6 +559,11 @@ static void trunk_pass(struct model *m, const struct slice_ops_args *a) {
                    n);
         backend_matmul(be, &ly->ffn.down, &(struct matmul_in){.kind = MATMUL_GEGLU, .x = s->fg, .m = s->fu, .a = s->fg}, n,
                        s->o);
+        if (ly->kind & L_MOE) { /* the dense FFN normed, plus the experts' */
+            be->rmsnorm(be, s->o, E, ly->post_ffw_norm_1, n, E, hp->eps, s->o, E);
+            experts(q, ly, n);
+            be->add(be, s->o, s->mo, (int64_t)n * E, s->o);
+        }
         if (P) { /* the per-layer input joins the residual before the layer's scale */
             be->rmsnorm_add(be, s->x, s->o, ly->post_ffw_norm, n, E, hp->eps, 1.0f);
             ple_layer(q, ly, ple + (size_t)il * n * P, n, ly->out_scale);

@@ -1,7 +1,7 @@
 /* gemma4.h — what the outside may know of the gemma4 architecture (dense, with the E-series'
- * per-layer embeddings and shared-KV layers; the MoE branch comes later): its hparams, width
- * ids, layer kinds and tensor table (engine/weights.h), which `coti mkmodel --arch gemma4`
- * writes from. */
+ * per-layer embeddings and shared-KV layers, and 26B-A4B's routed experts beside the dense FFN):
+ * its hparams, width ids, layer kinds and tensor table (engine/weights.h), which `coti mkmodel
+ * --arch gemma4` writes from. */
 #ifndef COTI_GEMMA4_H
 #define COTI_GEMMA4_H
 
@@ -18,6 +18,8 @@ struct gemma4_hparams {
     int window;                          /* sliding window, positions */
     int n_kv_shared;                     /* trailing layers that read an earlier layer's K/V */
     int n_embd_per_layer;                /* P of the per-layer embeddings (E-series), 0: none */
+    int n_expert, n_expert_used, n_ff_exp; /* 26B-A4B's experts, chosen per token, their FFN width */
+    bool moe[GEMMA4_MAX_LAYERS];         /* the layer has the expert branch (its router is in the file) */
     float eps, rope_base, rope_base_swa, softcap;
 };
 
@@ -25,6 +27,7 @@ enum gemma4_width {
     GEMMA4_W_ONE = WEIGHT_WIDTH_ONE,
     GEMMA4_W_EMBD, GEMMA4_W_VOCAB, GEMMA4_W_Q, GEMMA4_W_KV, GEMMA4_W_HEAD_DIM, GEMMA4_W_FF, GEMMA4_W_ROPE_FREQS,
     GEMMA4_W_PLE, GEMMA4_W_PLE_ALL,      /* P, and P·n_layer (every layer's slice of a token's row) */
+    GEMMA4_W_EXPERTS, GEMMA4_W_FF_EXP, GEMMA4_W_FF_EXP2, /* n_expert; an expert's FFN width, twice it */
     GEMMA4_N_WIDTHS
 };
 
@@ -33,6 +36,7 @@ enum {
     GEMMA4_LAYER_FULL = 2,               /* full attention */
     GEMMA4_LAYER_KV = 4,                 /* owns its K/V (not a shared-KV layer) */
     GEMMA4_LAYER_PLE = 8,                /* adds its per-layer embedding (a model with P > 0) */
+    GEMMA4_LAYER_MOE = 16,               /* routed experts beside the dense FFN (26B-A4B) */
 };
 
 extern const struct weight_desc gemma4_tensors[];

@@ -346,24 +346,6 @@ static int init_engine(struct qwen35 *q) {
 
 static const struct model_vtable qwen35_vtable;
 
-/* A MoE block has its experts' gate and up stacked apart or merged, not both nor neither. */
-static int check_moe_layer(const struct weight_loader *L, const struct qwen35_hparams *hp, const struct layer *ly,
-                           int il) {
-    const struct moe_ffn_weights *w = &ly->moe;
-    const bool apart = w->gate_exps.data && w->up_exps.data;
-    if (apart == !!w->gate_up_exps.data || (!apart && (w->gate_exps.data || w->up_exps.data)))
-        return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
-                         "block %d needs ffn_gate_exps and ffn_up_exps, or ffn_gate_up_exps instead", il);
-    /* the stacks' third dimension: every one holds expert_count experts */
-    const struct bweight *stacks[4] = {&w->gate_exps, &w->up_exps, &w->gate_up_exps, &w->down_exps};
-    const int64_t rows[4] = {hp->n_ff_exp, hp->n_ff_exp, 2 * (int64_t)hp->n_ff_exp, hp->n_embd};
-    for (int i = 0; i < 4; i++)
-        if (stacks[i]->data && stacks[i]->n_out != rows[i] * hp->n_expert)
-            return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
-                             "block %d: an expert tensor does not hold expert_count %d experts", il, hp->n_expert);
-    return 0;
-}
-
 static int load(struct model **out, struct gguf_file *g, struct backend *be, const struct model_params *p, char *err,
                 size_t err_size, const char *arch) {
     const bool moe = !strcmp(arch, "qwen35moe");
@@ -403,7 +385,10 @@ static int load(struct model **out, struct gguf_file *g, struct backend *be, con
         q->layers[il].kind = qwen35_layer_kind(hp, il);
         if ((rc = weights_bind(&L, qwen35_tensors, qwen35_n_tensors, q->layers[il].kind, il, &q->layers[il], widths)))
             goto fail;
-        if (moe && (rc = check_moe_layer(&L, hp, &q->layers[il], il))) goto fail;
+        if (moe && (rc = block_moe_check(&L, &q->layers[il].moe,
+                                          &(struct moe_shape){hp->n_expert, hp->n_expert_used, hp->n_ff_exp},
+                                          hp->n_embd, il)))
+            goto fail;
         struct moe_ffn_weights *mw = &q->layers[il].moe;
         if (moe && mw->gate_exps.data) { /* gate and up in one matmul_id call */
             char ng[64], nu[64];

@@ -216,8 +216,10 @@ static struct gemma4_hparams gemma4_arch_hparams(const struct mk_hparams *h) {
         .n_layer = (int)h->n_layer, .n_embd = (int)h->n_embd, .n_vocab = (int)h->n_vocab, .head_dim = (int)h->head_dim_full,
         .head_dim_swa = (int)h->head_dim, .n_rot = (int)h->head_dim_full, .n_rot_swa = (int)h->head_dim,
         .window = (int)h->window, .n_kv_shared = (int)h->kv_shared, .n_embd_per_layer = (int)h->n_embd_per_layer,
+        .n_expert = (int)h->n_expert, .n_expert_used = (int)h->n_expert_used, .n_ff_exp = (int)h->n_ff_exp,
     };
     for (int il = 0; il < hp.n_layer; il++) {
+        hp.moe[il] = hp.n_expert > 0; /* 26B-A4B: every layer */
         hp.swa[il] = (il + 1) % h->interval != 0 && il != hp.n_layer - 1;
         hp.n_head[il] = (int)h->n_head;
         hp.n_head_kv[il] = (int)(hp.swa[il] ? h->n_head_kv : h->n_head_kv_full);
@@ -234,6 +236,7 @@ static int build_tensor_list(struct mk_model *m) {
     const struct gemma4_hparams gh = g4 ? gemma4_arch_hparams(&m->hp) : (struct gemma4_hparams){0};
     const struct weight_desc *tab = g4 ? gemma4_tensors : qwen35_tensors;
     const int n_tab = g4 ? gemma4_n_tensors : qwen35_n_tensors, n_layer = g4 ? gh.n_layer : qh.n_layer_all;
+    const int n_expert = g4 ? gh.n_expert : qh.n_expert;
     int64_t widths[(int)QWEN35_N_WIDTHS > (int)GEMMA4_N_WIDTHS ? (int)QWEN35_N_WIDTHS : (int)GEMMA4_N_WIDTHS];
     if (g4) gemma4_widths(&gh, 0, widths);
     else qwen35_widths(&qh, widths);
@@ -242,7 +245,7 @@ static int build_tensor_list(struct mk_model *m) {
         const struct weight_desc *d = &tab[i];
         if (d->layers || (d->presence == WEIGHT_TIED && m->hp.tied) || d->presence == WEIGHT_ALTERNATIVE) continue;
         if (g4 && !gh.n_embd_per_layer && !strncmp(d->name, "per_layer_", 10)) continue; /* the PLE globals */
-        rc = add_tensor(m, d, -1, widths, qh.n_expert);
+        rc = add_tensor(m, d, -1, widths, n_expert);
     }
     for (int L = 0; L < n_layer && !rc; L++) {
         const unsigned kind = g4 ? gemma4_layer_kind(&gh, L) : qwen35_layer_kind(&qh, L);
@@ -256,11 +259,11 @@ static int build_tensor_list(struct mk_model *m) {
             if (m->hp.gate_up_merged ? !merged && (strstr(d->name, "ffn_gate_exps") || strstr(d->name, "ffn_up_exps"))
                                      : d->presence == WEIGHT_ALTERNATIVE)
                 continue;
-            rc = add_tensor(m, d, L, widths, qh.n_expert);
+            rc = add_tensor(m, d, L, widths, n_expert);
         }
     }
     for (int i = 0; i < n_tab && !rc; i++)
-        if (tab[i].layers == WEIGHT_GLOBAL_LAST) rc = add_tensor(m, &tab[i], -1, widths, qh.n_expert);
+        if (tab[i].layers == WEIGHT_GLOBAL_LAST) rc = add_tensor(m, &tab[i], -1, widths, n_expert);
     return rc;
 }
 
@@ -529,6 +532,16 @@ static int hp_preset(struct mk_hparams *h, const char *name, enum mk_arch arch) 
     if (arch == MK_GEMMA4) { /* the shipped gemma4's structure at a smaller width, a window tests reach */
         h->head_dim = 16; h->head_dim_full = 32; h->n_head_kv_full = 1; h->window = 8; h->rope_theta = 1e6;
         if (!strcmp(name, "tiny")) return 0;
+        if (!strcmp(name, "tiny-moe")) { /* tiny with 26B-A4B's branch: 8 experts of 32, 2 used */
+            h->n_expert = 8; h->n_expert_used = 2; h->n_ff_exp = 32;
+            return 0;
+        }
+        if (!strcmp(name, "26b-a4b")) { /* Gemma 4 26B-A4B (arch-gemma4.md §3.8): full layers 5, 11, .., 29 */
+            h->n_embd = 2816; h->n_layer = 30; h->n_ff = 2112; h->n_head = 16; h->n_head_kv = 8; h->n_head_kv_full = 2;
+            h->head_dim = 256; h->head_dim_full = 512; h->window = 1024; h->interval = 6; h->kv_equal = 1;
+            h->n_expert = 128; h->n_expert_used = 8; h->n_ff_exp = 704; h->n_vocab = 262144; h->ctx = 262144;
+            return 0;
+        }
         if (!strcmp(name, "coti-tiny")) { /* models/MODEL_CARD-gemma4.md */
             h->n_embd = 256; h->n_layer = 8; h->n_ff = 640; h->head_dim = 64; h->head_dim_full = 128; h->window = 128;
             h->kv_equal = 1; h->ctx = 4096;
@@ -582,23 +595,25 @@ static void help(FILE *out, const struct cli_common *unused) {
     fprintf(out,
         "usage: coti mkmodel --arch qwen35|qwen35moe|gemma4 -o OUT.gguf [options]\n"
         "Write a random-weight model in llama.cpp's GGUF layout of the architecture.\n"
-        "  --shape tiny|coti-tiny|9b|e2b-tiny|35b-a3b   preset (default %s; e2b-tiny: gemma4 only; qwen35moe: tiny,\n"
-        "                      35b-a3b); the other options override it\n"
+        "  --shape NAME        preset (default %s; qwen35: tiny, coti-tiny, 9b; qwen35moe: tiny, 35b-a3b;\n"
+        "                      gemma4: tiny, coti-tiny, e2b-tiny, tiny-moe, 26b-a4b); the other options override it\n"
         "  --type T            2-D weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K..q6_K (default %s)\n"
         "  --seed N            random seed (default %llu)\n"
         "  --n-embd N --n-layer N --n-ff N --n-head N --n-head-kv N --head-dim N\n"
         "  --n-vocab N         default: the size of the --vocab-from vocabulary\n"
         "  --ssm-d-state N --ssm-n-group N --ssm-dt-rank N --ssm-conv N\n"
         "  --full-attn-interval N --nextn 0|1 --ctx N\n"
-        "  qwen35moe: --n-expert N --n-expert-used K --n-ff-exp N --n-ff-shexp N (experts, chosen per token,\n"
-        "          an expert's and the shared expert's FFN width); --gate-up-merged (ffn_gate_up_exps, the same\n"
-        "          weights as the separate ffn_gate_exps and ffn_up_exps of the seed)\n"
+        "  qwen35moe, gemma4: --n-expert N --n-expert-used K --n-ff-exp N (experts, chosen per token, an\n"
+        "          expert's FFN width); qwen35moe: --n-ff-shexp N (the shared expert's); --gate-up-merged\n"
+        "          (ffn_gate_up_exps, the same weights as the separate ffn_gate_exps and ffn_up_exps of the seed)\n"
         "  --rope-dims N (default head-dim/4) --rope-sections A,B,C,D --rope-theta X --eps X\n"
-        "  --tied | --untied   share token_embd as the LM head (default tied; 9b: untied)\n"        "  gemma4: --head-dim (sliding layers) --head-dim-full N --n-head-kv (sliding) --n-head-kv-full N\n"
+        "  --tied | --untied   share token_embd as the LM head (default tied; 9b: untied)\n"
+        "  gemma4: --head-dim (sliding layers) --head-dim-full N --n-head-kv (sliding) --n-head-kv-full N\n"
         "          --window N --kv-shared N --kv-equal (no attn_v on full layers); a full layer every\n"
         "          --full-attn-interval layers and last; --n-embd-per-layer P (per-layer embeddings),\n"
         "          --double-wide-ff (2x --n-ff on the shared-KV layers); presets tiny, coti-tiny (the shipped\n"
-        "          model's layout), e2b-tiny (E2B's: shared-KV layers, per-layer embeddings)\n"
+        "          model's layout), e2b-tiny (E2B's: shared-KV layers, per-layer embeddings), tiny-moe and\n"
+        "          26b-a4b (26B-A4B's routed experts beside the dense FFN)\n"
         "  --vocab-from FILE   copy tokenizer.* keys (default %s, looked up as coti run's -m default);\n"
         "                      'none' writes a synthetic byte-level vocabulary\n"
         "  --threads N         generation threads (default: all CPUs)\n"
@@ -638,8 +653,9 @@ static int check_hparams(const struct mk_hparams *h) {
     else if (h->rope_dims % 2 || h->rope_dims > h->head_dim) why = "--rope-dims must be even and <= --head-dim";
     else if (h->sections[0] + h->sections[1] + h->sections[2] + h->sections[3] > h->rope_dims / 2)
         why = "--rope-sections must sum to at most rope-dims/2";
-    else if (h->arch == MK_QWEN35MOE && h->n_expert_used > h->n_expert) why = "--n-expert-used must be at most --n-expert";
-    else if (h->arch != MK_QWEN35MOE && h->gate_up_merged) why = "--gate-up-merged is for --arch qwen35moe";
+    else if (h->n_expert && h->n_expert_used > h->n_expert) why = "--n-expert-used must be at most --n-expert";
+    else if (h->arch == MK_QWEN35 && h->n_expert) why = "--n-expert is for --arch qwen35moe or gemma4";
+    else if (h->gate_up_merged && !h->n_expert) why = "--gate-up-merged is for a model with experts";
     if (why) fprintf(stderr, "coti mkmodel: %s\n", why);
     return why ? -1 : 0;
 }
@@ -748,6 +764,11 @@ static void write_gemma4_metadata(struct gguf_writer *w, const struct mk_model *
     gguf_writer_set_u32(w, "gemma4.rope.dimension_count", (uint32_t)h->head_dim_full);
     gguf_writer_set_u32(w, "gemma4.rope.dimension_count_swa", (uint32_t)h->head_dim);
     gguf_writer_set_f32(w, "gemma4.final_logit_softcapping", 30.0f);
+    if (h->n_expert) {
+        gguf_writer_set_u32(w, "gemma4.expert_count", (uint32_t)h->n_expert);
+        gguf_writer_set_u32(w, "gemma4.expert_used_count", (uint32_t)h->n_expert_used);
+        gguf_writer_set_u32(w, "gemma4.expert_feed_forward_length", (uint32_t)h->n_ff_exp);
+    }
     gguf_writer_set_u32(w, "general.quantization_version", 2);
 }
 

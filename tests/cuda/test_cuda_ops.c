@@ -1544,7 +1544,8 @@ static void test_moe_route(int n_tok, int n_expert, int n_used) {
  * the CPU first rounds them to f16 / bf16 (at most |x|·2^-8), so Σ_i |w_i| · amax(x)/127 more. Then every slot of token 2 computed alone must be
  * bit-identical to the batch's (a verify row equals its decode row), and a slot whose id is out
  * of range is left as it was. */
-static void test_matmul_id(enum ggml_type t, int n_in, int rows, int n_expert, int n_used, int n_tok, bool swiglu) {
+static void test_matmul_id(enum ggml_type t, int n_in, int rows, int n_expert, int n_used, int n_tok, int glu) {
+    const bool swiglu = glu != MOE_GLU_NONE; /* the slots' rows are [g ; u] */
     char shape[128];
     const int n_slots = n_tok * n_used, xw = swiglu ? 2 * n_in : n_in, n_xrows = swiglu ? n_slots : n_tok;
     struct hweight hw = make_weight(t, n_in, rows * n_expert);
@@ -1567,21 +1568,24 @@ static void test_matmul_id(enum ggml_type t, int n_in, int rows, int n_expert, i
     for (int i = 0; i < n_slots * ys; i++) yc[i] = zero[i] = 0.0f;
     struct matmul_id_in in = {.ids = ids, .n_used = n_used, .n_expert = n_expert, .x = x,
                               .tok_stride = swiglu ? n_used * xw : n_in, .slot_stride = swiglu ? xw : 0,
-                              .swiglu = swiglu, .y_stride = ys};
+                              .glu = (enum moe_glu)glu, .y_stride = ys};
     cpu->matmul_id(cpu, &wc, &in, n_tok, yc);
     for (int sl = 0; sl < n_slots; sl++) {
         const float *xr = x + (size_t)(sl / n_used) * in.tok_stride + (size_t)(sl % n_used) * in.slot_stride;
         double amax = 0;
-        for (int i = 0; i < n_in; i++) {
-            a[i] = swiglu ? xr[i] / (1.0f + expf(-xr[i])) * xr[n_in + i] : xr[i];
-            amax = fmax(amax, fabs(a[i]));
-        }
+        if (glu == MOE_GLU_SWIGLU) cpu->swiglu(cpu, xr, xr + n_in, n_in, a);
+        else if (glu == MOE_GLU_GEGLU) cpu->geglu(cpu, xr, xr + n_in, n_in, a);
+        else memcpy(a, xr, sizeof(float) * n_in);
+        for (int i = 0; i < n_in; i++) amax = fmax(amax, fabs(a[i]));
         for (int r = 0; r < rows; r++) {
             const float *wr = hw.deq + ((size_t)ids[sl] * rows + r) * n_in;
             double sw = 0, swx = 0;
             for (int i = 0; i < n_in; i++) { sw += fabs(wr[i]); swx += fabs((double)wr[i] * a[i]); }
             const bool rounded = t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
-            bound[(size_t)sl * ys + r] = (float)((rounded ? sw * amax / 127.0 : 0.0) + 2e-6 * swx + 1e-30);
+            /* geglu rounds each gelu to f16 on both sides: through tanh's last bits a value may
+             * land on the neighbouring f16, one ulp (2^-10 relative) of an input element */
+            bound[(size_t)sl * ys + r] = (float)((rounded ? sw * amax / 127.0 : 0.0) + 2e-6 * swx +
+                                                 (glu == MOE_GLU_GEGLU ? sw * amax / 1024.0 : 0.0) + 1e-30);
         }
     }
     int32_t *di = gdup(ids, sizeof(int32_t) * n_slots);
@@ -1600,7 +1604,7 @@ static void test_matmul_id(enum ggml_type t, int n_in, int rows, int n_expert, i
             if (!(d <= b) && bad == SIZE_MAX) bad = i;
         }
     snprintf(shape, sizeof shape, "%s %dx%d x%d top-%d, %d tok%s", ggml_type_traits_get(t)->name, n_in, rows, n_expert,
-             n_used, n_tok, swiglu ? ", swiglu" : "");
+             n_used, n_tok, glu == MOE_GLU_SWIGLU ? ", swiglu" : glu == MOE_GLU_GEGLU ? ", geglu" : "");
     const bool ok = bad == SIZE_MAX;
     printf("%-5s %-14s %-44s max |d|/bound %.3f", ok ? "ok" : "FAIL", "matmul_id", shape, worst);
     if (!ok) printf("  first bad [%zu]: got %.9g want %.9g", bad, yg[bad], yc[bad]);
@@ -1628,8 +1632,9 @@ static void test_matmul_id(enum ggml_type t, int n_in, int rows, int n_expert, i
     free_hweight(&hw);
 }
 
-/* moe_sum: the same f32 operations in the same order; sigmoid through expf (2 ulp). */
-static void test_moe_sum(int n_tok, int n_used, int dim) {
+/* moe_sum: the same f32 operations in the same order; sigmoid through expf (2 ulp). scaled:
+ * gemma4's form (a per-expert scale, no shared expert). */
+static void test_moe_sum(int n_tok, int n_used, int dim, bool scaled) {
     char shape[96];
     const size_t ny = (size_t)n_tok * n_used * dim, no = (size_t)n_tok * dim;
     float *y = xmalloc(sizeof(float) * ny), *w = xmalloc(sizeof(float) * n_tok * n_used), *sh = xmalloc(sizeof(float) * no);
@@ -1637,10 +1642,19 @@ static void test_moe_sum(int n_tok, int n_used, int dim) {
     fill(y, ny, 2.0f); fill(w, (size_t)n_tok * n_used, 1.0f); fill(sh, no, 2.0f); fill(g, n_tok, 4.0f);
     float *dy = gdup(y, sizeof(float) * ny), *dw = gdup(w, sizeof(float) * n_tok * n_used), *dsh = gdup(sh, sizeof(float) * no);
     float *dg = gdup(g, sizeof(float) * n_tok), *dout = galloc(sizeof(float) * no);
-    cpu->moe_sum(cpu, y, w, n_tok, n_used, dim, sh, g, oc);
-    gpu->moe_sum(gpu, dy, dw, n_tok, n_used, dim, dsh, dg, dout);
+    enum { NE = 16 };
+    int32_t *ids = xmalloc(sizeof(int32_t) * n_tok * n_used);
+    float es[NE];
+    for (int i = 0; i < n_tok * n_used; i++) ids[i] = (i * 5 + 3) % NE;
+    fill(es, NE, 1.5f);
+    int32_t *di = gdup(ids, sizeof(int32_t) * n_tok * n_used);
+    float *des = gdup(es, sizeof es);
+    cpu->moe_sum(cpu, y, w, ids, scaled ? es : NULL, n_tok, n_used, dim, scaled ? NULL : sh, scaled ? NULL : g, oc);
+    gpu->moe_sum(gpu, dy, dw, di, scaled ? des : NULL, n_tok, n_used, dim, scaled ? NULL : dsh, scaled ? NULL : dg, dout);
     gget(og, dout, sizeof(float) * no);
-    snprintf(shape, sizeof shape, "%d tokens, top-%d, dim %d", n_tok, n_used, dim);
+    gpu->free(gpu, di); gpu->free(gpu, des);
+    free(ids);
+    snprintf(shape, sizeof shape, "%d tokens, top-%d, dim %d%s", n_tok, n_used, dim, scaled ? ", scaled" : "");
     check("moe_sum", shape, og, oc, no, 1e-6, 2e-6);
     gpu->free(gpu, dy); gpu->free(gpu, dw); gpu->free(gpu, dsh); gpu->free(gpu, dg); gpu->free(gpu, dout);
     free(y); free(w); free(sh); free(g); free(oc); free(og);
@@ -1797,19 +1811,22 @@ static void run_moe_route(void) {
     test_moe_route(3, 512, 40); test_moe_route(9, 100, 8); /* past a warp's lanes; not a multiple of 32 */
 }
 static void run_matmul_id(void) {
+    const int none = MOE_GLU_NONE, swiglu = MOE_GLU_SWIGLU, geglu = MOE_GLU_GEGLU;
     for (size_t i = 0; i < sizeof mm_types / sizeof mm_types[0]; i++) {
         const enum ggml_type t = mm_types[i];
         const int n_in = ggml_type_traits_get(t)->block_elems == 256 ? 512 : 256;
-        test_matmul_id(t, n_in, 64, 16, 4, 5, false);   /* gate/up rows of a verify batch */
-        test_matmul_id(t, n_in, 32, 16, 4, 5, true);    /* down over swiglu slots */
+        test_matmul_id(t, n_in, 64, 16, 4, 5, none);     /* gate/up rows of a verify batch */
+        test_matmul_id(t, n_in, 32, 16, 4, 5, swiglu);   /* down over swiglu slots */
+        test_matmul_id(t, n_in, 32, 16, 4, 5, geglu);    /* down over geglu slots (gemma4) */
     }
-    test_matmul_id(GGML_TYPE_Q8_0, 2048, 512, 32, 8, 1, false);  /* 35B-A3B's gate widths, decode */
-    test_matmul_id(GGML_TYPE_Q4_K, 512, 2048, 32, 8, 1, true);   /* its down's, decode */
-    test_matmul_id(GGML_TYPE_Q4_K, 2048, 64, 256, 8, 3, false);  /* 256 experts: blocks for the chosen only */
-    test_matmul_id(GGML_TYPE_Q6_K, 512, 40, 512, 8, 5, true);    /* 512 experts, rows not a multiple of 8 */
-    test_matmul_id(GGML_TYPE_Q8_0, 256, 48, 8, 2, 300, true);    /* prefill: slot lists past 8 */
+    test_matmul_id(GGML_TYPE_Q8_0, 2048, 512, 32, 8, 1, none);    /* 35B-A3B's gate widths, decode */
+    test_matmul_id(GGML_TYPE_Q4_K, 512, 2048, 32, 8, 1, swiglu);  /* its down's, decode */
+    test_matmul_id(GGML_TYPE_Q4_K, 2048, 64, 256, 8, 3, none);    /* 256 experts: blocks for the chosen only */
+    test_matmul_id(GGML_TYPE_Q6_K, 512, 40, 512, 8, 5, swiglu);   /* 512 experts, rows not a multiple of 8 */
+    test_matmul_id(GGML_TYPE_Q8_0, 256, 48, 8, 2, 300, swiglu);   /* prefill: slot lists past 8 */
+    test_matmul_id(GGML_TYPE_Q8_0, 704, 256, 128, 8, 3, geglu);   /* 26B-A4B: 128 experts, down 704 wide */
 }
-static void run_moe_sum(void) { test_moe_sum(1, 8, 2048); test_moe_sum(5, 4, 300); }
+static void run_moe_sum(void) { test_moe_sum(1, 8, 2048, false); test_moe_sum(5, 4, 300, false); test_moe_sum(3, 8, 704, true); }
 
 static const struct op_test {
     enum backend_op op;
