@@ -506,19 +506,23 @@ Test(spec, batched_steps_equal_single_steps, .timeout = 300) {
             cr_assert_gt(spec_engine_verify_cost_us(many.e, 1), 0.0);
             cr_assert_eq(many.m->seq_len[0], 0, "calibration leaves sequence 0 empty");
         }
-        for (int round = 0; round < 3; round++) {
+        for (int round = 0; round < 4; round++) {
             struct sampler_params sp[NS];
             struct spec_params p[NS];
             int32_t ref[NS][N_GEN], got[NS][N_GEN];
             int n_got[NS];
             for (int i = 0; i < NS; i++) {
-                /* round 0: every sequence off, mtp, ngram in turn; later rounds mixed */
-                const int t = (round + i) % (n_drafter_kinds + 1) - 1;
+                /* round 0: every sequence off, mtp, ngram in turn; later rounds mixed; round 3:
+                 * all mtp (drafted in one batch), two of them greedy under a penalty: no
+                 * sampler, so batched drafts, but picks that are not plain argmaxes (each verify
+                 * row read on the host, where a draft's q must be NULL: once it was garbage) */
+                const int t = round == 3 ? 0 : (round + i) % (n_drafter_kinds + 1) - 1;
                 p[i] = spec_params_default();
                 p[i].drafter = t < 0 ? NULL : drafter_kinds[t];
                 if (!spec_engine_supports(one.e, p[i].drafter)) p[i].drafter = NULL;
                 p[i].n_max = 1 + (i + round) % 4;
                 sp[i] = sampler_params_basic(i == 3 && round == 2 ? 0.8f : 0.0f, 0, 1.0f, 0.0f, 5 + (uint64_t)i);
+                if (round == 3 && i < 2) sp[i].frequency_penalty = 0.5f;
                 generate_with(&one, prompts[i], 8, &sp[i], &p[i], ref[i], N_GEN);
             }
             char err[512];

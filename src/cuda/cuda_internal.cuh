@@ -104,8 +104,9 @@ static inline int cuda_cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b
  * overlap the previous kernel's tail, which matters when decode is launch-bound.
  * The "memory" clobber orders the compiler's loads, not ptxas's: a `const T *__restrict__`
  * parameter becomes non-coherent loads (LDG.E.CONSTANT), which ptxas may move above the wait.
- * So __restrict__ only on what no kernel writes (weights, norms); scripts/pdl-check.py reads a
- * build's SASS for loads before the wait. */
+ * New kernels: __restrict__ only on what no kernel writes (weights, norms). Older ones still
+ * mark activations so; scripts/pdl-check.py (run by gpu-check.sh) reads a build's SASS and fails
+ * on any kernel with a global load before its wait. */
 __device__ __forceinline__ void cuda_pdl_trigger() {
     cuda_trace_start();
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -71,8 +71,9 @@ struct drafter_vtable {
     void (*resume)(struct drafter *d, int s, int q, const float *hidden);
     /* Greedy on-device drafts (no sampler, no p_min) for n distinct sequences seqs[i] at once,
      * rq[i] / out[i] as draft's: each step of their chains in one forward of the drafter, so
-     * its weights are read once per step for all of them. Returns 0 or an error for all; NULL:
-     * the driver drafts sequence by sequence. */
+     * its weights are read once per step for all of them. Every field of out[i] is written (q[]
+     * NULL: no sampler drew the drafts). Returns 0 or an error for all; NULL: the driver drafts
+     * sequence by sequence. */
     int (*draft_batch)(struct drafter *d, int n, const int *seqs, const struct draft_request *rq, struct draft_result *out,
                        char *err, size_t err_size);
 };

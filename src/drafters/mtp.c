@@ -188,8 +188,7 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
     int ord[SPEC_MAX_BATCH], n_ord = 0, rows_in = 0;
     if (n > SPEC_MAX_BATCH) return coti_fail(err, err_size, COTI_E_ARG, "mtp: %d sequences in a batch", n);
     for (int i = 0; i < n; i++) {
-        out[i].n = 0;
-        out[i].on_device = true;
+        out[i] = (struct draft_result){.on_device = true}; /* greedy drafts: no q (the driver reads it) */
         const struct mtp_seq *sq = &t->seqs[seqs[i]];
         if (t->head->seq_len(m, seqs[i]) - 1 + sq->n_staged != rq[i].L)
             return coti_fail(err, err_size, COTI_E_ARG, "mtp: staged hidden rows end at %d, expected %d",
