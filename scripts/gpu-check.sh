@@ -100,6 +100,16 @@ for t in q8_0 q4_0 q4_K q6_K f16 bf16; do
     rm -f "$R"
 done
 
+# The gate on CUDA with the given arguments, 32 tokens per prompt: prints "dis N, dlp X"; fails
+# unless both are 0.
+gate() {
+    local r
+    r=$("$C" equiv --device cuda "$@" --prompts tests/data-prompts.json -n 32 2>&1 | tail -1)
+    echo "$r" | grep -o 'real disagreements [0-9]*, mean |dlogprob top-1| [0-9.e-]*' |
+        sed 's/real disagreements/dis/; s/mean |dlogprob top-1|/dlp/'
+    echo "$r" | grep -q 'real disagreements 0, mean |dlogprob top-1| 0,'
+}
+
 # qwen35moe (routed experts): logits CPU vs CUDA and the gate at n_max 1-4, separate and merged
 # gate/up stacks; a verify's rows share their experts' matmul and must equal the decode rows
 for t in q8_0 q4_K q4_0 f16 "q8_0 --gate-up-merged"; do
@@ -111,9 +121,8 @@ for t in q8_0 q4_K q4_0 f16 "q8_0 --gate-up-merged"; do
     [ $rc = 0 ] || bad=1
     line=""
     for n in 1 2 3 4; do
-        r=$("$C" equiv -m "$R" --device cuda --spec mtp --spec-n-max $n --prompts tests/data-prompts.json -n 32 2>&1 | tail -1)
-        line="$line n$n: $(echo "$r" | grep -o 'real disagreements [0-9]*, mean |dlogprob top-1| [0-9.e-]*' | sed 's/real disagreements/dis/; s/mean |dlogprob top-1|/dlp/')"
-        echo "$r" | grep -q 'real disagreements 0, mean |dlogprob top-1| 0,' || bad=1
+        g=$(gate -m "$R" --spec mtp --spec-n-max $n) || bad=1
+        line="$line n$n: $g"
     done
     say "qwen35moe $t: logits cpu vs cuda: $(echo "$cmp" | sed 's/^positions [0-9]* *//'); equiv mtp$line"
     rm -f "$R"
@@ -136,10 +145,8 @@ for t in q8_0 q4_0 "q8_0 --gate-up-merged"; do
     line=""
     for a in "--spec-n-max 1" "--spec-n-max 3" "--spec-n-max 3 --parallel 4"; do
         # shellcheck disable=SC2086
-        r=$("$C" equiv -m "$R" --device cuda --spec assistant -md models/coti-tiny-gemma4-assistant-q8_0.gguf $a \
-            --prompts tests/data-prompts.json -n 32 2>&1 | tail -1)
-        line="$line [$a] $(echo "$r" | grep -o 'real disagreements [0-9]*, mean |dlogprob top-1| [0-9.e-]*' | sed 's/real disagreements/dis/; s/mean |dlogprob top-1|/dlp/')"
-        echo "$r" | grep -q 'real disagreements 0, mean |dlogprob top-1| 0,' || bad=1
+        g=$(gate -m "$R" --spec assistant -md models/coti-tiny-gemma4-assistant-q8_0.gguf $a) || bad=1
+        line="$line [$a] $g"
     done
     say "gemma4 moe $t: logits cpu vs cuda: $(echo "$cmp" | sed 's/^positions [0-9]* *//'); equiv assistant$line"
     rm -f "$R"
