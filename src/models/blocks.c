@@ -2,6 +2,7 @@
 #include "models/blocks.h"
 
 #include <math.h>
+#include <stdio.h>
 
 /* Runs at least this long (prompts) use the chunked delta rule; shorter ones (decode,
  * verify) the per-token recurrence, so spec-on and spec-off decode share one path. */
@@ -15,8 +16,28 @@ static void block_matmul_n(const struct block_ctx *c, const struct block_in *in,
                   n);
 }
 
-int block_moe_check(const struct weight_loader *L, const struct moe_ffn_weights *w, const struct moe_shape *sh, int n_embd,
-                    int il) {
+int block_moe_check_shape(const struct weight_loader *L, const struct moe_shape *sh, int n_embd, int64_t max_width) {
+    if (sh->n_expert < 1 || sh->n_expert > BACKEND_MOE_MAX_EXPERTS || sh->n_used < 1 || sh->n_used > sh->n_expert ||
+        sh->n_used > BLOCK_MOE_MAX_USED)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                         "expert_count %d / expert_used_count %d out of range (at most %d / %d)", sh->n_expert,
+                         sh->n_used, BACKEND_MOE_MAX_EXPERTS, BLOCK_MOE_MAX_USED);
+    const int64_t widths[] = {sh->n_ff_exp, (int64_t)sh->n_expert * sh->n_ff_exp * 2, (int64_t)sh->n_expert * n_embd,
+                              (int64_t)sh->n_used * (2 * (int64_t)sh->n_ff_exp + n_embd)};
+    for (size_t i = 0; i < COTI_ARRAY_LEN(widths); i++)
+        if (widths[i] < 1 || widths[i] > max_width)
+            return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
+                             "expert hparams out of range: %d experts (%d used) of %d (a width is %lld, the limit %lld)",
+                             sh->n_expert, sh->n_used, sh->n_ff_exp, (long long)widths[i], (long long)max_width);
+    if (sh->n_ff_exp % BLOCK_MOE_ROW_MULTIPLE || n_embd % BLOCK_MOE_ROW_MULTIPLE)
+        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED,
+                         "expert widths (embedding %d, expert feed-forward %d) must be multiples of %d", n_embd,
+                         sh->n_ff_exp, BLOCK_MOE_ROW_MULTIPLE);
+    return 0;
+}
+
+int block_moe_finish_load(const struct weight_loader *L, struct moe_ffn_weights *w, const struct moe_shape *sh, int n_embd,
+                          int il) {
     const bool apart = w->gate_exps.data && w->up_exps.data;
     if (apart == !!w->gate_up_exps.data || (!apart && (w->gate_exps.data || w->up_exps.data)))
         return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
@@ -28,7 +49,27 @@ int block_moe_check(const struct weight_loader *L, const struct moe_ffn_weights 
         if (stacks[i]->data && stacks[i]->n_out != rows[i] * sh->n_expert)
             return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
                              "block %d: an expert tensor does not hold expert_count %d experts", il, sh->n_expert);
-    return 0;
+    if (!apart) return 0;
+    char ng[64], nu[64];
+    snprintf(ng, sizeof ng, "blk.%d.ffn_gate_exps.weight", il);
+    snprintf(nu, sizeof nu, "blk.%d.ffn_up_exps.weight", il);
+    return weights_merge_experts(L, &w->gate_exps, ng, &w->up_exps, nu, sh->n_expert, &w->gate_up_exps);
+}
+
+void block_moe_experts(struct backend *be, const struct moe_ffn_weights *w, const struct moe_shape *sh,
+                       const int32_t *ids, const float *x, int x_stride, int n, enum moe_glu glu, float *gu, float *ye) {
+    const int F = sh->n_ff_exp, K = sh->n_used, E = (int)(w->down_exps.n_out / sh->n_expert);
+    const struct matmul_id_in in = {.ids = ids, .n_used = K, .n_expert = sh->n_expert, .x = x, .tok_stride = x_stride,
+                                    .y_stride = 2 * F};
+    if (w->gate_up_exps.data) {
+        be->matmul_id(be, &w->gate_up_exps, &in, n, gu);
+    } else { /* apart where the backend reads the file in place */
+        be->matmul_id(be, &w->gate_exps, &in, n, gu);
+        be->matmul_id(be, &w->up_exps, &in, n, gu + F);
+    }
+    const struct matmul_id_in down = {.ids = ids, .n_used = K, .n_expert = sh->n_expert, .x = gu, .tok_stride = K * 2 * F,
+                                      .slot_stride = 2 * F, .glu = glu, .y_stride = E};
+    be->matmul_id(be, &w->down_exps, &down, n, ye);
 }
 
 void block_glu_ffn(const struct block_ctx *c, const struct glu_ffn_weights *w, const struct block_in *in, int n,
@@ -44,7 +85,7 @@ void block_moe_ffn(const struct block_ctx *c, const struct moe_ffn_weights *w, c
                    const struct block_in *in, int n, float *out) {
     struct backend *be = c->be;
     const struct block_scratch *s = c->s;
-    const int F = sh->n_ff_exp, K = sh->n_used, E = (int)w->down_exps.n_out / sh->n_expert;
+    const int K = sh->n_used, E = (int)w->down_exps.n_out / sh->n_expert;
     /* the router, the shared gate and the shared expert's gate and up read the same normed rows:
      * formed with the shared expert's (quantized) matmul, which writes them to s->a, then read
      * as they are by the router and the gate (F32 in every GGUF). One call for all four made
@@ -54,19 +95,7 @@ void block_moe_ffn(const struct block_ctx *c, const struct moe_ffn_weights *w, c
     block_matmul_n(c, in, wq, yq, 2, n);
     be->matmul(be, wr, yr, 2, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = s->a}, n);
     be->moe_route(be, s->logits, n, sh->n_expert, K, s->ids, s->wts);
-    /* every slot's [gate ; up] row, 2F wide */
-    struct matmul_id_in mi = {.ids = s->ids, .n_used = K, .n_expert = sh->n_expert, .x = s->a,
-                              .tok_stride = E, .slot_stride = 0,
-                              .y_stride = 2 * F};
-    if (w->gate_up_exps.data) {
-        be->matmul_id(be, &w->gate_up_exps, &mi, n, s->gu);
-    } else {
-        be->matmul_id(be, &w->gate_exps, &mi, n, s->gu);
-        be->matmul_id(be, &w->up_exps, &mi, n, s->gu + F);
-    }
-    const struct matmul_id_in down = {.ids = s->ids, .n_used = K, .n_expert = sh->n_expert, .x = s->gu,
-                                      .tok_stride = K * 2 * F, .slot_stride = 2 * F, .glu = MOE_GLU_SWIGLU, .y_stride = E};
-    be->matmul_id(be, &w->down_exps, &down, n, s->ye);
+    block_moe_experts(be, w, sh, s->ids, s->a, E, n, MOE_GLU_SWIGLU, s->gu, s->ye);
     backend_matmul(be, &w->down_shexp, &(struct matmul_in){.kind = MATMUL_SWIGLU, .x = s->fg, .m = s->fu, .a = s->fg},
                    n, s->sh);
     be->moe_sum(be, s->ye, s->wts, s->ids, NULL, n, K, E, s->sh, s->sh_gate, out);

@@ -56,10 +56,23 @@ struct block_ctx {
     float eps;                               /* rms norm epsilon */
 };
 
-/* A MoE block's expert stacks as loaded: gate and up apart or merged (not both nor neither),
- * every stack holding sh->n_expert experts of its rows. 0, or COTI_E_FORMAT with the reason. */
-int block_moe_check(const struct weight_loader *L, const struct moe_ffn_weights *w, const struct moe_shape *sh, int n_embd,
-                    int il);
+/* Expert matrices are cut at expert bounds: their rows per expert must be whole groups of a
+ * backend's packed layout (QUANT_PACK_ROWS), as every published MoE's are. */
+#define BLOCK_MOE_ROW_MULTIPLE 16
+#define BLOCK_MOE_MAX_USED 64
+/* The expert hparams every MoE architecture shares, from its metadata: counts in range, the
+ * widths the forward forms (n_expert·2F, n_expert·E, n_used·(2F + E)) within max_width, expert
+ * rows in whole pack groups. 0, or COTI_E_FORMAT / COTI_E_UNSUPPORTED with the reason. */
+int block_moe_check_shape(const struct weight_loader *L, const struct moe_shape *sh, int n_embd, int64_t max_width);
+/* A MoE block's expert stacks once bound: gate and up apart or merged (not both nor neither),
+ * every stack holding sh->n_expert experts of its rows; stacks apart are then merged where the
+ * backend holds a copy (weights_merge_experts: one matmul_id for both). 0, or an error. */
+int block_moe_finish_load(const struct weight_loader *L, struct moe_ffn_weights *w, const struct moe_shape *sh, int n_embd,
+                          int il);
+/* The routed experts' matmuls: each slot's [gate ; up] row (2F wide, into gu) from its token's
+ * row of x (x_stride apart), then its down projection of glu(gate) ⊙ up (into ye, E wide). */
+void block_moe_experts(struct backend *be, const struct moe_ffn_weights *w, const struct moe_shape *sh,
+                       const int32_t *ids, const float *x, int x_stride, int n, enum moe_glu glu, float *gu, float *ye);
 
 /* SwiGLU FFN. */
 void block_glu_ffn(const struct block_ctx *c, const struct glu_ffn_weights *w, const struct block_in *in, int n,

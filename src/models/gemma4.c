@@ -21,9 +21,6 @@
 
 #define GEMMA4_MAX_HEAD_DIM 512
 #define GEMMA4_MAX_WIDTH (1 << 24)
-/* expert matrices are cut at expert bounds: whole groups of a backend's packed rows (qwen35.c) */
-#define GEMMA4_EXPERT_ROW_MULTIPLE 16
-#define GEMMA4_MAX_EXPERTS_USED 64
 
 struct layer {
     unsigned kind;                       /* GEMMA4_LAYER_* */
@@ -179,20 +176,9 @@ static int read_expert_hparams(const struct weight_loader *L, struct gemma4_hpar
     if (!hp->n_expert) return 0;
     if ((rc = weights_get_u32(L, "expert_used_count", &hp->n_expert_used))) return rc;
     if ((rc = weights_get_u32(L, "expert_feed_forward_length", &hp->n_ff_exp))) return rc;
-    if (hp->n_expert < 1 || hp->n_expert > BACKEND_MOE_MAX_EXPERTS || hp->n_expert_used < 1 ||
-        hp->n_expert_used > hp->n_expert || hp->n_expert_used > GEMMA4_MAX_EXPERTS_USED || hp->n_ff_exp < 1 ||
-        (int64_t)hp->n_expert * hp->n_ff_exp * 2 > GEMMA4_MAX_WIDTH ||
-        (int64_t)hp->n_expert_used * (2 * (int64_t)hp->n_ff_exp + hp->n_embd) > GEMMA4_MAX_WIDTH ||
-        (int64_t)hp->n_expert * hp->n_embd > GEMMA4_MAX_WIDTH)
-        return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
-                         "expert_count %d / expert_used_count %d / expert_feed_forward_length %d out of range (at most %d "
-                         "experts, %d used, widths under %d)",
-                         hp->n_expert, hp->n_expert_used, hp->n_ff_exp, BACKEND_MOE_MAX_EXPERTS, GEMMA4_MAX_EXPERTS_USED,
-                         GEMMA4_MAX_WIDTH);
-    if (hp->n_ff_exp % GEMMA4_EXPERT_ROW_MULTIPLE || hp->n_embd % GEMMA4_EXPERT_ROW_MULTIPLE)
-        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED,
-                         "expert widths (embedding %d, expert feed-forward %d) must be multiples of %d", hp->n_embd,
-                         hp->n_ff_exp, GEMMA4_EXPERT_ROW_MULTIPLE);
+    if ((rc = block_moe_check_shape(L, &(struct moe_shape){hp->n_expert, hp->n_expert_used, hp->n_ff_exp}, hp->n_embd,
+                                    GEMMA4_MAX_WIDTH)))
+        return rc;
     for (int il = 0; il < hp->n_layer; il++) {
         char name[64];
         snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", il);
@@ -399,8 +385,8 @@ int gemma4_load(struct model **out, struct gguf_file *g, struct backend *be, con
         gemma4_widths(hp, il, widths);
         if ((rc = weights_bind(&L, gemma4_tensors, gemma4_n_tensors, ly->kind, il, ly, widths))) goto fail;
         if ((ly->kind & L_MOE) &&
-            (rc = block_moe_check(&L, &ly->moe, &(struct moe_shape){hp->n_expert, hp->n_expert_used, hp->n_ff_exp},
-                                  hp->n_embd, il)))
+            (rc = block_moe_finish_load(&L, &ly->moe, &(struct moe_shape){hp->n_expert, hp->n_expert_used, hp->n_ff_exp},
+                                        hp->n_embd, il)))
             goto fail;
     }
     if (hp->n_embd_per_layer && !(q->g.ple_embd.data && q->g.ple_model_proj.data && q->g.ple_proj_norm)) {
@@ -519,24 +505,15 @@ static void experts(struct gemma4 *q, const struct layer *ly, int n) {
     struct backend *be = q->base.be;
     const struct gemma4_hparams *hp = &q->hp;
     const struct scratch *s = &q->s;
-    const int E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used, F = hp->n_ff_exp;
+    const int E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
     backend_matmul(be, &ly->moe.gate_inp,
                    &(struct matmul_in){.kind = MATMUL_RMSNORM, .x = s->x, .w = ly->router_scale, .eps = hp->eps, .a = s->a},
                    n, s->logits);
     be->scale(be, s->logits, (int64_t)n * NE, 1.0f / sqrtf((float)E));
     be->moe_route(be, s->logits, n, NE, K, s->ids, s->wts);
     be->rmsnorm(be, s->x, E, ly->exp_norm, n, E, hp->eps, s->a, E);
-    const struct matmul_id_in gu = {.ids = s->ids, .n_used = K, .n_expert = NE, .x = s->a, .tok_stride = E,
-                                    .y_stride = 2 * F};
-    if (ly->moe.gate_up_exps.data) {
-        be->matmul_id(be, &ly->moe.gate_up_exps, &gu, n, s->gu);
-    } else {
-        be->matmul_id(be, &ly->moe.gate_exps, &gu, n, s->gu);
-        be->matmul_id(be, &ly->moe.up_exps, &gu, n, s->gu + F);
-    }
-    const struct matmul_id_in down = {.ids = s->ids, .n_used = K, .n_expert = NE, .x = s->gu, .tok_stride = K * 2 * F,
-                                      .slot_stride = 2 * F, .glu = MOE_GLU_GEGLU, .y_stride = E};
-    be->matmul_id(be, &ly->moe.down_exps, &down, n, s->ye);
+    block_moe_experts(be, &ly->moe, &(struct moe_shape){NE, K, hp->n_ff_exp}, s->ids, s->a, E, n, MOE_GLU_GEGLU, s->gu,
+                      s->ye);
     be->moe_sum(be, s->ye, s->wts, s->ids, ly->down_scale, n, K, E, NULL, NULL, s->mo);
     be->rmsnorm(be, s->mo, E, ly->post_ffw_norm_2, n, E, hp->eps, s->mo, E);
 }

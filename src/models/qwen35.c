@@ -23,10 +23,6 @@
 /* Every width the forward forms from hparams (a projection's rows, a state's elements) is
  * bounded here, so the file's int arithmetic on them cannot overflow on absurd metadata. */
 #define QWEN35_MAX_WIDTH (1 << 24)
-/* Expert matrices are cut at expert bounds: their rows per expert must be whole groups of a
- * backend's packed layout (QUANT_PACK_ROWS), as every published MoE's are. */
-#define QWEN35_EXPERT_ROW_MULTIPLE 16
-#define QWEN35_MAX_EXPERTS_USED 64
 
 /* The NextN head's own tensors, beside its attention + FFN block. */
 struct nextn_weights {
@@ -174,27 +170,15 @@ static int read_moe_hparams(const struct weight_loader *L, struct qwen35_hparams
     int rc = 0;
     if ((rc = weights_get_u32(L, "expert_count", &hp->n_expert))) return rc;
     if ((rc = weights_get_u32(L, "expert_used_count", &hp->n_expert_used))) return rc;
-    if (hp->n_expert < 1 || hp->n_expert > BACKEND_MOE_MAX_EXPERTS || hp->n_expert_used < 1 ||
-        hp->n_expert_used > hp->n_expert || hp->n_expert_used > QWEN35_MAX_EXPERTS_USED)
-        return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
-                         "expert_count %d / expert_used_count %d out of range (at most %d / %d)", hp->n_expert,
-                         hp->n_expert_used, BACKEND_MOE_MAX_EXPERTS, QWEN35_MAX_EXPERTS_USED);
-    if ((rc = weights_get_u32_opt(L, "expert_feed_forward_length", &hp->n_ff_exp, hp->n_ff / hp->n_expert_used)))
-        return rc;
+    const int ff_exp_default = hp->n_expert_used > 0 ? hp->n_ff / hp->n_expert_used : 0;
+    if ((rc = weights_get_u32_opt(L, "expert_feed_forward_length", &hp->n_ff_exp, ff_exp_default))) return rc;
     if ((rc = weights_get_u32_opt(L, "expert_shared_feed_forward_length", &hp->n_ff_shexp, hp->n_ff))) return rc;
-    const int64_t widths[] = {hp->n_ff_exp, hp->n_ff_shexp, (int64_t)hp->n_expert * hp->n_ff_exp * 2,
-                              (int64_t)hp->n_expert * hp->n_embd,
-                              (int64_t)hp->n_expert_used * (2 * (int64_t)hp->n_ff_exp + hp->n_embd)};
-    for (size_t i = 0; i < COTI_ARRAY_LEN(widths); i++)
-        if (widths[i] < 1 || widths[i] > QWEN35_MAX_WIDTH)
-            return coti_fail(L->err, L->err_size, COTI_E_FORMAT,
-                             "expert hparams out of range: %d experts (%d used) of %d, shared %d (a width is %lld, the limit %d)",
-                             hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp, (long long)widths[i],
-                             QWEN35_MAX_WIDTH);
-    if (hp->n_ff_exp % QWEN35_EXPERT_ROW_MULTIPLE || hp->n_embd % QWEN35_EXPERT_ROW_MULTIPLE)
-        return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED,
-                         "expert widths (embedding %d, expert feed-forward %d) must be multiples of %d", hp->n_embd,
-                         hp->n_ff_exp, QWEN35_EXPERT_ROW_MULTIPLE);
+    if ((rc = block_moe_check_shape(L, &(struct moe_shape){hp->n_expert, hp->n_expert_used, hp->n_ff_exp}, hp->n_embd,
+                                    QWEN35_MAX_WIDTH)))
+        return rc;
+    if (hp->n_ff_shexp < 1 || hp->n_ff_shexp > QWEN35_MAX_WIDTH)
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "expert_shared_feed_forward_length %d is out of range [1, %d]",
+                         hp->n_ff_shexp, QWEN35_MAX_WIDTH);
     return 0;
 }
 
@@ -385,18 +369,10 @@ static int load(struct model **out, struct gguf_file *g, struct backend *be, con
         q->layers[il].kind = qwen35_layer_kind(hp, il);
         if ((rc = weights_bind(&L, qwen35_tensors, qwen35_n_tensors, q->layers[il].kind, il, &q->layers[il], widths)))
             goto fail;
-        if (moe && (rc = block_moe_check(&L, &q->layers[il].moe,
-                                          &(struct moe_shape){hp->n_expert, hp->n_expert_used, hp->n_ff_exp},
-                                          hp->n_embd, il)))
+        if (moe && (rc = block_moe_finish_load(&L, &q->layers[il].moe,
+                                                &(struct moe_shape){hp->n_expert, hp->n_expert_used, hp->n_ff_exp},
+                                                hp->n_embd, il)))
             goto fail;
-        struct moe_ffn_weights *mw = &q->layers[il].moe;
-        if (moe && mw->gate_exps.data) { /* gate and up in one matmul_id call */
-            char ng[64], nu[64];
-            snprintf(ng, sizeof ng, "blk.%d.ffn_gate_exps.weight", il);
-            snprintf(nu, sizeof nu, "blk.%d.ffn_up_exps.weight", il);
-            if ((rc = weights_merge_experts(&L, &mw->gate_exps, ng, &mw->up_exps, nu, hp->n_expert, &mw->gate_up_exps)))
-                goto fail;
-        }
     }
     if (hp->n_mtp) {
         char n1[128], n2[128];

@@ -1545,9 +1545,9 @@ static void test_moe_route(int n_tok, int n_expert, int n_used) {
  * bit-identical to the batch's (a verify row equals its decode row), and a slot whose id is out
  * of range is left as it was. */
 static void test_matmul_id(enum ggml_type t, int n_in, int rows, int n_expert, int n_used, int n_tok, int glu) {
-    const bool swiglu = glu != MOE_GLU_NONE; /* the slots' rows are [g ; u] */
+    const bool gated = glu != MOE_GLU_NONE; /* the slots' rows are [g ; u] */
     char shape[128];
-    const int n_slots = n_tok * n_used, xw = swiglu ? 2 * n_in : n_in, n_xrows = swiglu ? n_slots : n_tok;
+    const int n_slots = n_tok * n_used, xw = gated ? 2 * n_in : n_in, n_xrows = gated ? n_slots : n_tok;
     struct hweight hw = make_weight(t, n_in, rows * n_expert);
     struct bweight wc = {0}, wg = {0};
     if (cpu->weight_init(cpu, &wc, t, n_in, (int64_t)rows * n_expert, hw.data) ||
@@ -1567,7 +1567,7 @@ static void test_matmul_id(enum ggml_type t, int n_in, int rows, int n_expert, i
     float *bound = xmalloc(sizeof(float) * (size_t)n_slots * ys), *zero = xmalloc(sizeof(float) * (size_t)n_slots * ys);
     for (int i = 0; i < n_slots * ys; i++) yc[i] = zero[i] = 0.0f;
     struct matmul_id_in in = {.ids = ids, .n_used = n_used, .n_expert = n_expert, .x = x,
-                              .tok_stride = swiglu ? n_used * xw : n_in, .slot_stride = swiglu ? xw : 0,
+                              .tok_stride = gated ? n_used * xw : n_in, .slot_stride = gated ? xw : 0,
                               .glu = (enum moe_glu)glu, .y_stride = ys};
     cpu->matmul_id(cpu, &wc, &in, n_tok, yc);
     for (int sl = 0; sl < n_slots; sl++) {
