@@ -11,6 +11,7 @@
 #define SPEC_MAX_CHECKPOINTS 8
 /* Calibrated verify sizes: 1, 2, 4, ... rows, up to 2^(SPEC_COST_POINTS - 1). */
 #define SPEC_COST_POINTS 11
+#define SPEC_DRAFT_SAMPLES 4  /* batched cycles whose draft cost draft_cost_us looks at */
 
 struct spec_seq {
     int32_t *hist;               /* prompt + emitted tokens; the last one is pending. During a
@@ -52,10 +53,12 @@ struct spec_engine {
     int32_t *d_acc;              /* backend [2 + SPEC_MAX_DRAFT]: accept_greedy's result */
     /* spec_engine_calibrate: a verify forward's time for 1, 2, 4, ... rows (cost_n points; 0:
      * not calibrated, batched cycles then draft as deep as asked), and the draft phase's time
-     * per drafted token (running average of batched cycles) */
+     * per drafted token in the last SPEC_DRAFT_SAMPLES batched cycles that drafted (on the
+     * device) */
     double cost_us[SPEC_COST_POINTS];
     int cost_n;
-    double draft_us;
+    double draft_us[SPEC_DRAFT_SAMPLES];
+    int draft_n;
     int32_t *pos, *seqv;         /* host [max(n_batch, batch rows)] */
     bool *want;                  /* host [max(n_batch, batch rows)] */
 };
@@ -774,6 +777,18 @@ static double verify_us(const struct spec_engine *e, int R) {
     return e->cost_us[i] + (e->cost_us[i + 1] - e->cost_us[i]) * (R - x0) / (x1 - x0);
 }
 
+/* A draft's cost: the least per-drafted-token time of the last cycles that drafted. The draft
+ * phase also runs the head over the rows accepted since a sequence last drafted (all of its
+ * prompt, the first time), work that is deferred rather than caused by the draft: the least
+ * sample is the cycle with the least of it. Free until SPEC_DRAFT_SAMPLES cycles have drafted,
+ * so that the first batched cycles draft and measure. */
+static double draft_cost_us(const struct spec_engine *e) {
+    if (e->draft_n < SPEC_DRAFT_SAMPLES) return 0.0;
+    double c = e->draft_us[0];
+    for (int i = 1; i < SPEC_DRAFT_SAMPLES; i++) c = fmin(c, e->draft_us[i]);
+    return c;
+}
+
 /* Draft depths of a batched cycle (at least each sequence's n_min): each sequence's next draft
  * is worth its chance of being accepted (its acceptance so far, from a prior of 0.7, to the
  * power of its rank), and costs a verify row more and a draft; drafts are added best first
@@ -798,7 +813,7 @@ static void batch_depths(const struct spec_engine *e, int n, const int *seqs, co
         for (int k = 1; k <= depth[i]; k++) tok += pow(alpha[i], k);
     }
     if (R == 0) return;
-    const double per_draft = e->draft_us > 0 ? e->draft_us : 0.25 * e->cost_us[0];
+    const double per_draft = draft_cost_us(e);
     double T = verify_us(e, R) + per_draft * n_draft;
     for (;;) {
         int best = -1;
@@ -825,7 +840,7 @@ int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
     struct model *m = e->m;
     const int max_rows = COTI_MIN(m->n_batch, COTI_MIN(m->n_seq, SPEC_MAX_BATCH) * (1 + SPEC_MAX_DRAFT));
     e->cost_n = 0;
-    e->draft_us = 0;
+    e->draft_n = 0;
     if (m->n_ctx <= max_rows) return 0; /* no room: batched cycles draft as asked */
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)max_rows);
     if (!toks) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
@@ -860,12 +875,6 @@ int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
 
 double spec_engine_verify_cost_us(const struct spec_engine *e, int rows) { return e->cost_n ? verify_us(e, rows) : 0.0; }
 
-bool spec_batch_worthwhile(const struct spec_engine *e) {
-    /* a backend that records graphs replays each sequence's small steps as one launch; a
-     * verify of several sequences has no recorded shape yet and would run op by op */
-    return !e->m->be->capture_begin;
-}
-
 int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *max_new, int32_t (*out)[SPEC_MAX_DRAFT + 1],
                     int *n_out, int *rc, struct spec_probe *const *probes, char *err, size_t err_size) {
     struct model *m = e->m;
@@ -880,7 +889,8 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
     }
     int depth[SPEC_MAX_BATCH];
     batch_depths(e, n, seqs, rc, depth);
-    const int64_t t_draft0 = coti_time_us();
+    /* the draft phase between two device marks: its time without a sync in between */
+    be->mark(be, 0);
     int n_drafted = 0;
     /* drafts first, every sequence's: greedy on-device ones of a drafter that batches them in
      * one call per drafter (each chain step for all its sequences at once), the rest one by one */
@@ -921,50 +931,53 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         if (live[i] && (rc[i] = cycle_drafted(e, &c[i], probes ? probes[i] : NULL, err, err_size))) live[i] = false;
         if (live[i]) n_drafted += c[i].k_drafted;
     }
-    /* the draft phase's cost per drafted token, for the next depths (host time: meaningful
-     * where the backend runs as it is called, which is where batching is used) */
-    if (n_drafted > 0 && e->cost_n > 0) {
-        const double per = (double)(coti_time_us() - t_draft0) / n_drafted;
-        e->draft_us = e->draft_us > 0 ? 0.8 * e->draft_us + 0.2 * per : per;
-    }
+    be->mark(be, 1);
+    bool draft_timed = false;
     /* then verify rows of as many sequences as n_batch holds per forward (a sequence's rows are
      * never split: its states are kept for the last run of each sequence) */
     for (int i0 = 0; i0 < n;) {
         int rows = 0, i1 = i0;
-        bool any_greedy = false;
+        bool any_greedy = false, any_on_device = false;
+        /* the batch's tokens: what the host knows goes up in one copy; drafts left on the
+         * device are copied over their rows after it */
+        int32_t htoks[SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)];
         /* (a sequence with more rows than n_batch goes alone: the forward splits it, as it
          * would its spec_seq_step) */
         for (; i1 < n && (!live[i1] || rows == 0 || rows + c[i1].k + 1 <= m->n_batch); i1++) {
             if (!live[i1]) continue;
             struct cycle *ci = &c[i1];
             ci->row0 = rows;
-            int32_t *d_toks = seq_dev_tokens(e, ci->s);
             for (int r = 0; r <= ci->k; r++) {
                 e->pos[rows + r] = ci->L + r;
                 e->seqv[rows + r] = ci->s;
                 e->want[rows + r] = true;
-            }
-            /* the batch's tokens, gathered on the device: drafts left there are copied, host ones go up */
-            if (ci->dr.on_device) {
-                be->upload(be, d_toks, ci->toks, sizeof(int32_t));
-                be->copy(be, e->d_btoks + rows, d_toks, sizeof(int32_t) * (size_t)(ci->k + 1));
-            } else {
-                be->upload(be, e->d_btoks + rows, ci->toks, sizeof(int32_t) * (size_t)(ci->k + 1));
+                htoks[rows + r] = r == 0 || !ci->dr.on_device ? ci->toks[r] : -1;
             }
             rows += ci->k + 1;
             any_greedy = any_greedy || ci->greedy;
+            any_on_device = any_on_device || (ci->dr.on_device && ci->k > 0);
         }
         if (rows == 0) { i0 = i1; continue; }
+        be->upload(be, e->d_btoks, htoks, sizeof(int32_t) * (size_t)rows);
+        for (int i = i0; i < i1; i++)
+            if (live[i] && c[i].dr.on_device && c[i].k > 0)
+                be->copy(be, e->d_btoks + c[i].row0 + 1, seq_dev_tokens(e, c[i].s) + 1, sizeof(int32_t) * (size_t)c[i].k);
         bool keep = false;
         for (int i = i0; i < i1; i++) keep = keep || (live[i] && c[i].k > 0);
         struct model_batch b = {.n = rows, .tokens_dev = e->d_btoks, .pos = e->pos, .seq = e->seqv, .want_logits = e->want,
                                 .keep_states = keep, .argmax_out = any_greedy ? e->d_ids : NULL};
         struct model_output o;
         int frc = model_forward(m, &b, &o, err, err_size);
-        /* one wait: every row's argmax and token (the drafts the device made) */
+        /* one wait: every row's argmax and the drafts the device made */
         int32_t ids[SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)], toks[SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)];
+        memcpy(toks, htoks, sizeof(int32_t) * (size_t)rows);
         if (!frc && any_greedy) be->download(be, ids, e->d_ids, sizeof(int32_t) * (size_t)rows);
-        if (!frc) be->download(be, toks, e->d_btoks, sizeof(int32_t) * (size_t)rows);
+        if (!frc && any_on_device) be->download(be, toks, e->d_btoks, sizeof(int32_t) * (size_t)rows);
+        /* the draft phase's cost per drafted token, for the next depths */
+        if (!frc && !draft_timed && n_drafted > 0 && e->cost_n > 0) {
+            e->draft_us[e->draft_n++ % SPEC_DRAFT_SAMPLES] = be->mark_elapsed_us(be, 0, 1) / n_drafted;
+        }
+        draft_timed = true;
         const int64_t t2 = coti_time_us();
         for (int i = i0; i < i1; i++) {
             if (!live[i]) continue;

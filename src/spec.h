@@ -126,10 +126,6 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
  * spec_engine_verify_cost_us: the calibrated time of a verify of rows rows (0: not calibrated). */
 int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size);
 double spec_engine_verify_cost_us(const struct spec_engine *e, int rows);
-/* Whether spec_step_batch beats one spec_seq_step per sequence on this backend: not where each
- * sequence's small steps replay as recorded graphs (CUDA), which a batch of several sequences
- * has no recording of yet. */
-bool spec_batch_worthwhile(const struct spec_engine *e);
 /* Decode up to n_gen tokens of prompt on every sequence, greedy and sampled (temperature sp's,
  * or 0.8 when that is 0), with speculation p, then forget them (every sequence empty): a
  * backend that records the small steps as graphs has then recorded each sequence's decode and

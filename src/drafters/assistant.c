@@ -91,7 +91,7 @@ static int assistant_draft(struct drafter *d, int s, const struct draft_request 
     const int32_t *tok = gemma4_assistant_at(t->a, s, L, rq->history[L]);
     if (pick_in_step && be->capture_begin && L + rq->n_max < m->n_ctx) {
         /* the key: the buffers the chain reads and writes besides the assistant's own */
-        struct graph_key key = {.n = rq->n_max, .seq = s, .ptr = {t->seqs[s].h, rq->dev_tokens}};
+        struct graph_key key = {.n = rq->n_max, .n_runs = 1, .runs = {{s, rq->n_max}}, .ptr = {t->seqs[s].h, rq->dev_tokens}};
         struct chain_call c = {t, tok, t->seqs[s].h, rq->dev_tokens, rq->n_max};
         graph_cache_run(&t->chains, &key, chain_ops, &c);
         out->n = rq->n_max;

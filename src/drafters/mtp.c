@@ -49,15 +49,13 @@ struct mtp {
 static struct mtp *mtp_of(struct drafter *d) { return (struct mtp *)d; }
 
 /* The head's forward. Its rows are drafts, never a verify's, so the backend may compute them
- * as it computes a prompt (backend.h set_prompt): a long prompt's catch-up runs on the
+ * as it computes a prompt (model.h's prompt flag): a long prompt's catch-up runs on the
  * many-row kernels. */
 static int head_forward(struct mtp *t, const struct model_batch *b, const float *h_in, struct model_output *o,
                         char *err, size_t err_size) {
-    struct backend *be = t->m->be;
-    if (be->set_prompt) be->set_prompt(be, true);
-    const int rc = t->head->forward(t->m, b, h_in, o, err, err_size);
-    if (be->set_prompt) be->set_prompt(be, false);
-    return rc;
+    struct model_batch pb = *b;
+    pb.prompt = true;
+    return t->head->forward(t->m, &pb, h_in, o, err, err_size);
 }
 static size_t row_bytes(const struct mtp *t) { return sizeof(float) * (size_t)t->E; }
 

@@ -78,20 +78,25 @@ static void pass_ops(void *ctx) {
     }
 }
 
-/* Queue one slice's pass (metadata already uploaded): a small single-sequence slice on a
- * backend with graphs goes through the graph cache. */
-static void run_pass(struct engine *e, enum engine_pass pass, const struct slice_ops_args *a) {
+/* Queue one slice's pass (metadata already uploaded): a small slice on a backend with graphs
+ * goes through the graph cache. */
+static void run_pass(struct engine *e, enum engine_pass pass, const struct slice_ops_args *a, bool prompt) {
     struct backend *be = e->m->be;
     const struct slice *sl = a->sl;
     struct pass_call c = {e, pass, a};
-    if (!be->capture_begin || sl->n_runs != 1 || sl->n > GRAPH_MAX_ROWS) {
+    if (!be->capture_begin || sl->n_runs > GRAPH_MAX_RUNS || sl->n > GRAPH_MAX_ROWS) {
         pass_ops(&c);
         return;
     }
-    struct graph_key key = {.pass = pass, .n = sl->n, .seq = sl->runs[0].seq, .keep = a->keep,
+    struct graph_key key = {.pass = pass, .n = sl->n, .n_runs = sl->n_runs, .keep = a->keep, .prompt = prompt,
                             .ptr = {a->h_in, a->logits, a->head, a->ids, a->argmax_out, a->accept_out, a->hn}};
-    for (int i = 0; i < sl->n; i++) key.want |= (uint32_t)row_wants_logits(a->want, a->last_only, sl->n, i) << i;
+    for (int r = 0; r < sl->n_runs; r++) key.runs[r] = (struct graph_run){sl->runs[r].seq, sl->runs[r].len};
+    for (int i = 0; i < sl->n; i++) key.want |= (uint64_t)row_wants_logits(a->want, a->last_only, sl->n, i) << i;
     graph_cache_run(&e->graphs, &key, pass_ops, &c);
+}
+
+struct graph_stats engine_graph_stats(const struct model *m) {
+    return m->engine ? m->engine->graphs.stats : (struct graph_stats){0};
 }
 
 int engine_forward(struct model *m, const struct model_batch *b, struct model_output *out, char *err, size_t err_size) {
@@ -134,7 +139,7 @@ int engine_forward(struct model *m, const struct model_batch *b, struct model_ou
                                          .ids = sl.tokens_dev ? sl.tokens_dev : e->meta.tokens,
                                          .argmax_out = b->argmax_out ? b->argmax_out + n_logits : NULL,
                                          .accept_out = b->accept_out, .hn = b->hidden_out ? b->hidden_out : e->hn};
-        run_pass(e, ENGINE_TRUNK, &a);
+        run_pass(e, ENGINE_TRUNK, &a, b->prompt);
         for (int r = 0; r < sl.n_runs; r++)
             memory_note_run(&e->mem, sl.runs[r].seq, sl.runs[r].len, b->keep_states, b->keep_states && b->accept_out);
         for (int i = 0; i < sl.n; i++) n_logits += row_wants_logits(a.want, a.last_only, sl.n, i);
@@ -164,7 +169,9 @@ static int head_forward(struct model *m, const struct model_batch *b, const floa
                                      .head = b->draft_head ? e->draft_head : e->lm_head, .h_in = h_in,
                                      .ids = sl.tokens_dev ? sl.tokens_dev : e->meta.tokens, .argmax_out = b->argmax_out,
                                      .hn = e->hn};
-    run_pass(e, ENGINE_DRAFT_HEAD, &a);
+    if (m->be->set_prompt) m->be->set_prompt(m->be, b->prompt);
+    run_pass(e, ENGINE_DRAFT_HEAD, &a, b->prompt);
+    if (m->be->set_prompt) m->be->set_prompt(m->be, false);
     for (int r = 0; r < sl.n_runs; r++) e->mem.head_len[sl.runs[r].seq] += sl.runs[r].len;
     out->n = sl.n;
     out->hidden = e->hn;

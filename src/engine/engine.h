@@ -65,6 +65,8 @@ void engine_free(struct engine *e);
 int engine_init_fail(const struct model *m, int rc, char *err, size_t err_size);
 
 /* model_vtable entries for an architecture on the engine. */
+/* How the forwards went through the graph cache so far (all zero on a backend without graphs). */
+struct graph_stats engine_graph_stats(const struct model *m);
 int engine_forward(struct model *m, const struct model_batch *b, struct model_output *out, char *err, size_t err_size);
 void engine_seq_reset(struct model *m, int s);
 int engine_seq_rollback(struct model *m, int s, int n_drop);

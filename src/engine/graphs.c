@@ -3,21 +3,27 @@
 
 #include <stdlib.h>
 
+static int n_slots(const struct graph_cache *c) { return GRAPHS_PER_SEQ * c->n_seq + GRAPHS_MULTI; }
+
 int graph_cache_init(struct graph_cache *c, struct backend *be, int n_seq) {
-    *c = (struct graph_cache){.be = be, .n_slots = GRAPHS_PER_SEQ * n_seq};
-    c->slots = calloc((size_t)c->n_slots, sizeof *c->slots);
+    *c = (struct graph_cache){.be = be, .n_seq = n_seq};
+    c->slots = calloc((size_t)n_slots(c), sizeof *c->slots);
     return c->slots ? 0 : COTI_E_NOMEM;
 }
 
 void graph_cache_free(struct graph_cache *c) {
-    for (int i = 0; c->slots && i < c->n_slots; i++)
+    for (int i = 0; c->slots && i < n_slots(c); i++)
         if (c->slots[i].graph) c->be->graph_free(c->be, c->slots[i].graph);
     free(c->slots);
     c->slots = NULL;
 }
 
 static bool key_eq(const struct graph_key *x, const struct graph_key *y) {
-    if (x->pass != y->pass || x->n != y->n || x->seq != y->seq || x->want != y->want || x->keep != y->keep) return false;
+    if (x->pass != y->pass || x->n != y->n || x->n_runs != y->n_runs || x->want != y->want || x->keep != y->keep ||
+        x->prompt != y->prompt)
+        return false;
+    for (int r = 0; r < x->n_runs; r++)
+        if (x->runs[r].seq != y->runs[r].seq || x->runs[r].len != y->runs[r].len) return false;
     for (int i = 0; i < GRAPH_KEY_PTRS; i++)
         if (x->ptr[i] != y->ptr[i]) return false;
     return true;
@@ -26,8 +32,12 @@ static bool key_eq(const struct graph_key *x, const struct graph_key *y) {
 void graph_cache_run(struct graph_cache *c, const struct graph_key *key, void (*ops)(void *ctx), void *ctx) {
     struct backend *be = c->be;
     struct graph_slot *g = NULL;
-    struct graph_slot *tab = c->slots + (size_t)key->seq * GRAPHS_PER_SEQ, *lru = tab;
-    for (int i = 0; i < GRAPHS_PER_SEQ && !g; i++) {
+    /* one sequence: its own table; several: the shared one */
+    const bool one = key->n_runs == 1;
+    struct graph_slot *tab = c->slots + (one ? (size_t)key->runs[0].seq * GRAPHS_PER_SEQ : (size_t)GRAPHS_PER_SEQ * c->n_seq);
+    struct graph_slot *lru = tab;
+    const int n_tab = one ? GRAPHS_PER_SEQ : GRAPHS_MULTI;
+    for (int i = 0; i < n_tab && !g; i++) {
         if (tab[i].used && key_eq(&tab[i].key, key)) g = &tab[i];
         else if (tab[i].last_use < lru->last_use) lru = &tab[i];
     }
@@ -36,16 +46,22 @@ void graph_cache_run(struct graph_cache *c, const struct graph_key *key, void (*
         g = lru;
         if (g->graph) be->graph_free(be, g->graph);
         *g = (struct graph_slot){.used = true, .last_use = ++c->tick, .key = *key};
+        c->stats.eager++;
         ops(ctx);
         return;
     }
     if (g->graph) {
-        if (be->graph_launch(be, g->graph)) return;
+        if (be->graph_launch(be, g->graph)) { c->stats.replayed++; return; }
         be->graph_free(be, g->graph); /* stale: record it again */
         g->graph = NULL;
     }
     be->capture_begin(be);
     ops(ctx);
     g->graph = be->capture_end(be);
-    if (!g->graph || !be->graph_launch(be, g->graph)) ops(ctx);
+    if (g->graph && be->graph_launch(be, g->graph)) {
+        c->stats.recorded++;
+        return;
+    }
+    c->stats.eager++;
+    ops(ctx);
 }

@@ -1,30 +1,40 @@
-/* graphs.h — recorded forwards of small single-sequence slices (decode, draft rows, verify)
- * on backends that have graphs. A shape is recorded the second time it is seen (the first run,
- * eager, also grows the backend's scratch to it) and replayed from then on, which turns a
- * launch-bound step of a few hundred kernel launches into one.
+/* graphs.h — recorded forwards of small slices (decode, draft rows, verify, and the batched
+ * cycle's rows of several sequences) on backends that have graphs. A shape is recorded the
+ * second time it is seen (the first run, eager, also grows the backend's scratch to it) and
+ * replayed from then on, which turns a launch-bound step of a few hundred kernel launches into
+ * one.
  *
  * The key is everything the recorded ops depend on besides device memory contents: the pass
- * (trunk, draft head), rows, sequence (its state is baked into the graph), which rows want
- * logits, whether states are kept, and the buffers the pass reads and writes. */
+ * (trunk, draft head), the runs (each sequence's state is baked into the graph, and the rows'
+ * places in the scratch follow from the run lengths), which rows want logits, whether states
+ * are kept, whether the rows are a prompt chunk (backend.h set_prompt picks other kernels),
+ * and the buffers the pass reads and writes. */
 #ifndef COTI_GRAPHS_H
 #define COTI_GRAPHS_H
 
 #include "backend.h"
 
-#define GRAPH_MAX_ROWS 16
+#define GRAPH_MAX_ROWS 64
+#define GRAPH_MAX_RUNS 64
 /* Graph slots per sequence. A sequence's speculative cycle uses ~3·(n_max + 1) shapes (verify
  * rows, the head's catch-up rows, its chained row after each accepted count), and every short
  * prompt adds shapes seen once; the least recently used slot of the sequence is replaced, so
  * one-off shapes push out each other, not the cycle's. Every miss is an eager forward (hundreds
  * of launches) and the next sighting a recording. */
 #define GRAPHS_PER_SEQ 48
+/* Slots shared by slices of several sequences (the batched cycle): a set of busy slots decoding
+ * without drafts is one shape per pass; drafts of varying depth make more. */
+#define GRAPHS_MULTI 96
 #define GRAPH_KEY_PTRS 8
+
+struct graph_run { int seq, len; };
 
 struct graph_key {
     int pass;
-    int n, seq;
-    uint32_t want;               /* rows that want logits, bit i = row i */
-    bool keep;
+    int n, n_runs;
+    struct graph_run runs[GRAPH_MAX_RUNS];
+    uint64_t want;               /* rows that want logits, bit i = row i */
+    bool keep, prompt;
     const void *ptr[GRAPH_KEY_PTRS];
 };
 
@@ -35,11 +45,16 @@ struct graph_slot {
     void *graph;                 /* NULL: seen once, not recorded yet */
 };
 
+/* How the slices went: replayed from a graph, recorded (then replayed), run eagerly (first
+ * sighting, or recording failed). */
+struct graph_stats { uint64_t replayed, recorded, eager; };
+
 struct graph_cache {
     struct backend *be;
-    struct graph_slot *slots;    /* [n_seq][GRAPHS_PER_SEQ] */
-    int n_slots;
+    struct graph_slot *slots;    /* [n_seq][GRAPHS_PER_SEQ], then [GRAPHS_MULTI] */
+    int n_seq;
     uint64_t tick;
+    struct graph_stats stats;
 };
 
 int graph_cache_init(struct graph_cache *c, struct backend *be, int n_seq);

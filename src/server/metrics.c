@@ -26,10 +26,11 @@ void metrics_count_http(struct metrics *mx, int status) {
     pthread_mutex_unlock(&mx->mu);
 }
 
-void metrics_count_decode(struct metrics *mx, int n_busy) {
+void metrics_count_decode(struct metrics *mx, int n_busy, const struct graph_stats *gs) {
     pthread_mutex_lock(&mx->mu);
     mx->n_decode_total++;
     mx->n_busy_slots_total += n_busy;
+    mx->graphs = *gs;
     pthread_mutex_unlock(&mx->mu);
 }
 
@@ -111,6 +112,11 @@ char *metrics_render(struct metrics *mx) {
            (double)mx->batched_cycles_total);
     metric(&b, "batched_sequences_total", "counter", "Slot steps taken in those batched cycles.",
            (double)mx->batched_sequences_total);
+    metric(&b, "graph_replays_total", "counter", "(coti) Target forwards replayed from a recorded graph.", (double)mx->graphs.replayed);
+    metric(&b, "graph_recordings_total", "counter", "(coti) Target forwards recorded as a graph (a shape's second sighting).",
+           (double)mx->graphs.recorded);
+    metric(&b, "graph_eager_total", "counter", "(coti) Target forwards run op by op (a shape's first sighting, or no graphs).",
+           (double)mx->graphs.eager);
     metric(&b, "n_tokens_max", "counter", "Largest observed n_tokens.", (double)mx->n_tokens_max);
     metric(&b, "spec_decode_num_drafts_total", "counter", "Number of speculative drafts (verify passes with drafts).", (double)mx->spec_drafts_total);
     metric(&b, "spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens proposed.", (double)mx->spec_draft_tokens_total);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "drafters/drafter.h"
+#include "engine/graphs.h"
 
 struct metrics {
     pthread_mutex_t mu;
@@ -19,6 +20,7 @@ struct metrics {
     double prompt_seconds_total, tokens_predicted_seconds_total;
     long n_decode_total, n_busy_slots_total, n_tokens_max;
     long batched_cycles_total, batched_sequences_total; /* cycles verifying several slots in one forward */
+    struct graph_stats graphs;   /* the target's forwards so far: replayed, recorded, eager */
     long spec_drafts_total, spec_draft_tokens_total, spec_accepted_tokens_total;
     long spec_accepted_at[SPEC_MAX_DRAFT];
     /* the current bucket of the rate gauges: reset at each exposition, as llama.cpp does */
@@ -31,8 +33,8 @@ struct metrics {
 void metrics_init(struct metrics *mx);
 void metrics_free(struct metrics *mx);
 void metrics_count_http(struct metrics *mx, int status);
-/* One engine cycle over n_busy slots. */
-void metrics_count_decode(struct metrics *mx, int n_busy);
+/* One engine cycle over n_busy slots; gs: the target's graph counts after it. */
+void metrics_count_decode(struct metrics *mx, int n_busy, const struct graph_stats *gs);
 /* One cycle that stepped n_seqs slots with a single batched verify (spec_step_batch). */
 void metrics_count_batch(struct metrics *mx, int n_seqs);
 void metrics_set_load(struct metrics *mx, int processing, int deferred);

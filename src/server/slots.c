@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/engine.h"
 #include "server/metrics.h"
 
 /* Rows of a prompt processed per engine cycle while other slots decode: at least this many,
@@ -648,7 +649,7 @@ static void slot_took_step(struct slots *s, struct slot *sl, int rc, const int32
 }
 
 /* One step of every slot in busy[0, n) (begun, not cancelled; n <= SPEC_MAX_BATCH): a single
- * batched cycle where the backend gains from it (spec_batch_worthwhile), else one cycle per slot. */
+ * batched cycle, each weight read once for all of them. */
 static void slots_step_group(struct slots *s, struct slot **busy, int n) {
     int seqs[SPEC_MAX_BATCH], max_new[SPEC_MAX_BATCH], n_out[SPEC_MAX_BATCH], rc[SPEC_MAX_BATCH];
     int32_t out[SPEC_MAX_BATCH][SPEC_MAX_DRAFT + 1];
@@ -662,16 +663,16 @@ static void slots_step_group(struct slots *s, struct slot **busy, int n) {
         max_new[m++] = k;
     }
     char err[256];
-    if (m > 1 && spec_batch_worthwhile(s->e)) {
+    if (m > 1) {
         if (spec_step_batch(s->e, m, seqs, max_new, out, n_out, rc, NULL, err, sizeof err))
             for (int i = 0; i < m; i++) rc[i] = COTI_E_ARG;
         metrics_count_batch(s->mx, m);
         for (int i = 0; i < m; i++) slot_took_step(s, go[i], rc[i], out[i], n_out[i], err);
         return;
     }
-    for (int i = 0; i < m; i++) {
-        rc[i] = spec_seq_step(s->e, seqs[i], max_new[i], out[i], &n_out[i], NULL, err, sizeof err);
-        slot_took_step(s, go[i], rc[i], out[i], n_out[i], err);
+    if (m == 1) {
+        rc[0] = spec_seq_step(s->e, seqs[0], max_new[0], out[0], &n_out[0], NULL, err, sizeof err);
+        slot_took_step(s, go[0], rc[0], out[0], n_out[0], err);
     }
 }
 
@@ -746,7 +747,10 @@ static void *slots_engine_main(void *arg) {
          * none does */
         const int chunk = n_step ? COTI_MAX(SLOTS_PREFILL_CHUNK_MIN, s->m->n_batch / 4) : INT_MAX;
         for (int i = 0; i < n_prefill; i++) slot_prefill(s, s->prefilling[i], chunk);
-        if (n_busy) metrics_count_decode(s->mx, n_busy);
+        if (n_busy) {
+            const struct graph_stats gs = engine_graph_stats(s->m);
+            metrics_count_decode(s->mx, n_busy, &gs);
+        }
     }
     slots_drain(s);
     return NULL;

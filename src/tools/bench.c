@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "engine/engine.h"
 #include "opcost.h"
 #include "prompts.h"
 #include "spec.h"
@@ -614,6 +615,10 @@ int tool_bench_main(int argc, char **argv) {
         for (long r = 0; r < repeat; r++) cJSON_AddItemToArray(reps, cJSON_CreateNumber(g->tps[r]));
         cJSON_AddItemToArray(arr, jo);
     }
+    const struct graph_stats gs = engine_graph_stats(m);
+    if (gs.replayed + gs.recorded + gs.eager)
+        fprintf(table, "forwards: %llu replayed from graphs, %llu recorded, %llu eager\n", (unsigned long long)gs.replayed,
+                (unsigned long long)gs.recorded, (unsigned long long)gs.eager);
     bool written = true;
     if (json_path) {
         char *s = cJSON_Print(root);

@@ -188,7 +188,7 @@ int tool_serve_main(int argc, char **argv) {
         coti_log(COTI_LOG_INFO, "serve", "warmup: %d slots recorded in %.0f ms", p.n_parallel,
                  (coti_time_us() - t0) / 1e3);
     }
-    if (p.n_parallel > 1 && spec_batch_worthwhile(eng)) {
+    if (p.n_parallel > 1) {
         /* busy slots decode in batched cycles, whose draft depths follow what verify rows cost */
         int64_t t0 = coti_time_us();
         if (spec_engine_calibrate(eng, err, sizeof err)) {
