@@ -34,6 +34,17 @@ struct gdn_gates {
     int a_stride, b_stride;
 };
 
+/* One sequence's rows in a batch, for the ops that carry a recurrent state along a sequence
+ * (the delta-net's conv and rule): rows [start, start + len) of the op's inputs and outputs; its
+ * live state, read and then updated to the state after the run; when snap is set, the state
+ * after the run's row t goes to snapshot slot t (one state further each) for t < n_snap. The
+ * runs of one call are of different sequences. */
+struct state_run {
+    int start, len;
+    float *state, *snap;
+    int n_snap;
+};
+
 /* What a matmul multiplies: its input rows as they are (MATMUL_PLAIN) or formed on the way
  * from x and the fields its kind names below, rows of the weights' n_in. Backends fuse the
  * forming into the matmul where they can; the values are those of the separate ops.

@@ -62,8 +62,9 @@ static void check_gdn_level(bool chunked, int n_tok, float gscale, enum quant_cp
     fill(S, (size_t)nv * dk * dv, 0.5f);
     for (int i = 0; i < nv * dk * dv; i++) Sd[i] = S[i];
     gdn_ref(qkv, ch, &gt, Sd, n_tok, nk, nv, dk, dv, 1e-6f, outd);
-    if (chunked) be->gdn_chunked(be, qkv, ch, &gt, S, n_tok, nk, nv, dk, dv, 1e-6f, out);
-    else be->gdn(be, qkv, ch, &gt, S, n_tok, nk, nv, dk, dv, 1e-6f, out, NULL, 0);
+    const struct state_run run = {0, n_tok, S, NULL, 0};
+    if (chunked) be->gdn_chunked(be, qkv, ch, &gt, nk, nv, dk, dv, 1e-6f, out, &run, 1);
+    else be->gdn(be, qkv, ch, &gt, nk, nv, dk, dv, 1e-6f, out, &run, 1);
     /* f32 against f64: outputs are O(1); a few hundred rounding steps per value */
     double worst = 0, worst_s = 0;
     for (int i = 0; i < n_tok * nv * dv; i++) worst = fmax(worst, fabs(out[i] - outd[i]));
@@ -84,6 +85,70 @@ static void check_gdn(bool chunked, int n_tok, float gscale) {
 
 Test(backend_ops, gdn_recurrent_matches_f64_reference) { check_gdn(false, 1, 0.3f); check_gdn(false, 150, 0.3f); check_gdn(false, 150, 4.0f); }
 Test(backend_ops, gdn_chunked_matches_f64_reference) { check_gdn(true, 1, 0.3f); check_gdn(true, 64, 0.3f); check_gdn(true, 150, 0.3f); check_gdn(true, 150, 4.0f); check_gdn(true, 150, 0.01f); }
+
+/* Several sequences' runs in one call (a batched cycle's delta-net) equal each run alone, bit
+ * for bit: the conv, the recurrent rule with snapshots, and the chunked rule; the rows between
+ * runs (no run's) are left alone. */
+Test(backend_ops, state_ops_over_runs_equal_runs_alone) {
+    enum { NK = 2, NV = 4, DK = 16, DV = 16, CH = 2 * NK * DK + NV * DV, K = 4, N = 40, NR = 4, KEEP = 3 };
+    static const int start[NR] = {0, 3, 4, 16}, len[NR] = {3, 1, 9, 24}; /* row 13-15: no run's */
+    const size_t conv_el = (size_t)CH * (K - 1), ssm_el = (size_t)NV * DK * DV;
+    struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
+    float *x = malloc(sizeof(float) * N * CH), *w = malloc(sizeof(float) * CH * K), *a = malloc(sizeof(float) * N * NV);
+    float *b = malloc(sizeof(float) * N * NV), dt[NV], sa[NV];
+    fill(x, (size_t)N * CH, 1.0f);
+    fill(w, (size_t)CH * K, 0.5f);
+    fill(a, (size_t)N * NV, 1.0f);
+    fill(b, (size_t)N * NV, 3.0f);
+    for (int h = 0; h < NV; h++) { dt[h] = 0.5f * frand(); sa[h] = -0.3f * (0.75f + 0.25f * frand()); }
+    const struct gdn_gates gt = {a, b, dt, sa, NV, NV};
+    /* [0]: all runs in one call, [1]: one run per call; states and snapshots per run */
+    float *cs[2], *ss[2], *csn[2], *ssn[2], *y[2], *o[2];
+    for (int v = 0; v < 2; v++) {
+        cs[v] = malloc(sizeof(float) * NR * conv_el);
+        ss[v] = malloc(sizeof(float) * NR * ssm_el);
+        csn[v] = calloc((size_t)NR * KEEP * conv_el, sizeof(float));
+        ssn[v] = calloc((size_t)NR * KEEP * ssm_el, sizeof(float));
+        y[v] = malloc(sizeof(float) * N * CH);
+        o[v] = malloc(sizeof(float) * N * NV * DV);
+        for (size_t i = 0; i < (size_t)N * CH; i++) y[v][i] = 7.0f;
+        for (size_t i = 0; i < (size_t)N * NV * DV; i++) o[v][i] = 7.0f;
+    }
+    fill(cs[0], NR * conv_el, 1.0f);
+    fill(ss[0], NR * ssm_el, 0.5f);
+    memcpy(cs[1], cs[0], sizeof(float) * NR * conv_el);
+    memcpy(ss[1], ss[0], sizeof(float) * NR * ssm_el);
+    for (int chunked = 0; chunked < 2; chunked++) {
+        struct state_run cr[2][NR], gr[2][NR];
+        for (int v = 0; v < 2; v++)
+            for (int r = 0; r < NR; r++) {
+                const int n_snap = chunked ? 0 : COTI_MIN(len[r] - 1, KEEP);
+                cr[v][r] = (struct state_run){start[r], len[r], cs[v] + r * conv_el, n_snap ? csn[v] + r * KEEP * conv_el : NULL, n_snap};
+                gr[v][r] = (struct state_run){start[r], len[r], ss[v] + r * ssm_el, n_snap ? ssn[v] + r * KEEP * ssm_el : NULL, n_snap};
+            }
+        be->ssm_conv(be, x, CH, K, w, y[0], cr[0], NR);
+        for (int r = 0; r < NR; r++) be->ssm_conv(be, x, CH, K, w, y[1], &cr[1][r], 1);
+        if (chunked) {
+            be->gdn_chunked(be, y[0], CH, &gt, NK, NV, DK, DV, 1e-6f, o[0], gr[0], NR);
+            for (int r = 0; r < NR; r++) be->gdn_chunked(be, y[1], CH, &gt, NK, NV, DK, DV, 1e-6f, o[1], &gr[1][r], 1);
+        } else {
+            be->gdn(be, y[0], CH, &gt, NK, NV, DK, DV, 1e-6f, o[0], gr[0], NR);
+            for (int r = 0; r < NR; r++) be->gdn(be, y[1], CH, &gt, NK, NV, DK, DV, 1e-6f, o[1], &gr[1][r], 1);
+        }
+        cr_assert_eq(memcmp(y[0], y[1], sizeof(float) * N * CH), 0, "conv outputs (chunked pass %d)", chunked);
+        cr_assert_eq(memcmp(o[0], o[1], sizeof(float) * N * NV * DV), 0, "rule outputs (chunked %d)", chunked);
+        cr_assert_eq(memcmp(cs[0], cs[1], sizeof(float) * NR * conv_el), 0, "conv states");
+        cr_assert_eq(memcmp(ss[0], ss[1], sizeof(float) * NR * ssm_el), 0, "rule states");
+        cr_assert_eq(memcmp(csn[0], csn[1], sizeof(float) * NR * KEEP * conv_el), 0, "conv snapshots");
+        cr_assert_eq(memcmp(ssn[0], ssn[1], sizeof(float) * NR * KEEP * ssm_el), 0, "rule snapshots");
+        cr_assert_eq(y[0][14 * CH], 7.0f, "rows of no run are left alone");
+        cr_assert_eq(o[0][14 * NV * DV], 7.0f);
+        cr_assert_neq(ssn[0][2 * KEEP * ssm_el], 0.0f, "snapshots were written");
+    }
+    for (int v = 0; v < 2; v++) { free(cs[v]); free(ss[v]); free(csn[v]); free(ssn[v]); free(y[v]); free(o[v]); }
+    free(x); free(w); free(a); free(b);
+    backend_free(be);
+}
 
 /* f64 attention of q over the first nctx[t] cells of K and V rows given as floats (kvd per
  * cell), into want[t][h][i]. */

@@ -634,31 +634,40 @@ static void cpu_attention(struct backend *be, const float *q, int q_stride, int 
 
 /* ---- delta net ---------------------------------------------------------------------- */
 
-static void cpu_ssm_conv(struct backend *be, const float *x, int n_tok, int n_ch, int k,
-                         const float *w, float *state, float *y, float *snap, int n_snap) {
+static void cpu_ssm_conv(struct backend *be, const float *x, int n_ch, int k, const float *w, float *y,
+                         const struct state_run *runs, int n_runs) {
     const int ks = k - 1;
-    for (int t = 0; t < n_tok; t++) {
-        const float *xt = x + (size_t)t * n_ch;
-        float *yt = y + (size_t)t * n_ch;
-        if (k == 4) cpu(be)->ops->conv4_token(xt, n_ch, w, state, yt);
-        else for (int c = 0; c < n_ch; c++) {
-            float *st = state + (size_t)c * ks;
-            const float *wc = w + (size_t)c * k;
-            float s = 0.0f;
-            for (int i = 0; i < ks; i++) s += wc[i] * st[i];
-            s += wc[ks] * xt[c];
-            for (int i = 0; i + 1 < ks; i++) st[i] = st[i + 1];
-            if (ks > 0) st[ks - 1] = xt[c];
-            yt[c] = s;
+    for (int r = 0; r < n_runs; r++) {
+        const struct state_run *ru = &runs[r];
+        float *state = ru->state;
+        for (int t = 0; t < ru->len; t++) {
+            const float *xt = x + (size_t)(ru->start + t) * n_ch;
+            float *yt = y + (size_t)(ru->start + t) * n_ch;
+            if (k == 4) cpu(be)->ops->conv4_token(xt, n_ch, w, state, yt);
+            else for (int c = 0; c < n_ch; c++) {
+                float *st = state + (size_t)c * ks;
+                const float *wc = w + (size_t)c * k;
+                float s = 0.0f;
+                for (int i = 0; i < ks; i++) s += wc[i] * st[i];
+                s += wc[ks] * xt[c];
+                for (int i = 0; i + 1 < ks; i++) st[i] = st[i + 1];
+                if (ks > 0) st[ks - 1] = xt[c];
+                yt[c] = s;
+            }
+            cpu(be)->ops->silu(yt, yt, n_ch);
+            if (ru->snap && t < ru->n_snap) memcpy(ru->snap + (size_t)t * n_ch * ks, state, sizeof(float) * (size_t)n_ch * ks);
         }
-        cpu(be)->ops->silu(yt, yt, n_ch);
-        if (snap && t < n_snap) memcpy(snap + (size_t)t * n_ch * ks, state, sizeof(float) * (size_t)n_ch * ks);
     }
 }
 
-/* The gates of a run's tokens, g then beta ([t][h] each), into the context's scratch. */
-static const float *gdn_form_gates(struct cpu_ctx *c, const struct gdn_gates *gt, int n_tok, int n_v) {
-    const size_t n = (size_t)n_tok * n_v;
+/* The gates of the runs' rows, g then beta ([row][h] each, rows up to the last run's end),
+ * into the context's scratch. */
+static const float *gdn_form_gates(struct cpu_ctx *c, const struct gdn_gates *gt, int n_v, const struct state_run *runs,
+                                   int n_runs, size_t *n_rows) {
+    int end = 0;
+    for (int r = 0; r < n_runs; r++) end = COTI_MAX(end, runs[r].start + runs[r].len);
+    const size_t n = (size_t)end * n_v;
+    *n_rows = (size_t)end;
     if (2 * n > c->gates_n) {
         free(c->gates);
         c->gates = malloc(sizeof(float) * 2 * n);
@@ -666,43 +675,60 @@ static const float *gdn_form_gates(struct cpu_ctx *c, const struct gdn_gates *gt
         c->gates_n = 2 * n;
     }
     float *g = c->gates, *beta = c->gates + n;
-    for (int t = 0; t < n_tok; t++)
-        for (int h = 0; h < n_v; h++) {
-            float av = gt->a[(size_t)t * gt->a_stride + h] + gt->dt_bias[h];
-            float sp = av > 20.0f ? av : log1pf(expf(av));
-            g[(size_t)t * n_v + h] = sp * gt->ssm_a[h];
-            beta[(size_t)t * n_v + h] = 1.0f / (1.0f + expf(-gt->b[(size_t)t * gt->b_stride + h]));
-        }
+    for (int r = 0; r < n_runs; r++)
+        for (int t = runs[r].start; t < runs[r].start + runs[r].len; t++)
+            for (int h = 0; h < n_v; h++) {
+                float av = gt->a[(size_t)t * gt->a_stride + h] + gt->dt_bias[h];
+                float sp = av > 20.0f ? av : log1pf(expf(av));
+                g[(size_t)t * n_v + h] = sp * gt->ssm_a[h];
+                beta[(size_t)t * n_v + h] = 1.0f / (1.0f + expf(-gt->b[(size_t)t * gt->b_stride + h]));
+            }
     return g;
 }
 
-struct gdn_task { struct gdn_job g; struct cpu_ctx *c; };
+/* Runs per thread-pool dispatch: the workers take (run, head) pairs of that many runs. */
+#define CPU_GDN_RUNS 16
+
+struct gdn_task { struct gdn_job g[CPU_GDN_RUNS]; int n_jobs; bool chunked; struct cpu_ctx *c; };
 
 static void gdn_worker(void *arg, int ith, int nth) {
     const struct gdn_task *j = arg;
-    for (int h = ith; h < j->g.nv; h += nth) j->c->ops->gdn_head(&j->g, h);
+    const int nv = j->g[0].nv;
+    for (int i = ith; i < j->n_jobs * nv; i += nth) {
+        if (j->chunked) j->c->ops->gdn_chunked_head(&j->g[i / nv], i % nv, &j->c->chunk_scratch[ith]);
+        else j->c->ops->gdn_head(&j->g[i / nv], i % nv);
+    }
 }
 
-static void cpu_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates,
-                    float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *out,
-                    float *snap, int n_snap) {
-    if (dk > CPU_GDN_MAX_DIM) abort(); /* model loading rejects such files */
-    const float *g = gdn_form_gates(cpu(be), gates, n_tok, nv), *beta = g + (size_t)n_tok * nv;
-    struct gdn_task j = {{qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out, snap, n_snap}, cpu(be)};
-    threadpool_run(cpu(be)->tp, gdn_worker, &j);
+static void gdn_runs(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, int nk,
+                     int nv, int dk, int dv, float eps, float *out, const struct state_run *runs, int n_runs,
+                     bool chunked) {
+    if (dk > CPU_GDN_MAX_DIM || (chunked && dv > CPU_GDN_MAX_DIM)) abort(); /* model loading rejects such files */
+    if (n_runs < 1) return;
+    size_t n_rows;
+    const float *g = gdn_form_gates(cpu(be), gates, nv, runs, n_runs, &n_rows), *beta = g + n_rows * nv;
+    struct gdn_task j = {.chunked = chunked, .c = cpu(be)};
+    for (int r0 = 0; r0 < n_runs; r0 += CPU_GDN_RUNS) {
+        j.n_jobs = COTI_MIN(CPU_GDN_RUNS, n_runs - r0);
+        for (int i = 0; i < j.n_jobs; i++) {
+            const struct state_run *ru = &runs[r0 + i];
+            const size_t t0 = (size_t)ru->start;
+            j.g[i] = (struct gdn_job){qkv + t0 * qkv_stride, qkv_stride, g + t0 * nv, beta + t0 * nv, ru->state, ru->len,
+                                      nk, nv, dk, dv, eps, out + t0 * nv * dv, chunked ? NULL : ru->snap,
+                                      chunked || !ru->snap ? 0 : ru->n_snap};
+        }
+        threadpool_run(cpu(be)->tp, gdn_worker, &j);
+    }
 }
 
-static void gdn_chunked_worker(void *arg, int ith, int nth) {
-    const struct gdn_task *j = arg;
-    for (int h = ith; h < j->g.nv; h += nth) j->c->ops->gdn_chunked_head(&j->g, h, &j->c->chunk_scratch[ith]);
+static void cpu_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, int nk, int nv,
+                    int dk, int dv, float eps, float *out, const struct state_run *runs, int n_runs) {
+    gdn_runs(be, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, runs, n_runs, false);
 }
 
-static void cpu_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates,
-                            float *state, int n_tok, int nk, int nv, int dk, int dv, float eps, float *out) {
-    if (dk > CPU_GDN_MAX_DIM || dv > CPU_GDN_MAX_DIM) abort(); /* model loading rejects such files */
-    const float *g = gdn_form_gates(cpu(be), gates, n_tok, nv), *beta = g + (size_t)n_tok * nv;
-    struct gdn_task j = {{qkv, qkv_stride, g, beta, state, n_tok, nk, nv, dk, dv, eps, out, NULL, 0}, cpu(be)};
-    threadpool_run(cpu(be)->tp, gdn_chunked_worker, &j);
+static void cpu_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, int nk,
+                            int nv, int dk, int dv, float eps, float *out, const struct state_run *runs, int n_runs) {
+    gdn_runs(be, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, runs, n_runs, true);
 }
 
 static void cpu_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max) {

@@ -127,29 +127,32 @@ void block_delta_net(const struct block_ctx *c, const struct delta_net_weights *
                      float *out) {
     struct backend *be = c->be;
     const struct block_scratch *s = c->s;
-    const int n = sl->n, NVD = sh->nv * sh->dv, ch = sh->n_ch;
+    const int n = sl->n, ch = sh->n_ch;
     const struct bweight *ws[4] = {&w->qkv, &w->gate, &w->beta, &w->alpha};
     float *ys[4] = {s->qkv, s->z, s->bet, s->alp};
     block_matmul_n(c, in, ws, ys, 4, n);
+    /* every run's conv in one call, then the delta rule: long runs without snapshots (prompts)
+     * in the chunked form, the others stepwise, each form one call for all its runs */
+    struct state_run conv[BATCH_MAX_RUNS], rule[BATCH_MAX_RUNS];
+    int n_chunked = 0, n_step = 0;
     for (int r = 0; r < sl->n_runs; r++) {
         const struct run *ru = &sl->runs[r];
         const int sq = ru->seq;
         /* the state after the run's last token is the live state: snapshot the others only */
         const int n_snap = keep ? COTI_MIN(ru->len - 1, rec->n_keep) : 0;
-        float *conv_snap = n_snap ? rec_conv_snap(rec, il, sq) : NULL;
-        float *ssm_snap = n_snap ? rec_ssm_snap(rec, il, sq) : NULL;
-        float *state = rec_ssm(rec, il, sq);
-        be->ssm_conv(be, s->qkv + (size_t)ru->start * ch, ru->len, ch, sh->conv_k, w->conv, rec_conv(rec, il, sq),
-                     s->y + (size_t)ru->start * ch, conv_snap, n_snap);
-        const float *y = s->y + (size_t)ru->start * ch;
-        const struct gdn_gates gates = {s->alp + (size_t)ru->start * sh->nv, s->bet + (size_t)ru->start * sh->nv,
-                                        w->dt_bias, w->a, sh->nv, sh->nv};
-        float *o = s->o + (size_t)ru->start * NVD;
-        if (ru->len >= DELTA_NET_CHUNKED_MIN_RUN && !n_snap)
-            be->gdn_chunked(be, y, ch, &gates, state, ru->len, sh->nk, sh->nv, sh->dk, sh->dv, c->eps, o);
-        else
-            be->gdn(be, y, ch, &gates, state, ru->len, sh->nk, sh->nv, sh->dk, sh->dv, c->eps, o, ssm_snap, n_snap);
+        conv[r] = (struct state_run){ru->start, ru->len, rec_conv(rec, il, sq), n_snap ? rec_conv_snap(rec, il, sq) : NULL,
+                                     n_snap};
+        const struct state_run g = {ru->start, ru->len, rec_ssm(rec, il, sq), n_snap ? rec_ssm_snap(rec, il, sq) : NULL,
+                                    n_snap};
+        /* chunked runs from the front, stepwise ones from the back */
+        if (ru->len >= DELTA_NET_CHUNKED_MIN_RUN && !n_snap) rule[n_chunked++] = g;
+        else rule[sl->n_runs - 1 - n_step++] = g;
     }
+    be->ssm_conv(be, s->qkv, ch, sh->conv_k, w->conv, s->y, conv, sl->n_runs);
+    const struct gdn_gates gates = {s->alp, s->bet, w->dt_bias, w->a, sh->nv, sh->nv};
+    if (n_chunked) be->gdn_chunked(be, s->y, ch, &gates, sh->nk, sh->nv, sh->dk, sh->dv, c->eps, s->o, rule, n_chunked);
+    if (n_step)
+        be->gdn(be, s->y, ch, &gates, sh->nk, sh->nv, sh->dk, sh->dv, c->eps, s->o, rule + sl->n_runs - n_step, n_step);
     backend_matmul(be, &w->out,
                    &(struct matmul_in){.kind = MATMUL_GATED_NORM, .x = s->o, .m = s->z, .w = w->norm, .dim = sh->dv,
                                        .eps = c->eps, .a = s->og},

@@ -1076,8 +1076,9 @@ static void test_ssm_conv(int n_tok, int n_ch, int k, int n_snap) {
     float *dx = gdup(x, sizeof(float) * n_tok * n_ch), *dw = gdup(w, sizeof(float) * n_ch * k);
     float *dst = gdup(st, sizeof(float) * (n_ch * ks + 1)), *dy = galloc(sizeof(float) * n_tok * n_ch);
     float *dsn = gdup(sc, sizeof(float) * nsnap);
-    cpu->ssm_conv(cpu, x, n_tok, n_ch, k, w, st, yc, n_snap ? sc : NULL, n_snap);
-    gpu->ssm_conv(gpu, dx, n_tok, n_ch, k, dw, dst, dy, n_snap ? dsn : NULL, n_snap);
+    const struct state_run rc = {0, n_tok, st, n_snap ? sc : NULL, n_snap}, rg = {0, n_tok, dst, n_snap ? dsn : NULL, n_snap};
+    cpu->ssm_conv(cpu, x, n_ch, k, w, yc, &rc, 1);
+    gpu->ssm_conv(gpu, dx, n_ch, k, dw, dy, &rg, 1);
     gget(yg, dy, sizeof(float) * n_tok * n_ch);
     gget(stg, dst, sizeof(float) * (n_ch * ks + 1));
     gget(sg, dsn, sizeof(float) * nsnap);
@@ -1087,6 +1088,108 @@ static void test_ssm_conv(int n_tok, int n_ch, int k, int n_snap) {
     check_bits("ssm_conv-snap", shape, sg, sc, sizeof(float) * nsnap);
     gpu->free(gpu, dx); gpu->free(gpu, dw); gpu->free(gpu, dst); gpu->free(gpu, dy); gpu->free(gpu, dsn);
     free(x); free(w); free(st); free(stg); free(yc); free(yg); free(sc); free(sg);
+}
+
+/* Several sequences' runs in one call (a batched cycle): conv and rule against the CPU's
+ * (which the CPU suite checks equal to each run alone), and, outside prompts, bit for bit the
+ * GPU's own run-by-run results: a row of a sequence does not depend on the others in its batch.
+ * len[] 0-terminated; a row between runs 1 and 2 belongs to none; each run keeps up to 3
+ * snapshots outside prompts. */
+static void test_state_runs(bool prompt, const int *len, const char *what) {
+    enum { NK = 2, NV = 4, DK = 64, DV = 64, K = 4, KEEP = 3, MAXR = 48 };
+    const int ch = 2 * NK * DK + NV * DV, ks = K - 1;
+    const size_t ce = (size_t)ch * ks, se = (size_t)NV * DK * DV;
+    int nr = 0, start[MAXR], n = 0;
+    for (; len[nr] && nr < MAXR; nr++) { start[nr] = n; n += len[nr] + (nr == 1); }
+    float *x = xmalloc(sizeof(float) * n * ch), *w = xmalloc(sizeof(float) * ch * K), *a = xmalloc(sizeof(float) * n * NV);
+    float *b = xmalloc(sizeof(float) * n * NV), dt[NV], sa[NV];
+    fill(x, (size_t)n * ch, 1.0f);
+    fill(w, (size_t)ch * K, 0.5f);
+    fill(a, (size_t)n * NV, 15.0f);
+    fill(b, (size_t)n * NV, 6.0f);
+    fill(dt, NV, 8.0f);
+    for (int h = 0; h < NV; h++) sa[h] = -0.05f * (0.2f + fabsf(frand()));
+    const size_t c_n = nr * ce, s_n = nr * se, cs_n = nr * KEEP * ce, ss_n = nr * KEEP * se;
+    float *cst = xmalloc(sizeof(float) * c_n), *sst = xmalloc(sizeof(float) * s_n);
+    fill(cst, c_n, 1.0f);
+    fill(sst, s_n, 0.5f);
+    float *zero = xmalloc(sizeof(float) * (ss_n > (size_t)n * ch ? ss_n : (size_t)n * ch));
+    for (size_t i = 0; i < (ss_n > (size_t)n * ch ? ss_n : (size_t)n * ch); i++) zero[i] = 0.0f;
+    /* host results: [0] CPU, [1] GPU all runs, [2] GPU run by run */
+    float *y[3], *o[3], *c[3], *st[3], *csn[3], *ssn[3];
+    float *dx = gdup(x, sizeof(float) * n * ch), *dw = gdup(w, sizeof(float) * ch * K);
+    float *da = gdup(a, sizeof(float) * n * NV), *db = gdup(b, sizeof(float) * n * NV);
+    float *ddt = gdup(dt, sizeof dt), *dsa = gdup(sa, sizeof sa);
+    float *dy = galloc(sizeof(float) * n * ch), *dout = galloc(sizeof(float) * n * NV * DV);
+    float *dc = galloc(sizeof(float) * c_n), *ds = galloc(sizeof(float) * s_n);
+    float *dcs = galloc(sizeof(float) * cs_n), *dss = galloc(sizeof(float) * ss_n);
+    for (int v = 0; v < 3; v++) {
+        y[v] = xmalloc(sizeof(float) * n * ch);
+        o[v] = xmalloc(sizeof(float) * n * NV * DV);
+        c[v] = xmalloc(sizeof(float) * c_n);
+        st[v] = xmalloc(sizeof(float) * s_n);
+        csn[v] = xmalloc(sizeof(float) * cs_n);
+        ssn[v] = xmalloc(sizeof(float) * ss_n);
+        memcpy(y[v], zero, sizeof(float) * n * ch);
+        memcpy(o[v], zero, sizeof(float) * n * NV * DV);
+        memcpy(c[v], cst, sizeof(float) * c_n);
+        memcpy(st[v], sst, sizeof(float) * s_n);
+        memcpy(csn[v], zero, sizeof(float) * cs_n);
+        memcpy(ssn[v], zero, sizeof(float) * ss_n);
+    }
+    struct state_run cr[MAXR], gr[MAXR], dcr[MAXR], dgr[MAXR];
+    for (int r = 0; r < nr; r++) {
+        const int m = prompt ? 0 : COTI_MIN(len[r] - 1, KEEP);
+        cr[r] = (struct state_run){start[r], len[r], c[0] + r * ce, m ? csn[0] + r * KEEP * ce : NULL, m};
+        gr[r] = (struct state_run){start[r], len[r], st[0] + r * se, m ? ssn[0] + r * KEEP * se : NULL, m};
+        dcr[r] = (struct state_run){start[r], len[r], dc + r * ce, m ? dcs + r * KEEP * ce : NULL, m};
+        dgr[r] = (struct state_run){start[r], len[r], ds + r * se, m ? dss + r * KEEP * se : NULL, m};
+    }
+    const struct gdn_gates gc = {a, b, dt, sa, NV, NV}, gg = {da, db, ddt, dsa, NV, NV};
+    cpu->ssm_conv(cpu, x, ch, K, w, y[0], cr, nr);
+    cpu->gdn(cpu, y[0], ch, &gc, NK, NV, DK, DV, 1e-6f, o[0], gr, nr);
+    for (int v = 1; v < 3; v++) {
+        gput(dy, zero, sizeof(float) * n * ch);
+        gput(dout, zero, sizeof(float) * n * NV * DV);
+        gput(dc, cst, sizeof(float) * c_n);
+        gput(ds, sst, sizeof(float) * s_n);
+        gput(dcs, zero, sizeof(float) * cs_n);
+        gput(dss, zero, sizeof(float) * ss_n);
+        gpu->set_prompt(gpu, prompt);
+        if (v == 1) {
+            gpu->ssm_conv(gpu, dx, ch, K, dw, dy, dcr, nr);
+            gpu->gdn(gpu, dy, ch, &gg, NK, NV, DK, DV, 1e-6f, dout, dgr, nr);
+        } else {
+            for (int r = 0; r < nr; r++) gpu->ssm_conv(gpu, dx, ch, K, dw, dy, &dcr[r], 1);
+            for (int r = 0; r < nr; r++) gpu->gdn(gpu, dy, ch, &gg, NK, NV, DK, DV, 1e-6f, dout, &dgr[r], 1);
+        }
+        gpu->set_prompt(gpu, false);
+        gget(y[v], dy, sizeof(float) * n * ch);
+        gget(o[v], dout, sizeof(float) * n * NV * DV);
+        gget(c[v], dc, sizeof(float) * c_n);
+        gget(st[v], ds, sizeof(float) * s_n);
+        gget(csn[v], dcs, sizeof(float) * cs_n);
+        gget(ssn[v], dss, sizeof(float) * ss_n);
+    }
+    char shape[96];
+    snprintf(shape, sizeof shape, "%d runs, %d rows, %s%s", nr, n, what, prompt ? ", prompt" : "");
+    check("ssm_conv runs", shape, y[1], y[0], (size_t)n * ch, 1e-30, 2e-6);
+    check_bits("ssm_conv runs", shape, c[1], c[0], sizeof(float) * c_n);
+    check_bits("ssm_conv runs", shape, csn[1], csn[0], sizeof(float) * cs_n);
+    check("gdn runs", shape, o[1], o[0], (size_t)n * NV * DV, 2e-5, 0);
+    check("gdn runs", shape, st[1], st[0], s_n, 2e-5, 0);
+    check("gdn runs", shape, ssn[1], ssn[0], ss_n, 2e-5, 0);
+    if (!prompt) {
+        snprintf(shape, sizeof shape, "%d runs = run by run, %s", nr, what);
+        check_bits("ssm_conv runs", shape, y[1], y[2], sizeof(float) * n * ch);
+        check_bits("gdn runs", shape, o[1], o[2], sizeof(float) * n * NV * DV);
+        check_bits("gdn runs", shape, st[1], st[2], sizeof(float) * s_n);
+        check_bits("gdn runs", shape, ssn[1], ssn[2], sizeof(float) * ss_n);
+    }
+    for (int v = 0; v < 3; v++) { free(y[v]); free(o[v]); free(c[v]); free(st[v]); free(csn[v]); free(ssn[v]); }
+    float *dev[] = {dx, dw, da, db, ddt, dsa, dy, dout, dc, ds, dcs, dss};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(gpu, dev[i]);
+    free(x); free(w); free(a); free(b); free(cst); free(sst); free(zero);
 }
 
 static void test_gdn(bool chunked, int n_tok, int nk, int nv, int dk, int n_snap) {
@@ -1118,15 +1221,17 @@ static void test_gdn(bool chunked, int n_tok, int nk, int nv, int dk, int n_snap
     float *S0 = xmalloc(sizeof(float) * st_n), *sc0 = xmalloc(sizeof(float) * nsnap);
     memcpy(S0, S, sizeof(float) * st_n);
     memcpy(sc0, sc, sizeof(float) * nsnap);
-    if (chunked) cpu->gdn_chunked(cpu, qkv, stride, &gc, S, n_tok, nk, nv, dk, dv, 1e-6f, oc);
-    else cpu->gdn(cpu, qkv, stride, &gc, S, n_tok, nk, nv, dk, dv, 1e-6f, oc, n_snap ? sc : NULL, n_snap);
+    const struct state_run rc = {0, n_tok, S, chunked || !n_snap ? NULL : sc, n_snap};
+    const struct state_run rg = {0, n_tok, dS, chunked || !n_snap ? NULL : dsn, n_snap};
+    if (chunked) cpu->gdn_chunked(cpu, qkv, stride, &gc, nk, nv, dk, dv, 1e-6f, oc, &rc, 1);
+    else cpu->gdn(cpu, qkv, stride, &gc, nk, nv, dk, dv, 1e-6f, oc, &rc, 1);
     /* past 16 tokens a prompt takes a kernel of its own: both, from the same state */
     for (int pm = 0; pm < (n_tok > 16 ? 2 : 1); pm++) {
         gput(dS, S0, sizeof(float) * st_n);
         gput(dsn, sc0, sizeof(float) * nsnap);
         gpu->set_prompt(gpu, pm == 1);
-        if (chunked) gpu->gdn_chunked(gpu, dqkv, stride, &gg, dS, n_tok, nk, nv, dk, dv, 1e-6f, dout);
-        else gpu->gdn(gpu, dqkv, stride, &gg, dS, n_tok, nk, nv, dk, dv, 1e-6f, dout, n_snap ? dsn : NULL, n_snap);
+        if (chunked) gpu->gdn_chunked(gpu, dqkv, stride, &gg, nk, nv, dk, dv, 1e-6f, dout, &rg, 1);
+        else gpu->gdn(gpu, dqkv, stride, &gg, nk, nv, dk, dv, 1e-6f, dout, &rg, 1);
         gpu->set_prompt(gpu, false);
         gget(og, dout, sizeof(float) * n_tok * nv * dv);
         gget(Sg, dS, sizeof(float) * st_n);
@@ -1800,6 +1905,13 @@ static void run_ssm_conv(void) {
     test_ssm_conv(600, 300, 4, 0);   /* a prompt: tokens in parallel */
     test_ssm_conv(40, 64, 4, 40);
 }
+static void run_state_runs(void) {
+    static const int verify[] = {1, 4, 3, 1, 2, 0}, prompts[] = {40, 1, 70, 0}, many[41] = {
+        1, 2, 1, 1, 3, 1, 1, 1, 4, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 5, 1, 1, 1, 0};
+    test_state_runs(false, verify, "decode and verify rows");
+    test_state_runs(false, many, "past one launch's runs");
+    test_state_runs(true, prompts, "prompt chunks");
+}
 static void run_gdn(void) {
     test_gdn(false, 1, 16, 32, 128, 1);
     test_gdn(false, 4, 2, 4, 128, 3);
@@ -1811,6 +1923,7 @@ static void run_gdn(void) {
     test_gdn(false, 9, 1, 2, 30, 4);    /* rows not in float4s */
     test_gdn(false, 33, 1, 2, 30, 0);   /* a prompt's kernel (> 16 tokens): rows not in float4s */
     test_gdn(false, 34, 2, 4, 40, 0);   /* ... rows in float4s, past the lanes' elements */
+    run_state_runs(); /* and ssm_conv over runs */
 }
 static void run_gdn_chunked(void) { test_gdn(true, 150, 2, 4, 128, 0); test_gdn(true, 64, 2, 4, 16, 0); }
 static void run_argmax(void) { test_argmax(1, 248320); test_argmax(5, 1000); test_argmax(3, 4097); }
