@@ -9,8 +9,10 @@
 #define SPEC_MAX_RESUME_POINTS 8
 /* Checkpoint positions a prefill takes from its caller. */
 #define SPEC_MAX_CHECKPOINTS 8
-/* Calibrated verify sizes: 1, 2, 4, ... rows, up to 2^(SPEC_COST_POINTS - 1). */
-#define SPEC_COST_POINTS 11
+/* Calibrated verify shapes: 1, 2, 4, ... sequences (up to 2^(SPEC_COST_SEQS - 1)), each with
+ * 1 .. SPEC_COST_ROWS rows (a batched cycle's depths past SPEC_COST_ROWS - 1 extrapolate). */
+#define SPEC_COST_SEQS 7
+#define SPEC_COST_ROWS 5
 #define SPEC_DRAFT_SAMPLES 4  /* batched cycles whose draft cost draft_cost_us looks at */
 
 struct spec_seq {
@@ -51,12 +53,12 @@ struct spec_engine {
     int32_t *d_toks;             /* backend [n_seq][1 + SPEC_MAX_DRAFT]: each sequence's verify
                                     batch tokens (its own: a queued draft outlives the step) */
     int32_t *d_acc;              /* backend [2 + SPEC_MAX_DRAFT]: accept_greedy's result */
-    /* spec_engine_calibrate: a verify forward's time for 1, 2, 4, ... rows (cost_n points; 0:
-     * not calibrated, batched cycles then draft as deep as asked), and the draft phase's time
-     * per drafted token in the last SPEC_DRAFT_SAMPLES batched cycles that drafted (on the
-     * device) */
-    double cost_us[SPEC_COST_POINTS];
-    int cost_n;
+    /* spec_engine_calibrate: a verify forward's time for 2^i sequences of r + 1 rows each
+     * (cost_n sequence points, cost_r[i] row points each; cost_n 0: not calibrated, batched
+     * cycles then draft as deep as asked), and the draft phase's time per drafted token in the
+     * last SPEC_DRAFT_SAMPLES batched cycles that drafted (on the device) */
+    double cost_us[SPEC_COST_SEQS][SPEC_COST_ROWS];
+    int cost_n, cost_r[SPEC_COST_SEQS];
     double draft_us[SPEC_DRAFT_SAMPLES];
     int draft_n;
     int32_t *pos, *seqv;         /* host [max(n_batch, batch rows)] */
@@ -767,14 +769,24 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     return 0;
 }
 
-/* Verify time of R rows: linear between the calibrated points (1, 2, 4, ... rows), beyond the
+/* Verify time of point i (2^i sequences) with `rows` rows each: the calibrated rows, past the
  * last along its last segment. */
-static double verify_us(const struct spec_engine *e, int R) {
+static double cost_at(const struct spec_engine *e, int i, int rows) {
+    const int nr = e->cost_r[i];
+    const double *c = e->cost_us[i];
+    if (rows <= nr) return c[rows - 1];
+    return nr == 1 ? c[0] * rows : c[nr - 1] + (c[nr - 1] - c[nr - 2]) * (rows - nr);
+}
+
+/* Verify time of n sequences with up to `rows` rows each: linear in n between the calibrated
+ * powers of two, past the last in proportion. */
+static double verify_us(const struct spec_engine *e, int n, int rows) {
     int i = 0;
-    while (i + 1 < e->cost_n && (1 << (i + 1)) < R) i++;
-    if (i + 1 >= e->cost_n) return e->cost_us[i] * R / (double)(1 << i);
-    const double x0 = 1 << i, x1 = 1 << (i + 1);
-    return e->cost_us[i] + (e->cost_us[i + 1] - e->cost_us[i]) * (R - x0) / (x1 - x0);
+    while (i + 1 < e->cost_n && (1 << (i + 1)) <= n) i++;
+    const double lo = cost_at(e, i, rows);
+    if (n == 1 << i) return lo;
+    if (i + 1 >= e->cost_n) return lo * n / (double)(1 << i);
+    return lo + (cost_at(e, i + 1, rows) - lo) * (n - (1 << i)) / (double)(1 << i);
 }
 
 /* A draft's cost: the least per-drafted-token time of the last cycles that drafted. The draft
@@ -789,91 +801,106 @@ static double draft_cost_us(const struct spec_engine *e) {
     return c;
 }
 
-/* Draft depths of a batched cycle (at least each sequence's n_min): each sequence's next draft
- * is worth its chance of being accepted (its acceptance so far, from a prior of 0.7, to the
- * power of its rank), and costs a verify row more and a draft; drafts are added best first
- * while the cycle's tokens per microsecond grow. Verify rows ride nearly free where a forward's
- * time is its weights' reading (a GPU, a large model): deep drafts; they cost their compute
- * where it is not (a small model on a few cores): shallow or none, so that speculation never
- * makes the batch slower. */
+/* Draft depths of a batched cycle: one depth d for every sequence that drafts (within its n_min
+ * and n_max), the d whose expected tokens per microsecond are the most. A sequence's draft at
+ * rank k is worth its acceptance so far (from a prior of 0.7) to the power k; the cycle costs
+ * the verify of its sequences with d + 1 rows each (calibrated: on a GPU the rows of different
+ * sequences step their recurrences side by side, so more sequences cost less than more rows of
+ * one) and the drafts. Verify rows ride nearly free where a forward's time is its weights'
+ * reading (a GPU, a large model): deep drafts; they cost their compute where it is not (a small
+ * model on a few cores): shallow or none, so that speculation never makes the batch slower. */
 static void batch_depths(const struct spec_engine *e, int n, const int *seqs, const int *rc, int *depth) {
     for (int i = 0; i < n; i++) depth[i] = e->cost_n ? 0 : SPEC_MAX_DRAFT;
     if (!e->cost_n) return; /* not calibrated: as deep as each asked */
-    int R = 0, n_draft = 0;
-    double alpha[SPEC_MAX_BATCH], tok = 0;
+    double alpha[SPEC_MAX_BATCH];
+    int n_live = 0, d_top = 0;
     for (int i = 0; i < n; i++) {
         if (rc[i]) continue; /* (a refused entry's sequence may be out of range) */
         const struct spec_seq *q = &e->seqs[seqs[i]];
-        /* a sequence's n_min drafts are taken whatever they cost (its request asked for them) */
-        if (q->p.drafter) depth[i] = q->p.n_min;
         alpha[i] = (q->st.n_accepted + 2.8) / (q->st.n_drafted + 4.0);
-        R += 1 + depth[i];
-        n_draft += depth[i];
-        tok += 1;
-        for (int k = 1; k <= depth[i]; k++) tok += pow(alpha[i], k);
+        n_live++;
+        if (q->p.drafter) d_top = COTI_MAX(d_top, q->p.n_max);
     }
-    if (R == 0) return;
+    if (!n_live) return;
     const double per_draft = draft_cost_us(e);
-    double T = verify_us(e, R) + per_draft * n_draft;
-    for (;;) {
-        int best = -1;
-        double g = 0;
+    int best = -1;
+    double best_rate = 0;
+    for (int d = 0; d <= d_top; d++) {
+        double tok = 0;
+        int n_draft = 0, rows = 1;
         for (int i = 0; i < n; i++) {
             if (rc[i]) continue;
             const struct spec_seq *q = &e->seqs[seqs[i]];
-            if (!q->p.drafter || depth[i] >= q->p.n_max) continue;
-            const double gi = pow(alpha[i], depth[i] + 1);
-            if (gi > g) { g = gi; best = i; }
+            /* a sequence's n_min drafts are taken whatever they cost (its request asked for them) */
+            const int di = q->p.drafter ? COTI_MIN(COTI_MAX(d, q->p.n_min), q->p.n_max) : 0;
+            tok += 1;
+            for (int k = 1; k <= di; k++) tok += pow(alpha[i], k);
+            n_draft += di;
+            rows = COTI_MAX(rows, di + 1);
         }
-        if (best < 0) break;
-        const double T2 = verify_us(e, R + 1) + per_draft * (n_draft + 1);
-        if ((tok + g) / T2 <= tok / T) break;
-        depth[best]++;
-        R++;
-        n_draft++;
-        tok += g;
-        T = T2;
+        const double rate = tok / (verify_us(e, n_live, rows) + per_draft * n_draft);
+        if (best < 0 || rate > best_rate) { best = d; best_rate = rate; }
+    }
+    for (int i = 0; i < n; i++) {
+        if (rc[i]) continue;
+        const struct spec_seq *q = &e->seqs[seqs[i]];
+        depth[i] = q->p.drafter ? COTI_MIN(COTI_MAX(best, q->p.n_min), q->p.n_max) : 0;
     }
 }
 
 int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
     struct model *m = e->m;
-    const int max_rows = COTI_MIN(m->n_batch, COTI_MIN(m->n_seq, SPEC_MAX_BATCH) * (1 + SPEC_MAX_DRAFT));
+    const int max_seqs = COTI_MIN(m->n_seq, SPEC_MAX_BATCH);
     e->cost_n = 0;
     e->draft_n = 0;
-    if (m->n_ctx <= max_rows) return 0; /* no room: batched cycles draft as asked */
-    int32_t *toks = malloc(sizeof(int32_t) * (size_t)max_rows);
+    if (m->n_ctx <= SPEC_COST_ROWS) return 0; /* no room: batched cycles draft as asked */
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)m->n_batch);
     if (!toks) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
-    for (int i = 0; i < max_rows; i++) {
-        e->pos[i] = i;
-        e->seqv[i] = 0;
-        e->want[i] = true;
-        toks[i] = (int32_t)((7919u * (unsigned)i + 17u) % (unsigned)e->V);
-    }
     struct model_output o;
-    for (int n = 0, R = 1; R <= max_rows && n < SPEC_COST_POINTS; n++, R *= 2) {
-        double best = 0;
-        for (int rep = 0; rep < 5; rep++) {
-            model_seq_reset(m, 0);
-            struct model_batch b = {.n = R, .tokens = toks, .pos = e->pos, .seq = e->seqv, .want_logits = e->want,
-                                    .keep_states = true, .argmax_out = e->d_ids};
-            const int64_t t0 = coti_time_us();
-            int rc = model_forward(m, &b, &o, err, err_size);
-            if (rc) { model_seq_reset(m, 0); free(toks); return rc; }
-            m->be->sync(m->be);
-            const double us = (double)(coti_time_us() - t0);
-            best = rep == 0 || us < best ? us : best;
+    int rc = 0;
+    for (int i = 0; i < SPEC_COST_SEQS && (1 << i) <= max_seqs; i++) {
+        const int ns = 1 << i;
+        int r = 1;
+        for (; r <= SPEC_COST_ROWS && ns * r <= m->n_batch; r++) {
+            const int R = ns * r;
+            for (int k = 0; k < R; k++) {
+                e->pos[k] = k % r;
+                e->seqv[k] = k / r;
+                e->want[k] = true;
+                toks[k] = (int32_t)((7919u * (unsigned)k + 17u) % (unsigned)e->V);
+            }
+            double best = 0;
+            /* the best of 5: a shape's first forward runs op by op, its second records a graph */
+            for (int rep = 0; rep < 5; rep++) {
+                for (int s = 0; s < ns; s++) model_seq_reset(m, s);
+                struct model_batch b = {.n = R, .tokens = toks, .pos = e->pos, .seq = e->seqv,
+                                        .want_logits = e->want, .keep_states = true, .argmax_out = e->d_ids};
+                const int64_t t0 = coti_time_us();
+                if ((rc = model_forward(m, &b, &o, err, err_size))) break;
+                m->be->sync(m->be);
+                const double us = (double)(coti_time_us() - t0);
+                best = rep == 0 || us < best ? us : best;
+            }
+            if (rc) break;
+            /* more rows never cost less: a point below the one before is the machine's noise */
+            e->cost_us[i][r - 1] = r > 1 ? fmax(best, e->cost_us[i][r - 2]) : best;
         }
-        /* more rows never cost less: a point below the one before is the machine's noise */
-        e->cost_us[n] = n > 0 ? fmax(best, e->cost_us[n - 1]) : best;
-        e->cost_n = n + 1;
+        e->cost_r[i] = r - 1;
+        for (int s = 0; s < ns; s++) model_seq_reset(m, s);
+        if (rc) {
+            e->cost_n = 0;
+            break;
+        }
+        if (r == 1) break; /* not even one row each fits a forward */
+        e->cost_n = i + 1;
     }
-    model_seq_reset(m, 0);
     free(toks);
-    return 0;
+    return rc;
 }
 
-double spec_engine_verify_cost_us(const struct spec_engine *e, int rows) { return e->cost_n ? verify_us(e, rows) : 0.0; }
+double spec_engine_verify_cost_us(const struct spec_engine *e, int n_seqs, int rows) {
+    return e->cost_n && n_seqs >= 1 && rows >= 1 ? verify_us(e, n_seqs, rows) : 0.0;
+}
 
 int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *max_new, int32_t (*out)[SPEC_MAX_DRAFT + 1],
                     int *n_out, int *rc, struct spec_probe *const *probes, char *err, size_t err_size) {

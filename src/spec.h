@@ -112,20 +112,21 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
  * (split where their rows exceed n_batch, never inside a sequence), so each weight is read once
  * per cycle for every sequence: drafts per sequence first, then every verify row together, the
  * acceptance on the host. The same tokens as n calls of spec_seq_step (a row does not depend on
- * the rows beside it; after spec_engine_calibrate each sequence drafts at most as deep as pays
- * off for the whole batch). out[i] gets sequence seqs[i]'s 1..n_max+1 tokens (at most max_new[i]),
+ * the rows beside it; after spec_engine_calibrate the batch drafts as deep as pays off for the
+ * whole of it). out[i] gets sequence seqs[i]'s 1..n_max+1 tokens (at most max_new[i]),
  * n_out[i] their count, rc[i] its own status (0, or what spec_seq_step would return; err holds
  * the last failure's message). probes: NULL, or per entry spec_seq_step's teacher forcing (or
  * NULL), for the gate over a batch. Returns 0, or COTI_E_ARG for more than SPEC_MAX_BATCH. */
 int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *max_new, int32_t (*out)[SPEC_MAX_DRAFT + 1],
                     int *n_out, int *rc, struct spec_probe *const *probes, char *err, size_t err_size);
-/* Time a verify forward of 1, 2, 4, ... rows (up to what a batched cycle may have) on sequence 0,
- * which it leaves empty, so that batched cycles choose their draft depths from what rows cost
- * (spec_step_batch: a sequence's next draft is added while the cycle's tokens per second grow;
- * uncalibrated, each sequence drafts its n_max). Call it while no sequence is in use.
- * spec_engine_verify_cost_us: the calibrated time of a verify of rows rows (0: not calibrated). */
+/* Time verify forwards of 1, 2, 4, ... sequences (up to what a batched cycle may have) with 1 ..
+ * 5 rows each, on sequences from 0, which it leaves empty, so that batched cycles choose their
+ * draft depth from what rows cost (spec_step_batch: the depth whose tokens per second are the
+ * most; uncalibrated, each sequence drafts its n_max). Call it while no sequence is in use.
+ * spec_engine_verify_cost_us: the calibrated time of a verify of n_seqs sequences with `rows`
+ * rows each (0: not calibrated). */
 int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size);
-double spec_engine_verify_cost_us(const struct spec_engine *e, int rows);
+double spec_engine_verify_cost_us(const struct spec_engine *e, int n_seqs, int rows);
 /* Decode up to n_gen tokens of prompt on every sequence, greedy and sampled (temperature sp's,
  * or 0.8 when that is 0), with speculation p, then forget them (every sequence empty): a
  * backend that records the small steps as graphs has then recorded each sequence's decode and

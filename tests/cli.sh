@@ -370,7 +370,7 @@ bench_parallel() {
     printf '["def fib(n):", "int main(void)", "The capital of", "Once upon"]' > "$TMP/pp4.json"
     "$COTI" bench --parallel 1,2,4 --spec off,mtp:2 --prompts "$TMP/pp4.json" -n 12 --repeat 1 -t 1 --json "$TMP/ppar.json" \
         > "$TMP/ppar.txt" 2>/dev/null || return 1
-    grep -q 'groups batched, depth by verify cost (1 row [0-9]* us' "$TMP/ppar.txt" || return 1
+    grep -q 'groups batched, depth by verify cost (sequences x rows: 1x1 [0-9]* us, 1x2 [0-9]*, 4x1 [0-9]*' "$TMP/ppar.txt" || return 1
     python3 -c "
 import json, sys
 d = json.load(open(sys.argv[1]))

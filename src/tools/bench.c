@@ -574,8 +574,10 @@ int tool_bench_main(int argc, char **argv) {
     fprintf(table, "# bench %s | %zu prompts x %ld tokens, %ld repeats, threads %d | first fresh request each time, greedy%s",
            c.model_path, pl.n, n_gen, repeat, c.n_threads, c.spec.grammar ? ", under a grammar (an output may end early)" : "");
     if (max_par > 1)
-        fprintf(table, " | groups batched, depth by verify cost (1 row %.0f us, 4 rows %.0f us, 16 rows %.0f us)",
-                spec_engine_verify_cost_us(eng, 1), spec_engine_verify_cost_us(eng, 4), spec_engine_verify_cost_us(eng, 16));
+        fprintf(table, " | groups batched, depth by verify cost (sequences x rows: 1x1 %.0f us, 1x2 %.0f, 4x1 %.0f, 4x2 %.0f, "
+                "4x4 %.0f, 16x1 %.0f, 16x2 %.0f)", spec_engine_verify_cost_us(eng, 1, 1), spec_engine_verify_cost_us(eng, 1, 2),
+                spec_engine_verify_cost_us(eng, 4, 1), spec_engine_verify_cost_us(eng, 4, 2), spec_engine_verify_cost_us(eng, 4, 4),
+                spec_engine_verify_cost_us(eng, 16, 1), spec_engine_verify_cost_us(eng, 16, 2));
     if (o.depth) fprintf(table, " | after %ld random tokens (--depth), KV cache K %s V %s", o.depth,
                          ggml_type_traits_get(c.cache_type_k)->name, ggml_type_traits_get(c.cache_type_v)->name);
     fprintf(table, "\n");
