@@ -286,59 +286,106 @@ static int seq_setup(struct spec_engine *e, int s, const int32_t *prompt, int n_
     return 0;
 }
 
-/* Up to max_rows more of sequence s's prompt (seq_setup); at its end the first token is picked
- * into *first and *done set. */
-static int seq_prefill(struct spec_engine *e, int s, int max_rows, int32_t *first, bool *done, char *err, size_t err_size) {
+/* Sequence s's prompt is in: the first token, picked from logits row `row` of o (or the greedy
+ * pick at ids[row] of the forward's argmax_out), into *first. */
+static int prefill_first(struct spec_engine *e, int s, const struct model_output *o, int row, int32_t *first,
+                         char *err, size_t err_size) {
     struct model *m = e->m;
     struct spec_seq *q = &e->seqs[s];
-    struct drafter *d = drafter_for(e, q->p.drafter);
-    const struct spec_params *p = &q->p;
-    const struct sampler_params *sp = &q->sp;
-    const int32_t *prompt = q->hist;
-    const int n_prompt = q->pf_end;
-    *done = false;
-    if (q->pf_at >= n_prompt) return coti_fail(err, err_size, COTI_E_ARG, "sequence %d has no prompt to process", s);
-    int64_t t0 = coti_time_us();
-    struct model_output o;
+    const float *logits = o->logits + (size_t)row * e->V;
     int rc;
-    const int stop = max_rows >= n_prompt - q->pf_at ? n_prompt : q->pf_at + COTI_MAX(max_rows, 1);
-    for (int i0 = q->pf_at, n; i0 < stop; i0 += n) {
-        /* a chunk ends at n_batch rows, or where a checkpoint is wanted */
-        int end = COTI_MIN(i0 + m->n_batch, stop);
-        for (int k = 0; k < q->pf_n_ck; k++)
-            if (q->pf_ck[k] > i0 && q->pf_ck[k] < end) end = q->pf_ck[k];
-        bool mark = false;
-        for (int k = 0; k < q->pf_n_ck; k++) mark = mark || q->pf_ck[k] == end;
-        n = end - i0;
-        for (int i = 0; i < n; i++) e->pos[i] = i0 + i;
-        for (int i = 0; i < n; i++) e->seqv[i] = s;
-        struct model_batch b = {.n = n, .tokens = prompt + i0, .pos = e->pos, .seq = e->seqv, .prompt = true};
-        if (sampler_params_plain_argmax(sp) && !q->gs) b.argmax_out = e->d_ids; /* the greedy pick, in the forward's work */
-        rc = model_forward(m, &b, &o, err, err_size);
-        if (rc) return rc;
-        if (d && (rc = d->vt->observe(d, s, q->hist, i0, n, o.hidden, err, err_size))) return rc;
-        if (mark) model_seq_checkpoint(m, s, o.hidden + (size_t)(n - 1) * m->info.n_embd);
-        q->pf_at = end;
-    }
-    if (q->pf_at < n_prompt) {
-        q->pf_us += coti_time_us() - t0;
-        return 0;
-    }
-    if (sampler_params_plain_argmax(sp) && !q->gs) {
-        m->be->download(m->be, first, e->d_ids, sizeof *first);
-        if (q->n_top_probs >= 0) m->be->download(m->be, e->row, o.logits, sizeof(float) * (size_t)e->V);
+    if (sampler_params_plain_argmax(&q->sp) && !q->gs) {
+        m->be->download(m->be, first, e->d_ids + row, sizeof *first);
+        if (q->n_top_probs >= 0) m->be->download(m->be, e->row, logits, sizeof(float) * (size_t)e->V);
     } else {
-        m->be->download(m->be, e->row, o.logits, sizeof(float) * (size_t)e->V);
+        m->be->download(m->be, e->row, logits, sizeof(float) * (size_t)e->V);
         if ((*first = pick_token(e, q, q->gs, q->hist, q->n_hist, err, err_size)) < 0) return COTI_E_RANGE;
-        if (q->gs && (rc = grammar_accept_token(q->gs, p->grammar_vocab, *first)))
+        if (q->gs && (rc = grammar_accept_token(q->gs, q->p.grammar_vocab, *first)))
             return coti_fail(err, err_size, rc, "grammar: the first token was not accepted");
     }
     if (q->n_top_probs >= 0) spec_token_prob_of_row(e->row, e->V, *first, q->n_top_probs, &q->probs[0]);
     q->hist[q->n_hist++] = *first;
     q->st.n_gen = 1;
-    q->st.t_prompt_us = q->pf_us + coti_time_us() - t0;
-    *done = true;
     return 0;
+}
+
+/* Up to max_rows more of each sequence's prompt (seq_setup), the sequences' pieces together in
+ * forwards of at most n_batch rows (a piece also ends where a checkpoint is wanted); a sequence
+ * whose prompt is in gets its first token in first[i] and done[i] set; rc[i] its status. */
+static int seqs_prefill(struct spec_engine *e, int n, const int *seqs, int max_rows, int32_t *first, bool *done,
+                        int *rc, char *err, size_t err_size) {
+    struct model *m = e->m;
+    int stop[SPEC_MAX_BATCH];
+    for (int i = 0; i < n; i++) {
+        const struct spec_seq *q = &e->seqs[seqs[i]];
+        done[i] = false;
+        rc[i] = q->pf_at >= q->pf_end ? coti_fail(err, err_size, COTI_E_ARG, "sequence %d has no prompt to process", seqs[i]) : 0;
+        stop[i] = max_rows >= q->pf_end - q->pf_at ? q->pf_end : q->pf_at + COTI_MAX(max_rows, 1);
+    }
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)m->n_batch);
+    if (!toks) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    for (;;) {
+        const int64_t t0 = coti_time_us();
+        int rows = 0, in[SPEC_MAX_BATCH], row0[SPEC_MAX_BATCH], end[SPEC_MAX_BATCH], n_in = 0;
+        bool greedy = false;
+        for (int i = 0; i < n && rows < m->n_batch; i++) {
+            struct spec_seq *q = &e->seqs[seqs[i]];
+            if (rc[i] || q->pf_at >= stop[i]) continue;
+            int e_i = COTI_MIN(q->pf_at + m->n_batch - rows, stop[i]);
+            for (int k = 0; k < q->pf_n_ck; k++)
+                if (q->pf_ck[k] > q->pf_at && q->pf_ck[k] < e_i) e_i = q->pf_ck[k];
+            in[n_in] = i;
+            row0[n_in] = rows;
+            end[n_in++] = e_i;
+            for (int r = q->pf_at; r < e_i; r++, rows++) {
+                toks[rows] = q->hist[r];
+                e->pos[rows] = r;
+                e->seqv[rows] = seqs[i];
+                e->want[rows] = r == q->pf_end - 1; /* the prompt's last row: the first token */
+            }
+            greedy = greedy || (e_i == q->pf_end && sampler_params_plain_argmax(&q->sp) && !q->gs);
+        }
+        if (!n_in) break;
+        /* (the greedy picks come with the forward; they are per wanted row) */
+        struct model_batch b = {.n = rows, .tokens = toks, .pos = e->pos, .seq = e->seqv, .want_logits = e->want,
+                                .prompt = true, .argmax_out = greedy ? e->d_ids : NULL};
+        struct model_output o;
+        const int frc = model_forward(m, &b, &o, err, err_size);
+        int wanted = 0;
+        for (int j = 0; j < n_in; j++) {
+            const int i = in[j], s = seqs[i];
+            struct spec_seq *q = &e->seqs[s];
+            if (frc) { rc[i] = frc; continue; }
+            struct drafter *d = drafter_for(e, q->p.drafter);
+            const int len = end[j] - q->pf_at;
+            const float *hidden = o.hidden + (size_t)row0[j] * m->info.n_embd;
+            if (d && (rc[i] = d->vt->observe(d, s, q->hist, q->pf_at, len, hidden, err, err_size))) continue;
+            for (int k = 0; k < q->pf_n_ck; k++)
+                if (q->pf_ck[k] == end[j]) {
+                    model_seq_checkpoint(m, s, hidden + (size_t)(len - 1) * m->info.n_embd);
+                    break;
+                }
+            q->pf_at = end[j];
+            if (q->pf_at == q->pf_end) {
+                rc[i] = prefill_first(e, s, &o, wanted++, &first[i], err, err_size);
+                done[i] = rc[i] == 0;
+            }
+        }
+        const int64_t dt = coti_time_us() - t0;
+        for (int j = 0; j < n_in; j++) {
+            struct spec_seq *q = &e->seqs[seqs[in[j]]];
+            q->pf_us += dt;
+            if (done[in[j]]) q->st.t_prompt_us = q->pf_us;
+        }
+    }
+    free(toks);
+    return 0;
+}
+
+static int seq_prefill(struct spec_engine *e, int s, int max_rows, int32_t *first, bool *done, char *err, size_t err_size) {
+    int rc;
+    const int frc = seqs_prefill(e, 1, &s, max_rows, first, done, &rc, err, err_size);
+    return frc ? frc : rc;
 }
 
 static int seq_start(struct spec_engine *e, int s, const int32_t *prompt, int n_prompt, int n_keep,
@@ -422,10 +469,15 @@ int spec_seq_start_reuse(struct spec_engine *e, int s, int src, int n_reuse, con
     return rc;
 }
 
-int spec_seq_prefill(struct spec_engine *e, int s, int max_rows, int32_t *first, bool *done, char *err, size_t err_size) {
-    *done = false;
-    if (s < 0 || s >= e->m->n_seq) return coti_fail(err, err_size, COTI_E_ARG, "sequence %d out of range", s);
-    return seq_prefill(e, s, max_rows, first, done, err, err_size);
+int spec_seqs_prefill(struct spec_engine *e, int n, const int *seqs, int max_rows, int32_t *first, bool *done, int *rc,
+                      char *err, size_t err_size) {
+    if (n < 0 || n > SPEC_MAX_BATCH) return coti_fail(err, err_size, COTI_E_ARG, "%d sequences in a batch (at most %d)", n, SPEC_MAX_BATCH);
+    for (int i = 0; i < n; i++) {
+        if (seqs[i] < 0 || seqs[i] >= e->m->n_seq) return coti_fail(err, err_size, COTI_E_ARG, "sequence %d out of range", seqs[i]);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i]) return coti_fail(err, err_size, COTI_E_ARG, "sequence %d twice in a batch", seqs[i]);
+    }
+    return seqs_prefill(e, n, seqs, max_rows, first, done, rc, err, err_size);
 }
 
 int spec_seq_begin_reuse(struct spec_engine *e, int s, int src, int n_reuse, const int32_t *prompt, int n_prompt,

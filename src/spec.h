@@ -97,13 +97,18 @@ int spec_seq_begin_reuse(struct spec_engine *e, int s, int src, int n_reuse, con
                          int32_t *first, int *n_cached, char *err, size_t err_size);
 /* spec_seq_begin_reuse in steps, so that a long prompt does not stall other sequences: start
  * sets sequence s up (and takes what it reuses) without processing the prompt; each prefill
- * call processes up to max_rows more of it, and the one that reaches its end picks the first
- * token into *first and sets *done. The same results as spec_seq_begin_reuse whatever the
- * steps (only where a prefill forward splits moves; rows are computed alike). */
+ * call processes up to max_rows more of the prompt of each of n distinct started sequences
+ * seqs[i], all of them together in forwards of at most n_batch rows (prompts that arrive
+ * together are computed together), and the call that reaches a prompt's end picks its first
+ * token into first[i] and sets done[i]; rc[i] is that sequence's status. Returns 0, or an error
+ * for the call (a sequence out of range or twice). The same results as spec_seq_begin_reuse
+ * whatever the steps and companions, up to where a prompt's forwards split (on a backend whose
+ * prompt kernels depend on the batch, set_prompt, their rounding). */
 int spec_seq_start_reuse(struct spec_engine *e, int s, int src, int n_reuse, const int32_t *prompt, int n_prompt,
                          const int *ck_at, int n_ck_at, const struct sampler_params *sp, const struct spec_params *p,
                          int *n_cached, char *err, size_t err_size);
-int spec_seq_prefill(struct spec_engine *e, int s, int max_rows, int32_t *first, bool *done, char *err, size_t err_size);
+int spec_seqs_prefill(struct spec_engine *e, int n, const int *seqs, int max_rows, int32_t *first, bool *done, int *rc,
+                      char *err, size_t err_size);
 /* One cycle: emits 1..n_max+1 tokens into out (at most max_new), *n_out set. The last one is
  * pending (not yet in the target). probe may be NULL. */
 int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,

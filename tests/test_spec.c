@@ -589,12 +589,16 @@ Test(spec, prefill_in_steps_equals_whole, .timeout = 120) {
         int calls = 0;
         while (!done) {
             got[0] = -1;
-            cr_assert_eq(spec_seq_prefill(w.e, 0, 7 + calls % 5, &got[0], &done, err, sizeof err), 0, "%s", err);
+            int rc = 0;
+            cr_assert_eq(spec_seqs_prefill(w.e, 1, (int[]){0}, 7 + calls % 5, &got[0], &done, &rc, err, sizeof err), 0, "%s", err);
+            cr_assert_eq(rc, 0, "%s", err);
             cr_assert(done || got[0] == -1, "a first token before the prompt's end");
             calls++;
         }
         cr_assert_geq(calls, 150 / 11, "the prompt went in steps");
-        cr_assert_neq(spec_seq_prefill(w.e, 0, 7, &got[1], &done, err, sizeof err), 0, "nothing left to process");
+        int rc = 0;
+        cr_assert_eq(spec_seqs_prefill(w.e, 1, (int[]){0}, 7, &got[1], &done, &rc, err, sizeof err), 0);
+        cr_assert_neq(rc, 0, "nothing left to process");
         for (int n = 1, nb; n < N_GEN; n += nb) {
             int32_t buf[SPEC_MAX_DRAFT + 1];
             cr_assert_eq(spec_seq_step(w.e, 0, N_GEN - n, buf, &nb, NULL, err, sizeof err), 0, "%s", err);
@@ -604,4 +608,58 @@ Test(spec, prefill_in_steps_equals_whole, .timeout = 120) {
     }
     env_close(&v);
     env_close(&w);
+}
+
+/* Prompts of several sequences prefilled together (spec_seqs_prefill: pieces of each in shared
+ * forwards of n_batch 40 rows, in steps of 23 rows, one with a checkpoint inside, one greedy
+ * with mtp, one sampled) give each sequence the tokens it gets alone. */
+Test(spec, prompts_prefilled_together_equal_alone, .timeout = 120) {
+    enum { NS = 3 };
+    static const int np[NS] = {90, 7, 53};
+    struct env one = env_open(MODEL_PATH), many = env_open_seqs(MODEL_PATH, NS, 40);
+    char err[512];
+    int32_t prompt[NS][90], ref[NS][N_GEN], got[NS][N_GEN];
+    struct sampler_params sp[NS];
+    struct spec_params p[NS];
+    for (int i = 0; i < NS; i++) {
+        for (int j = 0; j < np[i]; j++) prompt[i][j] = (int32_t)((j * 31 + 7 * i + 5) % 2000);
+        sp[i] = sampler_params_basic(i == 2 ? 0.8f : 0.0f, 0, 1.0f, 0.0f, 11 + i);
+        p[i] = spec_params_default();
+        p[i].drafter = i == 0 && spec_engine_supports(one.e, &drafter_kind_mtp) ? &drafter_kind_mtp : NULL;
+        generate_with(&one, prompt[i], np[i], &sp[i], &p[i], ref[i], N_GEN);
+    }
+    const int ck = 61;
+    for (int i = 0; i < NS; i++) {
+        int n_cached = -1;
+        cr_assert_eq(spec_seq_start_reuse(many.e, i, i, 0, prompt[i], np[i], &ck, i == 0, &sp[i], &p[i], &n_cached, err,
+                                          sizeof err), 0, "%s", err);
+    }
+    int seqs[NS], rc[NS], n_left = NS, calls = 0;
+    bool done[NS], finished[NS] = {false};
+    int32_t first[NS];
+    while (n_left > 0) {
+        int n = 0;
+        for (int i = 0; i < NS; i++) if (!finished[i]) seqs[n++] = i;
+        cr_assert_eq(spec_seqs_prefill(many.e, n, seqs, 23, first, done, rc, err, sizeof err), 0, "%s", err);
+        for (int j = 0; j < n; j++) {
+            cr_assert_eq(rc[j], 0, "sequence %d: %s", seqs[j], err);
+            if (!done[j]) continue;
+            finished[seqs[j]] = true;
+            got[seqs[j]][0] = first[j];
+            n_left--;
+        }
+        calls++;
+    }
+    cr_assert_geq(calls, 4, "the longest prompt went in steps");
+    for (int i = 0; i < NS; i++)
+        for (int k = 1, nb; k < N_GEN; k += nb) {
+            int32_t buf[SPEC_MAX_DRAFT + 1];
+            cr_assert_eq(spec_seq_step(many.e, i, N_GEN - k, buf, &nb, NULL, err, sizeof err), 0, "%s", err);
+            memcpy(&got[i][k], buf, sizeof(int32_t) * (size_t)COTI_MIN(nb, N_GEN - k));
+        }
+    for (int i = 0; i < NS; i++) cr_assert_eq(memcmp(ref[i], got[i], sizeof ref[i]), 0, "sequence %d differs from alone", i);
+    int bad[2] = {0, 0};
+    cr_assert_neq(spec_seqs_prefill(many.e, 2, bad, 5, first, done, rc, err, sizeof err), 0, "a sequence twice");
+    env_close(&one);
+    env_close(&many);
 }

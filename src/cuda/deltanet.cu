@@ -464,11 +464,21 @@ void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct
     struct cuda_ctx *c = cuda_enter(be);
     if (nv < 1) return;
     if (dk > GDN_MAX_DIM || dv > GDN_MAX_DIM || nk < 1) abort(); /* model loading rejects such files */
-    for (int r0 = 0; r0 < n_runs; r0 += CUDA_RUNS) {
-        const int n = COTI_MIN(CUDA_RUNS, n_runs - r0);
-        int max_len;
-        const cuda_runs a = runs_arg(runs, r0, n, &max_len);
-        if (max_len >= 1) gdn_launch(c, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, a, n, max_len);
+    /* in a prompt, long runs and short ones launch apart: a run's kernel (and so its rounding)
+     * then follows from its own length, not from the runs beside it */
+    struct state_run part[CUDA_RUNS];
+    for (int longer = 0; longer < 2; longer++) {
+        int n = 0;
+        for (int r = 0; r <= n_runs; r++) {
+            if (r < n_runs && (!c->prompt || (runs[r].len > GDN_ROWS_MAX_TOK) == (longer == 1))) part[n++] = runs[r];
+            if (n == CUDA_RUNS || (r == n_runs && n > 0)) {
+                int max_len;
+                const cuda_runs a = runs_arg(part, 0, n, &max_len);
+                if (max_len >= 1) gdn_launch(c, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, a, n, max_len);
+                n = 0;
+            }
+        }
+        if (!c->prompt) break;
     }
 }
 

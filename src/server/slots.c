@@ -589,13 +589,9 @@ static void slot_begin(struct slots *s, struct slot *sl) {
     if (rc) slot_prompt_failed(s, sl, rc, err);
 }
 
-/* Up to max_rows more of slot sl's prompt; at its end the first token goes out. */
-static void slot_prefill(struct slots *s, struct slot *sl, int max_rows) {
+/* Slot sl's prefill went (rc, done, first): at its prompt's end the first token goes out. */
+static void slot_prefilled(struct slots *s, struct slot *sl, int rc, bool done, int32_t first, const char *err) {
     struct task *t = sl->t;
-    char err[256];
-    int32_t first = -1;
-    bool done;
-    int rc = spec_seq_prefill(s->e, sl->id, max_rows, &first, &done, err, sizeof err);
     sl->state_ok = rc == 0;
     if (rc) {
         slot_prompt_failed(s, sl, rc, err);
@@ -617,6 +613,22 @@ static void slot_prefill(struct slots *s, struct slot *sl, int max_rows) {
     if (slot_take_token(s, sl, first, probs ? &probs[0] : NULL)) return;
     task_wake(t);
     slot_view_update(s, sl);
+}
+
+/* Up to max_rows more of the prompt of each slot in sl[0, n): together, in shared forwards
+ * (prompts that arrive together are computed together). */
+static void slots_prefill(struct slots *s, struct slot **sl, int n, int max_rows) {
+    for (int i0 = 0; i0 < n; i0 += SPEC_MAX_BATCH) {
+        const int m = COTI_MIN(n - i0, SPEC_MAX_BATCH);
+        int seqs[SPEC_MAX_BATCH], rc[SPEC_MAX_BATCH];
+        int32_t first[SPEC_MAX_BATCH];
+        bool done[SPEC_MAX_BATCH];
+        char err[256];
+        for (int i = 0; i < m; i++) seqs[i] = sl[i0 + i]->id;
+        if (spec_seqs_prefill(s->e, m, seqs, max_rows, first, done, rc, err, sizeof err))
+            for (int i = 0; i < m; i++) rc[i] = COTI_E_ARG, done[i] = false;
+        for (int i = 0; i < m; i++) slot_prefilled(s, sl[i0 + i], rc[i], done[i], first[i], err);
+    }
 }
 
 /* How many tokens slot sl's next step may emit; 0 when its context is full, which ends it as if
@@ -746,7 +758,7 @@ static void *slots_engine_main(void *arg) {
          * prompt then delays the others by a chunk per cycle, not by all of it), whole when
          * none does */
         const int chunk = n_step ? COTI_MAX(SLOTS_PREFILL_CHUNK_MIN, s->m->n_batch / 4) : INT_MAX;
-        for (int i = 0; i < n_prefill; i++) slot_prefill(s, s->prefilling[i], chunk);
+        slots_prefill(s, s->prefilling, n_prefill, chunk);
         if (n_busy) {
             const struct graph_stats gs = engine_graph_stats(s->m);
             metrics_count_decode(s->mx, n_busy, &gs);
