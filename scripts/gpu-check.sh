@@ -16,6 +16,7 @@
 # and with the assistant.
 # qwen35moe: random tiny models of four weight types (and the merged gate/up layout), logits CPU vs
 # CUDA and the gate at mtp n_max 1-4. gemma4 with routed experts: the same with the assistant.
+# coti serve: 16 concurrent requests answer as each alone (serve-identity.py), prefix reuse.
 # NINE_B=FILE: the 9B-shaped model to use (written there when missing, kept afterwards).
 set -u
 B=${1:-build-cuda}
@@ -196,6 +197,11 @@ say "gemma4 e2b greedy, ring + assistant vs no ring: $([ "$ring" = "$full" ] && 
     -n 128 --repeat 3 > "$O/bench-gemma4.txt" 2>&1
 say "gemma4 + assistant:"; grep -E '^(off|assistant)' "$O/bench-gemma4.txt" | cut -c1-80 | tee -a "$O/summary.txt"
 rm -f "$E2B" "$A8"
+
+# 16 concurrent requests (prompts prefilled together, batched cycles) as each alone
+r=$(python3 scripts/serve-identity.py "$C" --device cuda 2>&1 | tail -1)
+say "serve, concurrent = alone: $r"
+echo "$r" | grep -q ': ok$' || bad=1
 
 for spec in mtp off; do
     r=$(python3 scripts/reuse-check.py "$C" --device cuda --spec $spec 2>&1 | tail -1)
