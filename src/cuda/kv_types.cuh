@@ -7,8 +7,8 @@
  * op or batch stored it and whatever the CPU stores for the same floats: q8_0 d = amax/127,
  * codes roundf(x·(1/d)) clamped to ±127; q4_0 d = (the signed value of largest magnitude, the
  * first on ties)/-8, codes trunc(x·(1/d) + 8.5) clamped to [0, 15]; products and sums rounded
- * one at a time (no FMA contraction), as the host's compiler does them. Loads give d·code,
- * exact in f32. */
+ * one at a time (no FMA contraction), as the host's compiler does them. Loads give the codes and d
+ * apart (d·code is exact in f32; a reader applies d once per 8 elements). */
 #ifndef COTI_CUDA_KV_TYPES_CUH
 #define COTI_CUDA_KV_TYPES_CUH
 
@@ -57,8 +57,21 @@ template <int T> __device__ __forceinline__ void kv_store_head(uint8_t *dst, con
     }
 }
 
-/* Elements [e, e + 8) of a cached head row at p (e a multiple of 8) into o. */
-template <int T> __device__ __forceinline__ void kv_load8(const uint8_t *p, int e, float *o) {
+/* Small integers to f32 without I2F (a quarter-rate pipe on sm_90, the attention loop's
+ * bottleneck for block caches): the integer (biased to >= 0) becomes the low mantissa bits of
+ * 2^23, and the subtraction of 2^23 + bias is exact, so the float is the one I2F gives. */
+__device__ __forceinline__ float kv_s8_to_f32(uint32_t word, int byte) { /* signed byte `byte` of word */
+    return __uint_as_float(__byte_perm(word ^ 0x80808080u, 0x4B000000u, 0x7540 + byte)) - 8388736.0f;
+}
+__device__ __forceinline__ float kv_q4_to_f32(uint32_t nibble) { /* a q4_0 code 0..15: nibble - 8 */
+    return __uint_as_float(0x4B000000u | nibble) - 8388616.0f;
+}
+
+/* Elements [e, e + 8) of a cached head row at p (e a multiple of 8): into o the values (float
+ * types) or the codes (block types, exact in f32), and returned the factor that makes the
+ * codes values, the block's d (1 for the float types): a reader multiplies once per 8. */
+template <int T> constexpr bool kv_scaled = T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q4_0;
+template <int T> __device__ __forceinline__ float kv_load8(const uint8_t *p, int e, float *o) {
     if constexpr (T == GGML_TYPE_F16 || T == GGML_TYPE_BF16) {
         const uint4 v = *(const uint4 *)(p + 2 * (size_t)e);
         const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -73,28 +86,29 @@ template <int T> __device__ __forceinline__ void kv_load8(const uint8_t *p, int 
                 o[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
             }
         }
+        return 1.0f;
     } else if constexpr (T == GGML_TYPE_Q8_0) {
         const uint8_t *blk = p + 34 * (size_t)(e / 32);
-        const float d = cuda_h2f(*(const uint16_t *)blk);
         const uint16_t *q = (const uint16_t *)(blk + 2 + e % 32); /* 2-byte aligned */
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const uint16_t h = q[i];
-            o[2 * i] = (float)(int8_t)(h & 0xFF) * d;
-            o[2 * i + 1] = (float)(int8_t)(h >> 8) * d;
+            const uint32_t h = q[i];
+            o[2 * i] = kv_s8_to_f32(h, 0);
+            o[2 * i + 1] = kv_s8_to_f32(h, 1);
         }
+        return cuda_h2f(*(const uint16_t *)blk);
     } else {
         static_assert(T == GGML_TYPE_Q4_0, "a KV type");
         const uint8_t *blk = p + 18 * (size_t)(e / 32);
-        const float d = cuda_h2f(*(const uint16_t *)blk);
         const int r = e % 32, shift = r < 16 ? 0 : 4;
         const uint16_t *q = (const uint16_t *)(blk + 2 + r % 16);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const uint16_t h = q[i];
-            o[2 * i] = (float)((int)((h >> shift) & 0xF) - 8) * d;
-            o[2 * i + 1] = (float)((int)((h >> (8 + shift)) & 0xF) - 8) * d;
+            o[2 * i] = kv_q4_to_f32((h >> shift) & 0xF);
+            o[2 * i + 1] = kv_q4_to_f32((h >> (8 + shift)) & 0xF);
         }
+        return cuda_h2f(*(const uint16_t *)blk);
     }
 }
 

@@ -69,6 +69,7 @@ int kv_cache_init(struct kv_cache *kv, struct backend *be, const struct kv_layer
         }
         const size_t cells = (size_t)n_seq * (size_t)(kv->windowed[il] ? kv->win : kv->full).block;
         *v = kv_view_make(k_type, v_type, sp->n_head_kv, sp->head_dim, NULL, NULL);
+        v->max_rows = kv->windowed[il] ? COTI_MIN(sp->window, kv->win.block) : kv->full.block;
         kv->owns[il] = true;
         v->k = be->alloc(be, cells * v->k_row_bytes);
         v->v = be->alloc(be, cells * v->v_row_bytes);

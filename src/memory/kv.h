@@ -23,6 +23,8 @@ struct kv_view {
                                     head's part of it is head_dim elements, whole blocks */
     void *k, *v;                 /* backend memory, [n_seq·n_ctx] rows each */
     bool read_only;              /* a drafter reading its target's cache must not store */
+    int max_rows;                /* the most rows one token attends (a sequence's cells, or
+                                    the window), 0: not known; sizes a backend's work split */
 };
 
 /* What a layer of a cache needs: its width, and whether it reuses an earlier layer's storage. */
@@ -86,7 +88,7 @@ static inline struct kv_view kv_view_make(enum ggml_type k_type, enum ggml_type 
                                           void *k, void *v) {
     const int64_t n = (int64_t)n_head_kv * head_dim;
     struct kv_view w = {k_type, v_type, n_head_kv, head_dim, ggml_row_size(k_type, n), ggml_row_size(v_type, n),
-                        k, v, false};
+                        k, v, false, 0};
     return w;
 }
 

@@ -975,7 +975,7 @@ static void test_attn_prep_q_only(int H, int HKV, int D, int n_rot) {
  * n_ctx cells each; also checks that every token alone gives the bits it gave in the batch. */
 /* gemma: gemma4's layout (q heads packed, scale 1), with a sliding window of `window` rows (0: none) */
 static void test_attention_win(enum ggml_type tk, enum ggml_type tv, int n_tok, int len0, int n_head, int n_head_kv,
-                               int D, int seq, bool gemma, int window) {
+                               int D, int seq, bool gemma, int window, int max_rows) {
     char shape[128];
     const int n_ctx = len0 + n_tok + 5, n_cells = (seq + 1) * n_ctx, kvd = n_head_kv * D;
     /* q interleaved with its gate, as qwen35 does; packed heads as gemma4 does */
@@ -1007,7 +1007,8 @@ static void test_attention_win(enum ggml_type tk, enum ggml_type tv, int n_tok, 
     float *dout = galloc(sizeof(float) * n_tok * n_head * D);
     const float scale = gemma ? 1.0f : 1.0f / sqrtf((float)D);
     const struct kv_view kvc = kv_view_make(tk, tv, n_head_kv, D, kc, vc);
-    const struct kv_view kvg = kv_view_make(tk, tv, n_head_kv, D, dkc, dvc);
+    struct kv_view kvg = kv_view_make(tk, tv, n_head_kv, D, dkc, dvc);
+    kvg.max_rows = max_rows < 0 ? n_ctx : max_rows; /* -1: the sequence's cells, as a cache says */
     cpu->attention(cpu, q, qs, qhs, &kvc, cell0, nctx, n_tok, n_head, scale, oc);
     /* an error of the order of rounding in a score s is s·ε relative in its weight exp(s - m),
      * so the tolerance grows with the largest |score| seen (gemma4's scale 1 makes them large) */
@@ -1053,7 +1054,7 @@ static void test_attention_win(enum ggml_type tk, enum ggml_type tv, int n_tok, 
 }
 static void test_attention_types(enum ggml_type tk, enum ggml_type tv, int n_tok, int len0, int n_head, int n_head_kv,
                                  int D, int seq) {
-    test_attention_win(tk, tv, n_tok, len0, n_head, n_head_kv, D, seq, false, 0);
+    test_attention_win(tk, tv, n_tok, len0, n_head, n_head_kv, D, seq, false, 0, -1);
 }
 static void test_attention(int n_tok, int len0, int n_head, int n_head_kv, int D, int seq) {
     test_attention_types(GGML_TYPE_F16, GGML_TYPE_F16, n_tok, len0, n_head, n_head_kv, D, seq);
@@ -1465,29 +1466,40 @@ static void bench_formed(cudaEvent_t e0, cudaEvent_t e1, int op, int n_in, int n
     free_hweight(&hw);
 }
 
-/* Decode / verify attention over a cache of len rows (the 9B's 16/4 heads of 256), as a graph
- * of `iters` calls: the split + merge kernels a step runs per attention layer. */
-static void bench_attention(cudaEvent_t e0, cudaEvent_t e1, int n_tok, int len) {
-    const int n_head = 16, n_head_kv = 4, D = 256, kvd = n_head_kv * D, qs = 2 * n_head * D, reps = 7, iters = 50;
-    const size_t nkv = (size_t)(len + n_tok) * kvd;
-    float *q = xmalloc(sizeof(float) * n_tok * qs);
-    uint16_t *kv = xmalloc(2 * nkv);
+/* Decode / verify attention over a cache of len rows (n_head / n_head_kv heads of D, K and V of
+ * types tk / tv), as a graph of `iters` calls: the split + merge kernels a step runs per
+ * attention layer; GB/s of the cache rows the call reads once. The cache is sized for the
+ * view's max_rows, as a context of len + n_tok would be. */
+static void bench_attention(cudaEvent_t e0, cudaEvent_t e1, int n_tok, int len, int n_head, int n_head_kv, int D,
+                            enum ggml_type tk, enum ggml_type tv) {
+    const int kvd = n_head_kv * D, qs = 2 * n_head * D, reps = 7, iters = 50, cells = len + n_tok;
+    const size_t krb = ggml_row_size(tk, kvd), vrb = ggml_row_size(tv, kvd);
+    float *q = xmalloc(sizeof(float) * n_tok * qs), *row = xmalloc(sizeof(float) * kvd);
+    uint8_t *kc = xmalloc(krb * cells), *vc = xmalloc(vrb * cells);
     int32_t cell0[8], nctx[8];
     fill(q, (size_t)n_tok * qs, 1.5f);
-    for (size_t i = 0; i < nkv; i++) kv[i] = f32_to_fp16(frand());
+    for (int c = 0; c < cells; c++) {
+        fill(row, (size_t)kvd, 2.0f);
+        quant_quantize_row_ref(tk, row, kc + (size_t)c * krb, kvd);
+        fill(row, (size_t)kvd, 3.0f);
+        quant_quantize_row_ref(tv, row, vc + (size_t)c * vrb, kvd);
+    }
     for (int t = 0; t < n_tok; t++) { cell0[t] = 0; nctx[t] = len + t + 1; }
     float *dq = gdup(q, sizeof(float) * n_tok * qs), *dout = galloc(sizeof(float) * n_tok * n_head * D);
-    uint16_t *dk = gdup(kv, 2 * nkv), *dv = gdup(kv, 2 * nkv);
+    uint8_t *dk = gdup(kc, krb * cells), *dv = gdup(vc, vrb * cells);
     int32_t *dc0 = gdup(cell0, sizeof(int32_t) * n_tok), *dn = gdup(nctx, sizeof(int32_t) * n_tok);
-    const struct kv_view kvg = kv_view_make(GGML_TYPE_F16, GGML_TYPE_F16, n_head_kv, D, dk, dv);
+    struct kv_view kvg = kv_view_make(tk, tv, n_head_kv, D, dk, dv);
+    kvg.max_rows = cells;
     for (int i = -1; i < iters; i++) {
         if (i == 0) gpu->capture_begin(gpu);
-        gpu->attention(gpu, dq, qs, 2 * D, &kvg, dc0, dn, n_tok, n_head, 1.0f / 16.0f, dout);
+        gpu->attention(gpu, dq, qs, 2 * D, &kvg, dc0, dn, n_tok, n_head, 1.0f / sqrtf((float)D), dout);
     }
-    printf("attention 16/4 heads of 256, rows %d, cache %5d graph: %7.2f us per call\n", n_tok, len,
-           graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1));
+    const double us = graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1);
+    printf("attention %2d/%d heads of %3d K %-4s V %-4s rows %d, cache %5d graph: %8.2f us per call, %6.1f GB/s\n",
+           n_head, n_head_kv, D, ggml_type_traits_get(tk)->name, ggml_type_traits_get(tv)->name, n_tok, len, us,
+           (double)len * (krb + vrb) / us * 1e-3);
     gpu->free(gpu, dq); gpu->free(gpu, dout); gpu->free(gpu, dk); gpu->free(gpu, dv); gpu->free(gpu, dc0); gpu->free(gpu, dn);
-    free(q); free(kv);
+    free(q); free(row); free(kc); free(vc);
 }
 
 /* A matmul of weight type t, n_in -> n_out, at each row count: µs per call, GB/s of weights
@@ -1604,8 +1616,20 @@ static void bench(void) {
                                     {0, 4096, 4096}, {1, 12288, 4096}, {2, 4096, 4096}, {3, 4096, 4096}};
     for (size_t k = 0; k < sizeof formed / sizeof formed[0] && want("formed"); k++)
         for (int nt = 1; nt <= 4; nt++) bench_formed(e0, e1, formed[k][0], formed[k][1], formed[k][2], nt);
+    /* the 9B's heads at short caches (f16); the default model's and the 9B's at 4096 and 32768
+     * rows with each cache type */
     static const int att[][2] = {{1, 32}, {1, 160}, {1, 1024}, {3, 160}};
-    for (size_t k = 0; k < sizeof att / sizeof att[0] && want("attention"); k++) bench_attention(e0, e1, att[k][0], att[k][1]);
+    for (size_t k = 0; k < sizeof att / sizeof att[0] && want("attention"); k++)
+        bench_attention(e0, e1, att[k][0], att[k][1], 16, 4, 256, GGML_TYPE_F16, GGML_TYPE_F16);
+    static const int att_shape[][3] = {{6, 2, 64}, {16, 4, 256}}, att_len[] = {4096, 32768};
+    static const enum ggml_type att_type[][2] = {{GGML_TYPE_F16, GGML_TYPE_F16}, {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0},
+                                                 {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0}, {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0}};
+    for (int sh = 0; sh < 2 && want("attention"); sh++)
+        for (int li = 0; li < 2; li++)
+            for (int ty = 0; ty < 4; ty++)
+                for (int nt = 1; nt <= 4; nt += 3)
+                    bench_attention(e0, e1, nt, att_len[li], att_shape[sh][0], att_shape[sh][1], att_shape[sh][2],
+                                    att_type[ty][0], att_type[ty][1]);
     static const int shapes[][2] = {{384, 384}, {384, 16384}, {4096, 4096}, {4096, 12288}, {12288, 4096}, {4096, 248320}};
     static const int rows[] = {1, 2, 4, 8, 64, 512};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0] && want("matmul"); k++)
@@ -1880,9 +1904,9 @@ static void run_attention(void) {
     test_attention(10, 30, 4, 2, 512, 0);    /* prompt, widest head: 2 per block */
     test_attention(9, 7, 6, 3, 36, 0);       /* prompt, scalar path, 3 per KV head: 1 per block */
     /* gemma4's trained model: sliding layers (window 128, 2 KV heads of 64), full (1 of 128) */
-    test_attention_win(GGML_TYPE_F16, GGML_TYPE_F16, 300, 0, 4, 2, 64, 0, true, 128);
-    test_attention_win(GGML_TYPE_F16, GGML_TYPE_F16, 300, 0, 4, 1, 128, 1, true, 0);
-    test_attention_win(GGML_TYPE_F16, GGML_TYPE_F16, 5, 200, 4, 2, 64, 0, true, 128);
+    test_attention_win(GGML_TYPE_F16, GGML_TYPE_F16, 300, 0, 4, 2, 64, 0, true, 128, -1);
+    test_attention_win(GGML_TYPE_F16, GGML_TYPE_F16, 300, 0, 4, 1, 128, 1, true, 0, -1);
+    test_attention_win(GGML_TYPE_F16, GGML_TYPE_F16, 5, 200, 4, 2, 64, 0, true, 128, -1);
     /* the other cache types: the same values (exact conversions), the same tolerance */
     const enum ggml_type f16 = GGML_TYPE_F16, bf16 = GGML_TYPE_BF16, q8 = GGML_TYPE_Q8_0, q4 = GGML_TYPE_Q4_0;
     test_attention_types(q8, q8, 1, 700, 16, 4, 256, 1);   /* decode */
@@ -1895,6 +1919,16 @@ static void run_attention(void) {
     test_attention_types(f16, bf16, 2, 10, 2, 1, 400, 0);
     test_attention_types(bf16, q8, 4, 300, 16, 4, 256, 0);
     test_attention_types(q8, q4, 20, 100, 16, 4, 256, 0);  /* prompt, 4 query heads per block */
+    /* long caches split past 32 slices (one per 256 rows), narrow heads walked 8 or 16 lanes a
+     * row: the default model's 6/2 heads of 64 */
+    test_attention(1, 20000, 6, 2, 64, 0);                 /* 79 slices: a part batch of merges */
+    test_attention(4, 9000, 6, 2, 64, 1);                  /* verify rows = each alone */
+    test_attention(3, 3000, 8, 2, 128, 0);                 /* 16 lanes a row */
+    test_attention(10, 70, 6, 2, 64, 0);                   /* prompt, 8 lanes a row */
+    test_attention_types(q8, q4, 2, 40000, 6, 2, 64, 0);   /* 128 slices, the most */
+    test_attention_types(q4, q4, 3, 33000, 16, 4, 256, 0);
+    /* a view that does not say how long it may get: every launch takes the most slices */
+    test_attention_win(q8, q8, 3, 12000, 6, 2, 64, 1, false, 0, 0);
 }
 static void run_ssm_conv(void) {
     test_ssm_conv(1, 8192, 4, 1);
