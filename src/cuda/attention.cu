@@ -283,7 +283,7 @@ attn_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, 
                 float r[4];
 #pragma unroll
                 for (int c = 0; c < 4; c++) r[c] = 4 * gi + c < D ? walkers_sum(4 * gi + c) : 0.0f;
-                *(float4 *)(ph + (size_t)(2 + 4 * gi) * ATTN_SPLIT_MAX + 4 * s) = make_float4(r[0], r[1], r[2], r[3]);
+                __stcg((float4 *)(ph + (size_t)(2 + 4 * gi) * ATTN_SPLIT_MAX + 4 * s), make_float4(r[0], r[1], r[2], r[3]));
             }
             /* the token-head's last slice to finish merges them all (a merge kernel of its own
              * cost a dependent launch per attention layer) and rearms the counter for the next */
