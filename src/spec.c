@@ -934,8 +934,11 @@ int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
                 best = rep == 0 || us < best ? us : best;
             }
             if (rc) break;
-            /* more rows never cost less: a point below the one before is the machine's noise */
-            e->cost_us[i][r - 1] = r > 1 ? fmax(best, e->cost_us[i][r - 2]) : best;
+            /* more rows never cost less, nor more sequences: a point below the one before it
+             * (rows) or below the fewer sequences' (same rows) is the machine's noise */
+            double cost = r > 1 ? fmax(best, e->cost_us[i][r - 2]) : best;
+            if (i > 0 && r <= e->cost_r[i - 1]) cost = fmax(cost, e->cost_us[i - 1][r - 1]);
+            e->cost_us[i][r - 1] = cost;
         }
         e->cost_r[i] = r - 1;
         for (int s = 0; s < ns; s++) model_seq_reset(m, s);
