@@ -22,7 +22,6 @@
 #include <limits.h>
 
 #define ATTN_WARPS 4
-#define ATTN_WALKERS (ATTN_WARPS * 32 / 8) /* the most walkers of a block: 8 lanes each */
 #define ATTN_SPLIT_MIN 32
 #define ATTN_SPLIT_MAX 128       /* a multiple of 32: the merge's weights are one warp's */
 #define ATTN_SLICE_ROWS 256
@@ -345,6 +344,9 @@ static void attention_launch(struct cuda_ctx *c, const float *q, int q_stride, i
     } while (0)
 #define ATTN_LAUNCH(TK, TV, NE, VEC)                                                            \
     do {                                                                                        \
+        /* narrower walkers only where a lane holds one 8 of the head; the ternaries keep the   \
+         * branches that cannot run from naming instances no one defines (a host function's     \
+         * `if constexpr` still instantiates both sides) */                                     \
         if (NE == 8 && VEC && lw == 8) ATTN_LAUNCH_W(TK, TV, NE, VEC, (NE == 8 && VEC ? 8 : 32));   \
         else if (NE == 8 && VEC && lw == 16) ATTN_LAUNCH_W(TK, TV, NE, VEC, (NE == 8 && VEC ? 16 : 32)); \
         else ATTN_LAUNCH_W(TK, TV, NE, VEC, 32);                                                \
