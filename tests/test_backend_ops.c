@@ -80,6 +80,7 @@ static void check_gdn(bool chunked, int n_tok, float gscale) {
     for (int l = QUANT_CPU_REF; l <= (int)quant_cpu_level_detect(); l++) {
         check_gdn_level(chunked, n_tok, gscale, (enum quant_cpu_level)l, 16, 16);
         check_gdn_level(chunked, n_tok, gscale, (enum quant_cpu_level)l, 20, 12); /* vector tails */
+        check_gdn_level(chunked, n_tok, gscale, (enum quant_cpu_level)l, 64, 72); /* value rows past one pass */
     }
 }
 

@@ -46,6 +46,14 @@ static inline void vscale(float *y, float a, int n) {
     if (i < n) store_tail(y + i, n - i, _mm256_mul_ps(va, load_tail(y + i, n - i)));
 }
 
+/* y = a y + b x */
+static inline void vscale_add(float *y, float a, float b, const float *x, int n) {
+    const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vb, _mm256_loadu_ps(x + i), _mm256_mul_ps(va, _mm256_loadu_ps(y + i))));
+    if (i < n) store_tail(y + i, n - i, _mm256_fmadd_ps(vb, load_tail(x + i, n - i), _mm256_mul_ps(va, load_tail(y + i, n - i))));
+}
+
 /* Lane i of the result = the sum of the 8 lanes of v[i]: pairwise horizontal adds within the
  * 128-bit halves, then the two halves of each row added. */
 static inline __m256 reduce8(const __m256 v[8]) {
@@ -90,6 +98,13 @@ static inline void vdot_rows(const float *q, const float *k, int nb, int n, floa
         if (m == 8) _mm256_storeu_ps(out + c0, s);
         else store_tail(out + c0, m, s);
     }
+}
+
+/* oa[c] = a · row c, ob[c] = b · row c (two passes: the 8-lane unit has too few registers
+ * for both products of 8 rows) */
+static inline void vdot2_rows(const float *a, const float *b, const float *k, int nb, int n, float *oa, float *ob) {
+    vdot_rows(a, k, nb, n, 1.0f, oa);
+    vdot_rows(b, k, nb, n, 1.0f, ob);
 }
 
 /* y += Σ_c a[c] · row c of x (nb packed rows of n): up to 8 8-float slices of y kept in

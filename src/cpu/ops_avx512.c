@@ -43,6 +43,18 @@ static inline void vscale(float *y, float a, int n) {
     }
 }
 
+/* y = a y + b x */
+static inline void vscale_add(float *y, float a, float b, const float *x, int n) {
+    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(vb, _mm512_loadu_ps(x + i), _mm512_mul_ps(va, _mm512_loadu_ps(y + i))));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, x + i), _mm512_mul_ps(va, _mm512_maskz_loadu_ps(m, y + i))));
+    }
+}
+
 /* Lane i of the result = the sum of the 16 lanes of v[i]: a tree of in-register shuffles and
  * adds (quarters, then halves of quarters) instead of 16 separate horizontal sums. After the
  * tree, lane 4q + e holds v[q + 4e]; the final permute puts v[i] in lane i. */
@@ -98,6 +110,33 @@ static inline void vdot_rows(const float *q, const float *k, int nb, int n, floa
         }
         _mm512_mask_storeu_ps(out + c0, m == 16 ? (__mmask16)0xFFFF : tail_mask(m),
                               _mm512_mul_ps(reduce16(v), _mm512_set1_ps(scale)));
+    }
+}
+
+/* oa[c] = a · row c, ob[c] = b · row c for nb packed rows of n: 8 rows at a time, each row
+ * loaded once for both products, the 16 sums in one reduction tree. */
+static inline void vdot2_rows(const float *a, const float *b, const float *k, int nb, int n, float *oa, float *ob) {
+    for (int c0 = 0; c0 < nb; c0 += 8) {
+        const int m = nb - c0 < 8 ? nb - c0 : 8;
+        const float *kr[8];
+        __m512 v[16];
+        UNROLL16 for (int r = 0; r < 8; r++) {
+            kr[r] = k + (size_t)(c0 + (r < m ? r : 0)) * n;
+            v[r] = v[r + 8] = _mm512_setzero_ps();
+        }
+        for (int i = 0; i < n; i += 16) {
+            const __mmask16 t = n - i >= 16 ? (__mmask16)0xFFFF : tail_mask(n - i);
+            const __m512 av = _mm512_maskz_loadu_ps(t, a + i), bv = _mm512_maskz_loadu_ps(t, b + i);
+            UNROLL16 for (int r = 0; r < 8; r++) {
+                const __m512 kv = _mm512_maskz_loadu_ps(t, kr[r] + i);
+                v[r] = _mm512_fmadd_ps(av, kv, v[r]);
+                v[r + 8] = _mm512_fmadd_ps(bv, kv, v[r + 8]);
+            }
+        }
+        const __m512 sums = reduce16(v);
+        const __mmask8 keep = (__mmask8)(m == 8 ? 0xFF : tail_mask(m));
+        _mm256_mask_storeu_ps(oa + c0, keep, _mm512_castps512_ps256(sums));
+        _mm256_mask_storeu_ps(ob + c0, keep, _mm512_extractf32x8_ps(sums, 1));
     }
 }
 
@@ -189,33 +228,55 @@ static inline float vexp_shift(float *x, int n, float m) {
 DEF_LOGISTIC(silu_avx512, v)
 DEF_LOGISTIC(sigmoid_avx512, one)
 
-/* 16 channels at a time: taps and state columns gathered (stride 4 and 3), the same products
- * summed in the same order as the scalar loop (so the same bits); the state shifts by one
- * float through the whole [c][3] array with the new inputs expanded into every third lane. */
+/* 16 channels at a time: the state's three columns and the four taps taken apart by lane
+ * permutes (gathers cost several times more on the CPUs measured), the same products summed
+ * in the same order as the scalar loop (so the same bits); the new state is the old one moved
+ * by one float through the [c][3] array with the new inputs permuted into every third lane. */
 static void conv4_token_avx512(const float *x, int n_ch, const float *w, float *state, float *y) {
-    const __m512i i3 = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(3));
-    const __m512i i4 = _mm512_slli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 2);
-    const __mmask16 xin[3] = {0x4924, 0x2492, 0x9249};   /* lanes i of 48 with i % 3 == 2 */
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i i3 = _mm512_mullo_epi32(lane, _mm512_set1_epi32(3)), i4 = _mm512_slli_epi32(lane, 2);
+    /* state column j, lane i: float 3i + j of 48; past 32 it comes from the third vector */
+    __m512i sidx[3];
+    __mmask16 shigh[3];
+    for (int j = 0; j < 3; j++) {
+        sidx[j] = _mm512_add_epi32(i3, _mm512_set1_epi32(j));
+        shigh[j] = _mm512_cmpge_epi32_mask(sidx[j], _mm512_set1_epi32(32));
+    }
+    /* new state vector v, lane l (float 16v + l): x[(16v + l) / 3] where (16v + l) % 3 == 2 */
+    const __mmask16 xin[3] = {0x4924, 0x2492, 0x9249};
+    __m512i xidx[3];
+    for (int v = 0; v < 3; v++)
+        xidx[v] = _mm512_srli_epi32(_mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(16 * v)),
+                                                       _mm512_set1_epi32(0xAAAB)), 17);   /* / 3 */
     int c = 0;
     for (; c + 16 <= n_ch; c += 16) {
         float *st = state + 3 * c;
         const float *wc = w + 4 * c;
         const __m512 xv = _mm512_loadu_ps(x + c);
-        __m512 s = _mm512_setzero_ps();
-        s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_i32gather_ps(i4, wc, 4), _mm512_i32gather_ps(i3, st, 4)));
-        s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_i32gather_ps(i4, wc + 1, 4), _mm512_i32gather_ps(i3, st + 1, 4)));
-        s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_i32gather_ps(i4, wc + 2, 4), _mm512_i32gather_ps(i3, st + 2, 4)));
-        s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_i32gather_ps(i4, wc + 3, 4), xv));
-        _mm512_storeu_ps(y + c, s);
-        const float *xp = x + c;
-        __m512 nv[3];
-        for (int v = 0; v < 3; v++) {
-            nv[v] = _mm512_maskz_loadu_ps((__mmask16)~xin[v], st + 16 * v + 1);
-            nv[v] = _mm512_mask_expandloadu_ps(nv[v], xin[v], xp);
-            xp += __builtin_popcount(xin[v]);
+        const __m512 s0 = _mm512_loadu_ps(st), s1 = _mm512_loadu_ps(st + 16), s2 = _mm512_loadu_ps(st + 32);
+        const __m512 w0 = _mm512_loadu_ps(wc), w1 = _mm512_loadu_ps(wc + 16), w2 = _mm512_loadu_ps(wc + 32),
+                     w3 = _mm512_loadu_ps(wc + 48);
+        __m512 tap[4], col[3];
+        for (int j = 0; j < 4; j++) {
+            const __m512i idx = _mm512_add_epi32(i4, _mm512_set1_epi32(j));
+            tap[j] = _mm512_mask_blend_ps(0xFF00, _mm512_permutex2var_ps(w0, idx, w1), _mm512_permutex2var_ps(w2, idx, w3));
         }
-        for (int v = 0; v < 3; v++) _mm512_storeu_ps(st + 16 * v, nv[v]);
+        for (int j = 0; j < 3; j++)
+            col[j] = _mm512_mask_permutexvar_ps(_mm512_permutex2var_ps(s0, sidx[j], s1), shigh[j], sidx[j], s2);
+        __m512 s = _mm512_setzero_ps();
+        s = _mm512_add_ps(s, _mm512_mul_ps(tap[0], col[0]));
+        s = _mm512_add_ps(s, _mm512_mul_ps(tap[1], col[1]));
+        s = _mm512_add_ps(s, _mm512_mul_ps(tap[2], col[2]));
+        s = _mm512_add_ps(s, _mm512_mul_ps(tap[3], xv));
+        _mm512_storeu_ps(y + c, s);
+        /* float e of the new 48 is float e + 1 of the old, or an input */
+        const __m512i one = _mm512_set1_epi32(1);
+        const __m512 n0 = _mm512_permutex2var_ps(s0, _mm512_add_epi32(lane, one), s1);
+        const __m512 n1 = _mm512_permutex2var_ps(s1, _mm512_add_epi32(lane, one), s2);
+        const __m512 n2 = _mm512_permutexvar_ps(_mm512_add_epi32(lane, one), s2);
+        _mm512_storeu_ps(st, _mm512_mask_permutexvar_ps(n0, xin[0], xidx[0], xv));
+        _mm512_storeu_ps(st + 16, _mm512_mask_permutexvar_ps(n1, xin[1], xidx[1], xv));
+        _mm512_storeu_ps(st + 32, _mm512_mask_permutexvar_ps(n2, xin[2], xidx[2], xv));
     }
     conv4_channels(x, c, n_ch, w, state, y);
 }

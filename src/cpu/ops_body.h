@@ -1,5 +1,5 @@
 /* ops_body.h — kernel bodies shared by the reference and SIMD instances (see ops.h).
- * The including file defines the vector primitives vdot, vdot_rows, vaxpy, vaxpy_rows,
+ * The including file defines the vector primitives vdot, vdot_rows, vdot2_rows, vaxpy, vaxpy_rows, vscale_add,
  * cvt_rows_f16, cvt_rows_bf16, cvt_rows_q8_0, cvt_rows_q4_0 (cache rows of a KV type, `stride`
  * bytes apart, to packed f32 rows: exact, so every instance gives the same floats), vscale, vmax, vexp_shift and the OPS_NAME(x) suffix macro; the
  * algorithms are written only here. */
@@ -77,12 +77,17 @@ static void OPS_NAME(l2_normalize)(const float *x, float *y, int n, float eps) {
     for (int i = 0; i < n; i++) y[i] = x[i] * inv;
 }
 
-/* One v-head over all tokens: S ← e^g S; δ = β(v − Sᵀk); S ← S + k δᵀ; o = Sᵀq / √dk. */
+/* One v-head over all tokens: S ← e^g S; δ = β(v − Sᵀk); S ← S + k δᵀ; o = Sᵀq / √dk.
+ * Both products are taken from the state before the token, so both come out of one pass of
+ * vdot2_rows (a reduction tree per 8 value rows, not a horizontal sum per row): with
+ * d = e^g, Sᵀk = d (S_oldᵀk) and Sᵀq = d (S_oldᵀq) + δ (k·q). The state is then written once,
+ * S ← d S + k δᵀ. */
+#define GDN_ROWS 64   /* value rows per pass: the products of a pass stay on the stack */
 static void OPS_NAME(gdn_head)(const struct gdn_job *j, int h) {
     const int dk = j->dk, dv = j->dv, gk = h % j->nk;
     const size_t st_elems = (size_t)j->nv * dk * dv;
     float *S = j->state + (size_t)h * dk * dv;   /* S[jv][i]: value row jv, key index i */
-    float q[CPU_GDN_MAX_DIM], kk[CPU_GDN_MAX_DIM];
+    float q[CPU_GDN_MAX_DIM], kk[CPU_GDN_MAX_DIM], sk[GDN_ROWS], sq[GDN_ROWS];
     const float qscale = 1.0f / sqrtf((float)dk);
     for (int t = 0; t < j->n_tok; t++) {
         const float *row = j->qkv + (size_t)t * j->qkv_stride;
@@ -91,13 +96,17 @@ static void OPS_NAME(gdn_head)(const struct gdn_job *j, int h) {
         const float *v = row + (size_t)2 * j->nk * dk + (size_t)h * dv;
         const float decay = expf(j->g[(size_t)t * j->nv + h]);
         const float b = j->beta[(size_t)t * j->nv + h];
+        const float kq = vdot(kk, q, dk);
         float *o = j->out + (size_t)t * j->nv * dv + (size_t)h * dv;
-        for (int jv = 0; jv < dv; jv++) {
-            float *s = S + (size_t)jv * dk;
-            vscale(s, decay, dk);
-            const float delta = b * (v[jv] - vdot(s, kk, dk));
-            vaxpy(s, delta, kk, dk);
-            o[jv] = vdot(s, q, dk) * qscale;
+        for (int r0 = 0; r0 < dv; r0 += GDN_ROWS) {
+            const int nr = dv - r0 < GDN_ROWS ? dv - r0 : GDN_ROWS;
+            float *S0 = S + (size_t)r0 * dk;
+            vdot2_rows(kk, q, S0, nr, dk, sk, sq);
+            for (int r = 0; r < nr; r++) {
+                const float delta = b * (v[r0 + r] - decay * sk[r]);
+                o[r0 + r] = (decay * sq[r] + delta * kq) * qscale;
+                vscale_add(S0 + (size_t)r * dk, decay, delta, kk, dk);
+            }
         }
         if (j->snap && t < j->n_snap)
             memcpy(j->snap + (size_t)t * st_elems + (size_t)h * dk * dv, S, sizeof(float) * (size_t)dk * dv);

@@ -11,6 +11,10 @@ static inline float vdot(const float *a, const float *b, int n) {
 }
 static inline void vaxpy(float *y, float a, const float *x, int n) { for (int i = 0; i < n; i++) y[i] += a * x[i]; }
 static inline void vscale(float *y, float a, int n) { for (int i = 0; i < n; i++) y[i] *= a; }
+/* y = a y + b x */
+static inline void vscale_add(float *y, float a, float b, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] = a * y[i] + b * x[i];
+}
 /* the quant reference's dequantization, row by row */
 static inline void cvt_rows_as(enum ggml_type t, float *y, const uint8_t *x, size_t stride, int nb, int n) {
     for (int c = 0; c < nb; c++) quant_dequantize_row_ref(t, x + (size_t)c * stride, y + (size_t)c * n, n);
@@ -29,6 +33,10 @@ static inline void cvt_rows_q4_0(float *y, const uint8_t *x, size_t stride, int 
 }
 static inline void vdot_rows(const float *q, const float *k, int nb, int n, float scale, float *out) {
     for (int c = 0; c < nb; c++) out[c] = vdot(q, k + (size_t)c * n, n) * scale;
+}
+static inline void vdot2_rows(const float *a, const float *b, const float *k, int nb, int n, float *oa, float *ob) {
+    vdot_rows(a, k, nb, n, 1.0f, oa);
+    vdot_rows(b, k, nb, n, 1.0f, ob);
 }
 static inline void vaxpy_rows(float *y, const float *a, const float *x, int nb, int n) {
     for (int c = 0; c < nb; c++) vaxpy(y, a[c], x + (size_t)c * n, n);
