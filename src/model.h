@@ -106,6 +106,8 @@ struct model_nextn {
     int (*seq_len)(const struct model *m, int s);
     /* Keep the first n positions of the head's cache for s (n <= seq_len). */
     void (*seq_truncate)(struct model *m, int s, int n);
+    /* Hold n >= seq_len positions, those past seq_len uncomputed (memory_head_skip). */
+    void (*seq_skip)(struct model *m, int s, int n);
 };
 
 struct model {

@@ -1,6 +1,8 @@
 /* spec.c — the speculative driver (see spec.h). */
 #include "spec.h"
 
+#include "draft_depth.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +40,9 @@ struct spec_seq {
      * positions whose state is remembered (checkpoints), time spent so far */
     int pf_at, pf_end, pf_ck[SPEC_MAX_CHECKPOINTS], pf_n_ck;
     int64_t pf_us;
+    struct depth_seq dp;         /* its draft depth policy (draft_depth.h) */
+    int depth;                   /* the drafts its next single-sequence cycle asks for */
+    bool fixed_depth;            /* always n_max (spec_params.fixed_depth, or sampled drafts) */
 };
 
 struct spec_engine {
@@ -63,6 +68,11 @@ struct spec_engine {
     int draft_n;
     int32_t *pos, *seqv;         /* host [max(n_batch, batch rows)] */
     bool *want;                  /* host [max(n_batch, batch rows)] */
+    /* single-sequence cycles' depths: what their parts cost here, what each drafter kind's
+     * drafts were worth over the requests so far ([i]: drafter_kinds[i]'s) */
+    struct depth_costs costs;
+    struct depth_record *kind_rec;
+    struct depth_pause *kind_pause; /* [i]: where drafter_kinds[i]'s last cycle left its pause */
 };
 
 struct spec_params spec_params_default(void) {
@@ -84,6 +94,7 @@ void spec_engine_free(struct spec_engine *e) {
     if (e->d_btoks) e->m->be->free(e->m->be, e->d_btoks);
     if (e->d_toks) e->m->be->free(e->m->be, e->d_toks);
     if (e->d_acc) e->m->be->free(e->m->be, e->d_acc);
+    free(e->costs.draft); free(e->kind_rec); free(e->kind_pause);
     free(e->drafters); free(e->seqs); free(e->row); free(e->qdense); free(e->resid); free(e->pos); free(e->seqv); free(e->want);
     free(e);
 }
@@ -98,6 +109,9 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     e->V = m->info.n_vocab;
     e->seqs = calloc((size_t)m->n_seq, sizeof *e->seqs);
     e->drafters = calloc((size_t)n_drafter_kinds, sizeof *e->drafters);
+    e->costs.draft = calloc((size_t)n_drafter_kinds, sizeof *e->costs.draft);
+    e->kind_rec = calloc((size_t)n_drafter_kinds, sizeof *e->kind_rec);
+    e->kind_pause = calloc((size_t)n_drafter_kinds, sizeof *e->kind_pause);
     e->row = malloc(sizeof(float) * (size_t)e->V);
     e->qdense = calloc((size_t)e->V, sizeof(float));
     e->resid = malloc(sizeof(struct sampler_cand) * (size_t)e->V);
@@ -112,7 +126,7 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     e->d_btoks = m->be->alloc(m->be, sizeof(int32_t) * batch_rows);
     e->d_toks = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT) * (size_t)m->n_seq);
     e->d_acc = m->be->alloc(m->be, sizeof(int32_t) * (2 + SPEC_MAX_DRAFT));
-    bool ok = e->seqs && e->drafters && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_btoks && e->d_toks && e->d_acc;
+    bool ok = e->seqs && e->drafters && e->costs.draft && e->kind_rec && e->kind_pause && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_btoks && e->d_toks && e->d_acc;
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
     for (int s = 0; ok && s < m->n_seq; s++) e->seqs[s].n_top_probs = -1;
     if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
@@ -132,6 +146,21 @@ static struct drafter *drafter_for(const struct spec_engine *e, const struct dra
     for (int i = 0; k && i < n_drafter_kinds; i++)
         if (drafter_kinds[i] == k) return e->drafters[i];
     return NULL;
+}
+
+/* Index of drafter kind k in drafter_kinds (-1: off). */
+static int kind_index(const struct drafter_kind *k) {
+    for (int i = 0; k && i < n_drafter_kinds; i++)
+        if (drafter_kinds[i] == k) return i;
+    return -1;
+}
+
+/* The depth of a drafting sequence's next single-sequence cycle; its pause becomes its kind's. */
+static int seq_choose_depth(struct spec_engine *e, struct spec_seq *q) {
+    const int ki = kind_index(q->p.drafter);
+    const int d = depth_next(&q->dp, &e->costs, &e->costs.draft[ki], q->p.n_min, q->p.n_max);
+    e->kind_pause[ki] = q->dp.pause;
+    return d;
 }
 
 bool spec_engine_supports(const struct spec_engine *e, const struct drafter_kind *k) {
@@ -267,6 +296,12 @@ static int seq_setup(struct spec_engine *e, int s, const int32_t *prompt, int n_
     if ((rc = grammar_begin(e, q, p, err, err_size))) return rc;
     memset(&q->st, 0, sizeof q->st);
     q->ahead_n = 0;
+    const int ki = kind_index(p->drafter);
+    depth_seq_start(&q->dp, ki >= 0 ? &e->kind_rec[ki] : NULL, ki >= 0 ? &e->kind_pause[ki] : NULL);
+    /* sampled drafts draw from the seed's stream per draft: a depth that follows the machine's
+     * timing would make a seed's text depend on it */
+    q->fixed_depth = p->fixed_depth || (p->sample_drafts && sp->temperature > 0.0f);
+    q->depth = !d ? 0 : q->fixed_depth ? p->n_max : seq_choose_depth(e, q);
     if (n_keep == 0) {
         model_seq_reset(m, s);
         if (d) d->vt->reset(d, s);
@@ -532,7 +567,7 @@ static int32_t *seq_dev_tokens(const struct spec_engine *e, int s) { return e->d
 /* One sequence's cycle between its draft and its acceptance (spec_seq_step, spec_step_batch). */
 struct cycle {
     int s, L, max_new;
-    int k_drafted, k;            /* drafts made; drafts verified (a grammar may cut some) */
+    int asked, k_drafted, k;     /* drafts asked for, made, verified (a grammar may cut some) */
     bool drafting, greedy;
     struct draft_result dr;
     int32_t toks[1 + SPEC_MAX_DRAFT]; /* the verify rows' tokens: the pending one, then the drafts
@@ -563,6 +598,7 @@ static int cycle_plan(struct spec_engine *e, int s, int max_new, int depth, stru
     k_cap = COTI_MIN(k_cap, m->n_ctx - 1 - (L + 1));
     if (probe) k_cap = COTI_MIN(k_cap, probe->n_forced - probe->n_used - 1);
     c->drafting = d && k_cap > 0;
+    c->asked = c->drafting ? k_cap : 0;
     int32_t *d_toks = seq_dev_tokens(e, s);
     if (c->drafting && q->ahead_n == k_cap && q->ahead_L == L) {
         c->dr.n = k_cap; /* queued by the previous step, the same call as the one below */
@@ -600,12 +636,12 @@ static int cycle_drafted(struct spec_engine *e, struct cycle *c, struct spec_pro
 
 /* The start of sequence s's cycle: its draft (timed on the device; or the one the previous
  * step queued), cut under a grammar. */
-static int cycle_draft(struct spec_engine *e, int s, int max_new, struct spec_probe *probe, struct cycle *c, char *err,
-                       size_t err_size) {
+static int cycle_draft(struct spec_engine *e, int s, int max_new, int depth, struct spec_probe *probe, struct cycle *c,
+                       char *err, size_t err_size) {
     struct backend *be = e->m->be;
     struct draft_request rq;
     bool need;
-    int rc = cycle_plan(e, s, max_new, SPEC_MAX_DRAFT, probe, c, &rq, &need, err, err_size);
+    int rc = cycle_plan(e, s, max_new, depth, probe, c, &rq, &need, err, err_size);
     if (rc) return rc;
     if (need) {
         struct drafter *d = drafter_for(e, e->seqs[s].p.drafter);
@@ -726,6 +762,10 @@ static int cycle_commit(struct spec_engine *e, struct cycle *c, const struct mod
         for (int i = 0; i < k; i++) q->st.drafted_at[i]++;
         for (int i = 0; i < a; i++) q->st.accepted_at[i]++;
     }
+    if (c->asked > 0) {
+        const int ki = kind_index(q->p.drafter);
+        depth_seq_record(&q->dp, ki >= 0 ? &e->kind_rec[ki] : NULL, c->asked, c->k_drafted, k, a);
+    }
     q->st.t_draft_us += t_draft;
     q->st.t_verify_us += t2 - c->t0 - t_draft;
     return 0;
@@ -742,7 +782,7 @@ static int cycle_queue_next(struct spec_engine *e, const struct cycle *c, char *
     int rc;
     if (c->greedy && d && d->draft_is_pure && q->p.p_min <= 0.0f) {
         const int L2 = q->n_hist - 1;
-        const int k2 = COTI_MIN(COTI_MIN(q->p.n_max, c->max_new - (c->a + 1) - 1), m->n_ctx - 1 - (L2 + 1));
+        const int k2 = COTI_MIN(COTI_MIN(q->depth, c->max_new - (c->a + 1) - 1), m->n_ctx - 1 - (L2 + 1));
         int32_t *d_toks = seq_dev_tokens(e, s);
         struct draft_request rq = {q->hist, L2, k2, COTI_MIN(q->p.n_min, k2), 0.0f, NULL, d_toks + 1};
         struct draft_result dr2 = {0};
@@ -759,6 +799,20 @@ static int cycle_queue_next(struct spec_engine *e, const struct cycle *c, char *
     return 0;
 }
 
+/* After a single-sequence cycle: its costs into the engine's means (the verify's host time of its
+ * rows; the draft's per token, unless the draft also caught up with more than a verify's rows),
+ * then the next cycle's depth; a sequence left without drafts lets its drafter stop following. */
+static void seq_next_depth(struct spec_engine *e, int s, const struct cycle *c, int64_t t_draft, int64_t t2) {
+    struct spec_seq *q = &e->seqs[s];
+    struct drafter *d = drafter_for(e, q->p.drafter);
+    const int ki = kind_index(q->p.drafter);
+    depth_cost_add(&e->costs.verify[c->k], (double)(t2 - c->t0 - t_draft));
+    if (c->k_drafted > 0 && c->dr.catch_up <= SPEC_MAX_DRAFT + 1)
+        depth_cost_add(&e->costs.draft[ki], (double)t_draft / c->k_drafted);
+    q->depth = seq_choose_depth(e, q);
+    if (q->depth == 0 && d->vt->skip) d->vt->skip(d, s, DEPTH_KEEP_ROWS);
+}
+
 int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,
                   struct spec_probe *probe, char *err, size_t err_size) {
     struct model *m = e->m;
@@ -766,9 +820,10 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
     *n_out = 0;
     if (max_new < 1) return 0;
     struct cycle c;
-    int rc = cycle_draft(e, s, max_new, probe, &c, err, err_size);
-    if (rc) return rc;
     struct spec_seq *q = &e->seqs[s];
+    /* the gate (probe) drafts as deep as asked: it is there to test every depth */
+    int rc = cycle_draft(e, s, max_new, probe ? SPEC_MAX_DRAFT : q->depth, probe, &c, err, err_size);
+    if (rc) return rc;
     struct drafter *d = drafter_for(e, q->p.drafter);
     const int L = c.L, k = c.k;
     int32_t *d_toks = seq_dev_tokens(e, s);
@@ -814,9 +869,10 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
      * whose marks would make this wait for it. */
     const int64_t t_draft = c.drafting ? COTI_MIN((int64_t)be->mark_elapsed_us(be, 0, 1), t2 - c.t0) : 0;
     if ((rc = cycle_pick(e, &c, &o, acc, probe, err, err_size)) ||
-        (rc = cycle_commit(e, &c, &o, t_draft, t2, out, n_out, err, err_size)) ||
-        (rc = cycle_queue_next(e, &c, err, err_size)))
+        (rc = cycle_commit(e, &c, &o, t_draft, t2, out, n_out, err, err_size)))
         return rc;
+    if (d && !probe && !q->fixed_depth) seq_next_depth(e, s, &c, t_draft, t2);
+    if ((rc = cycle_queue_next(e, &c, err, err_size))) return rc;
     q->st.t_glue_us += coti_time_us() - t2;
     return 0;
 }

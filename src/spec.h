@@ -20,6 +20,10 @@ struct spec_params {
     const struct drafter_kind *drafter; /* NULL: speculation off (plain decoding) */
     int n_max;                   /* drafts per cycle, 1..SPEC_MAX_DRAFT */
     int n_min;
+    /* every cycle asks for n_max drafts (tests of each depth; also with sampled drafts at
+     * temperature > 0, whose draws would follow the depth); else a sequence's own cycles ask
+     * for the depth that pays, n_min to n_max or none (draft_depth.h) */
+    bool fixed_depth;
     float p_min;                 /* MTP: stop drafting under this top probability */
     bool sample_drafts;          /* temperature > 0: sample drafts from q and use rejection
                                     sampling (else greedy drafts, sample-and-match) */

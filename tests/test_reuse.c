@@ -134,12 +134,16 @@ Test(reuse, mtp) { check_kind(&drafter_kind_mtp); }
 Test(reuse, ngram) { check_kind(&drafter_kind_ngram); }
 Test(reuse, off) { check_kind(NULL); }
 
-Test(reuse, mtp_needs_the_head_and_the_hidden_row) {
-    /* a sequence that ran without MTP has no head cells: MTP cannot take its state past 0,
-     * while speculation off can take all of it */
-    int32_t a[128], out[N_GEN];
+Test(reuse, mtp_takes_a_state_its_head_did_not_follow) {
+    /* a sequence that ran without MTP has no head cells: MTP takes its state all the same, the
+     * head's cells stale (a paused drafter's are too: memory_head_skip), and the tokens are the
+     * cold run's: the drafts are proposals */
+    int32_t a[128], out[N_GEN], cold[N_GEN];
     const int na = encode("static int add(int a, int b) { return a + b; }\n", a, 128);
     run(0, 0, 0, a, na, 0, NULL, out);
-    cr_assert_eq(spec_seq_reusable(eng, 1, 0, a, na, &drafter_kind_mtp), 0);
+    cr_assert_eq(spec_seq_reusable(eng, 1, 0, a, na, &drafter_kind_mtp), na - 1);
     cr_assert_eq(spec_seq_reusable(eng, 1, 0, a, na, NULL), na - 1);
+    cr_assert_eq(run(1, 0, na - 1, a, na, 0, &drafter_kind_mtp, out), na - 1);
+    run(2, 2, 0, a, na, 0, &drafter_kind_mtp, cold);
+    cr_assert_arr_eq(out, cold, sizeof out);
 }

@@ -32,6 +32,13 @@ static struct env env_open_seqs(const char *path, int n_seq, int n_batch) {
     return v;
 }
 
+/* Speculation parameters that draft n_max every cycle: the tests of each depth must see it. */
+static struct spec_params fixed_depth_params(void) {
+    struct spec_params p = spec_params_default();
+    p.fixed_depth = true;
+    return p;
+}
+
 static struct env env_open(const char *path) { return env_open_seqs(path, 1, 128); }
 
 static void env_close(struct env *v) {
@@ -62,7 +69,7 @@ static void generate_with(struct env *v, const int32_t *prompt, int np, const st
 static void generate(struct env *v, const int32_t *prompt, int np, const struct drafter_kind *k, int n_max, int32_t *out,
                      int n) {
     struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
-    struct spec_params p = spec_params_default();
+    struct spec_params p = fixed_depth_params();
     p.drafter = k;
     p.n_max = n_max;
     generate_with(v, prompt, np, &sp, &p, out, n);
@@ -129,7 +136,7 @@ Test(spec, sampled_and_p_min_paths_match_plain_decoding, .timeout = 120) {
     const int np = (int)(sizeof prompt / sizeof prompt[0]);
     int32_t ref[48], got[48];
     struct sampler_params hot = sampler_params_basic(0.8f, 40, 0.95f, 0.0f, 7);
-    struct spec_params p = spec_params_default();
+    struct spec_params p = fixed_depth_params();
     generate_with(&v, prompt, np, &hot, &p, ref, 48);
     p.drafter = &drafter_kind_mtp;
     for (p.n_max = 1; p.n_max <= 3; p.n_max++) {
@@ -281,7 +288,7 @@ Test(spec, penalties_and_typical_lossless_with_speculation, .timeout = 300) {
     int moved = 0;
     for (int si = 0; si < 4; si++) {
         for (int pi = 0; pi < 2; pi++) {
-            struct spec_params p = spec_params_default();
+            struct spec_params p = fixed_depth_params();
             generate_with(&v, prompts[pi], n_prompt[pi], &settings[si], &p, ref, PEN_N);
             if (si == 0) {
                 struct sampler_params none = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
@@ -345,7 +352,7 @@ static void generate_probs(struct env *v, const int32_t *prompt, int np, const s
     char err[512];
     struct sampler_params sp = sampler_params_default(1);
     sp.temperature = 0.0f;
-    struct spec_params p = spec_params_default();
+    struct spec_params p = fixed_depth_params();
     p.drafter = k;
     p.n_max = n_max;
     spec_seq_want_probs(v->e, 0, 5);
@@ -440,7 +447,7 @@ Test(spec, grammar_greedy_lossless_and_output_in_grammar, .timeout = 300) {
             size_t np;
             cr_assert_eq(tokenizer_encode(tok, prompts[pi], strlen(prompts[pi]), false, false, &pt, &np, err, sizeof err), 0);
             struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
-            struct spec_params p = spec_params_default();
+            struct spec_params p = fixed_depth_params();
             p.grammar = g;
             p.grammar_vocab = gv;
             int32_t ref[64], got[64];

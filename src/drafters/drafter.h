@@ -41,6 +41,9 @@ struct draft_result {
      * the next draft call. */
     const struct sampler_cand *q[SPEC_MAX_DRAFT];
     size_t q_n[SPEC_MAX_DRAFT];
+    /* rows the drafter ran besides the draft's own to catch up with the target (after a prompt:
+     * all of it), so that a draft's cost per token can leave them out */
+    int catch_up;
 };
 
 struct drafter;
@@ -69,6 +72,10 @@ struct drafter_vtable {
      * drafter keeps no per-sequence state, any point will do. */
     bool (*can_resume)(const struct drafter *d, int src, int q, const float *hidden);
     void (*resume)(struct drafter *d, int s, int q, const float *hidden);
+    /* Sequence s will not be drafted for until further notice (the driver's depth is 0): the
+     * drafter may drop the work of following it except for its last `keep` positions, which
+     * the next draft then catches up from. NULL: following it costs nothing. */
+    void (*skip)(struct drafter *d, int s, int keep);
     /* Greedy on-device drafts (no sampler, no p_min) for n distinct sequences seqs[i] at once,
      * rq[i] / out[i] as draft's: each step of their chains in one forward of the drafter, so
      * its weights are read once per step for all of them. Every field of out[i] is written (q[]

@@ -146,6 +146,7 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
     const bool want_p = out->on_device && rq->p_min > 0.0f;
     const bool pick_in_forward = out->on_device && !want_p;
     struct model_output o;
+    out->catch_up = sq->n_staged - 1;
     int rc = mtp_run_rows(t, s, rq->history, sq->n_staged, true, pick_in_forward ? rq->dev_tokens : NULL, &o, err,
                           err_size);
     if (rc) return rc;
@@ -198,6 +199,7 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
             continue;
         }
         rows_in += sq->n_staged;
+        out[i].catch_up = sq->n_staged - 1;
         int at = n_ord++; /* insertion by decreasing n_max */
         while (at > 0 && rq[ord[at - 1]].n_max < rq[i].n_max) { ord[at] = ord[at - 1]; at--; }
         ord[at] = i;
@@ -269,25 +271,43 @@ static float *mtp_hidden_dest(struct drafter *d, int s, int pos0, int n) {
     return sq->staged + (size_t)sq->n_staged * t->E;
 }
 
-/* The head's cells [0, q) came with the target's (they were computed from true hidden rows);
- * the stage then needs hn_{q-1} alone. */
+/* The head's cells [0, q) came with the target's (they were computed from true hidden rows, or
+ * are stale where src's head had stopped following it: memory_head_skip); the stage then needs
+ * hn_{q-1} alone. */
 static bool mtp_can_resume(const struct drafter *d, int src, int q, const float *hidden) {
-    const struct mtp *t = (const struct mtp *)d;
-    return hidden && q >= 1 && t->head->seq_len(t->m, src) >= q;
+    (void)d;
+    (void)src;
+    return hidden && q >= 1;
 }
 
 static void mtp_resume(struct drafter *d, int s, int q, const float *hidden) {
     struct mtp *t = mtp_of(d);
     t->head->seq_truncate(t->m, s, q);
+    t->head->seq_skip(t->m, s, q);
     t->m->be->copy(t->m->be, t->seqs[s].staged, hidden, sizeof(float) * (size_t)t->E);
     t->seqs[s].n_staged = 1;
+}
+
+/* Stop computing the head's rows for s but the last `keep` staged ones: the head takes the
+ * positions before them as held (their cells stale, memory_head_skip). Only once the stage holds
+ * twice that, so the rows kept never overlap the ones they replace in the copy. */
+static void mtp_skip(struct drafter *d, int s, int keep) {
+    struct mtp *t = mtp_of(d);
+    struct mtp_seq *sq = &t->seqs[s];
+    keep = COTI_MAX(1, COTI_MIN(keep, t->cap / 4));
+    if (sq->n_staged < 2 * keep) return;
+    const int drop = sq->n_staged - keep, len = t->head->seq_len(t->m, s) + drop;
+    t->head->seq_skip(t->m, s, len);
+    if (t->head->seq_len(t->m, s) != len) return; /* (never: the stage's rows are the target's) */
+    t->m->be->copy(t->m->be, sq->staged, sq->staged + (size_t)drop * t->E, row_bytes(t) * (size_t)keep);
+    sq->n_staged = keep;
 }
 
 /* No rollback hook: once a draft returns, the head holds no position past the pending token
  * (mtp_draft truncates its chained rows), and the target never drops that one. */
 static const struct drafter_vtable mtp_vtable = {
     .free = mtp_free, .reset = mtp_reset, .observe = mtp_observe, .draft = mtp_draft, .hidden_dest = mtp_hidden_dest,
-    .can_resume = mtp_can_resume, .resume = mtp_resume, .draft_batch = mtp_draft_batch,
+    .can_resume = mtp_can_resume, .resume = mtp_resume, .skip = mtp_skip, .draft_batch = mtp_draft_batch,
 };
 
 static bool mtp_available(const struct drafter_config *c) { return model_nextn(c->m) != NULL; }

@@ -193,5 +193,6 @@ int engine_seq_resume(struct model *m, int dst, int src, int q) { return memory_
 
 static int head_seq_len(const struct model *m, int s) { return m->engine->mem.head_len[s]; }
 static void head_seq_truncate(struct model *m, int s, int n) { memory_head_truncate(&m->engine->mem, s, n); }
+static void head_seq_skip(struct model *m, int s, int n) { memory_head_skip(&m->engine->mem, s, n); }
 
-const struct model_nextn engine_nextn = {head_forward, head_seq_len, head_seq_truncate};
+const struct model_nextn engine_nextn = {head_forward, head_seq_len, head_seq_truncate, head_seq_skip};

@@ -157,6 +157,10 @@ void memory_head_truncate(struct memory *mem, int s, int n) {
     if (s >= 0 && s < mem->n_seq && n >= 0 && n < mem->head_len[s]) mem->head_len[s] = n;
 }
 
+void memory_head_skip(struct memory *mem, int s, int n) {
+    if (s >= 0 && s < mem->n_seq && n > mem->head_len[s] && n <= mem->seq_len[s]) mem->head_len[s] = n;
+}
+
 /* ---- checkpoints ---------------------------------------------------------------------- */
 
 static float *ck_hidden_row(const struct memory *mem, int s, int k) {

@@ -81,6 +81,11 @@ void memory_seq_reset(struct memory *mem, int s);
 int memory_seq_rollback(struct memory *mem, int s, int n_drop);
 int memory_seq_copy(struct memory *mem, int dst, int src);
 void memory_head_truncate(struct memory *mem, int s, int n);
+/* The draft head of s takes positions [head_len, n) as held without computing them (n <=
+ * seq_len): their cells keep whatever they hold, which the head then attends to. A drafter may
+ * do this to stop following a sequence it does not draft for; its drafts are proposals, so
+ * stale cells cost acceptance, never correctness. */
+void memory_head_skip(struct memory *mem, int s, int n);
 
 /* Remember sequence s's state at its current length (a checkpoint there replaces an older one at
  * the same length, else the oldest goes); hidden: backend memory of the post-norm hidden row of
