@@ -1136,8 +1136,16 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
          * verify's output memory) */
         for (int i = i0; i < i1; i++)
             if (live[i] && !rc[i]) rc[i] = cycle_commit(e, &c[i], &o, 0, t2, out[i], &n_out[i], err, err_size);
-        for (int i = i0; i < i1; i++)
-            if (live[i] && !rc[i]) rc[i] = cycle_queue_next(e, &c[i], err, err_size);
+        /* the next draft is queued at this cycle's depth (the next batch is likely to choose
+         * it again); a sequence left without drafts lets its drafter stop following */
+        for (int i = i0; i < i1; i++) {
+            if (!live[i] || rc[i]) continue;
+            struct spec_seq *q = &e->seqs[c[i].s];
+            struct drafter *d = drafter_for(e, q->p.drafter);
+            q->depth = depth[i];
+            if (d && depth[i] == 0 && d->vt->skip && !(probes && probes[i])) d->vt->skip(d, c[i].s, DEPTH_KEEP_ROWS);
+            rc[i] = cycle_queue_next(e, &c[i], err, err_size);
+        }
         const int64_t t3 = coti_time_us();
         for (int i = i0; i < i1; i++)
             if (live[i] && !rc[i]) e->seqs[c[i].s].st.t_glue_us += t3 - t2;

@@ -7,7 +7,9 @@ import { postJson, rawRequest, startServer } from './helpers.mjs';
 
 let srv;
 before(async () => {
-  srv = await startServer(['-ctk', 'q8_0', '--cache-type-v', 'q4_0', '-np', '1', '--spec', 'mtp']);
+  // drafts forced on (--spec-n-min 1): this is about speculation's results, and the depth policy
+  // pauses a drafter whose drafts do not pay on a busy machine
+  srv = await startServer(['-ctk', 'q8_0', '--cache-type-v', 'q4_0', '-np', '1', '--spec', 'mtp', '--spec-n-min', '1']);
 });
 after(async () => {
   const r = await srv.stop();

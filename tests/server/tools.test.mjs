@@ -11,7 +11,8 @@ import { postJson, startServer } from './helpers.mjs';
 let withTools, plain;
 before(async () => {
   [withTools, plain] = await Promise.all([
-    startServer(['--chat-template-file', 'tests/qwen3-tools.jinja', '--spec', 'mtp', '-np', '1']),
+    // drafts forced on: the depth policy pauses a drafter that does not pay on a busy machine
+    startServer(['--chat-template-file', 'tests/qwen3-tools.jinja', '--spec', 'mtp', '--spec-n-min', '1', '-np', '1']),
     startServer(['-np', '1']),
   ]);
 });
