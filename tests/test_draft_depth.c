@@ -22,6 +22,13 @@ static void record_cycles(struct depth_seq *q, int n, int asked, int accepted) {
     for (int i = 0; i < n; i++) depth_seq_record(q, NULL, asked, asked, asked, accepted);
 }
 
+/* A CPU's costs and a request whose drafts were never accepted. */
+static void losing_seq(struct depth_costs *c, struct depth_mean *d, struct depth_seq *q) {
+    costs_make(c, d, 30.0, 20.0);
+    depth_seq_start(q, NULL, NULL);
+    record_cycles(q, 8, 2, 0);
+}
+
 Test(draft_depth, cheap_rows_and_good_drafts_go_deep) {
     struct depth_costs c;
     struct depth_mean d;
@@ -54,10 +61,8 @@ Test(draft_depth, dear_rows_keep_drafts_shallow) {
 Test(draft_depth, drafts_that_never_pay_are_paused_then_probed) {
     struct depth_costs c;
     struct depth_mean d;
-    costs_make(&c, &d, 30.0, 20.0);
     struct depth_seq q;
-    depth_seq_start(&q, NULL, NULL);
-    record_cycles(&q, 8, 2, 0);
+    losing_seq(&c, &d, &q);
     cr_assert_eq(depth_next(&q, &c, &d, 0, 3), 0, "nothing accepted: plain decoding");
     const int first_pause = q.pause.len;
     cr_assert_gt(first_pause, 1);
@@ -76,10 +81,8 @@ Test(draft_depth, drafts_that_never_pay_are_paused_then_probed) {
 Test(draft_depth, n_min_is_kept_and_unmeasured_plain_cost_comes_first) {
     struct depth_costs c;
     struct depth_mean d;
-    costs_make(&c, &d, 30.0, 20.0);
     struct depth_seq q;
-    depth_seq_start(&q, NULL, NULL);
-    record_cycles(&q, 8, 2, 0);
+    losing_seq(&c, &d, &q);
     cr_assert_eq(depth_next(&q, &c, &d, 2, 3), 2, "n_min drafts are asked for even when they do not pay");
     struct depth_costs cold = {0};
     struct depth_mean none = {0};
