@@ -88,6 +88,17 @@ static double verify_at(const struct depth_costs *c, int rows) {
     return vlo + (vlo - v[0].v) * (rows - lo) / (lo - 1);
 }
 
+void depth_expected(const struct depth_record *r, int d, double *tokens, double *drafts) {
+    double F[SPEC_MAX_DRAFT], A[SPEC_MAX_DRAFT];
+    record_estimate(r, d, F, A);
+    *tokens = 1.0;
+    *drafts = 0.0;
+    for (int i = 0; i < d; i++) {
+        *tokens += F[i] * A[i];
+        *drafts += F[i];
+    }
+}
+
 double depth_rate(const struct depth_record *r, const struct depth_costs *c, const struct depth_mean *draft_us, int d) {
     double F[SPEC_MAX_DRAFT], A[SPEC_MAX_DRAFT];
     record_estimate(r, d, F, A);

@@ -18,7 +18,7 @@
 
 /* Positions a paused drafter keeps following (drafter.h's skip): a probe's draft catches up
  * from them instead of from stale cells alone. */
-#define DEPTH_KEEP_ROWS 16
+#define DEPTH_KEEP_ROWS 4
 
 /* Running means that become moving averages over about their last `window` samples. */
 struct depth_mean { double v; int n; bool warm; };
@@ -62,6 +62,9 @@ void depth_seq_record(struct depth_seq *q, struct depth_record *kind, int asked,
 /* The next cycle's depth in [n_min, n_max] given the costs so far (draft_us: the drafter
  * kind's; unmeasured costs are taken as free, so the cycles that measure them happen). */
 int depth_next(struct depth_seq *q, const struct depth_costs *c, const struct depth_mean *draft_us, int n_min, int n_max);
+/* What asking for d drafts is expected to give by the record: tokens emitted (1 + Σ F_i A_i)
+ * and drafts made (Σ F_i), for a batched cycle that prices its rows itself. */
+void depth_expected(const struct depth_record *r, int d, double *tokens, double *drafts);
 /* E[tokens | d] / E[time | d] of a record at costs c (exposed for tests). */
 double depth_rate(const struct depth_record *r, const struct depth_costs *c, const struct depth_mean *draft_us, int d);
 

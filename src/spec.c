@@ -15,6 +15,7 @@
  * 1 .. SPEC_COST_ROWS rows (a batched cycle's depths past SPEC_COST_ROWS - 1 extrapolate). */
 #define SPEC_COST_SEQS 7
 #define SPEC_COST_ROWS 5
+#define SPEC_BATCH_EXPLORE_EVERY 128 /* batched cycles between two that draft one more than pays */
 #define SPEC_DRAFT_SAMPLES 4  /* batched cycles whose draft cost draft_cost_us looks at */
 
 struct spec_seq {
@@ -60,12 +61,15 @@ struct spec_engine {
     int32_t *d_acc;              /* backend [2 + SPEC_MAX_DRAFT]: accept_greedy's result */
     /* spec_engine_calibrate: a verify forward's time for 2^i sequences of r + 1 rows each
      * (cost_n sequence points, cost_r[i] row points each; cost_n 0: not calibrated, batched
-     * cycles then draft as deep as asked), and the draft phase's time per drafted token in the
-     * last SPEC_DRAFT_SAMPLES batched cycles that drafted (on the device) */
+     * cycles then draft as deep as asked), and per drafter kind ([i]: drafter_kinds[i]) the draft
+     * phase's time per drafted token in the last SPEC_DRAFT_SAMPLES batched cycles in which only
+     * that kind drafted (on the device; an n-gram draft costs next to nothing, an MTP one a
+     * forward of the head) */
     double cost_us[SPEC_COST_SEQS][SPEC_COST_ROWS];
     int cost_n, cost_r[SPEC_COST_SEQS];
-    double draft_us[SPEC_DRAFT_SAMPLES];
-    int draft_n;
+    double (*draft_us)[SPEC_DRAFT_SAMPLES];
+    int *draft_n;
+    long batch_cycles;           /* batched cycles so far (batch_depths' exploration) */
     int32_t *pos, *seqv;         /* host [max(n_batch, batch rows)] */
     bool *want;                  /* host [max(n_batch, batch rows)] */
     /* single-sequence cycles' depths: what their parts cost here, what each drafter kind's
@@ -94,7 +98,7 @@ void spec_engine_free(struct spec_engine *e) {
     if (e->d_btoks) e->m->be->free(e->m->be, e->d_btoks);
     if (e->d_toks) e->m->be->free(e->m->be, e->d_toks);
     if (e->d_acc) e->m->be->free(e->m->be, e->d_acc);
-    free(e->costs.draft); free(e->kind_rec); free(e->kind_pause);
+    free(e->costs.draft); free(e->kind_rec); free(e->kind_pause); free(e->draft_us); free(e->draft_n);
     free(e->drafters); free(e->seqs); free(e->row); free(e->qdense); free(e->resid); free(e->pos); free(e->seqv); free(e->want);
     free(e);
 }
@@ -112,6 +116,8 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     e->costs.draft = calloc((size_t)n_drafter_kinds, sizeof *e->costs.draft);
     e->kind_rec = calloc((size_t)n_drafter_kinds, sizeof *e->kind_rec);
     e->kind_pause = calloc((size_t)n_drafter_kinds, sizeof *e->kind_pause);
+    e->draft_us = calloc((size_t)n_drafter_kinds, sizeof *e->draft_us);
+    e->draft_n = calloc((size_t)n_drafter_kinds, sizeof *e->draft_n);
     e->row = malloc(sizeof(float) * (size_t)e->V);
     e->qdense = calloc((size_t)e->V, sizeof(float));
     e->resid = malloc(sizeof(struct sampler_cand) * (size_t)e->V);
@@ -126,7 +132,7 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     e->d_btoks = m->be->alloc(m->be, sizeof(int32_t) * batch_rows);
     e->d_toks = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT) * (size_t)m->n_seq);
     e->d_acc = m->be->alloc(m->be, sizeof(int32_t) * (2 + SPEC_MAX_DRAFT));
-    bool ok = e->seqs && e->drafters && e->costs.draft && e->kind_rec && e->kind_pause && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_btoks && e->d_toks && e->d_acc;
+    bool ok = e->seqs && e->drafters && e->costs.draft && e->kind_rec && e->kind_pause && e->draft_us && e->draft_n && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_btoks && e->d_toks && e->d_acc;
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
     for (int s = 0; ok && s < m->n_seq; s++) e->seqs[s].n_top_probs = -1;
     if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
@@ -897,58 +903,64 @@ static double verify_us(const struct spec_engine *e, int n, int rows) {
     return lo + (cost_at(e, i + 1, rows) - lo) * (n - (1 << i)) / (double)(1 << i);
 }
 
-/* A draft's cost: the least per-drafted-token time of the last cycles that drafted. The draft
+/* A draft's cost (drafter kind ki): the least per-drafted-token time of the last cycles that drafted. The draft
  * phase also runs the head over the rows accepted since a sequence last drafted (all of its
  * prompt, the first time), work that is deferred rather than caused by the draft: the least
  * sample is the cycle with the least of it. Free until SPEC_DRAFT_SAMPLES cycles have drafted,
  * so that the first batched cycles draft and measure. */
-static double draft_cost_us(const struct spec_engine *e) {
-    if (e->draft_n < SPEC_DRAFT_SAMPLES) return 0.0;
-    double c = e->draft_us[0];
-    for (int i = 1; i < SPEC_DRAFT_SAMPLES; i++) c = fmin(c, e->draft_us[i]);
+static double draft_cost_us(const struct spec_engine *e, int ki) {
+    if (ki < 0 || e->draft_n[ki] < SPEC_DRAFT_SAMPLES) return 0.0;
+    double c = e->draft_us[ki][0];
+    for (int i = 1; i < SPEC_DRAFT_SAMPLES; i++) c = fmin(c, e->draft_us[ki][i]);
     return c;
 }
 
 /* Draft depths of a batched cycle: one depth d for every sequence that drafts (within its n_min
- * and n_max), the d whose expected tokens per microsecond are the most. A sequence's draft at
- * rank k is worth its acceptance so far (from a prior of 0.7) to the power k; the cycle costs
- * the verify of its sequences with d + 1 rows each (calibrated: on a GPU the rows of different
- * sequences step their recurrences side by side, so more sequences cost less than more rows of
- * one) and the drafts. Verify rows ride nearly free where a forward's time is its weights'
- * reading (a GPU, a large model): deep drafts; they cost their compute where it is not (a small
- * model on a few cores): shallow or none, so that speculation never makes the batch slower. */
-static void batch_depths(const struct spec_engine *e, int n, const int *seqs, const int *rc, int *depth) {
+ * and n_max), the d whose expected tokens per microsecond are the most. What asking a sequence
+ * for d drafts gives comes from its request's record (draft_depth.h: how often its drafter
+ * fills each position, how often the target keeps them), so drafts that seldom come (n-gram)
+ * are priced by the rows they add; the cycle costs the verify of its sequences with their
+ * expected rows each (calibrated: on a GPU the rows of different sequences step their
+ * recurrences side by side, so more sequences cost less than more rows of one) and the drafts.
+ * Verify rows ride nearly free where a forward's time is its weights' reading (a GPU, a large
+ * model): deep drafts; they cost their compute where it is not (a small model on a few cores):
+ * shallow or none, so that speculation never makes the batch slower. */
+static void batch_depths(struct spec_engine *e, int n, const int *seqs, const int *rc, int *depth) {
     for (int i = 0; i < n; i++) depth[i] = e->cost_n ? 0 : SPEC_MAX_DRAFT;
     if (!e->cost_n) return; /* not calibrated: as deep as each asked */
-    double alpha[SPEC_MAX_BATCH];
     int n_live = 0, d_top = 0;
     for (int i = 0; i < n; i++) {
         if (rc[i]) continue; /* (a refused entry's sequence may be out of range) */
         const struct spec_seq *q = &e->seqs[seqs[i]];
-        alpha[i] = (q->st.n_accepted + 2.8) / (q->st.n_drafted + 4.0);
         n_live++;
         if (q->p.drafter) d_top = COTI_MAX(d_top, q->p.n_max);
     }
     if (!n_live) return;
-    const double per_draft = draft_cost_us(e);
     int best = -1;
     double best_rate = 0;
     for (int d = 0; d <= d_top; d++) {
-        double tok = 0;
-        int n_draft = 0, rows = 1;
+        double tok = 0, drafts = 0, t_drafts = 0;
         for (int i = 0; i < n; i++) {
             if (rc[i]) continue;
             const struct spec_seq *q = &e->seqs[seqs[i]];
             /* a sequence's n_min drafts are taken whatever they cost (its request asked for them) */
             const int di = q->p.drafter ? COTI_MIN(COTI_MAX(d, q->p.n_min), q->p.n_max) : 0;
-            tok += 1;
-            for (int k = 1; k <= di; k++) tok += pow(alpha[i], k);
-            n_draft += di;
-            rows = COTI_MAX(rows, di + 1);
+            double t, k;
+            depth_expected(&q->dp.rec, di, &t, &k);
+            tok += t;
+            drafts += k;
+            t_drafts += k * draft_cost_us(e, kind_index(q->p.drafter));
         }
-        const double rate = tok / (verify_us(e, n_live, rows) + per_draft * n_draft);
+        /* the sequences' mean rows, between the calibrated whole numbers of rows */
+        const double rows = 1.0 + drafts / n_live;
+        const int r0 = (int)rows;
+        const double v0 = verify_us(e, n_live, r0), v = v0 + (verify_us(e, n_live, r0 + 1) - v0) * (rows - r0);
+        const double rate = tok / (v + t_drafts);
         if (best < 0 || rate > best_rate) { best = d; best_rate = rate; }
     }
+    /* now and then one draft more than pays: a record that drafts do not pay is otherwise never
+     * asked again, and the text (or the load) may have changed */
+    if (++e->batch_cycles % SPEC_BATCH_EXPLORE_EVERY == 0 && best < d_top) best++;
     for (int i = 0; i < n; i++) {
         if (rc[i]) continue;
         const struct spec_seq *q = &e->seqs[seqs[i]];
@@ -960,7 +972,7 @@ int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
     struct model *m = e->m;
     const int max_seqs = COTI_MIN(m->n_seq, SPEC_MAX_BATCH);
     e->cost_n = 0;
-    e->draft_n = 0;
+    memset(e->draft_n, 0, sizeof(int) * (size_t)n_drafter_kinds);
     if (m->n_ctx <= SPEC_COST_ROWS) return 0; /* no room: batched cycles draft as asked */
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)m->n_batch);
     if (!toks) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
@@ -1029,7 +1041,7 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
     batch_depths(e, n, seqs, rc, depth);
     /* the draft phase between two device marks: its time without a sync in between */
     be->mark(be, 0);
-    int n_drafted = 0;
+    int n_drafted = 0, drafted_kind = -1;
     /* drafts first, every sequence's: greedy on-device ones of a drafter that batches them in
      * one call per drafter (each chain step for all its sequences at once), the rest one by one */
     bool live[SPEC_MAX_BATCH], need[SPEC_MAX_BATCH];
@@ -1067,7 +1079,11 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
             if ((rc[i] = d->vt->draft(d, seqs[i], &rq[i], &c[i].dr, err, err_size))) live[i] = false;
         }
         if (live[i] && (rc[i] = cycle_drafted(e, &c[i], probes ? probes[i] : NULL, err, err_size))) live[i] = false;
-        if (live[i]) n_drafted += c[i].k_drafted;
+        if (live[i] && c[i].k_drafted > 0) {
+            const int ki = kind_index(e->seqs[seqs[i]].p.drafter);
+            drafted_kind = n_drafted == 0 || drafted_kind == ki ? ki : -1; /* -1: kinds mixed */
+            n_drafted += c[i].k_drafted;
+        }
     }
     be->mark(be, 1);
     bool draft_timed = false;
@@ -1112,8 +1128,8 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         if (!frc && any_greedy) be->download(be, ids, e->d_ids, sizeof(int32_t) * (size_t)rows);
         if (!frc && any_on_device) be->download(be, toks, e->d_btoks, sizeof(int32_t) * (size_t)rows);
         /* the draft phase's cost per drafted token, for the next depths */
-        if (!frc && !draft_timed && n_drafted > 0 && e->cost_n > 0) {
-            e->draft_us[e->draft_n++ % SPEC_DRAFT_SAMPLES] = be->mark_elapsed_us(be, 0, 1) / n_drafted;
+        if (!frc && !draft_timed && n_drafted > 0 && drafted_kind >= 0 && e->cost_n > 0) {
+            e->draft_us[drafted_kind][e->draft_n[drafted_kind]++ % SPEC_DRAFT_SAMPLES] = be->mark_elapsed_us(be, 0, 1) / n_drafted;
         }
         draft_timed = true;
         const int64_t t2 = coti_time_us();
