@@ -11,15 +11,17 @@
 
 struct worker_arg { struct threadpool *tp; int ith; };
 
-/* Spin iterations before a worker sleeps: ~50-100 µs of pause instructions, longer than the
- * host glue between two ops of one decode step, much shorter than an idle server. */
+/* Spin iterations before a worker sleeps on the condition variable: pauses, then yields (see
+ * below), milliseconds in all: longer than the gaps of a busy server, shorter than an idle one's. */
 #define THREADPOOL_SPIN_ITERS 20000
-/* Pause-spins before a waiting thread starts yielding its core (tens of µs with this CPU's
- * slow pause: longer than the gap between two ops of a decode step, so an idle machine
- * never pays a syscall). Without it, a pool of 2 threads on a machine where another process
- * holds one core degrades ~20x (measured 22.7 vs 433 tok/s): each spinning thread burns
- * the time slice that the thread it waits for needs. */
-#define THREADPOOL_YIELD_AFTER 200
+/* Pause-spins before a waiting thread starts yielding its core (~50 us with this CPU's pause:
+ * longer than most host glue between two ops of a decode step, so a waiting worker takes the
+ * next job without a syscall in between). Without yields at all, a pool of 2 threads on a
+ * machine where another process holds one core degraded ~20x (22.7 vs 433 tok/s). Yielding
+ * early (after 200 spins) lost too: the default model, 2 threads, 1 sequence 2600 vs 2860 tok/s
+ * (the worker was in sched_yield when a job came: 13 % of samples in the syscall), beside one
+ * busy process 170 vs 940, beside two < 10 vs 474; 8000 spins gave the same as 2000. */
+#define THREADPOOL_YIELD_AFTER 2000
 
 struct threadpool {
     int n_threads;
