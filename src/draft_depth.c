@@ -27,6 +27,9 @@
 /* A deeper position's measured acceptance counts once it has this many samples; before, the
  * extension from the positions before it does (one early cycle must not fix it for good). */
 #define DEPTH_MIN_DEEP_SAMPLES 4
+/* depth_drafts_useless: the first draft kept less often than this, over at least that many */
+#define DEPTH_USELESS_ACC 0.25
+#define DEPTH_USELESS_SAMPLES 2
 
 void depth_mean_add(struct depth_mean *m, double x, int window) {
     m->n++;
@@ -86,6 +89,10 @@ static double verify_at(const struct depth_costs *c, int rows) {
     if (hi <= SPEC_MAX_DRAFT + 1) return vlo + (v[hi - 1].v - vlo) * (rows - lo) / (hi - lo);
     if (lo == 1) return vlo;
     return vlo + (vlo - v[0].v) * (rows - lo) / (lo - 1);
+}
+
+bool depth_drafts_useless(const struct depth_record *r) {
+    return r->acc[0].n >= DEPTH_USELESS_SAMPLES && r->acc[0].v < DEPTH_USELESS_ACC;
 }
 
 void depth_expected(const struct depth_record *r, int d, double *tokens, double *drafts) {

@@ -65,6 +65,10 @@ int depth_next(struct depth_seq *q, const struct depth_costs *c, const struct de
 /* What asking for d drafts is expected to give by the record: tokens emitted (1 + Σ F_i A_i)
  * and drafts made (Σ F_i), for a batched cycle that prices its rows itself. */
 void depth_expected(const struct depth_record *r, int d, double *tokens, double *drafts);
+/* Whether a record's drafts are all but never accepted (a head that does not fit the text): only
+ * then does a paused drafter stop following the sequence (drafter.h's skip). A drafter paused
+ * because its drafts barely pay keeps its context, so that its probes measure it as it is. */
+bool depth_drafts_useless(const struct depth_record *r);
 /* E[tokens | d] / E[time | d] of a record at costs c (exposed for tests). */
 double depth_rate(const struct depth_record *r, const struct depth_costs *c, const struct depth_mean *draft_us, int d);
 

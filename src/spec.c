@@ -807,7 +807,8 @@ static int cycle_queue_next(struct spec_engine *e, const struct cycle *c, char *
 
 /* After a single-sequence cycle: its costs into the engine's means (the verify's host time of its
  * rows; the draft's per token, unless the draft also caught up with more than a verify's rows),
- * then the next cycle's depth; a sequence left without drafts lets its drafter stop following. */
+ * then the next cycle's depth; a sequence left without drafts that are of any use lets its
+ * drafter stop following. */
 static void seq_next_depth(struct spec_engine *e, int s, const struct cycle *c, int64_t t_draft, int64_t t2) {
     struct spec_seq *q = &e->seqs[s];
     struct drafter *d = drafter_for(e, q->p.drafter);
@@ -816,7 +817,7 @@ static void seq_next_depth(struct spec_engine *e, int s, const struct cycle *c, 
     if (c->k_drafted > 0 && c->dr.catch_up <= SPEC_MAX_DRAFT + 1)
         depth_cost_add(&e->costs.draft[ki], (double)t_draft / c->k_drafted);
     q->depth = seq_choose_depth(e, q);
-    if (q->depth == 0 && d->vt->skip) d->vt->skip(d, s, DEPTH_KEEP_ROWS);
+    if (q->depth == 0 && d->vt->skip && depth_drafts_useless(&q->dp.rec)) d->vt->skip(d, s, DEPTH_KEEP_ROWS);
 }
 
 int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,
@@ -1153,13 +1154,15 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         for (int i = i0; i < i1; i++)
             if (live[i] && !rc[i]) rc[i] = cycle_commit(e, &c[i], &o, 0, t2, out[i], &n_out[i], err, err_size);
         /* the next draft is queued at this cycle's depth (the next batch is likely to choose
-         * it again); a sequence left without drafts lets its drafter stop following */
+         * it again); a sequence left without drafts that are of any use lets its drafter stop
+         * following */
         for (int i = i0; i < i1; i++) {
             if (!live[i] || rc[i]) continue;
             struct spec_seq *q = &e->seqs[c[i].s];
             struct drafter *d = drafter_for(e, q->p.drafter);
             q->depth = depth[i];
-            if (d && depth[i] == 0 && d->vt->skip && !(probes && probes[i])) d->vt->skip(d, c[i].s, DEPTH_KEEP_ROWS);
+            if (d && depth[i] == 0 && d->vt->skip && !(probes && probes[i]) && depth_drafts_useless(&q->dp.rec))
+                d->vt->skip(d, c[i].s, DEPTH_KEEP_ROWS);
             rc[i] = cycle_queue_next(e, &c[i], err, err_size);
         }
         const int64_t t3 = coti_time_us();

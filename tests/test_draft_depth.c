@@ -37,6 +37,7 @@ Test(draft_depth, cheap_rows_and_good_drafts_go_deep) {
     depth_seq_start(&q, NULL, NULL);
     record_cycles(&q, 40, 4, 4);
     cr_assert_eq(depth_next(&q, &c, &d, 0, 4), 4);
+    cr_assert(!depth_drafts_useless(&q.rec));
 }
 
 Test(draft_depth, dear_rows_keep_drafts_shallow) {
@@ -64,6 +65,7 @@ Test(draft_depth, drafts_that_never_pay_are_paused_then_probed) {
     struct depth_seq q;
     losing_seq(&c, &d, &q);
     cr_assert_eq(depth_next(&q, &c, &d, 0, 3), 0, "nothing accepted: plain decoding");
+    cr_assert(depth_drafts_useless(&q.rec), "a drafter never accepted may stop following the sequence");
     const int first_pause = q.pause.len;
     cr_assert_gt(first_pause, 1);
     for (int i = 1; i < first_pause; i++) cr_assert_eq(depth_next(&q, &c, &d, 0, 3), 0, "cycle %d of the pause drafted", i);
