@@ -32,9 +32,8 @@
 #define DEPTH_USELESS_SAMPLES 2
 
 void depth_mean_add(struct depth_mean *m, double x, int window) {
-    m->n++;
-    const double a = m->n < window ? 1.0 / m->n : 1.0 / window;
-    m->v += a * (x - m->v);
+    if (m->n < window) m->n++; /* (a count that stops at the window: a server runs for weeks) */
+    m->v += (x - m->v) / m->n;
 }
 
 void depth_cost_add(struct depth_mean *m, double x) {

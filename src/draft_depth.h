@@ -20,7 +20,8 @@
  * from them instead of from stale cells alone. */
 #define DEPTH_KEEP_ROWS 4
 
-/* Running means that become moving averages over about their last `window` samples. */
+/* Running means that become moving averages over about their last `window` samples; n counts
+ * the samples up to the window. */
 struct depth_mean { double v; int n; bool warm; };
 
 /* What cycles cost on one engine (shared by its sequences): verify[r-1] a single sequence's

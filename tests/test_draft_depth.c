@@ -29,6 +29,15 @@ static void losing_seq(struct depth_costs *c, struct depth_mean *d, struct depth
     record_cycles(q, 8, 2, 0);
 }
 
+Test(draft_depth, a_mean_forgets_past_its_window_and_its_count_stops_there) {
+    struct depth_mean m = {0};
+    for (int i = 0; i < 100; i++) depth_mean_add(&m, 1.0, 8);
+    cr_assert_float_eq(m.v, 1.0, 1e-12);
+    for (int i = 0; i < 100; i++) depth_mean_add(&m, 0.0, 8);
+    cr_assert_lt(m.v, 1e-5, "after 100 zeros the mean is %g", m.v);
+    cr_assert_eq(m.n, 8, "the count stops at the window");
+}
+
 Test(draft_depth, cheap_rows_and_good_drafts_go_deep) {
     struct depth_costs c;
     struct depth_mean d;
