@@ -24,11 +24,11 @@
  * the samples up to the window. */
 struct depth_mean { double v; int n; bool warm; };
 
-/* What cycles cost on one engine (shared by its sequences): verify[r-1] a single sequence's
- * verify of r rows (host time, draft excluded), draft[k] a token drafted by drafter kind k. */
+/* What verifies cost on one engine (shared by its sequences): verify[r-1] a single sequence's
+ * verify of r rows (host time, draft excluded). A drafted token's cost is its drafter kind's,
+ * passed beside it. */
 struct depth_costs {
     struct depth_mean verify[SPEC_MAX_DRAFT + 1];
-    struct depth_mean *draft;    /* [n_drafter_kinds] */
 };
 
 /* Per draft position: fill F_i and acceptance A_i (see above). */

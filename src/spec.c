@@ -18,6 +18,18 @@
 #define SPEC_BATCH_EXPLORE_EVERY 128 /* batched cycles between two that draft one more than pays */
 #define SPEC_DRAFT_SAMPLES 4  /* batched cycles whose draft cost draft_cost_us looks at */
 
+/* What the engine knows of one drafter kind's drafts, for the depths of later cycles. */
+struct kind_depth {
+    struct depth_record rec;     /* what its drafts were worth over the requests so far */
+    struct depth_pause pause;    /* where its last single-sequence cycle left its pause */
+    struct depth_mean draft_us;  /* a drafted token's time in single-sequence cycles */
+    /* the draft phase's time per drafted token in the last SPEC_DRAFT_SAMPLES batched cycles in
+     * which only this kind drafted (on the device; an n-gram draft costs next to nothing, an
+     * MTP one a forward of the head) */
+    double batch_draft_us[SPEC_DRAFT_SAMPLES];
+    int batch_draft_n;
+};
+
 struct spec_seq {
     int32_t *hist;               /* prompt + emitted tokens; the last one is pending. During a
                                     cycle the drafts follow it (each verify row's penalty
@@ -61,22 +73,14 @@ struct spec_engine {
     int32_t *d_acc;              /* backend [2 + SPEC_MAX_DRAFT]: accept_greedy's result */
     /* spec_engine_calibrate: a verify forward's time for 2^i sequences of r + 1 rows each
      * (cost_n sequence points, cost_r[i] row points each; cost_n 0: not calibrated, batched
-     * cycles then draft as deep as asked), and per drafter kind ([i]: drafter_kinds[i]) the draft
-     * phase's time per drafted token in the last SPEC_DRAFT_SAMPLES batched cycles in which only
-     * that kind drafted (on the device; an n-gram draft costs next to nothing, an MTP one a
-     * forward of the head) */
+     * cycles then draft as deep as asked) */
     double cost_us[SPEC_COST_SEQS][SPEC_COST_ROWS];
     int cost_n, cost_r[SPEC_COST_SEQS];
-    double (*draft_us)[SPEC_DRAFT_SAMPLES];
-    int *draft_n;
     long batch_cycles;           /* batched cycles so far (batch_depths' exploration) */
     int32_t *pos, *seqv;         /* host [max(n_batch, batch rows)] */
     bool *want;                  /* host [max(n_batch, batch rows)] */
-    /* single-sequence cycles' depths: what their parts cost here, what each drafter kind's
-     * drafts were worth over the requests so far ([i]: drafter_kinds[i]'s) */
-    struct depth_costs costs;
-    struct depth_record *kind_rec;
-    struct depth_pause *kind_pause; /* [i]: where drafter_kinds[i]'s last cycle left its pause */
+    struct depth_costs costs;    /* single-sequence cycles' verifies, by rows */
+    struct kind_depth *kinds;    /* [i]: drafter_kinds[i]'s */
 };
 
 struct spec_params spec_params_default(void) {
@@ -98,7 +102,7 @@ void spec_engine_free(struct spec_engine *e) {
     if (e->d_btoks) e->m->be->free(e->m->be, e->d_btoks);
     if (e->d_toks) e->m->be->free(e->m->be, e->d_toks);
     if (e->d_acc) e->m->be->free(e->m->be, e->d_acc);
-    free(e->costs.draft); free(e->kind_rec); free(e->kind_pause); free(e->draft_us); free(e->draft_n);
+    free(e->kinds);
     free(e->drafters); free(e->seqs); free(e->row); free(e->qdense); free(e->resid); free(e->pos); free(e->seqv); free(e->want);
     free(e);
 }
@@ -113,11 +117,7 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     e->V = m->info.n_vocab;
     e->seqs = calloc((size_t)m->n_seq, sizeof *e->seqs);
     e->drafters = calloc((size_t)n_drafter_kinds, sizeof *e->drafters);
-    e->costs.draft = calloc((size_t)n_drafter_kinds, sizeof *e->costs.draft);
-    e->kind_rec = calloc((size_t)n_drafter_kinds, sizeof *e->kind_rec);
-    e->kind_pause = calloc((size_t)n_drafter_kinds, sizeof *e->kind_pause);
-    e->draft_us = calloc((size_t)n_drafter_kinds, sizeof *e->draft_us);
-    e->draft_n = calloc((size_t)n_drafter_kinds, sizeof *e->draft_n);
+    e->kinds = calloc((size_t)n_drafter_kinds, sizeof *e->kinds);
     e->row = malloc(sizeof(float) * (size_t)e->V);
     e->qdense = calloc((size_t)e->V, sizeof(float));
     e->resid = malloc(sizeof(struct sampler_cand) * (size_t)e->V);
@@ -132,7 +132,7 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     e->d_btoks = m->be->alloc(m->be, sizeof(int32_t) * batch_rows);
     e->d_toks = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT) * (size_t)m->n_seq);
     e->d_acc = m->be->alloc(m->be, sizeof(int32_t) * (2 + SPEC_MAX_DRAFT));
-    bool ok = e->seqs && e->drafters && e->costs.draft && e->kind_rec && e->kind_pause && e->draft_us && e->draft_n && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_btoks && e->d_toks && e->d_acc;
+    bool ok = e->seqs && e->drafters && e->kinds && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_btoks && e->d_toks && e->d_acc;
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
     for (int s = 0; ok && s < m->n_seq; s++) e->seqs[s].n_top_probs = -1;
     if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
@@ -147,13 +147,6 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     return 0;
 }
 
-/* The engine's drafter of kind k; NULL for off or a kind not available. */
-static struct drafter *drafter_for(const struct spec_engine *e, const struct drafter_kind *k) {
-    for (int i = 0; k && i < n_drafter_kinds; i++)
-        if (drafter_kinds[i] == k) return e->drafters[i];
-    return NULL;
-}
-
 /* Index of drafter kind k in drafter_kinds (-1: off). */
 static int kind_index(const struct drafter_kind *k) {
     for (int i = 0; k && i < n_drafter_kinds; i++)
@@ -161,12 +154,32 @@ static int kind_index(const struct drafter_kind *k) {
     return -1;
 }
 
+/* The engine's drafter of kind k; NULL for off or a kind not available. */
+static struct drafter *drafter_for(const struct spec_engine *e, const struct drafter_kind *k) {
+    const int i = kind_index(k);
+    return i >= 0 ? e->drafters[i] : NULL;
+}
+
+/* What the engine knows of kind k's drafts; NULL for off. */
+static struct kind_depth *kind_of(const struct spec_engine *e, const struct drafter_kind *k) {
+    const int i = kind_index(k);
+    return i >= 0 ? &e->kinds[i] : NULL;
+}
+
 /* The depth of a drafting sequence's next single-sequence cycle; its pause becomes its kind's. */
 static int seq_choose_depth(struct spec_engine *e, struct spec_seq *q) {
-    const int ki = kind_index(q->p.drafter);
-    const int d = depth_next(&q->dp, &e->costs, &e->costs.draft[ki], q->p.n_min, q->p.n_max);
-    e->kind_pause[ki] = q->dp.pause;
+    struct kind_depth *kd = kind_of(e, q->p.drafter);
+    const int d = depth_next(&q->dp, &e->costs, &kd->draft_us, q->p.n_min, q->p.n_max);
+    kd->pause = q->dp.pause;
     return d;
+}
+
+/* A sequence whose next cycle drafts nothing, and whose drafts are of no use, lets its drafter
+ * stop following it (drafter.h's skip). */
+static void seq_release_drafter(struct spec_engine *e, int s) {
+    struct spec_seq *q = &e->seqs[s];
+    struct drafter *d = drafter_for(e, q->p.drafter);
+    if (d && q->depth == 0 && d->vt->skip && depth_drafts_useless(&q->dp.rec)) d->vt->skip(d, s, DEPTH_KEEP_ROWS);
 }
 
 bool spec_engine_supports(const struct spec_engine *e, const struct drafter_kind *k) {
@@ -302,8 +315,8 @@ static int seq_setup(struct spec_engine *e, int s, const int32_t *prompt, int n_
     if ((rc = grammar_begin(e, q, p, err, err_size))) return rc;
     memset(&q->st, 0, sizeof q->st);
     q->ahead_n = 0;
-    const int ki = kind_index(p->drafter);
-    depth_seq_start(&q->dp, ki >= 0 ? &e->kind_rec[ki] : NULL, ki >= 0 ? &e->kind_pause[ki] : NULL);
+    const struct kind_depth *kd = kind_of(e, p->drafter);
+    depth_seq_start(&q->dp, kd ? &kd->rec : NULL, kd ? &kd->pause : NULL);
     /* sampled drafts draw from the seed's stream per draft: a depth that follows the machine's
      * timing would make a seed's text depend on it */
     q->fixed_depth = p->fixed_depth || (p->sample_drafts && sp->temperature > 0.0f);
@@ -769,8 +782,8 @@ static int cycle_commit(struct spec_engine *e, struct cycle *c, const struct mod
         for (int i = 0; i < a; i++) q->st.accepted_at[i]++;
     }
     if (c->asked > 0) {
-        const int ki = kind_index(q->p.drafter);
-        depth_seq_record(&q->dp, ki >= 0 ? &e->kind_rec[ki] : NULL, c->asked, c->k_drafted, k, a);
+        struct kind_depth *kd = kind_of(e, q->p.drafter);
+        depth_seq_record(&q->dp, kd ? &kd->rec : NULL, c->asked, c->k_drafted, k, a);
     }
     q->st.t_draft_us += t_draft;
     q->st.t_verify_us += t2 - c->t0 - t_draft;
@@ -811,13 +824,11 @@ static int cycle_queue_next(struct spec_engine *e, const struct cycle *c, char *
  * drafter stop following. */
 static void seq_next_depth(struct spec_engine *e, int s, const struct cycle *c, int64_t t_draft, int64_t t2) {
     struct spec_seq *q = &e->seqs[s];
-    struct drafter *d = drafter_for(e, q->p.drafter);
-    const int ki = kind_index(q->p.drafter);
     depth_cost_add(&e->costs.verify[c->k], (double)(t2 - c->t0 - t_draft));
     if (c->k_drafted > 0 && c->dr.catch_up <= SPEC_MAX_DRAFT + 1)
-        depth_cost_add(&e->costs.draft[ki], (double)t_draft / c->k_drafted);
+        depth_cost_add(&kind_of(e, q->p.drafter)->draft_us, (double)t_draft / c->k_drafted);
     q->depth = seq_choose_depth(e, q);
-    if (q->depth == 0 && d->vt->skip && depth_drafts_useless(&q->dp.rec)) d->vt->skip(d, s, DEPTH_KEEP_ROWS);
+    seq_release_drafter(e, s);
 }
 
 int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *n_out,
@@ -904,15 +915,16 @@ static double verify_us(const struct spec_engine *e, int n, int rows) {
     return lo + (cost_at(e, i + 1, rows) - lo) * (n - (1 << i)) / (double)(1 << i);
 }
 
-/* A draft's cost (drafter kind ki): the least per-drafted-token time of the last cycles that drafted. The draft
- * phase also runs the head over the rows accepted since a sequence last drafted (all of its
- * prompt, the first time), work that is deferred rather than caused by the draft: the least
- * sample is the cycle with the least of it. Free until SPEC_DRAFT_SAMPLES cycles have drafted,
- * so that the first batched cycles draft and measure. */
-static double draft_cost_us(const struct spec_engine *e, int ki) {
-    if (ki < 0 || e->draft_n[ki] < SPEC_DRAFT_SAMPLES) return 0.0;
-    double c = e->draft_us[ki][0];
-    for (int i = 1; i < SPEC_DRAFT_SAMPLES; i++) c = fmin(c, e->draft_us[ki][i]);
+/* A batched draft's cost (drafter kind k): the least per-drafted-token time of the last cycles
+ * that drafted. The draft phase also runs the head over the rows accepted since a sequence last
+ * drafted (all of its prompt, the first time), work that is deferred rather than caused by the
+ * draft: the least sample is the cycle with the least of it. Free until SPEC_DRAFT_SAMPLES
+ * cycles have drafted, so that the first batched cycles draft and measure. */
+static double draft_cost_us(const struct spec_engine *e, const struct drafter_kind *k) {
+    const struct kind_depth *kd = kind_of(e, k);
+    if (!kd || kd->batch_draft_n < SPEC_DRAFT_SAMPLES) return 0.0;
+    double c = kd->batch_draft_us[0];
+    for (int i = 1; i < SPEC_DRAFT_SAMPLES; i++) c = fmin(c, kd->batch_draft_us[i]);
     return c;
 }
 
@@ -950,7 +962,7 @@ static void batch_depths(struct spec_engine *e, int n, const int *seqs, const in
             depth_expected(&q->dp.rec, di, &t, &k);
             tok += t;
             drafts += k;
-            t_drafts += k * draft_cost_us(e, kind_index(q->p.drafter));
+            t_drafts += k * draft_cost_us(e, q->p.drafter);
         }
         /* the sequences' mean rows, between the calibrated whole numbers of rows */
         const double rows = 1.0 + drafts / n_live;
@@ -973,7 +985,7 @@ int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
     struct model *m = e->m;
     const int max_seqs = COTI_MIN(m->n_seq, SPEC_MAX_BATCH);
     e->cost_n = 0;
-    memset(e->draft_n, 0, sizeof(int) * (size_t)n_drafter_kinds);
+    for (int i = 0; i < n_drafter_kinds; i++) e->kinds[i].batch_draft_n = 0;
     if (m->n_ctx <= SPEC_COST_ROWS) return 0; /* no room: batched cycles draft as asked */
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)m->n_batch);
     if (!toks) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
@@ -1130,7 +1142,8 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         if (!frc && any_on_device) be->download(be, toks, e->d_btoks, sizeof(int32_t) * (size_t)rows);
         /* the draft phase's cost per drafted token, for the next depths */
         if (!frc && !draft_timed && n_drafted > 0 && drafted_kind >= 0 && e->cost_n > 0) {
-            e->draft_us[drafted_kind][e->draft_n[drafted_kind]++ % SPEC_DRAFT_SAMPLES] = be->mark_elapsed_us(be, 0, 1) / n_drafted;
+            struct kind_depth *kd = &e->kinds[drafted_kind];
+            kd->batch_draft_us[kd->batch_draft_n++ % SPEC_DRAFT_SAMPLES] = be->mark_elapsed_us(be, 0, 1) / n_drafted;
         }
         draft_timed = true;
         const int64_t t2 = coti_time_us();
@@ -1158,11 +1171,8 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
          * following */
         for (int i = i0; i < i1; i++) {
             if (!live[i] || rc[i]) continue;
-            struct spec_seq *q = &e->seqs[c[i].s];
-            struct drafter *d = drafter_for(e, q->p.drafter);
-            q->depth = depth[i];
-            if (d && depth[i] == 0 && d->vt->skip && !(probes && probes[i]) && depth_drafts_useless(&q->dp.rec))
-                d->vt->skip(d, c[i].s, DEPTH_KEEP_ROWS);
+            e->seqs[c[i].s].depth = depth[i];
+            if (!(probes && probes[i])) seq_release_drafter(e, c[i].s);
             rc[i] = cycle_queue_next(e, &c[i], err, err_size);
         }
         const int64_t t3 = coti_time_us();

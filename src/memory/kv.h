@@ -6,8 +6,9 @@
  * block is n_ctx cells and position p is cell p of it. A sliding-window layer holds a ring when
  * that is smaller: position p at p % ring, so it keeps only the last ring positions, which are
  * the window plus what one forward writes or one rollback drops. A cell is written before it is
- * read (a draft head's skipped positions aside: memory.h), so dropping positions (at most n_rows of them: memory.h) is only a length change
- * (the lengths live in memory.h, which owns the per-sequence policy). */
+ * read (a draft head's skipped positions aside: memory.h), so dropping positions (at most
+ * n_rows of them: memory.h) is only a length change (the lengths live in memory.h, which owns
+ * the per-sequence policy). */
 #ifndef COTI_KV_H
 #define COTI_KV_H
 
