@@ -16,6 +16,7 @@
 #define SPEC_COST_SEQS 7
 #define SPEC_COST_ROWS 5
 #define SPEC_BATCH_EXPLORE_EVERY 128 /* batched cycles between two that draft one more than pays */
+#define SPEC_BATCH_IDLE_SKIP 16  /* batched cycles without drafts after which a drafter stops following */
 #define SPEC_DRAFT_SAMPLES 4  /* batched cycles whose draft cost draft_cost_us looks at */
 
 /* What the engine knows of one drafter kind's drafts, for the depths of later cycles. */
@@ -55,6 +56,7 @@ struct spec_seq {
     int64_t pf_us;
     struct depth_seq dp;         /* its draft depth policy (draft_depth.h) */
     int depth;                   /* the drafts its next single-sequence cycle asks for */
+    int batch_idle;              /* batched cycles in a row without drafts (0 after any other) */
     bool fixed_depth;            /* always n_max (spec_params.fixed_depth, or sampled drafts) */
 };
 
@@ -174,12 +176,17 @@ static int seq_choose_depth(struct spec_engine *e, struct spec_seq *q) {
     return d;
 }
 
-/* A sequence whose next cycle drafts nothing, and whose drafts are of no use, lets its drafter
- * stop following it (drafter.h's skip). */
+/* A sequence whose next cycle drafts nothing lets its drafter stop following it (drafter.h's
+ * skip) when its drafts are of no use, or when batches have not taken them for
+ * SPEC_BATCH_IDLE_SKIP cycles: there the rows of a verify cost more than drafts bring (a small
+ * model on few cores), and following (MTP: the head's layer for every token) would cost each
+ * cycle about a fifth of a forward for drafts that are not asked for. */
 static void seq_release_drafter(struct spec_engine *e, int s) {
     struct spec_seq *q = &e->seqs[s];
     struct drafter *d = drafter_for(e, q->p.drafter);
-    if (d && q->depth == 0 && d->vt->skip && depth_drafts_useless(&q->dp.rec)) d->vt->skip(d, s, DEPTH_KEEP_ROWS);
+    if (d && q->depth == 0 && d->vt->skip &&
+        (depth_drafts_useless(&q->dp.rec) || q->batch_idle >= SPEC_BATCH_IDLE_SKIP))
+        d->vt->skip(d, s, DEPTH_KEEP_ROWS);
 }
 
 bool spec_engine_supports(const struct spec_engine *e, const struct drafter_kind *k) {
@@ -828,6 +835,7 @@ static void seq_next_depth(struct spec_engine *e, int s, const struct cycle *c, 
     if (c->k_drafted > 0 && c->dr.catch_up <= SPEC_MAX_DRAFT + 1)
         depth_cost_add(&kind_of(e, q->p.drafter)->draft_us, (double)t_draft / c->k_drafted);
     q->depth = seq_choose_depth(e, q);
+    q->batch_idle = 0;
     seq_release_drafter(e, s);
 }
 
@@ -1171,7 +1179,9 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
          * following */
         for (int i = i0; i < i1; i++) {
             if (!live[i] || rc[i]) continue;
-            e->seqs[c[i].s].depth = depth[i];
+            struct spec_seq *q = &e->seqs[c[i].s];
+            q->depth = depth[i];
+            q->batch_idle = depth[i] == 0 ? q->batch_idle + 1 : 0;
             if (!(probes && probes[i])) seq_release_drafter(e, c[i].s);
             rc[i] = cycle_queue_next(e, &c[i], err, err_size);
         }

@@ -507,7 +507,9 @@ Test(spec, batched_steps_equal_single_steps, .timeout = 300) {
     struct env one = env_open(MODEL_PATH);
     for (int n_batch = 128; n_batch >= 10; n_batch = n_batch == 128 ? 10 : 0) {
         struct env many = env_open_seqs(MODEL_PATH, NS, n_batch);
-        if (n_batch == 10) { /* depths chosen from the calibrated verify cost: still the same tokens */
+        if (n_batch == 10) { /* depths chosen from the calibrated verify cost (on a CPU batches may then
+                              * take no drafts for long enough that drafters stop following): still
+                              * the same tokens */
             char err[256];
             cr_assert_eq(spec_engine_calibrate(many.e, err, sizeof err), 0, "%s", err);
             cr_assert_gt(spec_engine_verify_cost_us(many.e, 1, 1), 0.0);
