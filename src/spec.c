@@ -1112,7 +1112,7 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         }
     }
     be->mark(be, 1);
-    bool draft_timed = false;
+    double t_drafts = -1.0; /* the draft phase's time, read once the first forward's results are in */
     /* then verify rows of as many sequences as n_batch holds per forward (a sequence's rows are
      * never split: its states are kept for the last run of each sequence) */
     for (int i0 = 0; i0 < n;) {
@@ -1153,12 +1153,15 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         memcpy(toks, htoks, sizeof(int32_t) * (size_t)rows);
         if (!frc && any_greedy) be->download(be, ids, e->d_ids, sizeof(int32_t) * (size_t)rows);
         if (!frc && any_on_device) be->download(be, toks, e->d_btoks, sizeof(int32_t) * (size_t)rows);
-        /* the draft phase's cost per drafted token, for the next depths */
-        if (!frc && !draft_timed && n_drafted > 0 && drafted_kind >= 0 && e->cost_n > 0) {
-            struct kind_depth *kd = &e->kinds[drafted_kind];
-            kd->batch_draft_us[kd->batch_draft_n++ % SPEC_DRAFT_SAMPLES] = be->mark_elapsed_us(be, 0, 1) / n_drafted;
+        /* the draft phase's time: every sequence's share of the cycle (statistics), and its cost
+         * per drafted token for the next depths */
+        if (!frc && t_drafts < 0.0) {
+            t_drafts = be->mark_elapsed_us(be, 0, 1);
+            if (n_drafted > 0 && drafted_kind >= 0 && e->cost_n > 0) {
+                struct kind_depth *kd = &e->kinds[drafted_kind];
+                kd->batch_draft_us[kd->batch_draft_n++ % SPEC_DRAFT_SAMPLES] = t_drafts / n_drafted;
+            }
         }
-        draft_timed = true;
         const int64_t t2 = coti_time_us();
         for (int i = i0; i < i1; i++) {
             if (!live[i]) continue;
@@ -1178,7 +1181,9 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         /* every pick has read its rows: now the drafters may run (their forwards may reuse the
          * verify's output memory) */
         for (int i = i0; i < i1; i++)
-            if (live[i] && !rc[i]) rc[i] = cycle_commit(e, &c[i], &o, 0, t2, out[i], &n_out[i], err, err_size);
+            if (live[i] && !rc[i])
+                rc[i] = cycle_commit(e, &c[i], &o, COTI_MIN((int64_t)COTI_MAX(t_drafts, 0.0), t2 - c[i].t0), t2, out[i], &n_out[i],
+                                     err, err_size);
         /* the next draft is queued at this cycle's depth (the next batch is likely to choose
          * it again); a sequence left without drafts that are of any use lets its drafter stop
          * following */

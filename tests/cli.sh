@@ -377,6 +377,11 @@ d = json.load(open(sys.argv[1]))
 names = [c['config'] for c in d['configs']]
 assert names == ['off x1', 'mtp:2 x1', 'off x2', 'mtp:2 x2', 'off x4', 'mtp:2 x4'], names
 assert all(c['output_equals_first'] and c['tok_per_s_median'] > 0 for c in d['configs'])
+cfg = {c['config']: c for c in d['configs']}
+# the MTP head's rows are timed as the draft phase, batched cycles too (where the depth policy
+# drafted at all)
+drafting = [p for p in (1, 2, 4) if cfg[f'mtp:2 x{p}']['drafted'] > 0]
+assert 1 in drafting and all(cfg[f'mtp:2 x{p}']['draft_share'] > 2 * cfg[f'off x{p}']['draft_share'] for p in drafting), cfg
 " "$TMP/ppar.json" || return 1
     "$COTI" bench --parallel 65 --prompts "$TMP/pp4.json" -n 8 --repeat 1 -t 1 > /dev/null 2>&1; [ $? -eq 1 ]
 }

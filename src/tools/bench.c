@@ -25,6 +25,7 @@
  * what those bytes take at the decode step's bandwidth: on a mixture of experts a verify reads
  * the union of its rows' experts (issue 22). */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +98,9 @@ static void account(struct bench_io *io, struct config *k, size_t p, const int32
     k->drafted += st->n_drafted;
     k->accepted += st->n_accepted;
     k->verifies += st->n_verify;
+    k->t_draft += st->t_draft_us;
+    k->t_verify += st->t_verify_us;
+    k->t_glue += st->t_glue_us;
 }
 
 /* Prompts [p0, p0 + n) together on sequences 0 .. n-1, every cycle one spec_step_batch: their
@@ -173,9 +177,6 @@ static int run_prompts(struct bench_io *io, struct config *k, double *tps, char 
         const struct spec_stats *st = spec_seq_stats(io->eng, 0);
         account(io, k, p, io->gen, st);
         k->tokens += n - 1;
-        k->t_draft += st->t_draft_us;
-        k->t_verify += st->t_verify_us;
-        k->t_glue += st->t_glue_us;
         k->t_total += t1 - t0;
     }
     io->have_ref = true;
@@ -593,14 +594,13 @@ int tool_bench_main(int argc, char **argv) {
         const struct config *g = &cfg[k];
         double acc = g->drafted ? (double)g->accepted / g->drafted : 0.0;
         double tpv = g->verifies ? (double)(g->accepted + g->verifies) / g->verifies : 1.0;
-        double tt = g->t_total > 0 ? (double)g->t_total : 1.0;
+        /* shares of the decode's time; a group's sequences share their cycles, so there of the
+         * sum of every sequence's cycles */
+        const double cycles = (double)(g->t_draft + g->t_verify + g->t_glue);
+        const double tt = g->par > 1 ? fmax(cycles, 1.0) : g->t_total > 0 ? (double)g->t_total : 1.0;
         char accs[32];
         snprintf(accs, sizeof accs, "%ld/%ld", g->accepted, g->drafted);
-        if (g->par > 1) /* the sequences of a group share their cycles: no split of its time */
-            fprintf(table, "%-10s %10.1f %8.3f %12s %10.2f %8s %8s %8s %6s   (acceptance %.3f; repeats:", g->name, med[k], med[k] / med[0],
-                    accs, tpv, "-", "-", "-", g->same_as_first ? "yes" : "NO", acc);
-        else
-            fprintf(table, "%-10s %10.1f %8.3f %12s %10.2f %7.1f%% %7.1f%% %7.1f%% %6s   (acceptance %.3f; repeats:", g->name, med[k], med[k] / med[0],
+        fprintf(table, "%-10s %10.1f %8.3f %12s %10.2f %7.1f%% %7.1f%% %7.1f%% %6s   (acceptance %.3f; repeats:", g->name, med[k], med[k] / med[0],
                     accs, tpv, 100.0 * g->t_draft / tt, 100.0 * g->t_verify / tt, 100.0 * g->t_glue / tt, g->same_as_first ? "yes" : "NO", acc);
         for (long r = 0; r < repeat; r++) fprintf(table, " %.1f", g->tps[r]);
         fprintf(table, ")\n");
@@ -612,6 +612,7 @@ int tool_bench_main(int argc, char **argv) {
         cJSON_AddNumberToObject(jo, "accepted", (double)g->accepted);
         cJSON_AddNumberToObject(jo, "acceptance", acc);
         cJSON_AddNumberToObject(jo, "tokens_per_verify", tpv);
+        cJSON_AddNumberToObject(jo, "draft_share", g->t_draft / tt);
         cJSON_AddBoolToObject(jo, "output_equals_first", g->same_as_first);
         cJSON *reps = cJSON_AddArrayToObject(jo, "tok_per_s");
         for (long r = 0; r < repeat; r++) cJSON_AddItemToArray(reps, cJSON_CreateNumber(g->tps[r]));
