@@ -1631,9 +1631,9 @@ static void bench(void) {
                     bench_attention(e0, e1, nt, att_len[li], att_shape[sh][0], att_shape[sh][1], att_shape[sh][2],
                                     att_type[ty][0], att_type[ty][1]);
     static const int shapes[][2] = {{384, 384}, {384, 16384}, {4096, 4096}, {4096, 12288}, {12288, 4096}, {4096, 248320}};
-    static const int rows[] = {1, 2, 4, 8, 64, 512};
+    static const int rows[] = {1, 2, 3, 4, 5, 6, 8, 64, 512};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0] && want("matmul"); k++)
-        bench_matmul(GGML_TYPE_Q8_0, shapes[k][0], shapes[k][1], rows, 6, copy_gbps, e0, e1);
+        bench_matmul(GGML_TYPE_Q8_0, shapes[k][0], shapes[k][1], rows, 9, copy_gbps, e0, e1);
     /* prefill: the 9B's FFN shapes at 512 rows, per weight type (the tiles) */
     static const enum ggml_type pt[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
     static const int prow[] = {512};
