@@ -149,9 +149,17 @@ bench_op_cost() {
     grep -q "^# op cost | prefill of 24 random tokens" "$TMP/oc3.txt" || { echo "no prefill header" >&2; return 1; }
     awk '/^delta-net / { gsub("%", "", $NF); ok = $NF + 0 >= 1 } END { exit !ok }' "$TMP/oc3.txt" ||
         { echo "delta-net share of a prefill below 1%" >&2; return 1; }
-    ! "$COTI" bench --op-cost --prefill 8,16 --repeat 1 -t 1 2>/dev/null
+    ! "$COTI" bench --op-cost --prefill 8,16 --repeat 1 -t 1 2>/dev/null || return 1
+    # a verify's costs: a 1-row and a 3-row forward, each with a row per family; K >= 2
+    "$COTI" bench --verify-cost 3 --op-cost --repeat 1 -t 1 > "$TMP/oc4.txt" 2>/dev/null || return 1
+    for n in '1 row' '3 rows'; do
+        awk -v h="# op cost | a forward of $n |" 'index($0, h) == 1 { on = 1; next } /^# op cost/ { on = 0 }
+             on && /^(nothing|delta-net|attention) / { rows++ } END { exit rows == 3 ? 0 : 1 }' "$TMP/oc4.txt" ||
+            { echo "no op cost table of a forward of $n" >&2; return 1; }
+    done
+    ! "$COTI" bench --verify-cost 1 --op-cost --repeat 1 -t 1 2>/dev/null
 }
-check "coti bench --op-cost: a row per op family; one configuration or prefill size" bench_op_cost
+check "coti bench --op-cost: a row per op family; one configuration, prefill size or verify" bench_op_cost
 
 logits_json() {
     "$COTI" logits --tokens 1,200,300,400 --top 5 --json > "$TMP/l.json" &&

@@ -23,7 +23,8 @@
  * K-1 drafts), timed as the speculative cycle runs it (recorded graphs where the backend has
  * them), beside the weight bytes it reads (opcost.h: each routed expert once per call) and
  * what those bytes take at the decode step's bandwidth: on a mixture of experts a verify reads
- * the union of its rows' experts (issue 22). */
+ * the union of its rows' experts (issue 22). With --op-cost: then the op cost of a 1-row and a
+ * K-row forward, which says what each family of ops adds per verify row. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -47,6 +48,7 @@ static void help(FILE *out, const struct cli_common *d) {
     fprintf(out, "usage: coti bench [-m MODEL] --spec off,mtp,ngram[,mtp:N ...] --prompts FILE [-n N] [--repeat R] [--json PATH]\n"
                  "       coti bench [-m MODEL] --op-cost [--spec CONFIG] --prompts FILE [-n N] [--repeat R]\n"
                  "       coti bench [-m MODEL] --op-cost --prefill N [--repeat R]\n"
+                 "       coti bench [-m MODEL] --verify-cost K [--op-cost] [--repeat R]\n"
                  "  --spec LIST          configurations, comma-separated (default %s); a configuration is\n"
                  "                       TYPE, TYPE:N_MAX or TYPE:N_MAX:P_MIN (defaults: --spec-n-max, --spec-p-min)\n"
                  "  --prompts FILE       a JSON array of prompts ('-': standard input)\n"
@@ -57,7 +59,8 @@ static void help(FILE *out, const struct cli_common *d) {
                  "  --prefill N[,N...]   prompt processing of N random tokens instead (tok/s, cold and warm; no --prompts)\n"
                  "  --depth N            decode after N random tokens in front of each prompt (default 0; -c must hold them)\n"
                  "  --parallel P[,P...]  also with P sequences decoding together, batched (aggregate tok/s; default 1)\n"
-                 "  --verify-cost K      instead: time and weight bytes of a forward of 1 .. K rows (decode, verifies)\n",
+                 "  --verify-cost K      instead: time and weight bytes of a forward of 1 .. K rows (decode, verifies);\n"
+                 "                       with --op-cost also the op cost of a 1-row and a K-row forward\n",
             BENCH_SPEC_DEFAULT, BENCH_N_GEN_DEFAULT, BENCH_REPEAT_DEFAULT);
 }
 
@@ -189,12 +192,13 @@ static double median(double *v, long n) {
     return v[n / 2];
 }
 
-/* One timed pass of what --op-cost measures: its rate (tok/s) into *tps. */
+/* One timed pass of what --op-cost measures: its rate (units per second) into *tps. */
 typedef int (*opcost_pass)(void *arg, double *tps, char *err, size_t err_size);
 
 /* --op-cost: the pass with nothing skipped (before and after, to see drift), then with each
- * family skipped; each `repeat` times, medians. what: the pass, for the header. */
-static int op_cost(struct backend *be, opcost_pass pass_fn, void *arg, long repeat, const char *what) {
+ * family skipped; each `repeat` times, medians. what: the pass, for the header; unit: what its
+ * rate counts ("token", or "forward" for --verify-cost's). */
+static int op_cost(struct backend *be, opcost_pass pass_fn, void *arg, long repeat, const char *what, const char *unit) {
     char err[512];
     double med[OPCOST_COUNT + 2];
     double *tps = malloc(sizeof(double) * (size_t)repeat);
@@ -214,9 +218,12 @@ static int op_cost(struct backend *be, opcost_pass pass_fn, void *arg, long repe
     opcost_skip(be, -1);
     cli_progress_end();
     const double base = 0.5 * (med[0] + med[OPCOST_COUNT + 1]), step_us = 1e6 / base;
+    const bool tok = !strcmp(unit, "token");
+    char per[32];
+    snprintf(per, sizeof per, "us per %s", unit);
     printf("# op cost | %s, %ld repeats | with one family of ops left out (what the model computes\n"
-           "# then is garbage): the time saved is the family's cost per token\n", what, repeat);
-    printf("%-26s %10s %14s %8s\n", "left out", "tok/s", "us per token", "share");
+           "# then is garbage): the time saved is the family's cost per %s\n", what, repeat, unit);
+    printf("%-26s %10s %14s %8s\n", "left out", tok ? "tok/s" : "fwd/s", per, "share");
     printf("%-26s %10.1f %14.1f %8s   (before %.1f, after %.1f)\n", "nothing", base, step_us, "100%", med[0],
            med[OPCOST_COUNT + 1]);
     for (int f = 0; f < OPCOST_COUNT; f++) {
@@ -298,7 +305,7 @@ static int prefill_bench(struct spec_engine *eng, struct backend *be, const stru
             if ((rc = prefill_pass_run(&pp, &tps[0], err, sizeof err))) fprintf(stderr, "error: %s\n", err);
             char what[512];
             snprintf(what, sizeof what, "prefill of %ld random tokens | %s | threads %d", n, model_path, n_threads);
-            if (!rc) rc = op_cost(be, prefill_pass_run, &pp, repeat, what);
+            if (!rc) rc = op_cost(be, prefill_pass_run, &pp, repeat, what, "token");
         }
         for (long r = 0; r <= repeat && !rc && !op_costs; r++)
             if ((rc = prefill_pass_run(&pp, &tps[r], err, sizeof err))) fprintf(stderr, "error: %s\n", err);
@@ -316,12 +323,48 @@ static int prefill_bench(struct spec_engine *eng, struct backend *be, const stru
     return rc;
 }
 
-/* --verify-cost: per row count, a counted forward (bytes, experts), then repeat + 2 timed ones
- * (the first two record the graphs), each on a fresh sequence at position 0, random tokens. */
-static int verify_cost_bench(struct model *m, struct backend *be, long max_rows, long repeat, const char *model_path) {
-    char err[512];
+/* A forward of n rows on a fresh sequence 0 at position 0, random tokens, every row's logits
+ * and argmax (--verify-cost). */
+struct forward_pass {
+    struct model *m;
+    struct backend *be;
     int32_t toks[SPEC_MAX_DRAFT + 1], pos[SPEC_MAX_DRAFT + 1], seq[SPEC_MAX_DRAFT + 1];
     bool want[SPEC_MAX_DRAFT + 1];
+    struct model_batch b;
+};
+static void forward_pass_init(struct forward_pass *f, struct model *m, int n, int32_t *d_ids) {
+    f->m = m;
+    f->be = m->be;
+    random_tokens(f->toks, n, m->info.n_vocab, (uint64_t)n);
+    for (int i = 0; i < n; i++) { f->pos[i] = i; f->seq[i] = 0; f->want[i] = true; }
+    f->b = (struct model_batch){.n = n, .tokens = f->toks, .pos = f->pos, .seq = f->seq, .want_logits = f->want,
+                                .keep_states = n > 1, .argmax_out = d_ids};
+}
+static int forward_pass_time(struct forward_pass *f, double *us, char *err, size_t err_size) {
+    struct model_output o;
+    model_seq_reset(f->m, 0);
+    const int64_t t0 = coti_time_us();
+    if (model_forward(f->m, &f->b, &o, err, err_size)) return 1;
+    f->be->sync(f->be);
+    *us = (double)(coti_time_us() - t0);
+    return 0;
+}
+/* --verify-cost --op-cost's pass: two forwards (they record the graphs a change of the skipped
+ * family left stale), then the timed one. */
+static int forward_pass_run(void *arg, double *fps, char *err, size_t err_size) {
+    double us = 0;
+    for (int r = 0; r < 3; r++)
+        if (forward_pass_time(arg, &us, err, err_size)) return 1;
+    *fps = us > 0 ? 1e6 / us : 0.0;
+    return 0;
+}
+
+/* --verify-cost: per row count, a counted forward (bytes, experts), then repeat + 2 timed ones
+ * (the first two record the graphs). With op_costs, then the op cost of a 1-row and a
+ * max_rows-row forward: what each family adds per row. */
+static int verify_cost_bench(struct model *m, struct backend *be, long max_rows, long repeat, bool op_costs,
+                             const char *model_path) {
+    char err[512];
     double *us = malloc(sizeof(double) * (size_t)(repeat + 2));
     int32_t *d_ids = be->alloc(be, sizeof(int32_t) * (SPEC_MAX_DRAFT + 1));
     if (!us || !d_ids) { free(us); if (d_ids) be->free(be, d_ids); fprintf(stderr, "error: out of memory\n"); return 1; }
@@ -332,20 +375,15 @@ static int verify_cost_bench(struct model *m, struct backend *be, long max_rows,
     double decode_us = 0, decode_bytes = 0;
     int rc = 0;
     for (int n = 1; n <= max_rows && !rc; n++) {
-        random_tokens(toks, n, m->info.n_vocab, (uint64_t)n);
-        for (int i = 0; i < n; i++) { pos[i] = i; seq[i] = 0; want[i] = true; }
-        struct model_batch b = {.n = n, .tokens = toks, .pos = pos, .seq = seq, .want_logits = want,
-                                .keep_states = n > 1, .argmax_out = d_ids};
-        struct model_output o;
+        struct forward_pass f;
+        forward_pass_init(&f, m, n, d_ids);
         struct opcost_bytes cnt = {0};
         for (long r = -1; r < repeat + 2 && !rc; r++) {
+            double t_us;
             if (r == -1) opcost_count(be, true);
-            model_seq_reset(m, 0);
-            const int64_t t0 = coti_time_us();
-            rc = model_forward(m, &b, &o, err, sizeof err);
-            be->sync(be);
+            rc = forward_pass_time(&f, &t_us, err, sizeof err);
             if (r == -1) { cnt = opcost_counted(be); opcost_count(be, false); }
-            else us[r] = (double)(coti_time_us() - t0);
+            else us[r] = t_us;
         }
         if (rc) { fprintf(stderr, "error: %s\n", err); break; }
         const double t = median(us + 2, repeat);
@@ -358,6 +396,14 @@ static int verify_cost_bench(struct model *m, struct backend *be, long max_rows,
     }
     if (!rc) printf("# decode: %.1f MB of weights in %.1f us = %.1f GB/s\n", decode_bytes / 1e6, decode_us,
                     decode_us > 0 ? decode_bytes / decode_us / 1e3 : 0.0);
+    for (int i = 0; i < 2 && op_costs && !rc; i++) {
+        const int n = i == 0 ? 1 : (int)max_rows;
+        struct forward_pass f;
+        forward_pass_init(&f, m, n, d_ids);
+        char what[600];
+        snprintf(what, sizeof what, "a forward of %d row%s | %s", n, n == 1 ? "" : "s", model_path);
+        rc = op_cost(be, forward_pass_run, &f, repeat, what, "forward");
+    }
     model_seq_reset(m, 0);
     be->free(be, d_ids);
     free(us);
@@ -438,14 +484,15 @@ int tool_bench_main(int argc, char **argv) {
         return rc ? 1 : 0;
     }
     if (o.verify_cost) {
-        if (want_op_cost || spec_given || prompts_path || json_path || o.depth || o.parallel) {
-            fprintf(stderr, "error: --verify-cost times forwards alone (no --spec, --prompts, --op-cost, --depth, --parallel or --json)\n");
+        if (spec_given || prompts_path || json_path || o.depth || o.parallel) {
+            fprintf(stderr, "error: --verify-cost times forwards alone (no --spec, --prompts, --depth, --parallel or --json)\n");
             return 1;
         }
+        if (want_op_cost && o.verify_cost < 2) { fprintf(stderr, "error: --verify-cost with --op-cost needs K >= 2\n"); return 1; }
         struct backend *be;
         struct model *m;
         if (cli_open_model_wrapped(&c, 1, SPEC_MAX_DRAFT + 1, opcost_wrap, &be, &m)) return 1;
-        int rc = verify_cost_bench(m, be, o.verify_cost, repeat, c.model_path);
+        int rc = verify_cost_bench(m, be, o.verify_cost, repeat, want_op_cost, c.model_path);
         model_free(m);
         backend_free(be);
         return rc ? 1 : 0;
@@ -554,7 +601,7 @@ int tool_bench_main(int argc, char **argv) {
         snprintf(what, sizeof what, "decode | %s | config %s, %zu prompts x %ld tokens, threads %d", c.model_path,
                  cfg[0].name, pl.n, n_gen, c.n_threads);
         struct decode_pass d = {&io, &cfg[0]};
-        rc = op_cost(be, decode_pass_run, &d, repeat, what);
+        rc = op_cost(be, decode_pass_run, &d, repeat, what, "token");
         goto done;
     }
     for (long r = 0; r < repeat; r++)
