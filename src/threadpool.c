@@ -128,3 +128,11 @@ void threadpool_run(struct threadpool *tp, threadpool_fn fn, void *ctx) {
         else _mm_pause();
     }
 }
+
+void threadpool_meet(atomic_int *count, int nth) {
+    atomic_fetch_add_explicit(count, 1, memory_order_acq_rel);
+    for (int spins = 0; atomic_load_explicit(count, memory_order_acquire) < nth; spins++) {
+        if (spins > THREADPOOL_YIELD_AFTER) sched_yield();
+        else _mm_pause();
+    }
+}

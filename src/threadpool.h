@@ -6,6 +6,8 @@
 #ifndef COTI_THREADPOOL_H
 #define COTI_THREADPOOL_H
 
+#include <stdatomic.h>
+
 struct threadpool;
 typedef void (*threadpool_fn)(void *ctx, int ith, int nth);
 
@@ -15,5 +17,8 @@ void threadpool_free(struct threadpool *tp);
 int threadpool_n_threads(const struct threadpool *tp);
 /* Run fn(ctx, ith, nth) on every thread; not reentrant (one job at a time). */
 void threadpool_run(struct threadpool *tp, threadpool_fn fn, void *ctx);
+/* Inside a job: wait until all nth threads of the job have arrived. *count starts at 0 and
+ * serves one such meeting (the job's threads all run at once, so none waits forever). */
+void threadpool_meet(atomic_int *count, int nth);
 
 #endif

@@ -162,14 +162,22 @@ static void matmul_worker(void *arg, int ith, int nth) {
 
 #define CPU_MATMUL_MAX_WEIGHTS 8
 
-static void cpu_matmul_n(struct backend *be, const struct bweight *const *ws, float *const *ys,
-                         int n_w, const float *x, int n_tok) {
-    struct cpu_ctx *c = cpu(be);
+/* A matmul's input conversions: one per distinct vec_dot type of its weights, into the scratch
+ * xconv, and the job that reads them. */
+struct matmul_plan {
+    struct matmul_job j;
     const void *xs[CPU_MATMUL_MAX_WEIGHTS];
     size_t xrb[CPU_MATMUL_MAX_WEIGHTS];
+    const struct quant_kernels *conv[CPU_MATMUL_MAX_WEIGHTS]; /* [n_conv]: the converting kernels */
+    uint8_t *conv_dst[CPU_MATMUL_MAX_WEIGHTS];
+    size_t conv_rb[CPU_MATMUL_MAX_WEIGHTS];
+    int n_conv;
+};
+
+static void matmul_plan(struct cpu_ctx *c, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok,
+                        struct matmul_plan *p) {
     enum ggml_type done_type[CPU_MATMUL_MAX_WEIGHTS];
     size_t done_off[CPU_MATMUL_MAX_WEIGHTS];
-    int n_done = 0;
     int64_t n_in = ws[0]->n_in, total = 0;
 
     /* size the conversion scratch for every distinct vec_dot type */
@@ -177,7 +185,7 @@ static void cpu_matmul_n(struct backend *be, const struct bweight *const *ws, fl
     for (int i = 0; i < n_w; i++) {
         enum ggml_type vt = c->kernels[ws[i]->type].vec_dot_type;
         size_t rb = ggml_row_size(vt, n_in);
-        xrb[i] = rb;
+        p->xrb[i] = rb;
         need += rb * (size_t)n_tok + 64;
         total += (ws[i]->n_out + CPU_MATMUL_ROW_QUANTUM - 1) / CPU_MATMUL_ROW_QUANTUM;
     }
@@ -188,22 +196,29 @@ static void cpu_matmul_n(struct backend *be, const struct bweight *const *ws, fl
         c->xconv_size = need;
     }
     size_t off = 0;
+    p->n_conv = 0;
     for (int i = 0; i < n_w; i++) {
         const struct quant_kernels *k = &c->kernels[ws[i]->type];
         int found = -1;
-        for (int d = 0; d < n_done; d++) if (done_type[d] == k->vec_dot_type) found = d;
+        for (int d = 0; d < p->n_conv; d++) if (done_type[d] == k->vec_dot_type) found = d;
         if (found < 0) {
-            uint8_t *dst = (uint8_t *)c->xconv + off;
-            for (int t = 0; t < n_tok; t++) k->from_float(x + (size_t)t * n_in, dst + (size_t)t * xrb[i], n_in);
-            done_type[n_done] = k->vec_dot_type;
-            done_off[n_done] = off;
-            found = n_done++;
-            off += (xrb[i] * (size_t)n_tok + 63) & ~(size_t)63;
+            found = p->n_conv++;
+            done_type[found] = k->vec_dot_type;
+            done_off[found] = off;
+            p->conv[found] = k;
+            p->conv_dst[found] = (uint8_t *)c->xconv + off;
+            p->conv_rb[found] = p->xrb[i];
+            off += (p->xrb[i] * (size_t)n_tok + 63) & ~(size_t)63;
         }
-        xs[i] = (uint8_t *)c->xconv + done_off[found];
+        p->xs[i] = (uint8_t *)c->xconv + done_off[found];
     }
-    struct matmul_job j = {c, ws, ys, xs, xrb, n_w, n_tok, total};
-    threadpool_run(c->tp, matmul_worker, &j);
+    p->j = (struct matmul_job){c, ws, ys, p->xs, p->xrb, n_w, n_tok, total};
+}
+
+/* Rows [t0, t1) of x (n_in wide) into every conversion of p. */
+static void matmul_convert(const struct matmul_plan *p, const float *x, int64_t n_in, int t0, int t1) {
+    for (int d = 0; d < p->n_conv; d++)
+        for (int t = t0; t < t1; t++) p->conv[d]->from_float(x + (size_t)t * n_in, p->conv_dst[d] + (size_t)t * p->conv_rb[d], n_in);
 }
 
 static void cpu_get_rows(struct backend *be, const struct bweight *w, const int32_t *ids, int n, float *out) {
@@ -342,47 +357,76 @@ static void cpu_mul_sigmoid(struct backend *be, float *x, const float *gate, int
 
 /* ---- matmul over a formed input ---------------------------------------------------- */
 
-/* The unfused forms: the separate ops, then the matmul of what they wrote, so the CPU path is
- * the yardstick the fused kernels of other backends are held to. */
-static void cpu_matmul(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
-                       const struct matmul_in *in, int n_tok) {
-    const int n_in = (int)ws[0]->n_in;
-    const float *x = in->x;
+/* Rows [t0, t1) of the input in formed by the separate ops (n_in wide, n_tok rows in all); the
+ * rows formed, where the matmul reads them. Each row is formed alone, so any split of the rows
+ * gives the same bits. */
+static const float *form_rows(struct backend *be, const struct matmul_in *in, int n_in, int t0, int t1) {
+    const size_t o = (size_t)t0 * n_in;
+    const int n = t1 - t0;
     switch (in->kind) {
-    case MATMUL_PLAIN: break;
-    case MATMUL_RMSNORM:
+    case MATMUL_PLAIN: return in->x;
+    case MATMUL_RMSNORM: {
+        const float *x = in->x;
         if (in->m) {
-            cpu_add(be, x, in->m, (int64_t)n_tok * n_in, in->x_out);
+            cpu_add(be, x + o, in->m + o, (int64_t)n * n_in, in->x_out + o);
             x = in->x_out;
         }
-        cpu_rmsnorm(be, x, n_in, in->w, n_tok, n_in, in->eps, in->a, n_in);
-        x = in->a;
-        break;
-    case MATMUL_SWIGLU:
-        cpu_swiglu(be, x, in->m, (int64_t)n_tok * n_in, in->a);
-        x = in->a;
-        break;
-    case MATMUL_GEGLU:
-        cpu_geglu(be, x, in->m, (int64_t)n_tok * n_in, in->a);
-        x = in->a;
-        break;
+        cpu_rmsnorm(be, x + o, n_in, in->w, n, n_in, in->eps, in->a + o, n_in);
+        return in->a;
+    }
+    case MATMUL_SWIGLU: cpu_swiglu(be, in->x + o, in->m + o, (int64_t)n * n_in, in->a + o); return in->a;
+    case MATMUL_GEGLU: cpu_geglu(be, in->x + o, in->m + o, (int64_t)n * n_in, in->a + o); return in->a;
     case MATMUL_GATED_NORM:
-        cpu_rmsnorm_gated(be, x, in->w, in->m, (int)((int64_t)n_tok * n_in / in->dim), in->dim, in->eps, in->a);
-        x = in->a;
-        break;
-    case MATMUL_NORM2:
-        cpu_rmsnorm(be, x, in->dim, in->w, n_tok, in->dim, in->eps, in->a, 2 * in->dim);
-        cpu_rmsnorm(be, in->m, in->dim, in->w2, n_tok, in->dim, in->eps, in->a + in->dim, 2 * in->dim);
-        x = in->a;
-        break;
+        cpu_rmsnorm_gated(be, in->x + o, in->w, in->m + o, (int)((int64_t)n * n_in / in->dim), in->dim, in->eps, in->a + o);
+        return in->a;
+    case MATMUL_NORM2: /* [rmsnorm(x) ⊙ w, rmsnorm(m) ⊙ w2], x and m dim wide */
+        cpu_rmsnorm(be, in->x + (size_t)t0 * in->dim, in->dim, in->w, n, in->dim, in->eps, in->a + o, 2 * in->dim);
+        cpu_rmsnorm(be, in->m + (size_t)t0 * in->dim, in->dim, in->w2, n, in->dim, in->eps, in->a + o + in->dim, 2 * in->dim);
+        return in->a;
     case MATMUL_SIGMOID_GATE:
-        if (in->a != x) memcpy(in->a, x, sizeof(float) * (size_t)n_tok * n_in);
-        cpu_mul_sigmoid(be, in->a, in->m, n_tok, n_in / in->dim, in->dim, in->gate_stride, in->gate_head_stride);
-        x = in->a;
-        break;
+        if (in->a != in->x) memcpy(in->a + o, in->x + o, sizeof(float) * (size_t)n * n_in);
+        cpu_mul_sigmoid(be, in->a + o, in->m + (size_t)t0 * in->gate_stride, n, n_in / in->dim, in->dim, in->gate_stride,
+                        in->gate_head_stride);
+        return in->a;
     default: abort(); /* a caller bug */
     }
-    cpu_matmul_n(be, ws, ys, n_w, x, n_tok);
+}
+
+/* Several rows in one pool job: each thread forms and converts its share of the rows, waits for
+ * the others, then computes its share of the outputs (the forming ops are too small for a
+ * dispatch of their own, and on the caller alone they left the other threads spinning: ~30 us
+ * of a CPU verify row's ~115, docs/notes/2026-12-05-matvec-rows.md). */
+struct formed_job {
+    struct backend *be;
+    const struct matmul_in *in;
+    int n_in, n_tok;
+    struct matmul_plan *p;
+    atomic_int formed;           /* threads done forming (threadpool_meet) */
+};
+static void formed_worker(void *arg, int ith, int nth) {
+    struct formed_job *f = arg;
+    const int t0 = f->n_tok * ith / nth, t1 = f->n_tok * (ith + 1) / nth;
+    if (t0 < t1) matmul_convert(f->p, form_rows(f->be, f->in, f->n_in, t0, t1), f->n_in, t0, t1);
+    threadpool_meet(&f->formed, nth);
+    matmul_worker(&f->p->j, ith, nth);
+}
+
+/* The unfused forms: the separate ops, then the matmul of what they wrote, so the CPU path is
+ * the yardstick the fused kernels of other backends are held to. One row is formed on the
+ * caller; more are formed and multiplied in one pool job (formed_worker). */
+static void cpu_matmul(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w,
+                       const struct matmul_in *in, int n_tok) {
+    struct cpu_ctx *c = cpu(be);
+    const int n_in = (int)ws[0]->n_in;
+    struct matmul_plan p;
+    matmul_plan(c, ws, ys, n_w, n_tok, &p);
+    if (n_tok == 1 || threadpool_n_threads(c->tp) == 1) {
+        matmul_convert(&p, form_rows(be, in, n_in, 0, n_tok), n_in, 0, n_tok);
+        threadpool_run(c->tp, matmul_worker, &p.j);
+        return;
+    }
+    struct formed_job f = {be, in, n_in, n_tok, &p, 0};
+    threadpool_run(c->tp, formed_worker, &f);
 }
 
 /* ---- mixture of experts ------------------------------------------------------------ */
