@@ -176,8 +176,6 @@ struct matmul_plan {
 
 static void matmul_plan(struct cpu_ctx *c, const struct bweight *const *ws, float *const *ys, int n_w, int n_tok,
                         struct matmul_plan *p) {
-    enum ggml_type done_type[CPU_MATMUL_MAX_WEIGHTS];
-    size_t done_off[CPU_MATMUL_MAX_WEIGHTS];
     int64_t n_in = ws[0]->n_in, total = 0;
 
     /* size the conversion scratch for every distinct vec_dot type */
@@ -200,17 +198,15 @@ static void matmul_plan(struct cpu_ctx *c, const struct bweight *const *ws, floa
     for (int i = 0; i < n_w; i++) {
         const struct quant_kernels *k = &c->kernels[ws[i]->type];
         int found = -1;
-        for (int d = 0; d < p->n_conv; d++) if (done_type[d] == k->vec_dot_type) found = d;
+        for (int d = 0; d < p->n_conv; d++) if (p->conv[d]->vec_dot_type == k->vec_dot_type) found = d;
         if (found < 0) {
             found = p->n_conv++;
-            done_type[found] = k->vec_dot_type;
-            done_off[found] = off;
             p->conv[found] = k;
             p->conv_dst[found] = (uint8_t *)c->xconv + off;
             p->conv_rb[found] = p->xrb[i];
             off += (p->xrb[i] * (size_t)n_tok + 63) & ~(size_t)63;
         }
-        p->xs[i] = (uint8_t *)c->xconv + done_off[found];
+        p->xs[i] = p->conv_dst[found];
     }
     p->j = (struct matmul_job){c, ws, ys, p->xs, p->xrb, n_w, n_tok, total};
 }

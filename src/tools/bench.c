@@ -327,14 +327,12 @@ static int prefill_bench(struct spec_engine *eng, struct backend *be, const stru
  * and argmax (--verify-cost). */
 struct forward_pass {
     struct model *m;
-    struct backend *be;
     int32_t toks[SPEC_MAX_DRAFT + 1], pos[SPEC_MAX_DRAFT + 1], seq[SPEC_MAX_DRAFT + 1];
     bool want[SPEC_MAX_DRAFT + 1];
     struct model_batch b;
 };
 static void forward_pass_init(struct forward_pass *f, struct model *m, int n, int32_t *d_ids) {
     f->m = m;
-    f->be = m->be;
     random_tokens(f->toks, n, m->info.n_vocab, (uint64_t)n);
     for (int i = 0; i < n; i++) { f->pos[i] = i; f->seq[i] = 0; f->want[i] = true; }
     f->b = (struct model_batch){.n = n, .tokens = f->toks, .pos = f->pos, .seq = f->seq, .want_logits = f->want,
@@ -345,7 +343,7 @@ static int forward_pass_time(struct forward_pass *f, double *us, char *err, size
     model_seq_reset(f->m, 0);
     const int64_t t0 = coti_time_us();
     if (model_forward(f->m, &f->b, &o, err, err_size)) return 1;
-    f->be->sync(f->be);
+    f->m->be->sync(f->m->be);
     *us = (double)(coti_time_us() - t0);
     return 0;
 }
