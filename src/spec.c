@@ -18,6 +18,8 @@
 #define SPEC_BATCH_EXPLORE_EVERY 128 /* batched cycles between two that draft one more than pays */
 #define SPEC_BATCH_IDLE_SKIP 16  /* batched cycles without drafts after which a drafter stops following */
 #define SPEC_DRAFT_SAMPLES 4  /* batched cycles whose draft cost draft_cost_us looks at */
+/* The device marks (backend.h) of a batched step's queued drafts; 0 and 1 time a draft phase. */
+#define SPEC_MARK_QUEUED 2
 
 /* What the engine knows of one drafter kind's drafts, for the depths of later cycles. */
 struct kind_depth {
@@ -80,6 +82,9 @@ struct spec_engine {
     double cost_us[SPEC_COST_SEQS][SPEC_COST_ROWS];
     int cost_n, cost_r[SPEC_COST_SEQS];
     long batch_cycles;           /* batched cycles so far (batch_depths' exploration) */
+    /* drafts batch_queue_next queued between marks SPEC_MARK_QUEUED and SPEC_MARK_QUEUED + 1,
+     * of kind queued_kind (-1: mixed), until the next batched step reads their time */
+    int queued_n, queued_kind;
     int32_t *pos, *seqv;         /* host [max(n_batch, batch rows)] */
     bool *want;                  /* host [max(n_batch, batch rows)] */
     struct depth_costs costs;    /* single-sequence cycles' verifies, by rows */
@@ -425,7 +430,8 @@ static int seqs_prefill(struct spec_engine *e, int n, const int *seqs, int max_r
             struct drafter *d = drafter_for(e, q->p.drafter);
             const int len = end[j] - q->pf_at;
             const float *hidden = o.hidden + (size_t)row0[j] * m->info.n_embd;
-            if (d && (rc[i] = d->vt->observe(d, s, q->hist, q->pf_at, len, hidden, err, err_size))) continue;
+            const struct draft_observed seen = {s, q->pf_at, len, q->hist, hidden};
+            if (d && (rc[i] = d->vt->observe(d, 1, &seen, err, err_size))) continue;
             for (int k = 0; k < q->pf_n_ck; k++)
                 if (q->pf_ck[k] == end[j]) {
                     model_seq_checkpoint(m, s, hidden + (size_t)(len - 1) * m->info.n_embd);
@@ -760,11 +766,11 @@ static int cycle_pick(struct spec_engine *e, struct cycle *c, const struct model
     return 0;
 }
 
-/* The rest of cycle c after its pick: the rejected drafts rolled back, the drafter shown the
- * emitted rows (their hidden rows from o), the tokens into out, statistics. t_draft: the
+/* The rest of cycle c after its pick: the rejected drafts rolled back, the tokens into out,
+ * statistics (the caller shows the drafter the emitted rows: cycle_observed). t_draft: the
  * draft's share of the time up to t2, when the verify's results arrived. */
-static int cycle_commit(struct spec_engine *e, struct cycle *c, const struct model_output *o, int64_t t_draft, int64_t t2,
-                        int32_t *out, int *n_out, char *err, size_t err_size) {
+static int cycle_commit(struct spec_engine *e, struct cycle *c, int64_t t_draft, int64_t t2, int32_t *out, int *n_out,
+                        char *err, size_t err_size) {
     struct model *m = e->m;
     const int s = c->s, L = c->L, k = c->k, a = c->a;
     struct spec_seq *q = &e->seqs[s];
@@ -776,9 +782,6 @@ static int cycle_commit(struct spec_engine *e, struct cycle *c, const struct mod
         return coti_fail(err, err_size, rc, "rollback of %d positions failed", k - a);
     /* drafts the grammar cut were never verified, but the drafter made them */
     if (c->k_drafted - a > 0 && d->vt->rollback) d->vt->rollback(d, s, L + 1 + a);
-    const float *hidden = o->hidden + (size_t)c->row0 * m->info.n_embd;
-    if (d && (rc = d->vt->observe(d, s, q->hist, L, a + 1, hidden, err, err_size))) return rc;
-
     for (int i = 0; i < a; i++) q->hist[q->n_hist++] = dr->tokens[i];
     q->hist[q->n_hist++] = next;
     for (int i = 0; i < a; i++) out[i] = dr->tokens[i];
@@ -802,32 +805,107 @@ static int cycle_commit(struct spec_engine *e, struct cycle *c, const struct mod
     return 0;
 }
 
-/* A drafter whose draft writes no state of its own drafts cycle c's sequence's next step now:
- * the device works on it while the caller turns this step's tokens into text. */
-static int cycle_queue_next(struct spec_engine *e, const struct cycle *c, char *err, size_t err_size) {
+/* The rows cycle c emitted, as its drafter observes them: its verify rows in o up to the
+ * accepted ones. */
+static struct draft_observed cycle_observed(const struct spec_engine *e, const struct cycle *c, const struct model_output *o) {
+    return (struct draft_observed){c->s, c->L, c->a + 1, e->seqs[c->s].hist, o->hidden + (size_t)c->row0 * e->m->info.n_embd};
+}
+
+/* A batched step's emitted rows shown to the drafters: one observe call per drafter. */
+static void batch_observe(struct spec_engine *e, const struct cycle *c, int n, const bool *live, int *rc,
+                          const struct model_output *o, char *err, size_t err_size) {
+    for (int t = 0; t < n_drafter_kinds; t++) {
+        struct drafter *d = e->drafters[t];
+        if (!d) continue;
+        int idx[SPEC_MAX_BATCH], nb = 0;
+        struct draft_observed seen[SPEC_MAX_BATCH];
+        for (int i = 0; i < n; i++)
+            if (live[i] && !rc[i] && drafter_for(e, e->seqs[c[i].s].p.drafter) == d) {
+                idx[nb] = i;
+                seen[nb++] = cycle_observed(e, &c[i], o);
+            }
+        const int drc = nb ? d->vt->observe(d, nb, seen, err, err_size) : 0;
+        for (int j = 0; j < nb && drc; j++) rc[idx[j]] = drc;
+    }
+}
+
+/* The draft cycle c's sequence queues for its next step, if any: a greedy one of a drafter whose
+ * draft writes no state of its own (so the device works on it while the caller turns this
+ * step's tokens into text). */
+static bool queue_request(struct spec_engine *e, const struct cycle *c, struct draft_request *rq) {
     struct model *m = e->m;
-    struct backend *be = m->be;
-    const int s = c->s;
-    struct spec_seq *q = &e->seqs[s];
+    const struct spec_seq *q = &e->seqs[c->s];
+    const struct drafter *d = drafter_for(e, q->p.drafter);
+    if (!c->greedy || !d || !d->draft_is_pure || q->p.p_min > 0.0f) return false;
+    const int L2 = q->n_hist - 1;
+    const int k2 = COTI_MIN(COTI_MIN(q->depth, c->max_new - (c->a + 1) - 1), m->n_ctx - 1 - (L2 + 1));
+    if (k2 <= 0) return false;
+    *rq = (struct draft_request){q->hist, L2, k2, COTI_MIN(q->p.n_min, k2), 0.0f, NULL, seq_dev_tokens(e, c->s) + 1};
+    return true;
+}
+
+/* A queued draft the next step can take as it is: all of it, left on the device. */
+static bool note_queued(struct spec_seq *q, const struct draft_request *rq, const struct draft_result *dr) {
+    if (!dr->on_device || dr->n != rq->n_max) return false;
+    q->ahead_L = rq->L;
+    q->ahead_n = rq->n_max;
+    return true;
+}
+
+static int cycle_queue_next(struct spec_engine *e, const struct cycle *c, char *err, size_t err_size) {
+    struct backend *be = e->m->be;
+    struct spec_seq *q = &e->seqs[c->s];
     struct drafter *d = drafter_for(e, q->p.drafter);
-    int rc;
-    if (c->greedy && d && d->draft_is_pure && q->p.p_min <= 0.0f) {
-        const int L2 = q->n_hist - 1;
-        const int k2 = COTI_MIN(COTI_MIN(q->depth, c->max_new - (c->a + 1) - 1), m->n_ctx - 1 - (L2 + 1));
-        int32_t *d_toks = seq_dev_tokens(e, s);
-        struct draft_request rq = {q->hist, L2, k2, COTI_MIN(q->p.n_min, k2), 0.0f, NULL, d_toks + 1};
-        struct draft_result dr2 = {0};
-        if (k2 > 0) {
-            be->mark(be, 0);
-            if ((rc = d->vt->draft(d, s, &rq, &dr2, err, err_size))) return rc;
-            be->mark(be, 1);
+    struct draft_request rq;
+    if (!queue_request(e, c, &rq)) return 0;
+    struct draft_result dr = {0};
+    be->mark(be, 0);
+    int rc = d->vt->draft(d, c->s, &rq, &dr, err, err_size);
+    if (rc) return rc;
+    be->mark(be, 1);
+    note_queued(q, &rq, &dr);
+    return 0;
+}
+
+/* The next drafts of a batched step's sequences, queued as cycle_queue_next queues one's, but in
+ * one draft_batch call per drafter: the head reads its weights once for all of them, where one
+ * call per sequence read them once each (tiny model, H200, 4 sequences: mtp:3 0.90x off). */
+static void batch_queue_next(struct spec_engine *e, const struct cycle *c, int n, const bool *live, int *rc, char *err,
+                             size_t err_size) {
+    struct backend *be = e->m->be;
+    bool marked = false;
+    e->queued_n = 0;
+    e->queued_kind = -1;
+    for (int t = 0; t < n_drafter_kinds; t++) {
+        struct drafter *d = e->drafters[t];
+        if (!d) continue;
+        int idx[SPEC_MAX_BATCH], bs[SPEC_MAX_BATCH], nb = 0;
+        struct draft_request brq[SPEC_MAX_BATCH];
+        struct draft_result bdr[SPEC_MAX_BATCH];
+        for (int i = 0; i < n; i++)
+            if (live[i] && !rc[i] && drafter_for(e, e->seqs[c[i].s].p.drafter) == d && queue_request(e, &c[i], &brq[nb])) {
+                idx[nb] = i;
+                bs[nb++] = c[i].s;
+            }
+        if (!nb) continue;
+        if (!marked) be->mark(be, SPEC_MARK_QUEUED);
+        marked = true;
+        if (nb >= 2 && d->vt->draft_batch) {
+            const int drc = d->vt->draft_batch(d, nb, bs, brq, bdr, err, err_size);
+            for (int j = 0; j < nb && drc; j++) rc[idx[j]] = drc;
+        } else {
+            for (int j = 0; j < nb; j++) {
+                bdr[j] = (struct draft_result){0};
+                rc[idx[j]] = d->vt->draft(d, bs[j], &brq[j], &bdr[j], err, err_size);
+            }
         }
-        if (k2 > 0 && dr2.on_device && dr2.n == k2) {
-            q->ahead_L = L2;
-            q->ahead_n = k2;
+        for (int j = 0; j < nb; j++) {
+            if (rc[idx[j]] || !note_queued(&e->seqs[bs[j]], &brq[j], &bdr[j])) continue;
+            e->queued_kind = e->queued_n == 0 || e->queued_kind == t ? t : -1;
+            e->queued_n += bdr[j].n;
         }
     }
-    return 0;
+    if (marked) be->mark(be, SPEC_MARK_QUEUED + 1);
 }
 
 /* After a single-sequence cycle: its costs into the engine's means (the verify's host time of its
@@ -900,8 +978,10 @@ int spec_seq_step(struct spec_engine *e, int s, int max_new, int32_t *out, int *
      * whose marks would make this wait for it. */
     const int64_t t_draft = c.drafting ? COTI_MIN((int64_t)be->mark_elapsed_us(be, 0, 1), t2 - c.t0) : 0;
     if ((rc = cycle_pick(e, &c, &o, acc, probe, err, err_size)) ||
-        (rc = cycle_commit(e, &c, &o, t_draft, t2, out, n_out, err, err_size)))
+        (rc = cycle_commit(e, &c, t_draft, t2, out, n_out, err, err_size)))
         return rc;
+    const struct draft_observed seen = cycle_observed(e, &c, &o);
+    if (d && (rc = d->vt->observe(d, 1, &seen, err, err_size))) return rc;
     if (d && !probe && !q->fixed_depth) seq_next_depth(e, s, &c, t_draft, t2);
     if ((rc = cycle_queue_next(e, &c, err, err_size))) return rc;
     q->st.t_glue_us += coti_time_us() - t2;
@@ -1065,12 +1145,10 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
     }
     int depth[SPEC_MAX_BATCH];
     batch_depths(e, n, seqs, rc, depth);
-    /* the draft phase between two device marks: its time without a sync in between */
-    be->mark(be, 0);
-    int n_drafted = 0, drafted_kind = -1;
     /* drafts first, every sequence's: greedy on-device ones of a drafter that batches them in
-     * one call per drafter (each chain step for all its sequences at once), the rest one by one */
-    bool live[SPEC_MAX_BATCH], need[SPEC_MAX_BATCH];
+     * one call per drafter (each chain step for all its sequences at once), the rest one by one;
+     * those the previous step queued are there already */
+    bool live[SPEC_MAX_BATCH], need[SPEC_MAX_BATCH], fresh = false;
     struct draft_request rq[SPEC_MAX_BATCH];
     for (int i = 0; i < n; i++) {
         live[i] = !rc[i] && max_new[i] >= 1;
@@ -1078,7 +1156,19 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         if (live[i] && (rc[i] = cycle_plan(e, seqs[i], max_new[i], depth[i], probes ? probes[i] : NULL, &c[i], &rq[i], &need[i],
                                            err, err_size)))
             live[i] = false;
+        fresh = fresh || (live[i] && need[i]);
     }
+    /* the drafts' time between two device marks, without a sync in between: this step's draft
+     * phase, or else the drafts the previous one queued (they are the ones this step verifies) */
+    int n_drafted = 0, drafted_kind = -1, mark_from = 0;
+    if (fresh) {
+        be->mark(be, 0);
+    } else {
+        n_drafted = e->queued_n;
+        drafted_kind = e->queued_kind;
+        mark_from = SPEC_MARK_QUEUED;
+    }
+    e->queued_n = 0;
     for (int t = 0; t < n_drafter_kinds; t++) {
         struct drafter *d = e->drafters[t];
         if (!d || !d->vt->draft_batch) continue;
@@ -1105,14 +1195,14 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
             if ((rc[i] = d->vt->draft(d, seqs[i], &rq[i], &c[i].dr, err, err_size))) live[i] = false;
         }
         if (live[i] && (rc[i] = cycle_drafted(e, &c[i], probes ? probes[i] : NULL, err, err_size))) live[i] = false;
-        if (live[i] && c[i].k_drafted > 0) {
+        if (fresh && live[i] && c[i].k_drafted > 0) {
             const int ki = kind_index(e->seqs[seqs[i]].p.drafter);
             drafted_kind = n_drafted == 0 || drafted_kind == ki ? ki : -1; /* -1: kinds mixed */
             n_drafted += c[i].k_drafted;
         }
     }
-    be->mark(be, 1);
-    double t_drafts = -1.0; /* the draft phase's time, read once the first forward's results are in */
+    if (fresh) be->mark(be, 1);
+    double t_drafts = -1.0; /* the drafts' time, read once the first forward's results are in */
     /* then verify rows of as many sequences as n_batch holds per forward (a sequence's rows are
      * never split: its states are kept for the last run of each sequence) */
     for (int i0 = 0; i0 < n;) {
@@ -1156,7 +1246,7 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         /* the draft phase's time: every sequence's share of the cycle (statistics), and its cost
          * per drafted token for the next depths */
         if (!frc && t_drafts < 0.0) {
-            t_drafts = be->mark_elapsed_us(be, 0, 1);
+            t_drafts = fresh || n_drafted > 0 ? be->mark_elapsed_us(be, mark_from, mark_from + 1) : 0.0;
             if (n_drafted > 0 && drafted_kind >= 0 && e->cost_n > 0) {
                 struct kind_depth *kd = &e->kinds[drafted_kind];
                 kd->batch_draft_us[kd->batch_draft_n++ % SPEC_DRAFT_SAMPLES] = t_drafts / n_drafted;
@@ -1182,24 +1272,29 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
          * verify's output memory) */
         for (int i = i0; i < i1; i++)
             if (live[i] && !rc[i])
-                rc[i] = cycle_commit(e, &c[i], &o, COTI_MIN((int64_t)COTI_MAX(t_drafts, 0.0), t2 - c[i].t0), t2, out[i], &n_out[i],
+                rc[i] = cycle_commit(e, &c[i], COTI_MIN((int64_t)COTI_MAX(t_drafts, 0.0), t2 - c[i].t0), t2, out[i], &n_out[i],
                                      err, err_size);
-        /* the next draft is queued at this cycle's depth (the next batch is likely to choose
-         * it again); a sequence left without drafts that are of any use lets its drafter stop
-         * following */
-        for (int i = i0; i < i1; i++) {
-            if (!live[i] || rc[i]) continue;
-            struct spec_seq *q = &e->seqs[c[i].s];
-            q->depth = depth[i];
-            /* (a count that stops where it acts: batches may run for weeks) */
-            q->batch_idle = depth[i] > 0 ? 0 : COTI_MIN(q->batch_idle + 1, SPEC_BATCH_IDLE_SKIP);
-            if (!(probes && probes[i])) seq_release_drafter(e, c[i].s);
-            rc[i] = cycle_queue_next(e, &c[i], err, err_size);
-        }
+        batch_observe(e, c + i0, i1 - i0, live + i0, rc + i0, &o, err, err_size);
         const int64_t t3 = coti_time_us();
         for (int i = i0; i < i1; i++)
             if (live[i] && !rc[i]) e->seqs[c[i].s].st.t_glue_us += t3 - t2;
         i0 = i1;
     }
+    /* the next drafts are queued at this cycle's depth (the next batch is likely to choose it
+     * again); a sequence left without drafts that are of any use lets its drafter stop
+     * following */
+    const int64_t t4 = coti_time_us();
+    for (int i = 0; i < n; i++) {
+        if (!live[i] || rc[i]) continue;
+        struct spec_seq *q = &e->seqs[c[i].s];
+        q->depth = depth[i];
+        /* (a count that stops where it acts: batches may run for weeks) */
+        q->batch_idle = depth[i] > 0 ? 0 : COTI_MIN(q->batch_idle + 1, SPEC_BATCH_IDLE_SKIP);
+        if (!(probes && probes[i])) seq_release_drafter(e, c[i].s);
+    }
+    batch_queue_next(e, c, n, live, rc, err, err_size);
+    const int64_t t5 = coti_time_us();
+    for (int i = 0; i < n; i++)
+        if (live[i] && !rc[i]) e->seqs[c[i].s].st.t_glue_us += t5 - t4;
     return 0;
 }

@@ -47,12 +47,26 @@ static void assistant_free(struct drafter *d) {
 
 static void assistant_reset(struct drafter *d, int s) { as_of(d)->seqs[s].h_pos = -1; }
 
-static int assistant_observe(struct drafter *d, int s, const int32_t *history, int pos0, int n, const float *hidden,
-                             char *err, size_t err_size) {
+/* Each sequence's last row, the rows of all in one copy_n. */
+static int assistant_observe(struct drafter *d, int n, const struct draft_observed *seen, char *err, size_t err_size) {
     struct assistant *t = as_of(d);
-    if (n < 1) return 0;
-    t->m->be->copy(t->m->be, t->seqs[s].h, hidden + (size_t)(n - 1) * t->E, sizeof(float) * (size_t)t->E);
-    t->seqs[s].h_pos = pos0 + n - 1;
+    void *dst[SPEC_MAX_BATCH];
+    const void *src[SPEC_MAX_BATCH];
+    size_t bytes[SPEC_MAX_BATCH];
+    int nc = 0;
+    for (int i = 0; i < n; i++) {
+        const struct draft_observed *o = &seen[i];
+        if (o->n < 1) continue;
+        if (nc == SPEC_MAX_BATCH) {
+            t->m->be->copy_n(t->m->be, dst, src, bytes, nc);
+            nc = 0;
+        }
+        dst[nc] = t->seqs[o->s].h;
+        src[nc] = o->hidden + (size_t)(o->n - 1) * t->E;
+        bytes[nc++] = sizeof(float) * (size_t)t->E;
+        t->seqs[o->s].h_pos = o->pos0 + o->n - 1;
+    }
+    if (nc) t->m->be->copy_n(t->m->be, dst, src, bytes, nc);
     return 0;
 }
 

@@ -46,16 +46,23 @@ struct draft_result {
     int catch_up;
 };
 
+/* Rows the target accepted: positions [pos0, pos0 + n) of sequence s (history: its tokens),
+ * their post-norm hidden rows in backend memory at hidden. */
+struct draft_observed {
+    int s, pos0, n;
+    const int32_t *history;
+    const float *hidden;
+};
+
 struct drafter;
 
 struct drafter_vtable {
     void (*free)(struct drafter *d);
     /* Sequence s starts over (new request). */
     void (*reset)(struct drafter *d, int s);
-    /* The target accepted positions [pos0, pos0 + n) of sequence s; hidden holds their
-     * post-norm hidden rows in backend memory (valid only during this call). */
-    int (*observe)(struct drafter *d, int s, const int32_t *history, int pos0, int n,
-                   const float *hidden, char *err, size_t err_size);
+    /* The target accepted rows of n sequences (each sequence once; the hidden rows are valid
+     * only during this call): a batched cycle's in one call. Returns 0 or an error for all. */
+    int (*observe)(struct drafter *d, int n, const struct draft_observed *seen, char *err, size_t err_size);
     int (*draft)(struct drafter *d, int s, const struct draft_request *rq, struct draft_result *out,
                  char *err, size_t err_size);
     /* Where the target may write the post-norm hidden rows of positions [pos0, pos0 + n) of

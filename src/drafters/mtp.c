@@ -100,21 +100,21 @@ static int mtp_run_rows(struct mtp *t, int s, const int32_t *history, int n_rows
     return head_forward(t, &b, t->seqs[s].staged, o, err, err_size);
 }
 
-static int mtp_observe(struct drafter *d, int s, const int32_t *history, int pos0, int n,
-                       const float *hidden, char *err, size_t err_size) {
-    struct mtp *t = mtp_of(d);
+/* One sequence's accepted rows into its stage; a full stage (a long prompt) is consumed by the
+ * head first. */
+static int observe_one(struct mtp *t, const struct draft_observed *o, char *err, size_t err_size) {
     struct backend *be = t->m->be;
-    struct mtp_seq *sq = &t->seqs[s];
-    const size_t row = sizeof(float) * (size_t)t->E;
-    if (pos0 != t->head->seq_len(t->m, s) - 1 + sq->n_staged)
-        return coti_fail(err, err_size, COTI_E_ARG, "mtp: observed position %d does not follow the staged rows", pos0);
+    struct mtp_seq *sq = &t->seqs[o->s];
+    const size_t row = row_bytes(t);
+    const float *hidden = o->hidden;
+    int n = o->n;
     while (n > 0) {
         float *dst = sq->staged + (size_t)sq->n_staged * t->E;
         int room = t->cap - sq->n_staged;
         if (room == 0) {
             /* stage full (long prompts): consume all rows but the last, which becomes row 0 */
-            struct model_output o;
-            int rc = mtp_run_rows(t, s, history, sq->n_staged - 1, false, NULL, &o, err, err_size);
+            struct model_output out;
+            int rc = mtp_run_rows(t, o->s, o->history, sq->n_staged - 1, false, NULL, &out, err, err_size);
             if (rc) return rc;
             be->copy(be, sq->staged, sq->staged + (size_t)(sq->n_staged - 1) * t->E, row);
             sq->n_staged = 1;
@@ -125,6 +125,42 @@ static int mtp_observe(struct drafter *d, int s, const int32_t *history, int pos
         sq->n_staged += k;
         hidden += (size_t)k * t->E;
         n -= k;
+    }
+    return 0;
+}
+
+/* The rows that fit their stages go in one copy_n (a batched cycle's were a call per sequence,
+ * its glue), before any head forward a full stage runs, which may reuse the memory they are
+ * read from. */
+static int mtp_observe(struct drafter *d, int n, const struct draft_observed *seen, char *err, size_t err_size) {
+    struct mtp *t = mtp_of(d);
+    struct backend *be = t->m->be;
+    void *dst[SPEC_MAX_BATCH];
+    const void *src[SPEC_MAX_BATCH];
+    size_t bytes[SPEC_MAX_BATCH];
+    int nc = 0;
+    bool fits[SPEC_MAX_BATCH];
+    if (n > SPEC_MAX_BATCH) return coti_fail(err, err_size, COTI_E_ARG, "mtp: %d sequences observed at once", n);
+    for (int i = 0; i < n; i++) {
+        const struct draft_observed *o = &seen[i];
+        struct mtp_seq *sq = &t->seqs[o->s];
+        if (o->pos0 != t->head->seq_len(t->m, o->s) - 1 + sq->n_staged)
+            return coti_fail(err, err_size, COTI_E_ARG, "mtp: observed position %d does not follow the staged rows", o->pos0);
+        fits[i] = sq->n_staged + o->n <= t->cap;
+        if (!fits[i]) continue;
+        float *to = sq->staged + (size_t)sq->n_staged * t->E;
+        if (o->hidden != to && o->n > 0) { /* else written there (hidden_dest) */
+            dst[nc] = to;
+            src[nc] = o->hidden;
+            bytes[nc++] = row_bytes(t) * (size_t)o->n;
+        }
+        sq->n_staged += o->n;
+    }
+    if (nc) be->copy_n(be, dst, src, bytes, nc);
+    for (int i = 0; i < n; i++) {
+        if (fits[i]) continue;
+        int rc = observe_one(t, &seen[i], err, err_size);
+        if (rc) return rc;
     }
     return 0;
 }
@@ -205,6 +241,11 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
         ord[at] = i;
     }
     if (!n_ord) return 0;
+    /* the per-sequence copies of each phase go in one copy_n (a launch, not a call per
+     * sequence: their host time was the batched cycle's glue) */
+    void *dst[2 * SPEC_MAX_BATCH];
+    const void *src[2 * SPEC_MAX_BATCH];
+    size_t bytes[2 * SPEC_MAX_BATCH];
     /* catch-up: every sequence's staged rows, logits (and the argmax: draft 0) on its last */
     int rows = 0;
     for (int j = 0; j < n_ord; j++) {
@@ -217,9 +258,12 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
             t->bseqv[rows + r] = s;
             t->bwant[rows + r] = r == sq->n_staged - 1;
         }
-        be->copy(be, t->bh_in + (size_t)rows * t->E, sq->staged, row * (size_t)sq->n_staged);
+        dst[j] = t->bh_in + (size_t)rows * t->E;
+        src[j] = sq->staged;
+        bytes[j] = row * (size_t)sq->n_staged;
         rows += sq->n_staged;
     }
+    be->copy_n(be, dst, src, bytes, n_ord);
     struct model_batch b = {.n = rows, .tokens = t->btok, .pos = t->bpos, .seq = t->bseqv, .want_logits = t->bwant,
                             .draft_head = true, .argmax_out = t->bids[0]};
     struct model_output o;
@@ -230,10 +274,15 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
     for (int j = 0; j < n_ord; j++) {
         const int i = ord[j];
         rows += t->seqs[seqs[i]].n_staged;
-        be->copy(be, rq[i].dev_tokens, t->bids[0] + j, sizeof(int32_t));
-        be->copy(be, t->bh_chain + (size_t)j * t->E, o.hidden + (size_t)(rows - 1) * t->E, row);
+        dst[2 * j] = rq[i].dev_tokens;
+        src[2 * j] = t->bids[0] + j;
+        bytes[2 * j] = sizeof(int32_t);
+        dst[2 * j + 1] = t->bh_chain + (size_t)j * t->E;
+        src[2 * j + 1] = o.hidden + (size_t)(rows - 1) * t->E;
+        bytes[2 * j + 1] = row;
         out[i].n = 1;
     }
+    be->copy_n(be, dst, src, bytes, 2 * n_ord);
     const float *h_prev = t->bh_chain;
     for (int step = 1, live = n_ord; ; step++) {
         while (live > 0 && (rq[ord[live - 1]].n_max <= step || rq[ord[live - 1]].L + step >= m->n_ctx)) live--;
@@ -250,9 +299,12 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
         if ((rc = head_forward(t, &bc, h_prev, &o, err, err_size))) return rc;
         for (int j = 0; j < live; j++) {
             const int i = ord[j];
-            be->copy(be, rq[i].dev_tokens + step, ids_out + j, sizeof(int32_t));
+            dst[j] = rq[i].dev_tokens + step;
+            src[j] = ids_out + j;
+            bytes[j] = sizeof(int32_t);
             out[i].n = step + 1;
         }
+        be->copy_n(be, dst, src, bytes, live);
         h_prev = o.hidden; /* one row per live sequence, in order */
     }
     for (int j = 0; j < n_ord; j++) {

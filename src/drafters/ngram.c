@@ -15,8 +15,7 @@ struct ngram {
 
 static void ngram_free(struct drafter *d) { free(d); }
 static void ngram_reset(struct drafter *d, int s) {}
-static int ngram_observe(struct drafter *d, int s, const int32_t *history, int pos0, int n,
-                         const float *hidden, char *err, size_t err_size) {
+static int ngram_observe(struct drafter *d, int n, const struct draft_observed *seen, char *err, size_t err_size) {
     return 0;
 }
 
