@@ -867,9 +867,10 @@ static int cycle_queue_next(struct spec_engine *e, const struct cycle *c, char *
     return 0;
 }
 
-/* The next drafts of a batched step's sequences, queued as cycle_queue_next queues one's, but in
- * one draft_batch call per drafter: the head reads its weights once for all of them, where one
- * call per sequence read them once each (tiny model, H200, 4 sequences: mtp:3 0.90x off). */
+/* The next drafts of a batched step's sequences, queued as cycle_queue_next queues one's (pure
+ * greedy drafts), in one draft_batch call per drafter that has one, between the marks the next
+ * batched step reads when it drafts nothing itself: a draft phase's marks would enclose none of
+ * them, and the drafts would look free to batch_depths. */
 static void batch_queue_next(struct spec_engine *e, const struct cycle *c, int n, const bool *live, int *rc, char *err,
                              size_t err_size) {
     struct backend *be = e->m->be;
@@ -1011,7 +1012,8 @@ static double verify_us(const struct spec_engine *e, int n, int rows) {
 /* A batched draft's cost (drafter kind k): the least per-drafted-token time of the last cycles
  * that drafted. The draft phase also runs the head over the rows accepted since a sequence last
  * drafted (all of its prompt, the first time), work that is deferred rather than caused by the
- * draft: the least sample is the cycle with the least of it. Free until SPEC_DRAFT_SAMPLES
+ * draft: the least sample is the cycle with the least of it. Drafters that draft in batches
+ * start from calibrate_drafts' samples; the others' drafts are free until SPEC_DRAFT_SAMPLES
  * cycles have drafted, so that the first batched cycles draft and measure. */
 static double draft_cost_us(const struct spec_engine *e, const struct drafter_kind *k) {
     const struct kind_depth *kd = kind_of(e, k);
@@ -1021,7 +1023,7 @@ static double draft_cost_us(const struct spec_engine *e, const struct drafter_ki
     return c;
 }
 
-/* Draft depths of a batched cycle: one depth d for every sequence that drafts (within its n_min
+/* Draft depths of a batched cycle (true: drafts where none pay, to look again): one depth d for every sequence that drafts (within its n_min
  * and n_max), the d whose expected tokens per microsecond are the most. What asking a sequence
  * for d drafts gives comes from its request's record (draft_depth.h: how often its drafter
  * fills each position, how often the target keeps them), so drafts that seldom come (n-gram)
@@ -1031,9 +1033,9 @@ static double draft_cost_us(const struct spec_engine *e, const struct drafter_ki
  * Verify rows ride nearly free where a forward's time is its weights' reading (a GPU, a large
  * model): deep drafts; they cost their compute where it is not (a small model on a few cores):
  * shallow or none, so that speculation never makes the batch slower. */
-static void batch_depths(struct spec_engine *e, int n, const int *seqs, const int *rc, int *depth) {
+static bool batch_depths(struct spec_engine *e, int n, const int *seqs, const int *rc, int *depth) {
     for (int i = 0; i < n; i++) depth[i] = e->cost_n ? 0 : SPEC_MAX_DRAFT;
-    if (!e->cost_n) return; /* not calibrated: as deep as each asked */
+    if (!e->cost_n) return false; /* not calibrated: as deep as each asked */
     int n_live = 0, d_top = 0;
     for (int i = 0; i < n; i++) {
         if (rc[i]) continue; /* (a refused entry's sequence may be out of range) */
@@ -1041,7 +1043,7 @@ static void batch_depths(struct spec_engine *e, int n, const int *seqs, const in
         n_live++;
         if (q->p.drafter) d_top = COTI_MAX(d_top, q->p.n_max);
     }
-    if (!n_live) return;
+    if (!n_live) return false;
     int best = -1;
     double best_rate = 0;
     for (int d = 0; d <= d_top; d++) {
@@ -1066,12 +1068,67 @@ static void batch_depths(struct spec_engine *e, int n, const int *seqs, const in
     }
     /* now and then one draft more than pays: a record that drafts do not pay is otherwise never
      * asked again, and the text (or the load) may have changed */
-    if (++e->batch_cycles % SPEC_BATCH_EXPLORE_EVERY == 0 && best < d_top) best++;
+    const bool explore = ++e->batch_cycles % SPEC_BATCH_EXPLORE_EVERY == 0 && best < d_top;
+    const bool from_none = explore && best == 0;
+    if (explore) best++;
     for (int i = 0; i < n; i++) {
         if (rc[i]) continue;
         const struct spec_seq *q = &e->seqs[seqs[i]];
         depth[i] = q->p.drafter ? COTI_MIN(COTI_MAX(best, q->p.n_min), q->p.n_max) : 0;
     }
+    return from_none;
+}
+
+/* A batched draft's cost per drafted token (draft_cost_us' samples) for each drafter that drafts
+ * in batches, measured before any batch drafts: else the first batched cycles draft to measure
+ * it, and each sequence's first draft runs the drafter over all of its prompt (MTP's head), which
+ * is more than the drafts bring back where verify rows are not free (tiny model, 2 CPU threads,
+ * 4 sequences: mtp:3 0.85-0.90x off). ns sequences of two tokens, one of them to catch up with
+ * (as after a verify that accepted nothing; hidden: a row of a calibration forward), a draft
+ * each; the best of 5. */
+static int calibrate_drafts(struct spec_engine *e, int ns, const float *hidden, char *err, size_t err_size) {
+    struct model *m = e->m;
+    struct backend *be = m->be;
+    int32_t hist[SPEC_MAX_BATCH][2 + SPEC_MAX_DRAFT];
+    int seqs[SPEC_MAX_BATCH];
+    struct draft_request rq[SPEC_MAX_BATCH];
+    struct draft_result dr[SPEC_MAX_BATCH];
+    for (int t = 0; t < n_drafter_kinds; t++) {
+        struct drafter *d = e->drafters[t];
+        if (!d || !d->vt->draft_batch) continue;
+        double best = -1.0;
+        int rc = 0;
+        for (int rep = 0; rep < 5 && !rc; rep++) {
+            for (int s = 0; s < ns; s++) {
+                model_seq_reset(m, s);
+                d->vt->reset(d, s);
+                seqs[s] = s;
+                hist[s][0] = (int32_t)((7919u * (unsigned)s + 17u) % (unsigned)e->V);
+                hist[s][1] = (int32_t)((7919u * (unsigned)s + 29u) % (unsigned)e->V);
+                const struct draft_observed seen = {s, 0, 1, hist[s], hidden};
+                if ((rc = d->vt->observe(d, 1, &seen, err, err_size))) break;
+                rq[s] = (struct draft_request){hist[s], 1, 1, 0, 0.0f, NULL, seq_dev_tokens(e, s) + 1};
+            }
+            if (rc) break;
+            be->mark(be, 0);
+            rc = d->vt->draft_batch(d, ns, seqs, rq, dr, err, err_size);
+            be->mark(be, 1);
+            int n = 0;
+            for (int s = 0; s < ns && !rc; s++) n += dr[s].n;
+            const double us = rc || !n ? -1.0 : be->mark_elapsed_us(be, 0, 1) / n;
+            if (us >= 0.0 && (best < 0.0 || us < best)) best = us;
+        }
+        for (int s = 0; s < ns; s++) {
+            model_seq_reset(m, s);
+            d->vt->reset(d, s);
+        }
+        if (rc) return rc;
+        struct kind_depth *kd = &e->kinds[t];
+        if (best < 0.0) continue; /* no draft came: measured by the first batches that draft */
+        for (int i = 0; i < SPEC_DRAFT_SAMPLES; i++) kd->batch_draft_us[i] = best;
+        kd->batch_draft_n = SPEC_DRAFT_SAMPLES;
+    }
+    return 0;
 }
 
 int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
@@ -1124,6 +1181,9 @@ int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
         e->cost_n = i + 1;
     }
     free(toks);
+    /* the drafts' cost at the batch size the server sees first under load */
+    const int ns = COTI_MIN(max_seqs, 4);
+    if (!rc && e->cost_n && ns >= 2 && (rc = calibrate_drafts(e, ns, o.hidden, err, err_size))) e->cost_n = 0;
     return rc;
 }
 
@@ -1144,7 +1204,14 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
             if (seqs[j] == seqs[i]) rc[i] = coti_fail(err, err_size, COTI_E_ARG, "sequence %d twice in a batch", seqs[i]);
     }
     int depth[SPEC_MAX_BATCH];
-    batch_depths(e, n, seqs, rc, depth);
+    /* a cycle that drafts only to look again first drops what the drafters have not caught up
+     * with: a new request's whole prompt for MTP's head (4 sequences of ~350-token prompts on
+     * this CPU: 13.7 ms, where a batched draft token costs ~31 us) */
+    if (batch_depths(e, n, seqs, rc, depth))
+        for (int i = 0; i < n; i++) {
+            struct drafter *d = rc[i] ? NULL : drafter_for(e, e->seqs[seqs[i]].p.drafter);
+            if (d && d->vt->skip && !(probes && probes[i])) d->vt->skip(d, seqs[i], DEPTH_KEEP_ROWS);
+        }
     /* drafts first, every sequence's: greedy on-device ones of a drafter that batches them in
      * one call per drafter (each chain step for all its sequences at once), the rest one by one;
      * those the previous step queued are there already */
