@@ -21,8 +21,8 @@
 #define DEPTH_KEEP_ROWS 4
 
 /* Running means that become moving averages over about their last `window` samples; n counts
- * the samples up to the window. */
-struct depth_mean { double v; int n; bool warm; };
+ * the samples up to the window (cold: cost samples passed over so far, depth_cost_add). */
+struct depth_mean { double v; int n, cold; };
 
 /* What verifies cost on one engine (shared by its sequences): verify[r-1] a single sequence's
  * verify of r rows (host time, draft excluded). A drafted token's cost is its drafter kind's,

@@ -13,8 +13,8 @@
 /* Costs with plain decoding at 100 us, each verify row `row` us more, a drafted token `draft`. */
 static void costs_make(struct depth_costs *c, struct depth_mean *draft_us, double row, double draft) {
     memset(c, 0, sizeof *c);
-    for (int r = 1; r <= SPEC_MAX_DRAFT + 1; r++) c->verify[r - 1] = (struct depth_mean){100.0 + row * (r - 1), 8, true};
-    *draft_us = (struct depth_mean){draft, 8, true};
+    for (int r = 1; r <= SPEC_MAX_DRAFT + 1; r++) c->verify[r - 1] = (struct depth_mean){100.0 + row * (r - 1), 8, 0};
+    *draft_us = (struct depth_mean){draft, 8, 0};
 }
 
 /* n cycles of depth `asked`, each accepting `accepted` of its drafts */
@@ -36,6 +36,21 @@ Test(draft_depth, a_mean_forgets_past_its_window_and_its_count_stops_there) {
     for (int i = 0; i < 100; i++) depth_mean_add(&m, 0.0, 8);
     cr_assert_lt(m.v, 1e-5, "after 100 zeros the mean is %g", m.v);
     cr_assert_eq(m.n, 8, "the count stops at the window");
+}
+
+/* A cost passes over its first samples (on a GPU a shape's first forward runs op by op, its
+ * second records a graph) and counts a spike far above its mean at a capped size. */
+Test(draft_depth, a_cost_passes_over_cold_samples_and_caps_spikes) {
+    struct depth_mean m = {0};
+    depth_cost_add(&m, 5000.0);
+    depth_cost_add(&m, 3000.0);
+    cr_assert_eq(m.n, 0, "the first two samples are passed over");
+    for (int i = 0; i < 8; i++) depth_cost_add(&m, 300.0);
+    cr_assert_float_eq(m.v, 300.0, 1e-9);
+    depth_cost_add(&m, 3000.0);
+    cr_assert_float_eq(m.v, 300.0 + (450.0 - 300.0) / 9, 1e-9, "a spike counts as 1.5x the mean: %g", m.v);
+    for (int i = 0; i < 60; i++) depth_cost_add(&m, 900.0);
+    cr_assert_gt(m.v, 850.0, "a lasting rise is followed (capped steps): %g", m.v);
 }
 
 Test(draft_depth, cheap_rows_and_good_drafts_go_deep) {
