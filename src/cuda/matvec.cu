@@ -1,7 +1,7 @@
 /* matvec.cu — the matvec kernels, for up to MV_MAX_NT (8) token rows per launch group, and their
  * per-type launch table.
- * - matvec_kernel: a persistent grid; a warp owns R weight rows (one, or two for wide rows past
- *   one token: mv_launch's rule) and streams them in chunks: cp.async copies
+ * - matvec_kernel: a persistent grid; a warp owns R weight rows (one, two or four for wide rows
+ *   of 4-8 tokens: mv_launch's rule) and streams them in chunks: cp.async copies
  *   each chunk's 16-byte-aligned span (any row alignment works) into the warp's shared memory,
  *   two stages deep, so the next chunk is in flight while lanes decode the current one. A lane
  *   takes whole 32-element units (a 32-block, or an eighth of a K super-block): unit u of every
@@ -100,13 +100,13 @@ __device__ __forceinline__ void unit_dot_f32(const uint8_t *sm, int off, const x
     }
 }
 
-/* Shapes of a matvec instance: R rows per warp (mv_rows_per_warp), CU units of each row per
- * chunk, SLOT bytes of shared memory per row and stage (the chunk's aligned span plus read
- * slack). */
+/* Shapes of a matvec instance: R rows per warp (mv_launch's rule), CU units of each row per
+ * chunk (a quarter at four rows, so the stages fit shared memory), SLOT bytes of shared memory
+ * per row and stage (the chunk's aligned span plus read slack). */
 template <int T, int NT, int R> struct mv_shape {
     enum {
         FLOAT = T == GGML_TYPE_F16 || T == GGML_TYPE_BF16 || T == GGML_TYPE_F32,
-        CU = 32 * qt<T>::U,
+        CU = 32 * (R <= 2 ? qt<T>::U : qt<T>::U / 4 > 1 ? qt<T>::U / 4 : 1),
         CB = CU / qt<T>::UPB * qt<T>::BB,
         SLOT = ((CB + 30) / 16) * 16 + 16,
         WBYTES = MV_WARPS * 2 * R * SLOT,                   /* weight stages of a block */
@@ -539,7 +539,7 @@ static void mv_launch_rows(struct cuda_ctx *c, int slot, const mv_params &P, con
     typedef mv_shape<T, NT, R> S;
     void (*kern)(const mv_params, const float *, xact, int) = matvec_kernel<T, NT, FUSED, R>;
     const int smem = S::WBYTES + (FUSED != MV_CONVERTED ? xs_bytes(qt<T>::XF, NT, x.stride) : 0);
-    int &regs = c->mv_regs[slot][NT - 1][R - 1][FUSED], &smem_static = c->mv_smem_static[slot][NT - 1][R - 1][FUSED];
+    int &regs = c->mv_regs[slot][NT - 1][R > 1][FUSED], &smem_static = c->mv_smem_static[slot][NT - 1][R > 1][FUSED];
     if (!regs) {
         cudaFuncAttributes fa;
         CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
@@ -556,23 +556,24 @@ static void mv_launch_rows(struct cuda_ctx *c, int slot, const mv_params &P, con
     cuda_launch_smem(c, dim3(grid, n_groups), MV_WARPS * 32, smem, kern, P, xf, x, t_base);
 }
 
-/* Rule: weight rows per warp. One, but two for the converted matvec of 2-8 token rows of a
- * quantized type at least MV_WIDE_ROW_MIN wide: each activation load then serves two weight
- * rows, where the dot products, not the bytes, bound a launch past one token row. H200, q8_0,
- * µs per call at 2 / 4 / 8 rows, one -> two rows per warp: 4096 -> 12288 21.1 -> 20.6, 29.1 ->
- * 26.4, 44.6 -> 37.5; 4096 -> 4096 10.7 -> 9.6, 13.3 -> 12.3, 19.4 -> 17.3; 12288 -> 4096 22.1
- * -> 23.4 (the one loss), 31.5 -> 30.3, 44.0 -> 41.6. Narrow rows keep one per warp: their
- * few weight rows need every warp (384 -> 384 at 2 rows 2.9 -> 3.3, 384 -> 16384 7.5 -> 9.2;
- * the fused launches, narrow by fused_rows_max past one row, likewise). Four rows per warp, as
- * 5-8 token rows had before, cost the tiny model's 5-row verify 395 us against 300 at one
- * (it took a quarter of the warps); their best case, the 9B's LM head at 8 rows, 511 against 539
- * us at two. */
+/* Rule: weight rows per warp. One, but for the converted matvec of a quantized type at least
+ * MV_WIDE_ROW_MIN wide two at 4-6 token rows and four at 7-8: each activation load then serves
+ * several weight rows, where the dot products, not the bytes, bound a launch. H200, 9B q8_0
+ * verify of 1-8 rows (bench --verify-cost 8, us), one / four rows per warp (as before) against
+ * two at 2-8: 3657 -> 3772 at 2 rows, 4250 -> 4283 at 3 (one wins), 4895 -> 4800, 5408 -> 5203,
+ * 5899 -> 5652 at 4-6 (two wins), 6302 -> 6328, 6710 -> 6885 at 7-8 (four wins); off with 4
+ * sequences 775 -> 818 tok/s. Narrow rows keep one per warp: their few weight rows need every
+ * warp (384 -> 16384 at 2 rows 7.5 -> 9.2 us at two per warp; the tiny model's 5-row verify
+ * 395 us at four against 300 at one; the fused launches, narrow past one row, likewise). */
 #define MV_WIDE_ROW_MIN 2048
 template <int T, int NT, int FUSED>
 static void mv_launch(struct cuda_ctx *c, int slot, const mv_params &P, const float *xf, const xact &x, int t_base,
                       int n_groups) {
-    if constexpr (!mv_shape<T, NT, 1>::FLOAT && NT >= 2 && FUSED == MV_CONVERTED)
-        if (P.n >= MV_WIDE_ROW_MIN) return mv_launch_rows<T, NT, FUSED, 2>(c, slot, P, xf, x, t_base, n_groups);
+    if constexpr (!mv_shape<T, NT, 1>::FLOAT && NT >= 4 && FUSED == MV_CONVERTED)
+        if (P.n >= MV_WIDE_ROW_MIN) {
+            constexpr int R = NT <= 6 ? 2 : 4;
+            return mv_launch_rows<T, NT, FUSED, R>(c, slot, P, xf, x, t_base, n_groups);
+        }
     mv_launch_rows<T, NT, FUSED, 1>(c, slot, P, xf, x, t_base, n_groups);
 }
 
