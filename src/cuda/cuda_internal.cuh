@@ -42,9 +42,10 @@ struct cuda_ctx {
     bool capturing, capture_broken;
     /* device limits for sizing persistent grids */
     int smem_per_sm, smem_block_max, smem_reserved;
-    /* registers of each matvec kernel (type slot, NT - 1, variant), read on first launch */
-    int mv_regs[16][8][4];        /* [type][NT - 1][FUSED: matvec.cu's MV_VARIANTS] */
-    int mv_smem_static[16][8][4];
+    /* registers of each matvec kernel (type slot, NT - 1, one row per warp or NT's wider choice,
+     * variant), read on first launch */
+    int mv_regs[16][8][2][4];     /* [type][NT - 1][R > 1][FUSED: matvec.cu's MV_VARIANTS] */
+    int mv_smem_static[16][8][2][4];
     bool mmq_ready[16];        /* prefill kernel's shared-memory limit raised */
     int mv_force;                         /* enum cuda_matvec: a test's choice, or CUDA_MV_AUTO */
     bool prompt;                          /* backend.h set_prompt: batch-dependent kernels allowed */

@@ -1,7 +1,7 @@
 /* matvec.cu — the matvec kernels, for up to MV_MAX_NT (8) token rows per launch group, and their
  * per-type launch table.
- * - matvec_kernel: a persistent grid; a warp owns R weight rows (R = 1 up to 4 tokens, 4 for
- *   5-8, so an activation load serves R rows there) and streams them in chunks: cp.async copies
+ * - matvec_kernel: a persistent grid; a warp owns R weight rows (one, two or four for wide rows
+ *   of 4-8 tokens: mv_launch's rule) and streams them in chunks: cp.async copies
  *   each chunk's 16-byte-aligned span (any row alignment works) into the warp's shared memory,
  *   two stages deep, so the next chunk is in flight while lanes decode the current one. A lane
  *   takes whole 32-element units (a 32-block, or an eighth of a K super-block): unit u of every
@@ -100,17 +100,13 @@ __device__ __forceinline__ void unit_dot_f32(const uint8_t *sm, int off, const x
     }
 }
 
-/* Shapes of a matvec instance: R rows per warp, CU units of each row per chunk, SLOT bytes of
- * shared memory per row and stage (the chunk's aligned span plus read slack). */
-template <int T, int NT> struct mv_shape {
+/* Shapes of a matvec instance: R rows per warp (mv_launch's rule), CU units of each row per
+ * chunk (a quarter at four rows, so the stages fit shared memory), SLOT bytes of shared memory
+ * per row and stage (the chunk's aligned span plus read slack). */
+template <int T, int NT, int R> struct mv_shape {
     enum {
         FLOAT = T == GGML_TYPE_F16 || T == GGML_TYPE_BF16 || T == GGML_TYPE_F32,
-        /* a verify batch (2-4 rows) is latency-bound: one row per warp spreads it over twice
-         * the warps and half the shared memory (tiny mtp:2 6071-6104 -> 6236-6312 tok/s,
-         * mtp:3 5387-5425 -> 6222-6241 against R = 2 for 2-3 and 4 for 4, H200) */
-        R = FLOAT ? 1 : NT <= 4 ? 1 : 4,
-        UR = R <= 2 ? qt<T>::U : qt<T>::U / 4 > 1 ? qt<T>::U / 4 : 1,
-        CU = 32 * UR,
+        CU = 32 * (R <= 2 ? qt<T>::U : qt<T>::U / 4 > 1 ? qt<T>::U / 4 : 1),
         CB = CU / qt<T>::UPB * qt<T>::BB,
         SLOT = ((CB + 30) / 16) * 16 + 16,
         WBYTES = MV_WARPS * 2 * R * SLOT,                   /* weight stages of a block */
@@ -138,7 +134,7 @@ __device__ __forceinline__ xs_parts xs_layout(uint8_t *base, int f, int nt, int 
  * code; or copy one converted token into shared memory first (9B FFN down: +0.5% decode
  * against reading it in the dot products). */
 enum { MV_CONVERTED, MV_FUSED, MV_FUSED_NORM2, MV_STAGED, MV_VARIANTS };
-static_assert(MV_VARIANTS == sizeof(((struct cuda_ctx *)0)->mv_regs[0][0]) / sizeof(int),
+static_assert(MV_VARIANTS == sizeof(((struct cuda_ctx *)0)->mv_regs[0][0][0]) / sizeof(int),
               "cuda_ctx's per-kernel tables hold every variant");
 
 /* Persistent matvec: block b takes a contiguous share of the row sets (R rows each), its warp w
@@ -149,11 +145,11 @@ static_assert(MV_VARIANTS == sizeof(((struct cuda_ctx *)0)->mv_regs[0][0]) / siz
  * MV_FUSED / MV_FUSED_NORM2: xf holds f32 rows (tokens t_base..) and the block quantizes them
  * into shared memory first; else x is the converted activations in global memory, which
  * MV_STAGED copies into shared memory first. */
-template <int T, int NT, int FUSED>
+template <int T, int NT, int FUSED, int R>
 __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P, const float *xf, xact x, int t_base) {
     typedef qt<T> Q;
-    typedef mv_shape<T, NT> S;
-    constexpr int R = S::R, CU = S::CU, SLOT = S::SLOT;
+    typedef mv_shape<T, NT, R> S;
+    constexpr int CU = S::CU, SLOT = S::SLOT;
     extern __shared__ __align__(16) uint8_t dsm[];
     uint8_t(*wsm)[2][R][SLOT] = reinterpret_cast<uint8_t(*)[2][R][SLOT]>(dsm);
     cuda_pdl_trigger();
@@ -537,13 +533,13 @@ matvec_q8_0_direct_kernel(const uint8_t *__restrict__ w, size_t rb, int n_units,
 
 /* A persistent grid: as many blocks as fit on the device at once (from the kernel's registers
  * and this launch's shared memory), at most one row set per warp. */
-template <int T, int NT, int FUSED>
-static void mv_launch(struct cuda_ctx *c, int slot, const mv_params &P, const float *xf, const xact &x, int t_base,
-                      int n_groups) {
-    typedef mv_shape<T, NT> S;
-    void (*kern)(const mv_params, const float *, xact, int) = matvec_kernel<T, NT, FUSED>;
+template <int T, int NT, int FUSED, int R>
+static void mv_launch_rows(struct cuda_ctx *c, int slot, const mv_params &P, const float *xf, const xact &x,
+                           int t_base, int n_groups) {
+    typedef mv_shape<T, NT, R> S;
+    void (*kern)(const mv_params, const float *, xact, int) = matvec_kernel<T, NT, FUSED, R>;
     const int smem = S::WBYTES + (FUSED != MV_CONVERTED ? xs_bytes(qt<T>::XF, NT, x.stride) : 0);
-    int &regs = c->mv_regs[slot][NT - 1][FUSED], &smem_static = c->mv_smem_static[slot][NT - 1][FUSED];
+    int &regs = c->mv_regs[slot][NT - 1][R > 1][FUSED], &smem_static = c->mv_smem_static[slot][NT - 1][R > 1][FUSED];
     if (!regs) {
         cudaFuncAttributes fa;
         CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
@@ -555,9 +551,30 @@ static void mv_launch(struct cuda_ctx *c, int slot, const mv_params &P, const fl
     const int by_regs = 65536 / (warp_regs * MV_WARPS);
     const int by_smem = c->smem_per_sm / (smem + smem_static + c->smem_reserved);
     const int per_sm = COTI_MAX(1, COTI_MIN(COTI_MIN(by_regs, by_smem), 2048 / (MV_WARPS * 32)));
-    const int sets = cuda_cdiv(P.row0[P.n_w], S::R);
+    const int sets = cuda_cdiv(P.row0[P.n_w], R);
     const int grid = COTI_MIN(cuda_cdiv(sets, MV_WARPS), c->n_sm * per_sm);
     cuda_launch_smem(c, dim3(grid, n_groups), MV_WARPS * 32, smem, kern, P, xf, x, t_base);
+}
+
+/* Rule: weight rows per warp. One, but for the converted matvec of a quantized type at least
+ * MV_WIDE_ROW_MIN wide two at 4-6 token rows and four at 7-8: each activation load then serves
+ * several weight rows, where the dot products, not the bytes, bound a launch. H200, 9B q8_0
+ * verify of 1-8 rows (bench --verify-cost 8, us), one / four rows per warp (as before) against
+ * two at 2-8: 3657 -> 3772 at 2 rows, 4250 -> 4283 at 3 (one wins), 4895 -> 4800, 5408 -> 5203,
+ * 5899 -> 5652 at 4-6 (two wins), 6302 -> 6328, 6710 -> 6885 at 7-8 (four wins); off with 4
+ * sequences 775 -> 818 tok/s. Narrow rows keep one per warp: their few weight rows need every
+ * warp (384 -> 16384 at 2 rows 7.5 -> 9.2 us at two per warp; the tiny model's 5-row verify
+ * 395 us at four against 300 at one; the fused launches, narrow past one row, likewise). */
+#define MV_WIDE_ROW_MIN 2048
+template <int T, int NT, int FUSED>
+static void mv_launch(struct cuda_ctx *c, int slot, const mv_params &P, const float *xf, const xact &x, int t_base,
+                      int n_groups) {
+    if constexpr (!mv_shape<T, NT, 1>::FLOAT && NT >= 4 && FUSED == MV_CONVERTED)
+        if (P.n >= MV_WIDE_ROW_MIN) {
+            constexpr int R = NT <= 6 ? 2 : 4;
+            return mv_launch_rows<T, NT, FUSED, R>(c, slot, P, xf, x, t_base, n_groups);
+        }
+    mv_launch_rows<T, NT, FUSED, 1>(c, slot, P, xf, x, t_base, n_groups);
 }
 
 #define MV_ROW(T)                                                                              \
@@ -569,7 +586,7 @@ static void mv_launch(struct cuda_ctx *c, int slot, const mv_params &P, const fl
      {mv_launch<T, 1, MV_FUSED_NORM2>, mv_launch<T, 2, MV_FUSED_NORM2>, mv_launch<T, 3, MV_FUSED_NORM2>,       \
       mv_launch<T, 4, MV_FUSED_NORM2>},                                                                        \
      mv_launch<T, 1, MV_STAGED>,                                                                               \
-     {mv_shape<T, 1>::WBYTES, mv_shape<T, 2>::WBYTES, mv_shape<T, 3>::WBYTES, mv_shape<T, 4>::WBYTES}},
+     {mv_shape<T, 1, 1>::WBYTES, mv_shape<T, 2, 1>::WBYTES, mv_shape<T, 3, 1>::WBYTES, mv_shape<T, 4, 1>::WBYTES}},
 #define MV_TYPE_F(T) {cuda_mm_slot(T), qt<T>::XF, false, MV_ROW(T), {NULL, NULL}, {NULL, NULL, NULL, NULL}, NULL, {0, 0, 0, 0}},
 
 static const struct mv_type mv_types[] = {CUDA_MM_FLOAT_TYPES(MV_TYPE_F) CUDA_MM_QUANT_TYPES(MV_TYPE_Q)};
