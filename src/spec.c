@@ -852,6 +852,7 @@ static bool note_queued(struct spec_seq *q, const struct draft_request *rq, cons
     return true;
 }
 
+/* Cycle c's sequence's next draft, queued now (single-sequence cycles). */
 static int cycle_queue_next(struct spec_engine *e, const struct cycle *c, char *err, size_t err_size) {
     struct backend *be = e->m->be;
     struct spec_seq *q = &e->seqs[c->s];
