@@ -1024,10 +1024,11 @@ static double draft_cost_us(const struct spec_engine *e, const struct drafter_ki
     return c;
 }
 
-/* Draft depths of a batched cycle (true: drafts where none pay, to look again): one depth d for every sequence that drafts (within its n_min
- * and n_max), the d whose expected tokens per microsecond are the most. What asking a sequence
- * for d drafts gives comes from its request's record (draft_depth.h: how often its drafter
- * fills each position, how often the target keeps them), so drafts that seldom come (n-gram)
+/* Draft depths of a batched cycle (true: it drafts where none pay, to look again): one depth d for
+ * every sequence that drafts (within its n_min and n_max), the d whose expected tokens per
+ * microsecond are the most. What asking a sequence for d drafts gives comes from its request's
+ * record (draft_depth.h: how often its drafter fills each position, how often the target keeps
+ * them), so drafts that seldom come (n-gram)
  * are priced by the rows they add; the cycle costs the verify of its sequences with their
  * expected rows each (calibrated: on a GPU the rows of different sequences step their
  * recurrences side by side, so more sequences cost less than more rows of one) and the drafts.

@@ -54,13 +54,10 @@ static int assistant_observe(struct drafter *d, int n, const struct draft_observ
     const void *src[SPEC_MAX_BATCH];
     size_t bytes[SPEC_MAX_BATCH];
     int nc = 0;
+    if (n > SPEC_MAX_BATCH) return coti_fail(err, err_size, COTI_E_ARG, "assistant: %d sequences observed at once", n);
     for (int i = 0; i < n; i++) {
         const struct draft_observed *o = &seen[i];
         if (o->n < 1) continue;
-        if (nc == SPEC_MAX_BATCH) {
-            t->m->be->copy_n(t->m->be, dst, src, bytes, nc);
-            nc = 0;
-        }
         dst[nc] = t->seqs[o->s].h;
         src[nc] = o->hidden + (size_t)(o->n - 1) * t->E;
         bytes[nc++] = sizeof(float) * (size_t)t->E;

@@ -141,11 +141,14 @@ static int mtp_observe(struct drafter *d, int n, const struct draft_observed *se
     int nc = 0;
     bool fits[SPEC_MAX_BATCH];
     if (n > SPEC_MAX_BATCH) return coti_fail(err, err_size, COTI_E_ARG, "mtp: %d sequences observed at once", n);
+    /* every position checked before any stage moves: an error leaves them all as they were */
+    for (int i = 0; i < n; i++)
+        if (seen[i].pos0 != t->head->seq_len(t->m, seen[i].s) - 1 + t->seqs[seen[i].s].n_staged)
+            return coti_fail(err, err_size, COTI_E_ARG, "mtp: observed position %d does not follow the staged rows",
+                             seen[i].pos0);
     for (int i = 0; i < n; i++) {
         const struct draft_observed *o = &seen[i];
         struct mtp_seq *sq = &t->seqs[o->s];
-        if (o->pos0 != t->head->seq_len(t->m, o->s) - 1 + sq->n_staged)
-            return coti_fail(err, err_size, COTI_E_ARG, "mtp: observed position %d does not follow the staged rows", o->pos0);
         fits[i] = sq->n_staged + o->n <= t->cap;
         if (!fits[i]) continue;
         float *to = sq->staged + (size_t)sq->n_staged * t->E;
