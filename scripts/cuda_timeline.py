@@ -2,7 +2,7 @@
 """cuda_timeline.py — read a `make cuda-trace` timeline (COTI_TRACE=file) and say where a decode
 step's time goes: per kernel launch, and the gaps where the device waited for the host.
 
-  scripts/cuda_timeline.py FILE [--steps N] [--csv OUT]
+  scripts/cuda_timeline.py FILE [--steps N] [--csv OUT] [--order N]
 
 Blocks are grouped into launches by the time their wait returned ("release"): every block of a
 launch is released before any block of the next one (each waits for the one before), so
@@ -92,6 +92,13 @@ def main():
         for (n, first), v in sorted(runs.items(), key=lambda kv: -len(kv[1]))[:8]:
             print(f"#   {len(v):5d} x {n:4d} launches from {first:10s} {statistics.median(x[0] for x in v):8.1f} us"
                   f" {statistics.median(x[1] for x in v):8.1f} us")
+    if '--order' in args:  # the last N runs in order: a speculative cycle's forwards and what sits between them
+        nr = int(args[args.index('--order') + 1])
+        print("# runs in order: launches, device us, gap before us, first grids")
+        for a, b in list(zip(cuts, cuts[1:]))[-nr:]:
+            grids = ' '.join(str(ks[i]['grid']) for i in range(a, min(b, a + 8)))
+            print(f"#   {b - a:4d} {(ks[b]['start'] - ks[a]['release']) / 1e3:8.1f} "
+                  f"{(ks[a]['start'] - ks[a - 1]['release']) / 1e3:8.1f}   {grids}")
     sig = [(k['grid'], k['block'], k['smem']) for k in ks]
     # a decode step is one graph replay: it holds a host gap, so a period must span three
     period = next((p for p in range(2, len(sig) // 4 + 1)

@@ -15,7 +15,7 @@
 #include "memory/kv.h"
 #include "quant/quant.h"
 
-#define BACKEND_N_MARKS 4
+#define BACKEND_N_MARKS 6
 
 /* A matrix weight as the backend stores it: n_out rows of n_in elements of `type`. */
 struct bweight {

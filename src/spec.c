@@ -20,6 +20,8 @@
 #define SPEC_DRAFT_SAMPLES 4  /* batched cycles whose draft cost draft_cost_us looks at */
 /* The device marks (backend.h) of a batched step's queued drafts; 0 and 1 time a draft phase. */
 #define SPEC_MARK_QUEUED 2
+/* ...and of the drafters' run ahead over a verify (observe_ahead), the next drafts' share */
+#define SPEC_MARK_AHEAD 4
 
 /* What the engine knows of one drafter kind's drafts, for the depths of later cycles. */
 struct kind_depth {
@@ -89,6 +91,7 @@ struct spec_engine {
     bool *want;                  /* host [max(n_batch, batch rows)] */
     struct depth_costs costs;    /* single-sequence cycles' verifies, by rows */
     struct kind_depth *kinds;    /* [i]: drafter_kinds[i]'s */
+    bool ahead;                  /* drafters run ahead over greedy verifies (drafter.h observe_ahead) */
 };
 
 struct spec_params spec_params_default(void) {
@@ -144,6 +147,10 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
     for (int s = 0; ok && s < m->n_seq; s++) e->seqs[s].n_top_probs = -1;
     if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
+    /* where the backend queues work (it records graphs only then) the host does not wait for a
+     * drafter's run ahead, and the draft saves its own forward and round trip; on the CPU a run
+     * over rows that are then rejected is only work (MTP's LM head on every row) */
+    e->ahead = m->be->capture_begin != NULL;
     /* every available drafter exists from here on: a request only picks one */
     const struct drafter_config dc = {.m = m, .n_seq = m->n_seq, .draft_path = draft_path};
     for (int i = 0; i < n_drafter_kinds; i++) {
@@ -430,7 +437,7 @@ static int seqs_prefill(struct spec_engine *e, int n, const int *seqs, int max_r
             struct drafter *d = drafter_for(e, q->p.drafter);
             const int len = end[j] - q->pf_at;
             const float *hidden = o.hidden + (size_t)row0[j] * m->info.n_embd;
-            const struct draft_observed seen = {s, q->pf_at, len, q->hist, hidden};
+            const struct draft_observed seen = {s, q->pf_at, len, q->hist, hidden, true, NULL};
             if (d && (rc[i] = d->vt->observe(d, 1, &seen, err, err_size))) continue;
             for (int k = 0; k < q->pf_n_ck; k++)
                 if (q->pf_ck[k] == end[j]) {
@@ -808,7 +815,53 @@ static int cycle_commit(struct spec_engine *e, struct cycle *c, int64_t t_draft,
 /* The rows cycle c emitted, as its drafter observes them: its verify rows in o up to the
  * accepted ones. */
 static struct draft_observed cycle_observed(const struct spec_engine *e, const struct cycle *c, const struct model_output *o) {
-    return (struct draft_observed){c->s, c->L, c->a + 1, e->seqs[c->s].hist, o->hidden + (size_t)c->row0 * e->m->info.n_embd};
+    return (struct draft_observed){c->s, c->L, c->a + 1, e->seqs[c->s].hist, o->hidden + (size_t)c->row0 * e->m->info.n_embd, false, NULL};
+}
+
+/* Whether cycle c's drafter may run ahead over its verify rows: its drafts are greedy on the
+ * device (the next cycle's will be too: a request keeps its sampler), the verify is greedy, and
+ * no one reads the verify's logits once the drafter's forward may have reused their memory. */
+static bool cycle_runs_ahead(const struct spec_engine *e, const struct cycle *c, const struct spec_probe *probe) {
+    const struct spec_seq *q = &e->seqs[c->s];
+    const struct drafter *d = drafter_for(e, q->p.drafter);
+    return e->ahead && d && d->vt->observe_ahead && !probe && c->greedy && c->k > 0 && c->dr.on_device &&
+           q->p.p_min <= 0.0f && q->n_top_probs < 0;
+}
+
+/* The drafters that follow the target run ahead over the verify rows (in o) of the cycles c[0, n)
+ * that allow it, queued behind the verify before its results are read, between the marks
+ * SPEC_MARK_AHEAD and SPEC_MARK_AHEAD + 1. Not when any of the cycles reads its logits rows on
+ * the host: a drafter's forward may write over them. Returns whether any ran. */
+static bool batch_run_ahead(struct spec_engine *e, const struct cycle *c, int n, const bool *live, int *rc,
+                            struct spec_probe *const *probes, const struct model_output *o, char *err, size_t err_size) {
+    struct backend *be = e->m->be;
+    bool ran = false;
+    for (int i = 0; i < n; i++)
+        if (live[i] && !rc[i] && (!c[i].greedy || e->seqs[c[i].s].n_top_probs >= 0 || (probes && probes[i]))) return false;
+    for (int t = 0; t < n_drafter_kinds; t++) {
+        struct drafter *d = e->drafters[t];
+        if (!d || !d->vt->observe_ahead) continue;
+        int idx[SPEC_MAX_BATCH], nb = 0;
+        struct draft_observed rows[SPEC_MAX_BATCH];
+        for (int i = 0; i < n; i++)
+            if (live[i] && !rc[i] && drafter_for(e, e->seqs[c[i].s].p.drafter) == d &&
+                cycle_runs_ahead(e, &c[i], probes ? probes[i] : NULL)) {
+                idx[nb] = i;
+                rows[nb++] = (struct draft_observed){c[i].s, c[i].L, c[i].k + 1, e->seqs[c[i].s].hist,
+                                                     o->hidden + (size_t)c[i].row0 * e->m->info.n_embd, false, e->d_ids + c[i].row0};
+            }
+        if (!nb) continue;
+        if (!ran) be->mark(be, SPEC_MARK_AHEAD);
+        ran = true;
+        bool did[SPEC_MAX_BATCH];
+        const int drc = d->vt->observe_ahead(d, nb, rows, did, err, err_size);
+        for (int j = 0; j < nb; j++) {
+            if (drc) rc[idx[j]] = drc;
+            else e->seqs[c[idx[j]].s].st.n_ahead += did[j];
+        }
+    }
+    if (ran) be->mark(be, SPEC_MARK_AHEAD + 1);
+    return ran;
 }
 
 /* A batched step's emitted rows shown to the drafters: one observe call per drafter. */
@@ -1107,7 +1160,7 @@ static int calibrate_drafts(struct spec_engine *e, int ns, const float *hidden, 
                 seqs[s] = s;
                 hist[s][0] = (int32_t)((7919u * (unsigned)s + 17u) % (unsigned)e->V);
                 hist[s][1] = (int32_t)((7919u * (unsigned)s + 29u) % (unsigned)e->V);
-                const struct draft_observed seen = {s, 0, 1, hist[s], hidden};
+                const struct draft_observed seen = {s, 0, 1, hist[s], hidden, false, NULL};
                 if ((rc = d->vt->observe(d, 1, &seen, err, err_size))) break;
                 rq[s] = (struct draft_request){hist[s], 1, 1, 0, 0.0f, NULL, seq_dev_tokens(e, s) + 1};
             }
@@ -1188,6 +1241,8 @@ int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
     if (!rc && e->cost_n && ns >= 2 && (rc = calibrate_drafts(e, ns, o.hidden, err, err_size))) e->cost_n = 0;
     return rc;
 }
+
+void spec_engine_set_ahead(struct spec_engine *e, bool on) { e->ahead = on; }
 
 double spec_engine_verify_cost_us(const struct spec_engine *e, int n_seqs, int rows) {
     return e->cost_n && n_seqs >= 1 && rows >= 1 ? verify_us(e, n_seqs, rows) : 0.0;
@@ -1307,6 +1362,10 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
                                 .keep_states = keep, .argmax_out = any_greedy ? e->d_ids : NULL};
         struct model_output o;
         int frc = model_forward(m, &b, &o, err, err_size);
+        /* drafters that follow the target run ahead over these rows now: the wait below covers
+         * them, and the next drafts start where they end */
+        const bool ahead = !frc && batch_run_ahead(e, c + i0, i1 - i0, live + i0, rc + i0, probes ? probes + i0 : NULL, &o,
+                                                   err, err_size);
         /* one wait: every row's argmax and the drafts the device made */
         int32_t ids[SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)], toks[SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)];
         memcpy(toks, htoks, sizeof(int32_t) * (size_t)rows);
@@ -1316,6 +1375,7 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
          * per drafted token for the next depths */
         if (!frc && t_drafts < 0.0) {
             t_drafts = fresh || n_drafted > 0 ? be->mark_elapsed_us(be, mark_from, mark_from + 1) : 0.0;
+            if (ahead) t_drafts += be->mark_elapsed_us(be, SPEC_MARK_AHEAD, SPEC_MARK_AHEAD + 1);
             if (n_drafted > 0 && drafted_kind >= 0 && e->cost_n > 0) {
                 struct kind_depth *kd = &e->kinds[drafted_kind];
                 kd->batch_draft_us[kd->batch_draft_n++ % SPEC_DRAFT_SAMPLES] = t_drafts / n_drafted;

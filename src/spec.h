@@ -41,6 +41,7 @@ struct spec_params spec_params_default(void);
 struct spec_stats {
     long n_prompt, n_gen;        /* prompt tokens processed, tokens emitted */
     long n_drafted, n_accepted, n_verify;
+    long n_ahead;                /* verifies the drafter ran ahead over (drafter.h observe_ahead) */
     long drafted_at[SPEC_MAX_DRAFT], accepted_at[SPEC_MAX_DRAFT]; /* by draft position */
     int64_t t_prompt_us, t_draft_us, t_verify_us, t_glue_us;
 };
@@ -135,6 +136,10 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
  * spec_engine_verify_cost_us: the calibrated time of a verify of n_seqs sequences with `rows`
  * rows each (0: not calibrated). */
 int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size);
+/* Drafters run ahead over greedy verifies (drafter.h observe_ahead): on by default where the
+ * backend queues work (CUDA), off where the host would only wait for it (CPU); tests turn it on
+ * there to run the path. */
+void spec_engine_set_ahead(struct spec_engine *e, bool on);
 double spec_engine_verify_cost_us(const struct spec_engine *e, int n_seqs, int rows);
 /* Decode up to n_gen tokens of prompt on every sequence, greedy and sampled (temperature sp's,
  * or 0.8 when that is 0), with speculation p, then forget them (every sequence empty): a

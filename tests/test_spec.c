@@ -507,6 +507,9 @@ Test(spec, batched_steps_equal_single_steps, .timeout = 300) {
     struct env one = env_open(MODEL_PATH);
     for (int n_batch = 128; n_batch >= 10; n_batch = n_batch == 128 ? 10 : 0) {
         struct env many = env_open_seqs(MODEL_PATH, NS, n_batch);
+        /* n_batch 128: drafters run ahead where a batch allows it (drafter.h observe_ahead; on
+         * by default only where the backend queues work), beside sampled and off sequences */
+        spec_engine_set_ahead(many.e, n_batch == 128);
         if (n_batch == 10) { /* depths chosen from the calibrated verify cost (on a CPU batches may then
                               * take no drafts for long enough that drafters stop following): still
                               * the same tokens */
@@ -572,6 +575,70 @@ Test(spec, batched_steps_equal_single_steps, .timeout = 300) {
         env_close(&many);
     }
     env_close(&one);
+}
+
+/* A drafter that runs ahead over a batched verify (drafter.h observe_ahead; by default only where
+ * the backend queues work) drafts what it would have drafted after catching up: on the CPU a row
+ * comes out the same in any batch, so tokens, drafts and accepted drafts all equal the path
+ * without it, at every depth (and a sequence's own steps, which do not run ahead, as before). */
+Test(spec, running_ahead_drafts_the_same, .timeout = 300) {
+    enum { NS = 4 };
+    static const int32_t prompts[NS][8] = {{11, 220, 1500, 42, 901, 17, 5, 660}, {300, 301, 302, 303, 300, 301, 302, 303},
+                                           {7, 8, 9, 10, 11, 12, 13, 14}, {1500, 42, 901, 1500, 42, 901, 1500, 42}};
+    struct env v[2] = {env_open_seqs(MODEL_PATH, NS, 128), env_open_seqs(MODEL_PATH, NS, 128)};
+    spec_engine_set_ahead(v[0].e, false);
+    spec_engine_set_ahead(v[1].e, true);
+    char err[512];
+    for (int n_max = 1; n_max <= 3; n_max++) {
+        const struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
+        struct spec_params p = fixed_depth_params();
+        p.drafter = &drafter_kind_mtp;
+        p.n_max = n_max;
+        int32_t got[2][NS][N_GEN], alone[2][N_GEN];
+        struct spec_stats st[2][NS + 1];
+        for (int w = 0; w < 2; w++) {
+            generate_with(&v[w], prompts[0], 8, &sp, &p, alone[w], N_GEN);
+            st[w][NS] = *spec_seq_stats(v[w].e, 0);
+            int n_got[NS];
+            for (int i = 0; i < NS; i++) {
+                cr_assert_eq(spec_seq_begin(v[w].e, i, prompts[i], 8, &sp, &p, &got[w][i][0], err, sizeof err), 0, "%s", err);
+                n_got[i] = 1;
+            }
+            for (;;) {
+                int seqs[NS], max_new[NS], n_out[NS], rc[NS], n = 0;
+                int32_t out[NS][SPEC_MAX_DRAFT + 1];
+                for (int i = 0; i < NS; i++)
+                    if (n_got[i] < N_GEN) { seqs[n] = i; max_new[n++] = N_GEN - n_got[i]; }
+                if (!n) break;
+                cr_assert_eq(spec_step_batch(v[w].e, n, seqs, max_new, out, n_out, rc, NULL, err, sizeof err), 0, "%s", err);
+                for (int j = 0; j < n; j++) {
+                    cr_assert_eq(rc[j], 0, "sequence %d: %s", seqs[j], err);
+                    memcpy(&got[w][seqs[j]][n_got[seqs[j]]], out[j], sizeof(int32_t) * (size_t)n_out[j]);
+                    n_got[seqs[j]] += n_out[j];
+                }
+            }
+            for (int i = 0; i < NS; i++) st[w][i] = *spec_seq_stats(v[w].e, i);
+        }
+        cr_assert_eq(memcmp(alone[0], alone[1], sizeof alone[0]), 0, "n_max %d: one sequence's tokens differ", n_max);
+        cr_assert_eq(memcmp(got[0], got[1], sizeof got[0]), 0, "n_max %d: the batch's tokens differ", n_max);
+        long ran = 0, accepted = 0, drafted = 0;
+        for (int i = 0; i <= NS; i++) {
+            cr_assert_eq(st[0][i].n_ahead, 0);
+            cr_assert(st[0][i].n_drafted == st[1][i].n_drafted && st[0][i].n_accepted == st[1][i].n_accepted,
+                      "n_max %d, %s %d: drafted %ld / %ld, accepted %ld / %ld", n_max, i < NS ? "sequence" : "alone", i,
+                      st[0][i].n_drafted, st[1][i].n_drafted, st[0][i].n_accepted, st[1][i].n_accepted);
+            ran += st[1][i].n_ahead;
+            accepted += st[1][i].n_accepted;
+            drafted += st[1][i].n_drafted;
+        }
+        /* it ran (every verify but a request's last few: no room for more tokens), and its drafts
+         * are the trained head's: noise (a wrong row or token) is next to never kept, the head
+         * keeps about half or more of its drafts on these prompts */
+        cr_assert_gt(ran, 5 * (NS + 1), "n_max %d: ran ahead %ld times", n_max, ran);
+        cr_assert_gt(accepted * 4, drafted, "n_max %d: %ld of %ld drafts accepted", n_max, accepted, drafted);
+    }
+    env_close(&v[0]);
+    env_close(&v[1]);
 }
 
 /* A prompt processed in steps (spec_seq_start_reuse + spec_seq_prefill of a few rows at a time,

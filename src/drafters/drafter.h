@@ -47,11 +47,16 @@ struct draft_result {
 };
 
 /* Rows the target accepted: positions [pos0, pos0 + n) of sequence s (history: its tokens),
- * their post-norm hidden rows in backend memory at hidden. */
+ * their post-norm hidden rows in backend memory at hidden. prompt: they are a prompt's (a
+ * drafter that follows the target catches up now, in the prompt's time, as llama.cpp's
+ * drafters do). For observe_ahead, rows the target has computed but not yet accepted, and ids
+ * (backend memory): the target's argmax of each row, the token that follows it if it is kept. */
 struct draft_observed {
     int s, pos0, n;
     const int32_t *history;
     const float *hidden;
+    bool prompt;
+    const int32_t *ids;
 };
 
 struct drafter;
@@ -63,6 +68,13 @@ struct drafter_vtable {
     /* The target accepted rows of n sequences (each sequence once; the hidden rows are valid
      * only during this call): a batched cycle's in one call. Returns 0 or an error for all. */
     int (*observe)(struct drafter *d, int n, const struct draft_observed *seen, char *err, size_t err_size);
+    /* Optional. A greedy verify of n sequences has been queued and its results not read yet:
+     * the drafter may follow all of its rows now (rows[i].ids: the target's argmax of each), in
+     * the same queue, as if every draft were kept; observe then says how many were. Only where
+     * the backend queues work (the host does not wait for it, so the draft's own forward and
+     * its host round trip are saved) and only for sequences whose next drafts are greedy on
+     * the device. ran[i]: whether it did for rows[i]. Returns 0 or an error for all. */
+    int (*observe_ahead)(struct drafter *d, int n, const struct draft_observed *rows, bool *ran, char *err, size_t err_size);
     int (*draft)(struct drafter *d, int s, const struct draft_request *rq, struct draft_result *out,
                  char *err, size_t err_size);
     /* Where the target may write the post-norm hidden rows of positions [pos0, pos0 + n) of

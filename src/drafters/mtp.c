@@ -12,7 +12,13 @@
  * never leave the device: each argmax feeds the next row's embedding lookup and the verify
  * batch, so drafting queues work without waiting for the host. Several sequences' greedy
  * drafts run together (mtp_draft_batch): their catch-up rows in one batch of the head, then one
- * row per sequence per chained step. */
+ * row per sequence per chained step.
+ * Where the backend queues work, the head follows a greedy verify before its acceptance is known
+ * (mtp_observe_ahead, llama.cpp's process() over every decoded batch): row q of the verify
+ * batch with the target's argmax of it is the head's row q + 1, right if the drafts up to it are
+ * kept; observe then drops the head's rows past the kept ones, and the next draft starts from the
+ * pending token's row, already run: no catch-up forward, and at depth 1 no forward at all. A
+ * prompt's rows are caught up as they are observed (the prompt's time, as in llama.cpp). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +27,11 @@
 struct mtp_seq {
     float *staged;               /* backend memory, [cap][n_embd] */
     int n_staged;
+    /* ahead_L >= 0: the head ran ahead over the ahead_n verify rows from position ahead_L
+     * (their rows of the head are its positions ahead_L + 1 ..), the stage holds its output
+     * rows and ahead_ids their argmaxes; observe keeps the accepted ones. pending >= 0: the row
+     * of those that is the pending token's, where the next draft starts. */
+    int ahead_L, ahead_n, pending;
 };
 
 struct mtp {
@@ -40,6 +51,9 @@ struct mtp {
     bool *bwant;
     float *bh_in, *bh_chain;     /* backend, [batch_rows][E] / [n_seq][E]: gathered input rows */
     int32_t *bids[2];            /* backend, [n_seq]: one step's argmaxes (the next step's tokens) */
+    /* mtp_observe_ahead: backend, [batch_rows] the rows' tokens and the head's argmaxes in batch
+     * order; [n_seq][MTP_BATCH_ROWS] the argmaxes of each sequence's rows run ahead */
+    int32_t *btok_dev, *bids_all, *ahead_ids;
 };
 
 /* Catch-up rows a sequence may bring to a batched draft: those of a verify (accepted drafts,
@@ -47,6 +61,20 @@ struct mtp {
 #define MTP_BATCH_ROWS (SPEC_MAX_DRAFT + 2)
 
 static struct mtp *mtp_of(struct drafter *d) { return (struct mtp *)d; }
+
+static void ahead_clear(struct mtp_seq *sq) {
+    sq->ahead_L = -1;
+    sq->ahead_n = 0;
+    sq->pending = -1;
+}
+
+static int32_t *ahead_id(const struct mtp *t, int s, int row) { return t->ahead_ids + (size_t)s * MTP_BATCH_ROWS + row; }
+
+/* The position of the next row observe takes: the pending token's (staged rows end before it). */
+static int observe_next(const struct mtp *t, int s) {
+    const struct mtp_seq *sq = &t->seqs[s];
+    return sq->ahead_L >= 0 ? sq->ahead_L : t->head->seq_len(t->m, s) - 1 + sq->n_staged;
+}
 
 /* The head's forward. Its rows are drafts, never a verify's, so the backend may compute them
  * as it computes a prompt (model.h's prompt flag): a long prompt's catch-up runs on the
@@ -67,6 +95,9 @@ static void mtp_free(struct drafter *d) {
     if (t->bh_in) be->free(be, t->bh_in);
     if (t->bh_chain) be->free(be, t->bh_chain);
     for (int i = 0; i < 2; i++) if (t->bids[i]) be->free(be, t->bids[i]);
+    if (t->btok_dev) be->free(be, t->btok_dev);
+    if (t->bids_all) be->free(be, t->bids_all);
+    if (t->ahead_ids) be->free(be, t->ahead_ids);
     draft_picker_free(&t->pick);
     free(t->seqs); free(t->pos); free(t->tok); free(t->seqv); free(t->want);
     free(t->bpos); free(t->btok); free(t->bseqv); free(t->bwant);
@@ -80,6 +111,7 @@ static void mtp_reset(struct drafter *d, int s) {
     /* hn_{-1} = 0: the first row of a sequence sees a zero hidden */
     be->copy(be, t->seqs[s].staged, t->h_zero, sizeof(float) * t->E);
     t->seqs[s].n_staged = 1;
+    ahead_clear(&t->seqs[s]);
 }
 
 /* Run the head over staged rows [0, n_rows) (positions from the head's seq_len), logits on the last row if
@@ -100,6 +132,18 @@ static int mtp_run_rows(struct mtp *t, int s, const int32_t *history, int n_rows
     return head_forward(t, &b, t->seqs[s].staged, o, err, err_size);
 }
 
+/* The head over every staged row but the last, which becomes row 0 (a full stage; a prompt). */
+static int consume_stage(struct mtp *t, int s, const int32_t *history, char *err, size_t err_size) {
+    struct mtp_seq *sq = &t->seqs[s];
+    if (sq->n_staged < 2) return 0;
+    struct model_output out;
+    int rc = mtp_run_rows(t, s, history, sq->n_staged - 1, false, NULL, &out, err, err_size);
+    if (rc) return rc;
+    t->m->be->copy(t->m->be, sq->staged, sq->staged + (size_t)(sq->n_staged - 1) * t->E, row_bytes(t));
+    sq->n_staged = 1;
+    return 0;
+}
+
 /* One sequence's accepted rows into its stage; a full stage (a long prompt) is consumed by the
  * head first. */
 static int observe_one(struct mtp *t, const struct draft_observed *o, char *err, size_t err_size) {
@@ -112,12 +156,8 @@ static int observe_one(struct mtp *t, const struct draft_observed *o, char *err,
         float *dst = sq->staged + (size_t)sq->n_staged * t->E;
         int room = t->cap - sq->n_staged;
         if (room == 0) {
-            /* stage full (long prompts): consume all rows but the last, which becomes row 0 */
-            struct model_output out;
-            int rc = mtp_run_rows(t, o->s, o->history, sq->n_staged - 1, false, NULL, &out, err, err_size);
+            int rc = consume_stage(t, o->s, o->history, err, err_size);
             if (rc) return rc;
-            be->copy(be, sq->staged, sq->staged + (size_t)(sq->n_staged - 1) * t->E, row);
-            sq->n_staged = 1;
             continue;
         }
         int k = COTI_MIN(room, n);
@@ -142,13 +182,23 @@ static int mtp_observe(struct drafter *d, int n, const struct draft_observed *se
     bool fits[SPEC_MAX_BATCH];
     if (n > SPEC_MAX_BATCH) return coti_fail(err, err_size, COTI_E_ARG, "mtp: %d sequences observed at once", n);
     /* every position checked before any stage moves: an error leaves them all as they were */
-    for (int i = 0; i < n; i++)
-        if (seen[i].pos0 != t->head->seq_len(t->m, seen[i].s) - 1 + t->seqs[seen[i].s].n_staged)
+    for (int i = 0; i < n; i++) {
+        const struct mtp_seq *sq = &t->seqs[seen[i].s];
+        if (seen[i].pos0 != observe_next(t, seen[i].s) || (sq->ahead_L >= 0 && seen[i].n > sq->ahead_n))
             return coti_fail(err, err_size, COTI_E_ARG, "mtp: observed position %d does not follow the staged rows",
                              seen[i].pos0);
+    }
     for (int i = 0; i < n; i++) {
         const struct draft_observed *o = &seen[i];
         struct mtp_seq *sq = &t->seqs[o->s];
+        if (sq->ahead_L >= 0) { /* run ahead: the kept rows are the head's already, the rest go */
+            t->head->seq_truncate(t->m, o->s, o->pos0 + o->n + 1);
+            sq->ahead_L = -1;
+            sq->pending = o->n - 1;
+            fits[i] = true;
+            continue;
+        }
+        sq->pending = -1;
         fits[i] = sq->n_staged + o->n <= t->cap;
         if (!fits[i]) continue;
         float *to = sq->staged + (size_t)sq->n_staged * t->E;
@@ -161,10 +211,76 @@ static int mtp_observe(struct drafter *d, int n, const struct draft_observed *se
     }
     if (nc) be->copy_n(be, dst, src, bytes, nc);
     for (int i = 0; i < n; i++) {
-        if (fits[i]) continue;
-        int rc = observe_one(t, &seen[i], err, err_size);
+        int rc = fits[i] ? 0 : observe_one(t, &seen[i], err, err_size);
+        if (!rc && seen[i].prompt) rc = consume_stage(t, seen[i].s, seen[i].history, err, err_size);
         if (rc) return rc;
     }
+    return 0;
+}
+
+/* drafter.h observe_ahead: the head over every row of the sequences whose head holds the
+ * verify's pending row (they drafted this cycle, nothing is staged), the target's argmax as each
+ * row's token; its output rows into their stages, which the next draft starts from. */
+static int mtp_observe_ahead(struct drafter *d, int n, const struct draft_observed *rows, bool *ran, char *err,
+                             size_t err_size) {
+    struct mtp *t = mtp_of(d);
+    struct model *m = t->m;
+    struct backend *be = m->be;
+    const size_t row = row_bytes(t);
+    int idx[SPEC_MAX_BATCH], nr = 0, total = 0;
+    void *dst[2 * SPEC_MAX_BATCH];
+    const void *src[2 * SPEC_MAX_BATCH];
+    size_t bytes[2 * SPEC_MAX_BATCH];
+    bool in_place = true; /* the rows follow each other where the target left them (a whole batch) */
+    if (n > SPEC_MAX_BATCH) return coti_fail(err, err_size, COTI_E_ARG, "mtp: %d sequences run ahead at once", n);
+    for (int i = 0; i < n; i++) {
+        const struct draft_observed *o = &rows[i];
+        const struct mtp_seq *sq = &t->seqs[o->s];
+        ran[i] = false;
+        if (!o->ids || o->n < 1 || o->n > MTP_BATCH_ROWS || total + o->n > t->batch_rows || sq->n_staged != 0 ||
+            sq->ahead_L >= 0 || t->head->seq_len(m, o->s) != o->pos0 + 1 || o->pos0 + o->n >= m->n_ctx)
+            continue; /* observe stages its rows as usual */
+        for (int r = 0; r < o->n; r++) {
+            t->bpos[total + r] = o->pos0 + 1 + r;
+            t->bseqv[total + r] = o->s;
+            t->bwant[total + r] = true;
+        }
+        in_place = in_place && (!nr || (o->hidden == rows[idx[0]].hidden + (size_t)total * t->E &&
+                                        o->ids == rows[idx[0]].ids + total));
+        dst[2 * nr] = t->bh_in + (size_t)total * t->E;
+        src[2 * nr] = o->hidden;
+        bytes[2 * nr] = row * (size_t)o->n;
+        dst[2 * nr + 1] = t->btok_dev + total;
+        src[2 * nr + 1] = o->ids;
+        bytes[2 * nr + 1] = sizeof(int32_t) * (size_t)o->n;
+        idx[nr++] = i;
+        total += o->n;
+    }
+    if (!nr) return 0;
+    /* (the head writes its hidden rows apart from the target's: engine.h hn_head) */
+    if (!in_place) be->copy_n(be, dst, src, bytes, 2 * nr);
+    struct model_batch b = {.n = total, .tokens_dev = in_place ? rows[idx[0]].ids : t->btok_dev, .pos = t->bpos,
+                            .seq = t->bseqv, .want_logits = t->bwant, .draft_head = true, .argmax_out = t->bids_all};
+    struct model_output o;
+    int rc = head_forward(t, &b, in_place ? rows[idx[0]].hidden : t->bh_in, &o, err, err_size);
+    if (rc) return rc;
+    total = 0;
+    for (int j = 0; j < nr; j++) {
+        const struct draft_observed *r = &rows[idx[j]];
+        struct mtp_seq *sq = &t->seqs[r->s];
+        dst[2 * j] = sq->staged;
+        src[2 * j] = o.hidden + (size_t)total * t->E;
+        bytes[2 * j] = row * (size_t)r->n;
+        dst[2 * j + 1] = ahead_id(t, r->s, 0);
+        src[2 * j + 1] = t->bids_all + total;
+        bytes[2 * j + 1] = sizeof(int32_t) * (size_t)r->n;
+        sq->ahead_L = r->pos0;
+        sq->ahead_n = r->n;
+        sq->pending = -1;
+        ran[idx[j]] = true;
+        total += r->n;
+    }
+    be->copy_n(be, dst, src, bytes, 2 * nr);
     return 0;
 }
 
@@ -184,11 +300,23 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
     out->on_device = !rq->sampler;
     const bool want_p = out->on_device && rq->p_min > 0.0f;
     const bool pick_in_forward = out->on_device && !want_p;
-    struct model_output o;
-    out->catch_up = sq->n_staged - 1;
-    int rc = mtp_run_rows(t, s, rq->history, sq->n_staged, true, pick_in_forward ? rq->dev_tokens : NULL, &o, err,
-                          err_size);
-    if (rc) return rc;
+    struct model_output o = {0};
+    const float *h_prev; /* the hidden the next chained row reads */
+    int rc;
+    if (sq->pending >= 0) {
+        /* the head ran the pending token's row ahead: its argmax is the first draft (the driver
+         * runs ahead only for drafts picked in the forward, which read no logits here) */
+        if (!pick_in_forward)
+            return coti_fail(err, err_size, COTI_E_ARG, "mtp: a row run ahead needs greedy drafts without p_min");
+        t->m->be->copy(t->m->be, rq->dev_tokens, ahead_id(t, s, sq->pending), sizeof(int32_t));
+        h_prev = sq->staged + (size_t)sq->pending * t->E;
+        out->catch_up = 0;
+    } else {
+        out->catch_up = sq->n_staged - 1;
+        rc = mtp_run_rows(t, s, rq->history, sq->n_staged, true, pick_in_forward ? rq->dev_tokens : NULL, &o, err, err_size);
+        if (rc) return rc;
+        h_prev = o.hidden + (size_t)(o.n - 1) * t->E;
+    }
     const int L = rq->L;
     for (int i = 0; i < rq->n_max; i++) {
         if (!draft_pick(&t->pick, o.logits, rq, i, out)) break;
@@ -196,7 +324,6 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
         if (i + 1 == rq->n_max || L + i + 1 >= m->n_ctx) break;
         /* chain: row (d_i, L+1+i, the head's own hidden), read where the head left it (its
          * output rows are written only after its input norm has read them) */
-        const float *h_prev = o.hidden + (size_t)(o.n - 1) * t->E;
         int32_t pos = L + 1 + i, seqv = s;
         bool want = true;
         struct model_batch b = {.n = 1, .pos = &pos, .seq = &seqv, .want_logits = &want, .draft_head = true,
@@ -205,10 +332,12 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
         else b.tokens = &out->tokens[i];
         rc = head_forward(t, &b, h_prev, &o, err, err_size);
         if (rc) return rc;
+        h_prev = o.hidden;
     }
     /* keep the pending token's row (computed from the true hidden); drop the chained ones */
     t->head->seq_truncate(m, s, L + 1);
     sq->n_staged = 0;
+    sq->pending = -1;
     return 0;
 }
 
@@ -238,7 +367,7 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
             continue;
         }
         rows_in += sq->n_staged;
-        out[i].catch_up = sq->n_staged - 1;
+        out[i].catch_up = sq->pending >= 0 ? 0 : sq->n_staged - 1;
         int at = n_ord++; /* insertion by decreasing n_max */
         while (at > 0 && rq[ord[at - 1]].n_max < rq[i].n_max) { ord[at] = ord[at - 1]; at--; }
         ord[at] = i;
@@ -249,11 +378,13 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
     void *dst[2 * SPEC_MAX_BATCH];
     const void *src[2 * SPEC_MAX_BATCH];
     size_t bytes[2 * SPEC_MAX_BATCH];
-    /* catch-up: every sequence's staged rows, logits (and the argmax: draft 0) on its last */
-    int rows = 0;
+    /* catch-up: the staged rows of every sequence the head did not run ahead for, logits (and
+     * the argmax: draft 0) on each one's last */
+    int rows = 0, n_catch = 0;
     for (int j = 0; j < n_ord; j++) {
         const int i = ord[j], s = seqs[i];
         struct mtp_seq *sq = &t->seqs[s];
+        if (sq->pending >= 0) continue;
         const int q0 = t->head->seq_len(m, s);
         for (int r = 0; r < sq->n_staged; r++) {
             t->bpos[rows + r] = q0 + r;
@@ -261,31 +392,47 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
             t->bseqv[rows + r] = s;
             t->bwant[rows + r] = r == sq->n_staged - 1;
         }
-        dst[j] = t->bh_in + (size_t)rows * t->E;
-        src[j] = sq->staged;
-        bytes[j] = row * (size_t)sq->n_staged;
+        dst[n_catch] = t->bh_in + (size_t)rows * t->E;
+        src[n_catch] = sq->staged;
+        bytes[n_catch++] = row * (size_t)sq->n_staged;
         rows += sq->n_staged;
     }
-    be->copy_n(be, dst, src, bytes, n_ord);
-    struct model_batch b = {.n = rows, .tokens = t->btok, .pos = t->bpos, .seq = t->bseqv, .want_logits = t->bwant,
-                            .draft_head = true, .argmax_out = t->bids[0]};
-    struct model_output o;
-    int rc = head_forward(t, &b, t->bh_in, &o, err, err_size);
-    if (rc) return rc;
-    /* each sequence's last row: its draft 0, and the hidden its chain goes on from */
+    struct model_output o = {0};
+    int rc;
+    if (n_catch) {
+        be->copy_n(be, dst, src, bytes, n_catch);
+        struct model_batch b = {.n = rows, .tokens = t->btok, .pos = t->bpos, .seq = t->bseqv, .want_logits = t->bwant,
+                                .draft_head = true, .argmax_out = t->bids_all};
+        if ((rc = head_forward(t, &b, t->bh_in, &o, err, err_size))) return rc;
+    }
+    /* each sequence's draft 0 (into its verify tokens, and in order for the chain's first step)
+     * and the hidden its chain goes on from: its last caught-up row, or the pending token's row
+     * run ahead */
     rows = 0;
-    for (int j = 0; j < n_ord; j++) {
+    void *dst3[3 * SPEC_MAX_BATCH];
+    const void *src3[3 * SPEC_MAX_BATCH];
+    size_t bytes3[3 * SPEC_MAX_BATCH];
+    for (int j = 0, w = 0; j < n_ord; j++) {
         const int i = ord[j];
-        rows += t->seqs[seqs[i]].n_staged;
-        dst[2 * j] = rq[i].dev_tokens;
-        src[2 * j] = t->bids[0] + j;
-        bytes[2 * j] = sizeof(int32_t);
-        dst[2 * j + 1] = t->bh_chain + (size_t)j * t->E;
-        src[2 * j + 1] = o.hidden + (size_t)(rows - 1) * t->E;
-        bytes[2 * j + 1] = row;
+        const struct mtp_seq *sq = &t->seqs[seqs[i]];
+        const int32_t *id;
+        if (sq->pending >= 0) {
+            id = ahead_id(t, seqs[i], sq->pending);
+            src3[3 * j + 2] = sq->staged + (size_t)sq->pending * t->E;
+        } else {
+            rows += sq->n_staged;
+            id = t->bids_all + w++;
+            src3[3 * j + 2] = o.hidden + (size_t)(rows - 1) * t->E;
+        }
+        dst3[3 * j] = rq[i].dev_tokens;
+        dst3[3 * j + 1] = t->bids[0] + j;
+        src3[3 * j] = src3[3 * j + 1] = id;
+        bytes3[3 * j] = bytes3[3 * j + 1] = sizeof(int32_t);
+        dst3[3 * j + 2] = t->bh_chain + (size_t)j * t->E;
+        bytes3[3 * j + 2] = row;
         out[i].n = 1;
     }
-    be->copy_n(be, dst, src, bytes, 2 * n_ord);
+    be->copy_n(be, dst3, src3, bytes3, 3 * n_ord);
     const float *h_prev = t->bh_chain;
     for (int step = 1, live = n_ord; ; step++) {
         while (live > 0 && (rq[ord[live - 1]].n_max <= step || rq[ord[live - 1]].L + step >= m->n_ctx)) live--;
@@ -314,6 +461,7 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
         const int i = ord[j];
         t->head->seq_truncate(m, seqs[i], rq[i].L + 1);
         t->seqs[seqs[i]].n_staged = 0;
+        t->seqs[seqs[i]].pending = -1;
     }
     return 0;
 }
@@ -341,6 +489,7 @@ static void mtp_resume(struct drafter *d, int s, int q, const float *hidden) {
     t->head->seq_skip(t->m, s, q);
     t->m->be->copy(t->m->be, t->seqs[s].staged, hidden, sizeof(float) * (size_t)t->E);
     t->seqs[s].n_staged = 1;
+    ahead_clear(&t->seqs[s]);
 }
 
 /* Stop computing the head's rows for s but the last `keep` staged ones: the head takes the
@@ -361,7 +510,8 @@ static void mtp_skip(struct drafter *d, int s, int keep) {
 /* No rollback hook: once a draft returns, the head holds no position past the pending token
  * (mtp_draft truncates its chained rows), and the target never drops that one. */
 static const struct drafter_vtable mtp_vtable = {
-    .free = mtp_free, .reset = mtp_reset, .observe = mtp_observe, .draft = mtp_draft, .hidden_dest = mtp_hidden_dest,
+    .free = mtp_free, .reset = mtp_reset, .observe = mtp_observe, .observe_ahead = mtp_observe_ahead, .draft = mtp_draft,
+    .hidden_dest = mtp_hidden_dest,
     .can_resume = mtp_can_resume, .resume = mtp_resume, .skip = mtp_skip, .draft_batch = mtp_draft_batch,
 };
 
@@ -395,13 +545,17 @@ static int mtp_init(struct drafter **out, const struct drafter_config *c, char *
     t->bh_in = be->alloc(be, row_bytes(t) * (size_t)t->batch_rows);
     t->bh_chain = be->alloc(be, row_bytes(t) * (size_t)m->n_seq);
     for (int i = 0; i < 2; i++) t->bids[i] = be->alloc(be, sizeof(int32_t) * (size_t)m->n_seq);
+    t->btok_dev = be->alloc(be, sizeof(int32_t) * (size_t)t->batch_rows);
+    t->bids_all = be->alloc(be, sizeof(int32_t) * (size_t)t->batch_rows);
+    t->ahead_ids = be->alloc(be, sizeof(int32_t) * (size_t)t->batch_rows);
     bool ok = t->seqs && t->pos && t->tok && t->seqv && t->want && t->h_zero && t->bpos && t->btok && t->bseqv &&
-              t->bwant && t->bh_in && t->bh_chain && t->bids[0] && t->bids[1] &&
+              t->bwant && t->bh_in && t->bh_chain && t->bids[0] && t->bids[1] && t->btok_dev && t->bids_all && t->ahead_ids &&
               draft_picker_init(&t->pick, be, m->info.n_vocab) == 0;
     for (int s = 0; ok && s < m->n_seq; s++) {
         t->seqs[s].staged = be->alloc(be, sizeof(float) * (size_t)t->E * t->cap);
         ok = t->seqs[s].staged != NULL;
         t->seqs[s].n_staged = 1;
+        ahead_clear(&t->seqs[s]);
     }
     if (!ok) { mtp_free(&t->base); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory for the MTP drafter"); }
     *out = &t->base;

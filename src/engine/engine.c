@@ -10,12 +10,13 @@ int engine_init(struct engine *e, struct model *m, const struct engine_params *p
                          .softcap = p->softcap, .lm_head = p->lm_head, .draft_head = p->draft_head};
     memcpy(e->passes, p->passes, sizeof e->passes);
     m->engine = e;
-    struct arena_slot *slots = calloc((size_t)p->n_slots + 4, sizeof *slots);
+    struct arena_slot *slots = calloc((size_t)p->n_slots + 5, sizeof *slots);
     if (!slots) return COTI_E_NOMEM;
     memcpy(slots, p->slots, sizeof *slots * (size_t)p->n_slots);
     const size_t nb = (size_t)m->n_batch;
     int n = p->n_slots;
     slots[n++] = (struct arena_slot){(void **)&e->hn, sizeof(float) * nb * (size_t)p->n_embd};
+    if (p->passes[ENGINE_DRAFT_HEAD]) slots[n++] = (struct arena_slot){(void **)&e->hn_head, sizeof(float) * nb * (size_t)p->n_embd};
     slots[n++] = (struct arena_slot){(void **)&e->lm_in, sizeof(float) * nb * (size_t)p->n_embd};
     slots[n++] = (struct arena_slot){(void **)&e->logits, sizeof(float) * nb * (size_t)p->n_vocab};
     slots[n++] = (struct arena_slot){(void **)&e->meta.dev, batch_meta_bytes(m->n_batch)};
@@ -168,13 +169,13 @@ static int head_forward(struct model *m, const struct model_batch *b, const floa
     const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits, .last_only = true, .logits = e->logits,
                                      .head = b->draft_head ? e->draft_head : e->lm_head, .h_in = h_in,
                                      .ids = sl.tokens_dev ? sl.tokens_dev : e->meta.tokens, .argmax_out = b->argmax_out,
-                                     .hn = e->hn};
+                                     .hn = e->hn_head};
     if (m->be->set_prompt) m->be->set_prompt(m->be, b->prompt);
     run_pass(e, ENGINE_DRAFT_HEAD, &a, b->prompt);
     if (m->be->set_prompt) m->be->set_prompt(m->be, false);
     for (int r = 0; r < sl.n_runs; r++) e->mem.head_len[sl.runs[r].seq] += sl.runs[r].len;
     out->n = sl.n;
-    out->hidden = e->hn;
+    out->hidden = e->hn_head;
     out->n_logits = 0;
     for (int i = 0; i < sl.n; i++) out->n_logits += row_wants_logits(a.want, a.last_only, sl.n, i);
     out->logits = e->logits;

@@ -51,6 +51,8 @@ struct engine {
     void *arena;
     float *logits;                       /* [n_batch][n_vocab]: a forward's logits rows */
     float *hn;                           /* [n_batch][n_embd]: post-norm hidden rows */
+    float *hn_head;                      /* [n_batch][n_embd]: the draft head's, apart, so that a head
+                                            forward leaves the trunk's rows to be read after it */
     float *lm_in;                        /* [n_batch][n_embd]: hidden rows gathered for the head */
     engine_pass_fn passes[ENGINE_N_PASSES];
     const struct bweight *lm_head, *draft_head;

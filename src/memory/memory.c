@@ -126,7 +126,9 @@ int memory_seq_rollback(struct memory *mem, int s, int n_drop) {
         be->copy_n(be, g->dst, g->src, g->bytes, n);
     }
     mem->seq_len[s] -= n_drop;
-    if (mem->head_len[s] > mem->seq_len[s]) mem->head_len[s] = mem->seq_len[s];
+    /* the head keeps at most the pending token's row (one that ran ahead over the verify
+     * computed it from the kept rows) */
+    if (mem->head_len[s] > mem->seq_len[s] + 1) mem->head_len[s] = mem->seq_len[s] + 1;
     ck_drop_after(mem, s, mem->seq_len[s]);
     mem->last_run_len[s] = keep_idx + 1;
     mem->last_run_kept[s] = false;

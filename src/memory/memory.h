@@ -47,7 +47,8 @@ struct memory {
     struct kv_cache kv;
     struct rec_state rec;
     struct kv_cache head;        /* the draft head's cache (n_layer 0 when none) */
-    int32_t *head_len;           /* host: positions it holds per sequence, never beyond seq_len */
+    int32_t *head_len;           /* host: positions it holds per sequence: up to the pending token's
+                                    row (seq_len + 1), more only during a drafter's chain */
     /* per sequence, about its run in the last forward: tokens, whether their states were kept,
      * whether a greedy verify already restored the accepted prefix on the device */
     int32_t *last_run_len;
