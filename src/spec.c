@@ -74,7 +74,9 @@ struct spec_engine {
     float *qdense;               /* host [V]: draft distribution lookup, kept all-zero */
     struct sampler_cand *resid;  /* host [V] */
     int32_t *d_ids;              /* backend [batch rows]: the target's argmax per row */
-    int32_t *d_btoks;            /* backend [batch rows]: a batched verify's tokens */
+    int32_t *d_btoks;            /* backend [batch rows]: a batched verify's tokens, right after
+                                    d_ids' rows (one download brings both back) */
+    int batch_rows;
     int32_t *d_toks;             /* backend [n_seq][1 + SPEC_MAX_DRAFT]: each sequence's verify
                                     batch tokens (its own: a queued draft outlives the step) */
     int32_t *d_acc;              /* backend [2 + SPEC_MAX_DRAFT]: accept_greedy's result */
@@ -110,7 +112,6 @@ void spec_engine_free(struct spec_engine *e) {
     for (int i = 0; e->drafters && i < n_drafter_kinds; i++)
         if (e->drafters[i]) e->drafters[i]->vt->free(e->drafters[i]);
     if (e->d_ids) e->m->be->free(e->m->be, e->d_ids);
-    if (e->d_btoks) e->m->be->free(e->m->be, e->d_btoks);
     if (e->d_toks) e->m->be->free(e->m->be, e->d_toks);
     if (e->d_acc) e->m->be->free(e->m->be, e->d_acc);
     free(e->kinds);
@@ -139,8 +140,9 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     e->pos = malloc(sizeof(int32_t) * host_rows);
     e->seqv = malloc(sizeof(int32_t) * host_rows);
     e->want = malloc(sizeof(bool) * host_rows);
-    e->d_ids = m->be->alloc(m->be, sizeof(int32_t) * batch_rows);
-    e->d_btoks = m->be->alloc(m->be, sizeof(int32_t) * batch_rows);
+    e->batch_rows = (int)batch_rows;
+    e->d_ids = m->be->alloc(m->be, sizeof(int32_t) * 2 * batch_rows);
+    e->d_btoks = e->d_ids ? e->d_ids + batch_rows : NULL;
     e->d_toks = m->be->alloc(m->be, sizeof(int32_t) * (1 + SPEC_MAX_DRAFT) * (size_t)m->n_seq);
     e->d_acc = m->be->alloc(m->be, sizeof(int32_t) * (2 + SPEC_MAX_DRAFT));
     bool ok = e->seqs && e->drafters && e->kinds && e->row && e->qdense && e->resid && e->pos && e->seqv && e->want && e->d_ids && e->d_btoks && e->d_toks && e->d_acc;
@@ -1353,9 +1355,17 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         }
         if (rows == 0) { i0 = i1; continue; }
         be->upload(be, e->d_btoks, htoks, sizeof(int32_t) * (size_t)rows);
+        void *cdst[SPEC_MAX_BATCH];
+        const void *csrc[SPEC_MAX_BATCH];
+        size_t cbytes[SPEC_MAX_BATCH];
+        int nc = 0;
         for (int i = i0; i < i1; i++)
-            if (live[i] && c[i].dr.on_device && c[i].k > 0)
-                be->copy(be, e->d_btoks + c[i].row0 + 1, seq_dev_tokens(e, c[i].s) + 1, sizeof(int32_t) * (size_t)c[i].k);
+            if (live[i] && c[i].dr.on_device && c[i].k > 0) {
+                cdst[nc] = e->d_btoks + c[i].row0 + 1;
+                csrc[nc] = seq_dev_tokens(e, c[i].s) + 1;
+                cbytes[nc++] = sizeof(int32_t) * (size_t)c[i].k;
+            }
+        if (nc) be->copy_n(be, cdst, csrc, cbytes, nc);
         bool keep = false;
         for (int i = i0; i < i1; i++) keep = keep || (live[i] && c[i].k > 0);
         struct model_batch b = {.n = rows, .tokens_dev = e->d_btoks, .pos = e->pos, .seq = e->seqv, .want_logits = e->want,
@@ -1366,11 +1376,16 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
          * them, and the next drafts start where they end */
         const bool ahead = !frc && batch_run_ahead(e, c + i0, i1 - i0, live + i0, rc + i0, probes ? probes + i0 : NULL, &o,
                                                    err, err_size);
-        /* one wait: every row's argmax and the drafts the device made */
-        int32_t ids[SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)], toks[SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)];
+        /* one wait: every row's argmax and the drafts the device made (d_btoks follows d_ids) */
+        int32_t got[2 * SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)], toks[SPEC_MAX_BATCH * (1 + SPEC_MAX_DRAFT)];
+        const int32_t *ids = got;
         memcpy(toks, htoks, sizeof(int32_t) * (size_t)rows);
-        if (!frc && any_greedy) be->download(be, ids, e->d_ids, sizeof(int32_t) * (size_t)rows);
-        if (!frc && any_on_device) be->download(be, toks, e->d_btoks, sizeof(int32_t) * (size_t)rows);
+        if (!frc && any_on_device) {
+            be->download(be, got, e->d_ids, sizeof(int32_t) * (size_t)(e->batch_rows + rows));
+            memcpy(toks, got + e->batch_rows, sizeof(int32_t) * (size_t)rows);
+        } else if (!frc && any_greedy) {
+            be->download(be, got, e->d_ids, sizeof(int32_t) * (size_t)rows);
+        }
         /* the draft phase's time: every sequence's share of the cycle (statistics), and its cost
          * per drafted token for the next depths */
         if (!frc && t_drafts < 0.0) {
