@@ -15,7 +15,8 @@
  * 1 .. SPEC_COST_ROWS rows (a batched cycle's depths past SPEC_COST_ROWS - 1 extrapolate). */
 #define SPEC_COST_SEQS 7
 #define SPEC_COST_ROWS 5
-#define SPEC_BATCH_EXPLORE_EVERY 128 /* batched cycles between two that draft one more than pays */
+#define SPEC_BATCH_EXPLORE_EVERY 128 /* batched cycles between explorations: one draft more than pays */
+#define SPEC_BATCH_EXPLORE_LEN 4 /* ...for this many cycles: the first catches up, the rest are timed */
 #define SPEC_BATCH_IDLE_SKIP 16  /* batched cycles without drafts after which a drafter stops following */
 #define SPEC_DRAFT_SAMPLES 4  /* batched cycles whose draft cost draft_cost_us looks at */
 /* The device marks (backend.h) of a batched step's queued drafts; 0 and 1 time a draft phase. */
@@ -86,6 +87,15 @@ struct spec_engine {
     double cost_us[SPEC_COST_SEQS][SPEC_COST_ROWS];
     int cost_n, cost_r[SPEC_COST_SEQS];
     long batch_cycles;           /* batched cycles so far (batch_depths' exploration) */
+    int explore_left, explore_d; /* cycles the current exploration still drafts explore_d deep */
+    /* Batched steps' times (host clock, the whole step) by live sequences and depth, from
+     * steady steps only (the step before had as many sequences at the same depth: no drafter
+     * was catching up). batch_depths takes them over its model once measured: the model (a
+     * calibrated verify plus the draft phase's device time) put 4 sequences' mtp:1 steps at
+     * 537 us where they took 481 (H100, tiny), and kept them at depth 0 (0.96x off instead of
+     * 1.13x). */
+    struct depth_mean step_us[SPEC_MAX_BATCH][SPEC_MAX_DRAFT + 1];
+    int step_n, step_d;          /* the last batched step's live sequences and depth */
     /* drafts batch_queue_next queued between marks SPEC_MARK_QUEUED and SPEC_MARK_QUEUED + 1,
      * of kind queued_kind (-1: mixed), until the next batched step reads their time */
     int queued_n, queued_kind;
@@ -93,7 +103,11 @@ struct spec_engine {
     bool *want;                  /* host [max(n_batch, batch rows)] */
     struct depth_costs costs;    /* single-sequence cycles' verifies, by rows */
     struct kind_depth *kinds;    /* [i]: drafter_kinds[i]'s */
-    bool ahead;                  /* drafters run ahead over greedy verifies (drafter.h observe_ahead) */
+    /* the backend queues work (CUDA; spec_engine_set_queued): drafters run ahead over batched
+     * greedy verifies (drafter.h observe_ahead), and none stops following a sequence whose
+     * drafting pauses (skip): its catch-up is one many-row forward there, and cells it skipped
+     * would be stale when drafting resumes (drafts that fail and keep the pause going) */
+    bool queued;
 };
 
 struct spec_params spec_params_default(void) {
@@ -149,10 +163,10 @@ int spec_engine_init(struct spec_engine **out, struct model *m, const char *draf
     for (int s = 0; ok && s < m->n_seq; s++) ok = (e->seqs[s].hist = malloc(sizeof(int32_t) * ((size_t)m->n_ctx + SPEC_MAX_DRAFT + 2))) != NULL;
     for (int s = 0; ok && s < m->n_seq; s++) e->seqs[s].n_top_probs = -1;
     if (!ok) { spec_engine_free(e); return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory"); }
-    /* where the backend queues work (it records graphs only then) the host does not wait for a
-     * drafter's run ahead, and the draft saves its own forward and round trip; on the CPU a run
-     * over rows that are then rejected is only work (MTP's LM head on every row) */
-    e->ahead = m->be->capture_begin != NULL;
+    /* (graphs exist only where the backend queues work) on the CPU a run ahead over rows that
+     * are then rejected is only work (MTP's LM head on every row), and following a paused
+     * sequence costs the head's layer over every row */
+    e->queued = m->be->capture_begin != NULL;
     /* every available drafter exists from here on: a request only picks one */
     const struct drafter_config dc = {.m = m, .n_seq = m->n_seq, .draft_path = draft_path};
     for (int i = 0; i < n_drafter_kinds; i++) {
@@ -194,15 +208,13 @@ static int seq_choose_depth(struct spec_engine *e, struct spec_seq *q) {
 /* A sequence whose next cycle drafts nothing lets its drafter stop following it (drafter.h's
  * skip) when its drafts are of no use, or when batches have not taken them for
  * SPEC_BATCH_IDLE_SKIP cycles: there the rows of a verify cost more than drafts bring (a small
- * model on few cores), and following (MTP: the head's layer over every token, the prompt's
- * included, at the next draft) costs for drafts that are not asked for. The count is the
- * slot's, not the request's: a new request in batches that still draft nothing skips its
- * prompt's head rows from its first cycle (a count restarted per request kept them, and a
- * 4-sequence batch on this CPU at 0.78-0.84x off instead of 0.93-0.98x). */
+ * model on few cores), and following (MTP: the head's layer over every token, at the next
+ * draft) costs for drafts that are not asked for. The count is the slot's, not the request's
+ * (kept across its requests). Not where the backend queues work (e->queued). */
 static void seq_release_drafter(struct spec_engine *e, int s) {
     struct spec_seq *q = &e->seqs[s];
     struct drafter *d = drafter_for(e, q->p.drafter);
-    if (d && q->depth == 0 && d->vt->skip &&
+    if (d && q->depth == 0 && d->vt->skip && !e->queued &&
         (depth_drafts_useless(&q->dp.rec) || q->batch_idle >= SPEC_BATCH_IDLE_SKIP))
         d->vt->skip(d, s, DEPTH_KEEP_ROWS);
 }
@@ -826,7 +838,7 @@ static struct draft_observed cycle_observed(const struct spec_engine *e, const s
 static bool cycle_runs_ahead(const struct spec_engine *e, const struct cycle *c, const struct spec_probe *probe) {
     const struct spec_seq *q = &e->seqs[c->s];
     const struct drafter *d = drafter_for(e, q->p.drafter);
-    return e->ahead && d && d->vt->observe_ahead && !probe && c->greedy && c->k > 0 && c->dr.on_device &&
+    return e->queued && d && d->vt->observe_ahead && !probe && c->greedy && c->k > 0 && c->dr.on_device &&
            q->p.p_min <= 0.0f && q->n_top_probs < 0;
 }
 
@@ -1066,11 +1078,13 @@ static double verify_us(const struct spec_engine *e, int n, int rows) {
 }
 
 /* A batched draft's cost (drafter kind k): the least per-drafted-token time of the last cycles
- * that drafted. The draft phase also runs the head over the rows accepted since a sequence last
- * drafted (all of its prompt, the first time), work that is deferred rather than caused by the
- * draft: the least sample is the cycle with the least of it. Drafters that draft in batches
- * start from calibrate_drafts' samples; the others' drafts are free until SPEC_DRAFT_SAMPLES
- * cycles have drafted, so that the first batched cycles draft and measure. */
+ * that drafted (with what the drafter ran ahead over their verify). The draft phase also runs
+ * the head over the rows accepted since a sequence last drafted, work that is deferred rather
+ * than caused by the draft: the least sample is the cycle with the least of it. Drafts are free
+ * until SPEC_DRAFT_SAMPLES cycles have drafted, so that the first batched cycles draft and
+ * measure (a prompt's catch-up is the prefill's, not in these samples; a calibrated draft
+ * before any batch measured the catch-up path and kept MTP at depth 0 where its run ahead
+ * pays: H100, 4 sequences, 1 of 3 runs at 0.955x off against 1.03-1.08x). */
 static double draft_cost_us(const struct spec_engine *e, const struct drafter_kind *k) {
     const struct kind_depth *kd = kind_of(e, k);
     if (!kd || kd->batch_draft_n < SPEC_DRAFT_SAMPLES) return 0.0;
@@ -1079,8 +1093,7 @@ static double draft_cost_us(const struct spec_engine *e, const struct drafter_ki
     return c;
 }
 
-/* Draft depths of a batched cycle (true: it drafts where none pay, to look again): one depth d for
- * every sequence that drafts (within its n_min and n_max), the d whose expected tokens per
+/* Draft depths of a batched cycle: one depth d for every sequence that drafts (within its n_min and n_max), the d whose expected tokens per
  * microsecond are the most. What asking a sequence for d drafts gives comes from its request's
  * record (draft_depth.h: how often its drafter fills each position, how often the target keeps
  * them), so drafts that seldom come (n-gram)
@@ -1090,9 +1103,9 @@ static double draft_cost_us(const struct spec_engine *e, const struct drafter_ki
  * Verify rows ride nearly free where a forward's time is its weights' reading (a GPU, a large
  * model): deep drafts; they cost their compute where it is not (a small model on a few cores):
  * shallow or none, so that speculation never makes the batch slower. */
-static bool batch_depths(struct spec_engine *e, int n, const int *seqs, const int *rc, int *depth) {
+static int batch_depths(struct spec_engine *e, int n, const int *seqs, const int *rc, int *depth) {
     for (int i = 0; i < n; i++) depth[i] = e->cost_n ? 0 : SPEC_MAX_DRAFT;
-    if (!e->cost_n) return false; /* not calibrated: as deep as each asked */
+    if (!e->cost_n) return -1; /* not calibrated: as deep as each asked */
     int n_live = 0, d_top = 0;
     for (int i = 0; i < n; i++) {
         if (rc[i]) continue; /* (a refused entry's sequence may be out of range) */
@@ -1100,7 +1113,7 @@ static bool batch_depths(struct spec_engine *e, int n, const int *seqs, const in
         n_live++;
         if (q->p.drafter) d_top = COTI_MAX(d_top, q->p.n_max);
     }
-    if (!n_live) return false;
+    if (!n_live) return -1;
     int best = -1;
     double best_rate = 0;
     for (int d = 0; d <= d_top; d++) {
@@ -1120,72 +1133,25 @@ static bool batch_depths(struct spec_engine *e, int n, const int *seqs, const in
         const double rows = 1.0 + drafts / n_live;
         const int r0 = (int)rows;
         const double v0 = verify_us(e, n_live, r0), v = v0 + (verify_us(e, n_live, r0 + 1) - v0) * (rows - r0);
-        const double rate = tok / (v + t_drafts);
+        const struct depth_mean *took = &e->step_us[n_live - 1][d];
+        const double rate = tok / (took->n ? took->v : v + t_drafts);
         if (best < 0 || rate > best_rate) { best = d; best_rate = rate; }
     }
-    /* now and then one draft more than pays: a record that drafts do not pay is otherwise never
-     * asked again, and the text (or the load) may have changed */
-    const bool explore = ++e->batch_cycles % SPEC_BATCH_EXPLORE_EVERY == 0 && best < d_top;
-    const bool from_none = explore && best == 0;
-    if (explore) best++;
+    /* now and then one draft more than pays, for a few cycles: a record that drafts do not pay
+     * is otherwise never asked again, and the text (or the load) may have changed */
+    if (e->explore_left > 0) {
+        e->explore_left--;
+        best = COTI_MIN(e->explore_d, d_top);
+    } else if (++e->batch_cycles % SPEC_BATCH_EXPLORE_EVERY == 0 && best < d_top) {
+        e->explore_d = ++best;
+        e->explore_left = SPEC_BATCH_EXPLORE_LEN - 1;
+    }
     for (int i = 0; i < n; i++) {
         if (rc[i]) continue;
         const struct spec_seq *q = &e->seqs[seqs[i]];
         depth[i] = q->p.drafter ? COTI_MIN(COTI_MAX(best, q->p.n_min), q->p.n_max) : 0;
     }
-    return from_none;
-}
-
-/* A batched draft's cost per drafted token (draft_cost_us' samples) for each drafter that drafts
- * in batches, measured before any batch drafts: else the first batched cycles draft to measure
- * it, and each sequence's first draft runs the drafter over all of its prompt (MTP's head), which
- * is more than the drafts bring back where verify rows are not free (tiny model, 2 CPU threads,
- * 4 sequences: mtp:3 0.85-0.90x off). ns sequences of two tokens, one of them to catch up with
- * (as after a verify that accepted nothing; hidden: a row of a calibration forward), a draft
- * each; the best of 5. */
-static int calibrate_drafts(struct spec_engine *e, int ns, const float *hidden, char *err, size_t err_size) {
-    struct model *m = e->m;
-    struct backend *be = m->be;
-    int32_t hist[SPEC_MAX_BATCH][2 + SPEC_MAX_DRAFT];
-    int seqs[SPEC_MAX_BATCH];
-    struct draft_request rq[SPEC_MAX_BATCH];
-    struct draft_result dr[SPEC_MAX_BATCH];
-    for (int t = 0; t < n_drafter_kinds; t++) {
-        struct drafter *d = e->drafters[t];
-        if (!d || !d->vt->draft_batch) continue;
-        double best = -1.0;
-        int rc = 0;
-        for (int rep = 0; rep < 5 && !rc; rep++) {
-            for (int s = 0; s < ns; s++) {
-                model_seq_reset(m, s);
-                d->vt->reset(d, s);
-                seqs[s] = s;
-                hist[s][0] = (int32_t)((7919u * (unsigned)s + 17u) % (unsigned)e->V);
-                hist[s][1] = (int32_t)((7919u * (unsigned)s + 29u) % (unsigned)e->V);
-                const struct draft_observed seen = {s, 0, 1, hist[s], hidden, false, NULL};
-                if ((rc = d->vt->observe(d, 1, &seen, err, err_size))) break;
-                rq[s] = (struct draft_request){hist[s], 1, 1, 0, 0.0f, NULL, seq_dev_tokens(e, s) + 1};
-            }
-            if (rc) break;
-            be->mark(be, 0);
-            rc = d->vt->draft_batch(d, ns, seqs, rq, dr, err, err_size);
-            be->mark(be, 1);
-            int n = 0;
-            for (int s = 0; s < ns && !rc; s++) n += dr[s].n;
-            const double us = rc || !n ? -1.0 : be->mark_elapsed_us(be, 0, 1) / n;
-            if (us >= 0.0 && (best < 0.0 || us < best)) best = us;
-        }
-        for (int s = 0; s < ns; s++) {
-            model_seq_reset(m, s);
-            d->vt->reset(d, s);
-        }
-        if (rc) return rc;
-        struct kind_depth *kd = &e->kinds[t];
-        if (best < 0.0) continue; /* no draft came: measured by the first batches that draft */
-        for (int i = 0; i < SPEC_DRAFT_SAMPLES; i++) kd->batch_draft_us[i] = best;
-        kd->batch_draft_n = SPEC_DRAFT_SAMPLES;
-    }
-    return 0;
+    return best;
 }
 
 int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
@@ -1193,6 +1159,8 @@ int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
     const int max_seqs = COTI_MIN(m->n_seq, SPEC_MAX_BATCH);
     e->cost_n = 0;
     for (int i = 0; i < n_drafter_kinds; i++) e->kinds[i].batch_draft_n = 0;
+    memset(e->step_us, 0, sizeof e->step_us);
+    e->step_n = 0;
     if (m->n_ctx <= SPEC_COST_ROWS) return 0; /* no room: batched cycles draft as asked */
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)m->n_batch);
     if (!toks) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
@@ -1238,13 +1206,10 @@ int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size) {
         e->cost_n = i + 1;
     }
     free(toks);
-    /* the drafts' cost at the batch size the server sees first under load */
-    const int ns = COTI_MIN(max_seqs, 4);
-    if (!rc && e->cost_n && ns >= 2 && (rc = calibrate_drafts(e, ns, o.hidden, err, err_size))) e->cost_n = 0;
     return rc;
 }
 
-void spec_engine_set_ahead(struct spec_engine *e, bool on) { e->ahead = on; }
+void spec_engine_set_queued(struct spec_engine *e, bool on) { e->queued = on; }
 
 double spec_engine_verify_cost_us(const struct spec_engine *e, int n_seqs, int rows) {
     return e->cost_n && n_seqs >= 1 && rows >= 1 ? verify_us(e, n_seqs, rows) : 0.0;
@@ -1262,15 +1227,9 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
         for (int j = 0; j < i && !rc[i]; j++)
             if (seqs[j] == seqs[i]) rc[i] = coti_fail(err, err_size, COTI_E_ARG, "sequence %d twice in a batch", seqs[i]);
     }
+    const int64_t t_step = coti_time_us();
     int depth[SPEC_MAX_BATCH];
-    /* a cycle that drafts only to look again first drops what the drafters have not caught up
-     * with: a new request's whole prompt for MTP's head (4 sequences of ~350-token prompts on
-     * this CPU: 13.7 ms, where a batched draft token costs ~31 us) */
-    if (batch_depths(e, n, seqs, rc, depth))
-        for (int i = 0; i < n; i++) {
-            struct drafter *d = rc[i] ? NULL : drafter_for(e, e->seqs[seqs[i]].p.drafter);
-            if (d && d->vt->skip && !(probes && probes[i])) d->vt->skip(d, seqs[i], DEPTH_KEEP_ROWS);
-        }
+    const int step_d = batch_depths(e, n, seqs, rc, depth);
     /* drafts first, every sequence's: greedy on-device ones of a drafter that batches them in
      * one call per drafter (each chain step for all its sequences at once), the rest one by one;
      * those the previous step queued are there already */
@@ -1438,7 +1397,16 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
     }
     batch_queue_next(e, c, n, live, rc, err, err_size);
     const int64_t t5 = coti_time_us();
+    int n_live = 0;
     for (int i = 0; i < n; i++)
-        if (live[i] && !rc[i]) e->seqs[c[i].s].st.t_glue_us += t5 - t4;
+        if (live[i] && !rc[i]) {
+            e->seqs[c[i].s].st.t_glue_us += t5 - t4;
+            n_live++;
+        }
+    /* the step's time at its depth, when steady (batch_depths) */
+    if (step_d >= 0 && n_live > 0 && n_live == e->step_n && step_d == e->step_d)
+        depth_cost_add(&e->step_us[n_live - 1][step_d], (double)(t5 - t_step));
+    e->step_n = n_live;
+    e->step_d = step_d;
     return 0;
 }

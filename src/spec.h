@@ -136,10 +136,10 @@ int spec_step_batch(struct spec_engine *e, int n, const int *seqs, const int *ma
  * spec_engine_verify_cost_us: the calibrated time of a verify of n_seqs sequences with `rows`
  * rows each (0: not calibrated). */
 int spec_engine_calibrate(struct spec_engine *e, char *err, size_t err_size);
-/* Drafters run ahead over greedy verifies (drafter.h observe_ahead): on by default where the
- * backend queues work (CUDA), off where the host would only wait for it (CPU); tests turn it on
- * there to run the path. */
-void spec_engine_set_ahead(struct spec_engine *e, bool on);
+/* Whether the engine takes its backend for one that queues work (by default: CUDA yes, CPU no):
+ * then drafters run ahead over batched greedy verifies (drafter.h observe_ahead) and none stops
+ * following a sequence whose drafting pauses. Tests turn it on for the CPU to run those paths. */
+void spec_engine_set_queued(struct spec_engine *e, bool on);
 double spec_engine_verify_cost_us(const struct spec_engine *e, int n_seqs, int rows);
 /* Decode up to n_gen tokens of prompt on every sequence, greedy and sampled (temperature sp's,
  * or 0.8 when that is 0), with speculation p, then forget them (every sequence empty): a

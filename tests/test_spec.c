@@ -509,7 +509,7 @@ Test(spec, batched_steps_equal_single_steps, .timeout = 300) {
         struct env many = env_open_seqs(MODEL_PATH, NS, n_batch);
         /* n_batch 128: drafters run ahead where a batch allows it (drafter.h observe_ahead; on
          * by default only where the backend queues work), beside sampled and off sequences */
-        spec_engine_set_ahead(many.e, n_batch == 128);
+        spec_engine_set_queued(many.e, n_batch == 128);
         if (n_batch == 10) { /* depths chosen from the calibrated verify cost (on a CPU batches may then
                               * take no drafts for long enough that drafters stop following): still
                               * the same tokens */
@@ -586,8 +586,8 @@ Test(spec, running_ahead_drafts_the_same, .timeout = 300) {
     static const int32_t prompts[NS][8] = {{11, 220, 1500, 42, 901, 17, 5, 660}, {300, 301, 302, 303, 300, 301, 302, 303},
                                            {7, 8, 9, 10, 11, 12, 13, 14}, {1500, 42, 901, 1500, 42, 901, 1500, 42}};
     struct env v[2] = {env_open_seqs(MODEL_PATH, NS, 128), env_open_seqs(MODEL_PATH, NS, 128)};
-    spec_engine_set_ahead(v[0].e, false);
-    spec_engine_set_ahead(v[1].e, true);
+    spec_engine_set_queued(v[0].e, false);
+    spec_engine_set_queued(v[1].e, true);
     char err[512];
     for (int n_max = 1; n_max <= 3; n_max++) {
         const struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
