@@ -210,10 +210,10 @@ static int seq_choose_depth(struct spec_engine *e, struct spec_seq *q) {
  * SPEC_BATCH_IDLE_SKIP cycles: there the rows of a verify cost more than drafts bring (a small
  * model on few cores), and following (MTP: the head's layer over every token, at the next
  * draft) costs for drafts that are not asked for. The count is the slot's, not the request's
- * (kept across its requests). The count not where the backend queues work (e->queued: the
- * skipped cells made the drafts that resumed fail, and the batch stayed at depth 0); useless
- * drafts everywhere (H100, the random 9B, nothing accepted: mtp:3 0.87x off following, 0.96x
- * skipping). */
+ * (kept across its requests). The count not where the backend queues work (e->queued): there
+ * following costs one many-row forward at the next draft, and skipped cells would leave that
+ * draft without the context between. Useless drafts everywhere (H100, the random 9B, nothing
+ * accepted: mtp:3 0.87x off following, 0.96x skipping). */
 static void seq_release_drafter(struct spec_engine *e, int s) {
     struct spec_seq *q = &e->seqs[s];
     struct drafter *d = drafter_for(e, q->p.drafter);
