@@ -1085,9 +1085,8 @@ static double verify_us(const struct spec_engine *e, int n, int rows) {
  * the head over the rows accepted since a sequence last drafted, work that is deferred rather
  * than caused by the draft: the least sample is the cycle with the least of it. Drafts are free
  * until SPEC_DRAFT_SAMPLES cycles have drafted, so that the first batched cycles draft and
- * measure (a prompt's catch-up is the prefill's, not in these samples; a calibrated draft
- * before any batch measured the catch-up path and kept MTP at depth 0 where its run ahead
- * pays: H100, 4 sequences, 1 of 3 runs at 0.955x off against 1.03-1.08x). */
+ * measure (a prompt's catch-up, which a draft timed before any batch was there to keep out of
+ * these samples, is the prefill's now). */
 static double draft_cost_us(const struct spec_engine *e, const struct drafter_kind *k) {
     const struct kind_depth *kd = kind_of(e, k);
     if (!kd || kd->batch_draft_n < SPEC_DRAFT_SAMPLES) return 0.0;
@@ -1096,8 +1095,8 @@ static double draft_cost_us(const struct spec_engine *e, const struct drafter_ki
     return c;
 }
 
-/* Draft depths of a batched cycle: one depth d for every sequence that drafts (within its n_min and n_max), the d whose expected tokens per
- * microsecond are the most. What asking a sequence for d drafts gives comes from its request's
+/* Draft depths of a batched cycle: one depth d for every sequence that drafts (within its n_min
+ * and n_max), the d whose expected tokens per microsecond are the most. What asking a sequence for d drafts gives comes from its request's
  * record (draft_depth.h: how often its drafter fills each position, how often the target keeps
  * them), so drafts that seldom come (n-gram)
  * are priced by the rows they add; the cycle costs the verify of its sequences with their
@@ -1105,7 +1104,9 @@ static double draft_cost_us(const struct spec_engine *e, const struct drafter_ki
  * recurrences side by side, so more sequences cost less than more rows of one) and the drafts.
  * Verify rows ride nearly free where a forward's time is its weights' reading (a GPU, a large
  * model): deep drafts; they cost their compute where it is not (a small model on a few cores):
- * shallow or none, so that speculation never makes the batch slower. */
+ * shallow or none, so that speculation never makes the batch slower. Once steady steps of as
+ * many sequences at a depth have been timed (step_us), that time replaces the model's. Returns
+ * the depth, -1 where none was chosen. */
 static int batch_depths(struct spec_engine *e, int n, const int *seqs, const int *rc, int *depth) {
     for (int i = 0; i < n; i++) depth[i] = e->cost_n ? 0 : SPEC_MAX_DRAFT;
     if (!e->cost_n) return -1; /* not calibrated: as deep as each asked */
