@@ -65,6 +65,31 @@ static void generate_with(struct env *v, const int32_t *prompt, int np, const st
     }
 }
 
+/* Generation of N_GEN tokens for ns sequences (8-token prompts), in batched steps. */
+static void generate_batched(struct env *v, int ns, const int32_t (*prompts)[8], const struct sampler_params *sp,
+                             const struct spec_params *p, int32_t (*got)[N_GEN]) {
+    char err[512];
+    int n_got[SPEC_MAX_BATCH];
+    for (int i = 0; i < ns; i++) {
+        cr_assert_eq(spec_seq_begin(v->e, i, prompts[i], 8, &sp[i], &p[i], &got[i][0], err, sizeof err), 0, "%s", err);
+        n_got[i] = 1;
+    }
+    for (;;) {
+        int seqs[SPEC_MAX_BATCH], max_new[SPEC_MAX_BATCH], n_out[SPEC_MAX_BATCH], rc[SPEC_MAX_BATCH], n = 0;
+        int32_t out[SPEC_MAX_BATCH][SPEC_MAX_DRAFT + 1];
+        for (int i = 0; i < ns; i++)
+            if (n_got[i] < N_GEN) { seqs[n] = i; max_new[n++] = N_GEN - n_got[i]; }
+        if (!n) break;
+        cr_assert_eq(spec_step_batch(v->e, n, seqs, max_new, out, n_out, rc, NULL, err, sizeof err), 0, "%s", err);
+        for (int j = 0; j < n; j++) {
+            cr_assert_eq(rc[j], 0, "sequence %d: %s", seqs[j], err);
+            cr_assert(n_out[j] >= 1 && n_out[j] <= max_new[j]);
+            memcpy(&got[seqs[j]][n_got[seqs[j]]], out[j], sizeof(int32_t) * (size_t)n_out[j]);
+            n_got[seqs[j]] += n_out[j];
+        }
+    }
+}
+
 /* Greedy generation of n tokens with the given speculation. */
 static void generate(struct env *v, const int32_t *prompt, int np, const struct drafter_kind *k, int n_max, int32_t *out,
                      int n) {
@@ -525,7 +550,6 @@ Test(spec, batched_steps_equal_single_steps, .timeout = 300) {
             struct sampler_params sp[NS];
             struct spec_params p[NS];
             int32_t ref[NS][N_GEN], got[NS][N_GEN];
-            int n_got[NS];
             for (int i = 0; i < NS; i++) {
                 /* round 0: every sequence off, mtp, ngram in turn; later rounds mixed; round 3:
                  * all mtp (drafted in one batch), two of them greedy under a penalty: no
@@ -540,25 +564,7 @@ Test(spec, batched_steps_equal_single_steps, .timeout = 300) {
                 if (round == 3 && i < 2) sp[i].frequency_penalty = 0.5f;
                 generate_with(&one, prompts[i], 8, &sp[i], &p[i], ref[i], N_GEN);
             }
-            char err[512];
-            for (int i = 0; i < NS; i++) {
-                cr_assert_eq(spec_seq_begin(many.e, i, prompts[i], 8, &sp[i], &p[i], &got[i][0], err, sizeof err), 0, "%s", err);
-                n_got[i] = 1;
-            }
-            for (;;) {
-                int seqs[NS], max_new[NS], n_out[NS], rc[NS], n = 0;
-                int32_t out[NS][SPEC_MAX_DRAFT + 1];
-                for (int i = 0; i < NS; i++)
-                    if (n_got[i] < N_GEN) { seqs[n] = i; max_new[n++] = N_GEN - n_got[i]; }
-                if (!n) break;
-                cr_assert_eq(spec_step_batch(many.e, n, seqs, max_new, out, n_out, rc, NULL, err, sizeof err), 0, "%s", err);
-                for (int j = 0; j < n; j++) {
-                    cr_assert_eq(rc[j], 0, "sequence %d: %s", seqs[j], err);
-                    cr_assert(n_out[j] >= 1 && n_out[j] <= max_new[j]);
-                    memcpy(&got[seqs[j]][n_got[seqs[j]]], out[j], sizeof(int32_t) * (size_t)n_out[j]);
-                    n_got[seqs[j]] += n_out[j];
-                }
-            }
+            generate_batched(&many, NS, prompts, sp, p, got);
             for (int i = 0; i < NS; i++)
                 cr_assert_eq(memcmp(ref[i], got[i], sizeof ref[i]), 0, "n_batch %d round %d: sequence %d (%s n_max %d) differs",
                              n_batch, round, i, drafter_kind_name(p[i].drafter), p[i].n_max);
@@ -588,7 +594,6 @@ Test(spec, running_ahead_drafts_the_same, .timeout = 300) {
     struct env v[2] = {env_open_seqs(MODEL_PATH, NS, 128), env_open_seqs(MODEL_PATH, NS, 128)};
     spec_engine_set_queued(v[0].e, false);
     spec_engine_set_queued(v[1].e, true);
-    char err[512];
     for (int n_max = 1; n_max <= 3; n_max++) {
         const struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
         struct spec_params p = fixed_depth_params();
@@ -599,24 +604,9 @@ Test(spec, running_ahead_drafts_the_same, .timeout = 300) {
         for (int w = 0; w < 2; w++) {
             generate_with(&v[w], prompts[0], 8, &sp, &p, alone[w], N_GEN);
             st[w][NS] = *spec_seq_stats(v[w].e, 0);
-            int n_got[NS];
-            for (int i = 0; i < NS; i++) {
-                cr_assert_eq(spec_seq_begin(v[w].e, i, prompts[i], 8, &sp, &p, &got[w][i][0], err, sizeof err), 0, "%s", err);
-                n_got[i] = 1;
-            }
-            for (;;) {
-                int seqs[NS], max_new[NS], n_out[NS], rc[NS], n = 0;
-                int32_t out[NS][SPEC_MAX_DRAFT + 1];
-                for (int i = 0; i < NS; i++)
-                    if (n_got[i] < N_GEN) { seqs[n] = i; max_new[n++] = N_GEN - n_got[i]; }
-                if (!n) break;
-                cr_assert_eq(spec_step_batch(v[w].e, n, seqs, max_new, out, n_out, rc, NULL, err, sizeof err), 0, "%s", err);
-                for (int j = 0; j < n; j++) {
-                    cr_assert_eq(rc[j], 0, "sequence %d: %s", seqs[j], err);
-                    memcpy(&got[w][seqs[j]][n_got[seqs[j]]], out[j], sizeof(int32_t) * (size_t)n_out[j]);
-                    n_got[seqs[j]] += n_out[j];
-                }
-            }
+            const struct sampler_params sps[NS] = {sp, sp, sp, sp};
+            const struct spec_params ps[NS] = {p, p, p, p};
+            generate_batched(&v[w], NS, prompts, sps, ps, got[w]);
             for (int i = 0; i < NS; i++) st[w][i] = *spec_seq_stats(v[w].e, i);
         }
         cr_assert_eq(memcmp(alone[0], alone[1], sizeof alone[0]), 0, "n_max %d: one sequence's tokens differ", n_max);
