@@ -68,7 +68,7 @@ struct drafter_vtable {
     /* The target accepted rows of n sequences (each sequence once; the hidden rows are valid
      * only during this call): a batched cycle's in one call. Returns 0 or an error for all. */
     int (*observe)(struct drafter *d, int n, const struct draft_observed *seen, char *err, size_t err_size);
-    /* Optional. A greedy verify of n sequences has been queued and its results not read yet:
+    /* Optional. A batched greedy verify of n sequences has been queued, its results not read yet:
      * the drafter may follow all of its rows now (rows[i].ids: the target's argmax of each), in
      * the same queue, as if every draft were kept; observe then says how many were. Only where
      * the backend queues work (the host does not wait for it, so the draft's own forward and
