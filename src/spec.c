@@ -835,24 +835,16 @@ static struct draft_observed cycle_observed(const struct spec_engine *e, const s
     return (struct draft_observed){c->s, c->L, c->a + 1, e->seqs[c->s].hist, o->hidden + (size_t)c->row0 * e->m->info.n_embd, false, NULL};
 }
 
-/* Whether cycle c's drafter may run ahead over its verify rows: its drafts are greedy on the
- * device (the next cycle's will be too: a request keeps its sampler), the verify is greedy, and
- * no one reads the verify's logits once the drafter's forward may have reused their memory. */
-static bool cycle_runs_ahead(const struct spec_engine *e, const struct cycle *c, const struct spec_probe *probe) {
-    const struct spec_seq *q = &e->seqs[c->s];
-    const struct drafter *d = drafter_for(e, q->p.drafter);
-    return e->queued && d && d->vt->observe_ahead && !probe && c->greedy && c->k > 0 && c->dr.on_device &&
-           q->p.p_min <= 0.0f && q->n_top_probs < 0;
-}
-
 /* The drafters that follow the target run ahead over the verify rows (in o) of the cycles c[0, n)
  * that allow it, queued behind the verify before its results are read, between the marks
- * SPEC_MARK_AHEAD and SPEC_MARK_AHEAD + 1. Not when any of the cycles reads its logits rows on
- * the host: a drafter's forward may write over them. Returns whether any ran. */
+ * SPEC_MARK_AHEAD and SPEC_MARK_AHEAD + 1. Only where the backend queues work (e->queued), and
+ * not when any of the cycles reads its logits rows on the host: a drafter's forward may write
+ * over them. Returns whether any ran. */
 static bool batch_run_ahead(struct spec_engine *e, const struct cycle *c, int n, const bool *live, int *rc,
                             struct spec_probe *const *probes, const struct model_output *o, char *err, size_t err_size) {
     struct backend *be = e->m->be;
     bool ran = false;
+    if (!e->queued) return false;
     for (int i = 0; i < n; i++)
         if (live[i] && !rc[i] && (!c[i].greedy || e->seqs[c[i].s].n_top_probs >= 0 || (probes && probes[i]))) return false;
     for (int t = 0; t < n_drafter_kinds; t++) {
@@ -861,8 +853,10 @@ static bool batch_run_ahead(struct spec_engine *e, const struct cycle *c, int n,
         int idx[SPEC_MAX_BATCH], nb = 0;
         struct draft_observed rows[SPEC_MAX_BATCH];
         for (int i = 0; i < n; i++)
-            if (live[i] && !rc[i] && drafter_for(e, e->seqs[c[i].s].p.drafter) == d &&
-                cycle_runs_ahead(e, &c[i], probes ? probes[i] : NULL)) {
+            /* a cycle that drafted, greedy on the device (the next will too: a request keeps
+             * its sampler) */
+            if (live[i] && !rc[i] && drafter_for(e, e->seqs[c[i].s].p.drafter) == d && c[i].k > 0 && c[i].dr.on_device &&
+                e->seqs[c[i].s].p.p_min <= 0.0f) {
                 idx[nb] = i;
                 rows[nb++] = (struct draft_observed){c[i].s, c[i].L, c[i].k + 1, e->seqs[c[i].s].hist,
                                                      o->hidden + (size_t)c[i].row0 * e->m->info.n_embd, false, e->d_ids + c[i].row0};

@@ -375,9 +375,9 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
     if (!n_ord) return 0;
     /* the per-sequence copies of each phase go in one copy_n (a launch, not a call per
      * sequence: their host time was the batched cycle's glue) */
-    void *dst[2 * SPEC_MAX_BATCH];
-    const void *src[2 * SPEC_MAX_BATCH];
-    size_t bytes[2 * SPEC_MAX_BATCH];
+    void *dst[3 * SPEC_MAX_BATCH];
+    const void *src[3 * SPEC_MAX_BATCH];
+    size_t bytes[3 * SPEC_MAX_BATCH];
     /* catch-up: the staged rows of every sequence the head did not run ahead for, logits (and
      * the argmax: draft 0) on each one's last */
     int rows = 0, n_catch = 0;
@@ -409,30 +409,27 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
      * and the hidden its chain goes on from: its last caught-up row, or the pending token's row
      * run ahead */
     rows = 0;
-    void *dst3[3 * SPEC_MAX_BATCH];
-    const void *src3[3 * SPEC_MAX_BATCH];
-    size_t bytes3[3 * SPEC_MAX_BATCH];
     for (int j = 0, w = 0; j < n_ord; j++) {
         const int i = ord[j];
         const struct mtp_seq *sq = &t->seqs[seqs[i]];
         const int32_t *id;
         if (sq->pending >= 0) {
             id = ahead_id(t, seqs[i], sq->pending);
-            src3[3 * j + 2] = sq->staged + (size_t)sq->pending * t->E;
+            src[3 * j + 2] = sq->staged + (size_t)sq->pending * t->E;
         } else {
             rows += sq->n_staged;
             id = t->bids_all + w++;
-            src3[3 * j + 2] = o.hidden + (size_t)(rows - 1) * t->E;
+            src[3 * j + 2] = o.hidden + (size_t)(rows - 1) * t->E;
         }
-        dst3[3 * j] = rq[i].dev_tokens;
-        dst3[3 * j + 1] = t->bids[0] + j;
-        src3[3 * j] = src3[3 * j + 1] = id;
-        bytes3[3 * j] = bytes3[3 * j + 1] = sizeof(int32_t);
-        dst3[3 * j + 2] = t->bh_chain + (size_t)j * t->E;
-        bytes3[3 * j + 2] = row;
+        dst[3 * j] = rq[i].dev_tokens;
+        dst[3 * j + 1] = t->bids[0] + j;
+        src[3 * j] = src[3 * j + 1] = id;
+        bytes[3 * j] = bytes[3 * j + 1] = sizeof(int32_t);
+        dst[3 * j + 2] = t->bh_chain + (size_t)j * t->E;
+        bytes[3 * j + 2] = row;
         out[i].n = 1;
     }
-    be->copy_n(be, dst3, src3, bytes3, 3 * n_ord);
+    be->copy_n(be, dst, src, bytes, 3 * n_ord);
     const float *h_prev = t->bh_chain;
     for (int step = 1, live = n_ord; ; step++) {
         while (live > 0 && (rq[ord[live - 1]].n_max <= step || rq[ord[live - 1]].L + step >= m->n_ctx)) live--;
