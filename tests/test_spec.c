@@ -631,6 +631,39 @@ Test(spec, running_ahead_drafts_the_same, .timeout = 300) {
     env_close(&v[1]);
 }
 
+/* Cycles without drafts (a batch's depth 0, or one token of room) still stage the accepted rows
+ * for the head: a stage filled to its brim (n_batch + 1 rows) must not become one head forward
+ * over more than n_batch rows at the next draft (CI once failed that way, when the batched
+ * policy's timings left a sequence undrafted for ten cycles). */
+Test(spec, drafting_after_a_full_stage, .timeout = 120) {
+    enum { N_BATCH = 10 };
+    static const int32_t prompt[8] = {11, 220, 1500, 42, 901, 17, 5, 660};
+    struct env v = env_open_seqs(MODEL_PATH, 1, N_BATCH);
+    const struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 1);
+    struct spec_params p = fixed_depth_params();
+    int32_t ref[N_GEN], got[N_GEN];
+    generate_with(&v, prompt, 8, &sp, &p, ref, N_GEN);
+    p.drafter = &drafter_kind_mtp;
+    for (p.n_max = 1; p.n_max <= 3; p.n_max++) {
+        for (int undrafted = N_BATCH - 1; undrafted <= N_BATCH + 2; undrafted++) {
+            char err[512];
+            int nb;
+            cr_assert_eq(spec_seq_begin(v.e, 0, prompt, 8, &sp, &p, &got[0], err, sizeof err), 0, "%s", err);
+            int k = 1;
+            for (; k <= undrafted; k++) /* room for one token: no drafts, the rows staged */
+                cr_assert_eq(spec_seq_step(v.e, 0, 1, &got[k], &nb, NULL, err, sizeof err), 0, "%s", err);
+            while (k < N_GEN) {
+                cr_assert_eq(spec_seq_step(v.e, 0, N_GEN - k, &got[k], &nb, NULL, err, sizeof err), 0,
+                             "n_max %d after %d undrafted cycles: %s", p.n_max, undrafted, err);
+                k += nb;
+            }
+            cr_assert_eq(memcmp(ref, got, sizeof ref), 0, "n_max %d after %d undrafted cycles", p.n_max, undrafted);
+            cr_assert_gt(spec_seq_stats(v.e, 0)->n_drafted, 0);
+        }
+    }
+    env_close(&v);
+}
+
 /* A prompt processed in steps (spec_seq_start_reuse + spec_seq_prefill of a few rows at a time,
  * with a checkpoint inside) gives the tokens of spec_seq_begin, and the steps report progress
  * only at the end. */

@@ -313,6 +313,9 @@ static int mtp_draft(struct drafter *d, int s, const struct draft_request *rq, s
         out->catch_up = 0;
     } else {
         out->catch_up = sq->n_staged - 1;
+        /* a brim-full stage (n_batch + 1 rows: cycles that staged rows without drafting) is one
+         * row more than a head forward takes */
+        if (sq->n_staged > m->n_batch && (rc = consume_stage(t, s, rq->history, err, err_size))) return rc;
         rc = mtp_run_rows(t, s, rq->history, sq->n_staged, true, pick_in_forward ? rq->dev_tokens : NULL, &o, err, err_size);
         if (rc) return rc;
         h_prev = o.hidden + (size_t)(o.n - 1) * t->E;
