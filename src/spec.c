@@ -404,6 +404,30 @@ static int prefill_first(struct spec_engine *e, int s, const struct model_output
     return 0;
 }
 
+/* The prompt pieces of a prefill forward o (sequence seqs[in[j]]: rows row0[j].., up to position
+ * end[j]) to their drafters, one call per drafter: MTP's head then catches up on all of them in
+ * one forward. An error goes to rc[] of every sequence of that drafter. */
+static void observe_pieces(struct spec_engine *e, int n_in, const int *in, const int *seqs, const int *row0,
+                           const int *end, const struct model_output *o, int *rc, char *err, size_t err_size) {
+    bool told[SPEC_MAX_BATCH] = {false};
+    for (int j = 0; j < n_in; j++) {
+        struct drafter *d = drafter_for(e, e->seqs[seqs[in[j]]].p.drafter);
+        if (told[j] || !d) continue;
+        struct draft_observed seen[SPEC_MAX_BATCH];
+        int who[SPEC_MAX_BATCH], n = 0;
+        for (int k = j; k < n_in; k++) {
+            const struct spec_seq *q = &e->seqs[seqs[in[k]]];
+            if (told[k] || drafter_for(e, q->p.drafter) != d) continue;
+            told[k] = true;
+            seen[n] = (struct draft_observed){seqs[in[k]], q->pf_at, end[k] - q->pf_at, q->hist,
+                                              o->hidden + (size_t)row0[k] * e->m->info.n_embd, true, NULL};
+            who[n++] = in[k];
+        }
+        const int drc = d->vt->observe(d, n, seen, err, err_size);
+        for (int k = 0; k < n; k++) rc[who[k]] = drc;
+    }
+}
+
 /* Up to max_rows more of each sequence's prompt (seq_setup), the sequences' pieces together in
  * forwards of at most n_batch rows (a piece also ends where a checkpoint is wanted); a sequence
  * whose prompt is in gets its first token in first[i] and done[i] set; rc[i] its status. */
@@ -446,16 +470,15 @@ static int seqs_prefill(struct spec_engine *e, int n, const int *seqs, int max_r
                                 .prompt = true, .argmax_out = greedy ? e->d_ids : NULL};
         struct model_output o;
         const int frc = model_forward(m, &b, &o, err, err_size);
+        if (!frc) observe_pieces(e, n_in, in, seqs, row0, end, &o, rc, err, err_size);
         int wanted = 0;
         for (int j = 0; j < n_in; j++) {
             const int i = in[j], s = seqs[i];
             struct spec_seq *q = &e->seqs[s];
             if (frc) { rc[i] = frc; continue; }
-            struct drafter *d = drafter_for(e, q->p.drafter);
+            if (rc[i]) continue;
             const int len = end[j] - q->pf_at;
             const float *hidden = o.hidden + (size_t)row0[j] * m->info.n_embd;
-            const struct draft_observed seen = {s, q->pf_at, len, q->hist, hidden, true, NULL};
-            if (d && (rc[i] = d->vt->observe(d, 1, &seen, err, err_size))) continue;
             for (int k = 0; k < q->pf_n_ck; k++)
                 if (q->pf_ck[k] == end[j]) {
                     model_seq_checkpoint(m, s, hidden + (size_t)(len - 1) * m->info.n_embd);
