@@ -24,6 +24,8 @@ struct bweight {
     size_t row_bytes;
     const void *data;            /* backend memory */
     bool repacked;               /* data is the backend's own copy in a layout of its choice */
+    void *host_copy;             /* a loader-made copy (a rank's part) that data may point into:
+                                    weights_unbind frees it after the backend's weight_free */
 };
 
 /* A delta-net layer's gate inputs for a run of tokens: for token t and v-head h the decay is

@@ -137,6 +137,9 @@ struct model_params {
     /* the KV cache's element types (llama.cpp's -ctk / -ctv): f16, bf16, q8_0 or q4_0 (kv.h's
      * kv_types), K and V independently */
     enum ggml_type cache_type_k, cache_type_v;
+    /* tp_n > 1: load rank tp_rank of a tensor-parallel split (its share of the heads and
+     * widths, docs/notes/2026-12-05-tensor-parallel.md); 0 or 1: the whole model */
+    int tp_rank, tp_n;
 };
 
 /* The architectures model_load knows, comma-separated ("qwen35, gemma4"), into buf; returns buf. */

@@ -138,7 +138,7 @@ Test(draft_depth, random_model_stops_drafting, .timeout = 120) {
     cr_assert_eq(system(cmd), 0, "mkmodel failed: %s", cmd);
     struct backend *be = backend_cpu_init(1, quant_cpu_level_detect());
     struct model *m;
-    struct model_params mp = {1, 1024, 128, SPEC_MAX_DRAFT + 1, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
+    struct model_params mp = {1, 1024, 128, SPEC_MAX_DRAFT + 1, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
     cr_assert_eq(model_load(&m, path, be, &mp, err, sizeof err), 0, "%s", err);
     struct spec_engine *e;
     cr_assert_eq(spec_engine_init(&e, m, NULL, err, sizeof err), 0, "%s", err);

@@ -66,7 +66,7 @@ static void open_model(int nextn, const char *path, struct backend **be, struct 
              path, nextn);
     cr_assert_eq(system(cmd), 0, "mkmodel failed: %s", cmd);
     *be = backend_cpu_init(1, quant_cpu_level_detect());
-    struct model_params p = {1, 64, 16, SPEC_MAX_DRAFT + 1, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
+    struct model_params p = {1, 64, 16, SPEC_MAX_DRAFT + 1, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
     cr_assert_eq(model_load(m, path, *be, &p, err, sizeof err), 0, "%s", err);
 }
 

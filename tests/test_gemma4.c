@@ -22,7 +22,7 @@
 static struct model *open_model(struct backend *be, const char *path, int n_batch) {
     char err[512];
     struct model *m = NULL;
-    const struct model_params p = {1, 512, n_batch, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
+    const struct model_params p = {1, 512, n_batch, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
     cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "load: %s", err);
     return m;
 }

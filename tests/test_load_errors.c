@@ -74,7 +74,7 @@ static void expect_refused(const char *path, struct blob b, const char *want, in
     write_all(path, b);
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
     cr_assert_not_null(be);
-    struct model_params p = {n_seq, n_ctx, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
+    struct model_params p = {n_seq, n_ctx, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
     struct model *m = (struct model *)&p; /* must be cleared by a failing load */
     char err[512] = "";
     int rc = model_load(&m, path, be, &p, err, sizeof err);
@@ -97,7 +97,7 @@ Test(load_errors, the_unedited_model_loads) {
     char *path = scratch("ok");
     struct blob b = make_model(path);
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
-    struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
+    struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
     struct model *m = NULL;
     char err[512];
     cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);
@@ -184,7 +184,7 @@ Test(load_errors, moe_unedited_loads_and_gate_up_half_missing) {
     struct blob b = make_moe(path);
     write_all(path, b);
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
-    struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
+    struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
     struct model *m = NULL;
     char err[512];
     cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);
@@ -228,7 +228,7 @@ Test(load_errors, cache_types_size_the_kv_and_unknown_ones_are_refused) {
     {
         write_all(path, b);
         struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
-        struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_BF16, GGML_TYPE_Q8_0};
+        struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_BF16, GGML_TYPE_Q8_0, 0, 0};
         struct model *m = NULL;
         char err[512] = "";
         cr_assert_neq(model_load(&m, path, be, &p, err, sizeof err), 0);
@@ -243,7 +243,7 @@ Test(load_errors, cache_types_size_the_kv_and_unknown_ones_are_refused) {
                                        {GGML_TYPE_BF16, GGML_TYPE_Q8_0}};
     size_t k[3], v[3], rec[3];
     for (int i = 0; i < 3; i++) {
-        struct model_params p = {1, 64, 16, 4, NULL, types[i][0], types[i][1]};
+        struct model_params p = {1, 64, 16, 4, NULL, types[i][0], types[i][1], 0, 0};
         struct model *m = NULL;
         char err[512];
         cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);
@@ -262,7 +262,7 @@ Test(load_errors, cache_types_size_the_kv_and_unknown_ones_are_refused) {
     cr_assert_eq(v[2], k[1], "q8_0 V as q8_0 K");
     const enum ggml_type bad[] = {GGML_TYPE_F32, GGML_TYPE_Q5_0, GGML_TYPE_Q4_K};
     for (int i = 0; i < 3; i++) {
-        struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_F16, bad[i]};
+        struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_F16, bad[i], 0, 0};
         struct model *m = NULL;
         char err[512] = "";
         cr_assert_neq(model_load(&m, path, be, &p, err, sizeof err), 0);
@@ -347,7 +347,7 @@ Test(load_errors, load_reports_progress_and_slot_memory) {
     for (int i = 0; i < 2; i++) {
         struct progress_seen seen = {.monotone = true};
         struct load_progress lp = {on_progress, &seen, 0, 0};
-        struct model_params p = {2, 64 << i, 16, 4, &lp, GGML_TYPE_F16, GGML_TYPE_F16};
+        struct model_params p = {2, 64 << i, 16, 4, &lp, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
         struct model *m = NULL;
         char err[512];
         cr_assert_eq(model_load(&m, path, be, &p, err, sizeof err), 0, "%s", err);

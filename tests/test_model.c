@@ -24,7 +24,7 @@ static struct fixture open_model_at(const char *path, int n_seq, int n_keep, enu
     char err[512];
     f.be = backend_cpu_init(n_threads, level);
     cr_assert_not_null(f.be);
-    struct model_params p = {n_seq, 512, 128, n_keep, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
+    struct model_params p = {n_seq, 512, 128, n_keep, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
     int rc = model_load(&f.m, path, f.be, &p, err, sizeof err);
     cr_assert_eq(rc, 0, "load: %s", err);
     return f;
@@ -377,7 +377,7 @@ Test(model, simd_matches_reference_on_f32_model) {
     cr_assert_eq(system(cmd), 0, "mkmodel failed");
     struct backend *br = backend_cpu_init(1, QUANT_CPU_REF), *bs = backend_cpu_init(2, quant_cpu_level_detect());
     struct model *mr, *ms;
-    struct model_params p = {1, 256, 64, 0, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
+    struct model_params p = {1, 256, 64, 0, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
     cr_assert_eq(model_load(&mr, path, br, &p, err, sizeof err), 0, "%s", err);
     cr_assert_eq(model_load(&ms, path, bs, &p, err, sizeof err), 0, "%s", err);
     struct fixture fr = {br, mr}, fs = {bs, ms};
@@ -412,7 +412,7 @@ Test(model, q8_0_logits_close_to_f32) {
     cr_assert_eq(system(cmd), 0, "mkmodel failed");
     struct backend *b1 = backend_cpu_init(1, quant_cpu_level_detect()), *b2 = backend_cpu_init(1, quant_cpu_level_detect());
     struct model *m32, *m8;
-    struct model_params p = {1, 256, 64, 0, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
+    struct model_params p = {1, 256, 64, 0, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
     cr_assert_eq(model_load(&m32, p32, b1, &p, err, sizeof err), 0, "%s", err);
     cr_assert_eq(model_load(&m8, p8, b2, &p, err, sizeof err), 0, "%s", err);
     struct fixture f32 = {b1, m32}, f8 = {b2, m8};

@@ -25,7 +25,7 @@ static float *state[3];
 static void setup(void) {
     char err[512];
     be = backend_cpu_init(1, quant_cpu_level_detect());
-    struct model_params p = {3, 512, 32, SPEC_MAX_DRAFT + 1, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
+    struct model_params p = {3, 512, 32, SPEC_MAX_DRAFT + 1, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
     cr_assert_eq(model_load(&m, MODEL_PATH, be, &p, err, sizeof err), 0, "%s", err);
     cr_assert_eq(tokenizer_init(&tok, m->gguf, err, sizeof err), 0, "%s", err);
     cr_assert_eq(spec_engine_init(&eng, m, NULL, err, sizeof err), 0, "%s", err);

@@ -26,7 +26,7 @@ static struct env env_open_seqs(const char *path, int n_seq, int n_batch) {
     struct env v;
     char err[512];
     v.be = backend_cpu_init(1, quant_cpu_level_detect());
-    struct model_params p = {n_seq, 1024, n_batch, SPEC_MAX_DRAFT + 1, NULL, GGML_TYPE_F16, GGML_TYPE_F16};
+    struct model_params p = {n_seq, 1024, n_batch, SPEC_MAX_DRAFT + 1, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
     cr_assert_eq(model_load(&v.m, path, v.be, &p, err, sizeof err), 0, "%s", err);
     cr_assert_eq(spec_engine_init(&v.e, v.m, NULL, err, sizeof err), 0, "%s", err);
     return v;

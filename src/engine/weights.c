@@ -47,6 +47,91 @@ static int bind_rows(const struct weight_loader *L, struct bweight *w, const cha
     return 0;
 }
 
+static int64_t runs_total(const struct weight_shard_runs *r, int64_t whole) {
+    int64_t n = 0;
+    if (!r || !r->n) return whole;
+    for (int i = 0; i < r->n; i++) n += r->len[i];
+    return n;
+}
+
+int weights_shard_gather(const struct weight_loader *L, const struct gguf_tensor *t, int64_t n_in, int64_t n_out,
+                         const struct weight_shard_runs *rows, const struct weight_shard_runs *cols, void **buf,
+                         int64_t *n_in_out, int64_t *n_out_out) {
+    const struct ggml_type_traits *tr = ggml_type_traits_get(t->type);
+    const size_t rb = ggml_row_size(t->type, n_in);
+    if (!tr || !rb) return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED, "tensor %s: type %d cannot be split", t->name, (int)t->type);
+    const struct weight_shard_runs all_r = {1, {0}, {n_out}}, all_c = {1, {0}, {n_in}};
+    if (!rows || !rows->n) rows = &all_r;
+    if (!cols || !cols->n) cols = &all_c;
+    for (int i = 0; i < rows->n; i++)
+        if (rows->start[i] < 0 || rows->len[i] < 1 || rows->start[i] + rows->len[i] > n_out)
+            return coti_fail(L->err, L->err_size, COTI_E_ARG, "tensor %s: rows [%lld, +%lld) outside its %lld", t->name,
+                             (long long)rows->start[i], (long long)rows->len[i], (long long)n_out);
+    for (int i = 0; i < cols->n; i++)
+        if (cols->start[i] < 0 || cols->len[i] < 1 || cols->start[i] + cols->len[i] > n_in ||
+            cols->start[i] % tr->block_elems || cols->len[i] % tr->block_elems)
+            return coti_fail(L->err, L->err_size, COTI_E_UNSUPPORTED,
+                             "tensor %s: columns [%lld, +%lld) of %lld do not fall on its %s blocks of %d", t->name,
+                             (long long)cols->start[i], (long long)cols->len[i], (long long)n_in, tr->name, tr->block_elems);
+    const int64_t ni = runs_total(cols, n_in), no = runs_total(rows, n_out);
+    const size_t out_rb = ggml_row_size(t->type, ni);
+    uint8_t *out = malloc(out_rb * (size_t)no);
+    if (!out) return coti_fail(L->err, L->err_size, COTI_E_NOMEM, "out of memory for a part of %s", t->name);
+    uint8_t *dst = out;
+    for (int i = 0; i < rows->n; i++)
+        for (int64_t r = rows->start[i]; r < rows->start[i] + rows->len[i]; r++) {
+            const uint8_t *src = (const uint8_t *)t->data + (size_t)r * rb;
+            for (int c = 0; c < cols->n; c++) {
+                const size_t off = (size_t)(cols->start[c] / tr->block_elems) * (size_t)tr->block_bytes;
+                const size_t len = (size_t)(cols->len[c] / tr->block_elems) * (size_t)tr->block_bytes;
+                memcpy(dst, src + off, len);
+                dst += len;
+            }
+        }
+    *buf = out;
+    *n_in_out = ni;
+    *n_out_out = no;
+    return 0;
+}
+
+/* A 2-D tensor split along the table's width ids (L->shard; the widths are the rank's). */
+static int bind_shard(const struct weight_loader *L, const struct weight_desc *d, const char *name, const int64_t *widths,
+                      void *field) {
+    const struct gguf_tensor *t = gguf_find_tensor(L->g, name);
+    if (!t) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing tensor %s", name);
+    const struct weight_shard_runs *rows = &L->shard[d->out], *cols = rows->n ? NULL : &L->shard[d->in];
+    const int64_t n_in = t->ne[0], n_out = t->n_dims < 2 ? 1 : t->ne[1];
+    if (t->n_dims > 2 || (d->kind == WEIGHT_VECTOR && t->type != GGML_TYPE_F32))
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "tensor %s cannot be split (%u dims, type %d)", name,
+                         t->n_dims, (int)t->type);
+    void *buf;
+    int64_t ni, no;
+    int rc = weights_shard_gather(L, t, n_in, n_out, rows, cols, &buf, &ni, &no);
+    if (rc) return rc;
+    if (ni != widths[d->in] || no != widths[d->out]) {
+        free(buf);
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "tensor %s: the rank's part is {%lld, %lld}, expected {%lld, %lld}",
+                         name, (long long)ni, (long long)no, (long long)widths[d->in], (long long)widths[d->out]);
+    }
+    if (d->kind == WEIGHT_VECTOR) {
+        float **p = field;
+        *p = L->be->alloc(L->be, sizeof(float) * (size_t)(ni * no));
+        if (*p) L->be->upload(L->be, *p, buf, sizeof(float) * (size_t)(ni * no));
+        rc = *p ? 0 : coti_fail(L->err, L->err_size, COTI_E_NOMEM, "out of memory for %s", name);
+    } else {
+        struct bweight *w = field;
+        rc = L->be->weight_init(L->be, w, t->type, ni, no, buf);
+        if (!rc && !w->repacked && w->data == buf) { /* the backend reads the bytes where they are: keep them */
+            w->host_copy = buf;
+            buf = NULL;
+        }
+        if (rc) rc = coti_fail(L->err, L->err_size, rc, "backend cannot hold the rank's part of %s", name);
+    }
+    free(buf);
+    if (!rc) note_progress(L, t->size_bytes);
+    return rc;
+}
+
 int weights_bind_matrix(const struct weight_loader *L, struct bweight *w, const char *name, int64_t n_in, int64_t n_out) {
     return bind_rows(L, w, name, n_in, n_out, 0);
 }
@@ -123,7 +208,10 @@ int weights_bind(const struct weight_loader *L, const struct weight_desc *table,
         weight_name(d, il, name, sizeof name);
         if (d->presence != WEIGHT_REQUIRED && !gguf_find_tensor(L->g, name)) continue;
         void *field = (uint8_t *)base + d->offset;
-        int rc = d->kind == WEIGHT_EXPERTS  ? weights_bind_experts(L, field, name, widths[d->in], widths[d->out])
+        const bool split = L->shard && (d->kind == WEIGHT_MATRIX || d->kind == WEIGHT_VECTOR) &&
+                           (L->shard[d->in].n || L->shard[d->out].n);
+        int rc = split                      ? bind_shard(L, d, name, widths, field)
+                 : d->kind == WEIGHT_EXPERTS  ? weights_bind_experts(L, field, name, widths[d->in], widths[d->out])
                  : d->kind == WEIGHT_MATRIX ? weights_bind_matrix(L, field, name, widths[d->in], widths[d->out])
                  : d->kind == WEIGHT_VECTOR ? weights_bind_vector(L, field, name, widths[d->in] * widths[d->out])
                                             : weights_bind_scalar(L, field, name);
@@ -139,6 +227,7 @@ void weights_unbind(struct backend *be, const struct weight_desc *table, int n, 
         if (table[i].kind == WEIGHT_MATRIX || table[i].kind == WEIGHT_EXPERTS) {
             struct bweight *w = field;
             if (w->data) be->weight_free(be, w);
+            free(w->host_copy);
             *w = (struct bweight){0};
         } else {
             float **p = field;

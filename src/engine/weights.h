@@ -60,6 +60,17 @@ struct weight_desc {
 
 struct load_progress;
 
+/* Tensor parallelism (docs/notes/2026-12-05-tensor-parallel.md): along a split width, the
+ * indices a rank holds, as runs in increasing order. A matrix whose out width is split keeps
+ * those rows; else one whose in width is split keeps those columns of every row (its matmul is
+ * then a partial sum, all-reduced by the caller); else it is whole on every rank. Vectors the
+ * same, element-wise. */
+#define WEIGHT_SHARD_MAX_RUNS 64
+struct weight_shard_runs {
+    int n;                       /* 0: the width is not split */
+    int64_t start[WEIGHT_SHARD_MAX_RUNS], len[WEIGHT_SHARD_MAX_RUNS];
+};
+
 struct weight_loader {
     struct gguf_file *g;
     struct backend *be;
@@ -67,12 +78,21 @@ struct weight_loader {
     char *err;
     size_t err_size;
     struct load_progress *progress; /* model_params' (model.h), or NULL */
+    /* NULL: whole tensors; else [width id] the rank's runs (weights_bind: by the table's width
+     * ids; the widths given there are the rank's) */
+    const struct weight_shard_runs *shard;
 };
 
 /* Bind the tensors of `table` that belong to layer kind `kind` (0: the global ones) of layer il
  * into the struct at base. A missing optional tensor leaves its field zero. */
 int weights_bind(const struct weight_loader *L, const struct weight_desc *table, int n, unsigned kind, int il,
                  void *base, const int64_t *widths);
+/* The rank's part of tensor t (n_in x n_out of the file, rows and columns where their runs say,
+ * NULL runs: all) in a new buffer (free()), *n_in_out / *n_out_out its shape. Column runs must
+ * start and end on the type's blocks. Returns 0 or an error. */
+int weights_shard_gather(const struct weight_loader *L, const struct gguf_tensor *t, int64_t n_in, int64_t n_out,
+                         const struct weight_shard_runs *rows, const struct weight_shard_runs *cols, void **buf,
+                         int64_t *n_in_out, int64_t *n_out_out);
 /* Free the fields weights_bind binds for kind (0: the global ones) in the struct at base that
  * are bound (safe on a struct bound half-way: fields are zero until bound). */
 void weights_unbind(struct backend *be, const struct weight_desc *table, int n, unsigned kind, void *base);

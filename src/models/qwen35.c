@@ -131,6 +131,51 @@ void qwen35_widths(const struct qwen35_hparams *hp, int64_t w[QWEN35_N_WIDTHS]) 
     w[W(FF_SHEXP)] = hp->n_ff_shexp;
 }
 
+/* Append [start, start + len) to r, merged with the last run where they touch. */
+static void run_add(struct weight_shard_runs *r, int64_t start, int64_t len) {
+    if (r->n && r->start[r->n - 1] + r->len[r->n - 1] == start) { r->len[r->n - 1] += len; return; }
+    r->start[r->n] = start;
+    r->len[r->n++] = len;
+}
+
+int qwen35_shard(const struct qwen35_hparams *hp, int rank, int n, struct qwen35_hparams *local,
+                 struct weight_shard_runs runs[QWEN35_N_WIDTHS], char *err, size_t err_size) {
+    memset(runs, 0, sizeof(struct weight_shard_runs) * QWEN35_N_WIDTHS);
+    *local = *hp;
+    if (n == 1) return 0;
+    if (n < 1 || rank < 0 || rank >= n)
+        return coti_fail(err, err_size, COTI_E_ARG, "rank %d of %d", rank, n);
+    if (hp->n_expert)
+        return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "a tensor-parallel split of a mixture of experts is not built yet");
+    if (hp->n_head_kv % n || hp->ssm_nk % n || hp->n_ff % n)
+        return coti_fail(err, err_size, COTI_E_UNSUPPORTED,
+                         "%d ranks do not divide the KV heads (%d), the delta-net key heads (%d) and the feed-forward "
+                         "width (%d)", n, hp->n_head_kv, hp->ssm_nk, hp->n_ff);
+    const int64_t D = hp->head_dim, G = hp->n_head / hp->n_head_kv, kvr = hp->n_head_kv / n, kv0 = rank * kvr;
+    const int64_t dk = hp->ssm_dk, dv = hp->ssm_dv, nk = hp->ssm_nk, nkr = nk / n, k0 = rank * nkr;
+    const int64_t ffr = hp->n_ff / n;
+    local->n_head = (int)(kvr * G);
+    local->n_head_kv = (int)kvr;
+    local->ssm_nk = (int)nkr;
+    local->ssm_nv = hp->ssm_nv / n;
+    local->ssm_ch = 2 * local->ssm_nk * local->ssm_dk + local->ssm_nv * local->ssm_dv;
+    local->n_ff = (int)ffr;
+    run_add(&runs[W(QG)], kv0 * G * 2 * D, kvr * G * 2 * D);
+    run_add(&runs[W(HD)], kv0 * G * D, kvr * G * D);
+    run_add(&runs[W(KV)], kv0 * D, kvr * D);
+    run_add(&runs[W(FF)], rank * ffr, ffr);
+    /* the conv channels: q of the rank's k-heads, k of them, v of the v-heads that use them */
+    run_add(&runs[W(SSM_CH)], k0 * dk, nkr * dk);
+    run_add(&runs[W(SSM_CH)], nk * dk + k0 * dk, nkr * dk);
+    for (int64_t h = 0; h < hp->ssm_nv; h++) {
+        if (h % nk < k0 || h % nk >= k0 + nkr) continue;
+        run_add(&runs[W(SSM_CH)], 2 * nk * dk + h * dv, dv);
+        run_add(&runs[W(SSM_NVD)], h * dv, dv);
+        run_add(&runs[W(SSM_NV)], h, 1);
+    }
+    return 0;
+}
+
 unsigned qwen35_layer_kind(const struct qwen35_hparams *hp, int il) {
     const unsigned ffn = hp->n_expert ? L_MOE : L_DENSE;
     if (il >= hp->n_layer) return L_ATTN | L_NEXTN | ffn;    /* arch-qwen35.md §3 */
@@ -159,6 +204,7 @@ struct qwen35 {
     void *draft_head_host;
     struct scratch s;
     struct engine eng;
+    struct weight_shard_runs shard[QWEN35_N_WIDTHS]; /* a tensor-parallel rank's (model_params.tp_n > 1) */
 };
 
 static struct qwen35 *q35(struct model *m) { return (struct qwen35 *)m; }
@@ -333,7 +379,7 @@ static const struct model_vtable qwen35_vtable;
 static int load(struct model **out, struct gguf_file *g, struct backend *be, const struct model_params *p, char *err,
                 size_t err_size, const char *arch) {
     const bool moe = !strcmp(arch, "qwen35moe");
-    const struct weight_loader L = {g, be, arch, err, err_size, p->progress};
+    struct weight_loader L = {g, be, arch, err, err_size, p->progress, NULL};
     struct qwen35 *q = calloc(1, sizeof(*q));
     if (!q) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     struct model *m = &q->base;
@@ -348,6 +394,11 @@ static int load(struct model **out, struct gguf_file *g, struct backend *be, con
     struct qwen35_hparams *hp = &q->hp;
     int rc = read_hparams(&L, hp, moe);
     if (rc) { free(q); return rc; }
+    if (p->tp_n > 1) { /* a rank of a tensor-parallel split: its share of the heads and widths */
+        struct qwen35_hparams whole = *hp;
+        if ((rc = qwen35_shard(&whole, p->tp_rank, p->tp_n, hp, q->shard, err, err_size))) { free(q); return rc; }
+        L.shard = q->shard;
+    }
     m->gguf = g; /* owned once loading succeeds: qwen35_free closes it */
 
     const struct gguf_tensor *te = gguf_find_tensor(g, "token_embd.weight");

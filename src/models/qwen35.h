@@ -38,6 +38,15 @@ enum {
     QWEN35_LAYER_MOE = 16,               /* routed experts + a gated shared expert (qwen35moe) */
 };
 
+/* Rank `rank` of n in a tensor-parallel split (docs/notes/2026-12-05-tensor-parallel.md): its
+ * hparams (*local: the heads, KV heads, delta-net key and value heads and feed-forward width
+ * divided by n) and, per width id, the indices of the file's rows or columns it holds (runs[w].n
+ * 0: not split). The delta-net's v-heads go with their k-head (h % nk), so the rank's kernels
+ * see the same rule on its own numbering. Returns 0, or an error where n does not divide them
+ * (or a mixture of experts: not yet). */
+int qwen35_shard(const struct qwen35_hparams *hp, int rank, int n, struct qwen35_hparams *local,
+                 struct weight_shard_runs runs[QWEN35_N_WIDTHS], char *err, size_t err_size);
+
 extern const struct weight_desc qwen35_tensors[];
 extern const int qwen35_n_tensors;
 
