@@ -209,6 +209,11 @@ struct backend {
     void (*graph_free)(struct backend *be, void *graph);
 
     void (*destroy)(struct backend *be);
+
+    /* Tensor parallelism (tp.h): the split this backend is rank `rank` of, or NULL (one rank:
+     * all_reduce does nothing). Set by tp_attach. */
+    struct tp_comm *comm;
+    int rank;
 };
 
 /* CPU backend with a pool of n_threads; level caps the SIMD kernels (QUANT_CPU_REF gives the

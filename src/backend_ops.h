@@ -52,6 +52,11 @@ BACKEND_OP(swiglu, ELEMENTWISE, (struct backend *be, const float *g, const float
 /* y = gelu(g) ⊙ u, gelu by its tanh approximation (GeGLU) */
 BACKEND_OP(geglu, ELEMENTWISE, (struct backend *be, const float *g, const float *u, int64_t n, float *y),
            (g, u, n, y))
+/* x[0, n) = the sum over the ranks of a tensor-parallel split (be->comm, tp.h) of their x, the
+ * same bits on every rank; nothing with one rank (comm NULL). Follows the matmuls whose input
+ * is split across ranks (attention and delta-net outputs, FFN down). supports(all_reduce):
+ * whether the backend can be a rank of a split of several. */
+BACKEND_OP(all_reduce, ELEMENTWISE, (struct backend *be, float *x, int64_t n), (x, n))
 /* x *= s, in place */
 BACKEND_OP(scale, ELEMENTWISE, (struct backend *be, float *x, int64_t n, float s), (x, n, s))
 /* x = c · tanh(x / c), in place (final logit soft-capping) */

@@ -69,20 +69,23 @@ static uint8_t *tensor_type(struct blob b, const char *name) {
     return tensor_ne(b, name) + 8 * n_dims;
 }
 
-/* Load the edited file; it must fail with a message containing want. */
-static void expect_refused(const char *path, struct blob b, const char *want, int n_seq, int n_ctx) {
+/* Load the edited file with params p; it must fail with a message containing want. */
+static void expect_refused_with(const char *path, struct blob b, const char *want, const struct model_params *p) {
     write_all(path, b);
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
     cr_assert_not_null(be);
-    struct model_params p = {n_seq, n_ctx, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
-    struct model *m = (struct model *)&p; /* must be cleared by a failing load */
+    struct model *m = (struct model *)p; /* must be cleared by a failing load */
     char err[512] = "";
-    int rc = model_load(&m, path, be, &p, err, sizeof err);
+    int rc = model_load(&m, path, be, p, err, sizeof err);
     cr_assert_neq(rc, 0, "the edited model loaded");
     cr_assert_null(m, "a failed load left a model behind");
     cr_expect_not_null(strstr(err, want), "error '%s' does not say '%s'", err, want);
     backend_free(be);
     unlink(path);
+}
+static void expect_refused(const char *path, struct blob b, const char *want, int n_seq, int n_ctx) {
+    const struct model_params p = {n_seq, n_ctx, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
+    expect_refused_with(path, b, want, &p);
 }
 
 #define SCRATCH "/tmp/coti-test-load-errors"
@@ -124,6 +127,26 @@ Test(load_errors, tensor_of_wrong_shape) {
     ne0 /= 2;
     memcpy(at, &ne0, 8);
     expect_refused(path, b, "blk.0.ffn_down.weight", 1, 64);
+    free(b.p);
+}
+
+/* A tensor-parallel rank cuts the file's tensors (tests/test_shard.c): a split tensor of the
+ * wrong shape is refused there too, also where the rank's part would fit (half of ffn_gate's rows
+ * still hold rank 0's); so is a split that would cut the type's blocks. */
+Test(load_errors, a_rank_refuses_a_split_tensor_of_wrong_shape) {
+    char *path = scratch("rank-shape");
+    struct blob b = make_model_with(path, "--ssm-d-state 32"); /* v-heads of 32 columns: Q8_0 blocks */
+    uint64_t ne1;
+    uint8_t *at = tensor_ne(b, "blk.0.ffn_gate.weight") + 8;
+    memcpy(&ne1, at, 8);
+    ne1 /= 2;
+    memcpy(at, &ne1, 8);
+    const struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 2};
+    expect_refused_with(path, b, "blk.0.ffn_gate.weight has shape", &p);
+    free(b.p);
+    /* unedited, with v-heads of 16 columns: a rank's columns would cut Q8_0 blocks */
+    b = make_model(path);
+    expect_refused_with(path, b, "do not fall on its q8_0 blocks of 32", &p);
     free(b.p);
 }
 

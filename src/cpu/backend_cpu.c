@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "threadpool.h"
 #include "cpu/ops.h"
+#include "tp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -317,6 +318,10 @@ static void cpu_geglu(struct backend *be, const float *g, const float *u, int64_
             y[i0 + i] = gelu * u[i0 + i];
         }
     }
+}
+
+static void cpu_all_reduce(struct backend *be, float *x, int64_t n) {
+    if (be->comm) tp_comm_sum_host(be->comm, be->rank, x, n);
 }
 
 static void cpu_scale(struct backend *be, float *x, int64_t n, float s) {

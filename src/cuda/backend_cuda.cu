@@ -224,6 +224,7 @@ static bool cuda_supports(struct backend *be, enum backend_op op, enum ggml_type
     case BACKEND_OP_attn_prep:
     case BACKEND_OP_kv_store:
     case BACKEND_OP_attention: return cuda_kv_type(type);
+    case BACKEND_OP_all_reduce: return false; /* no CUDA rank of a split yet (NCCL: tp.h) */
     default: return (int)op >= 0 && op < BACKEND_OP_COUNT && type == GGML_TYPE_F32;
     }
 }

@@ -175,6 +175,9 @@ void cuda_softcap(struct backend *be, float *x, int64_t n, float cap) {
     cuda_launch(c, elem_grid(c, n), 256, softcap_kernel, x, n, cap, 1.0f / cap);
 }
 
+/* One rank: nothing to sum (tp_attach refuses a CUDA backend, cuda_supports). */
+void cuda_all_reduce(struct backend *be, float *x, int64_t n) {}
+
 void cuda_add(struct backend *be, const float *a, const float *b, int64_t n, float *y) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n < 1) return;

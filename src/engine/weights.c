@@ -101,9 +101,11 @@ static int bind_shard(const struct weight_loader *L, const struct weight_desc *d
     if (!t) return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "missing tensor %s", name);
     const struct weight_shard_runs *rows = &L->shard[d->out], *cols = rows->n ? NULL : &L->shard[d->in];
     const int64_t n_in = t->ne[0], n_out = t->n_dims < 2 ? 1 : t->ne[1];
-    if (t->n_dims > 2 || (d->kind == WEIGHT_VECTOR && t->type != GGML_TYPE_F32))
-        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "tensor %s cannot be split (%u dims, type %d)", name,
-                         t->n_dims, (int)t->type);
+    if (t->n_dims > 2 || (d->kind == WEIGHT_VECTOR && t->type != GGML_TYPE_F32) || n_in != L->shard_whole[d->in] ||
+        n_out != L->shard_whole[d->out])
+        return coti_fail(L->err, L->err_size, COTI_E_FORMAT, "tensor %s has shape {%lld, %lld} (%u dims, type %d), "
+                         "expected {%lld, %lld}", name, (long long)n_in, (long long)n_out, t->n_dims, (int)t->type,
+                         (long long)L->shard_whole[d->in], (long long)L->shard_whole[d->out]);
     void *buf;
     int64_t ni, no;
     int rc = weights_shard_gather(L, t, n_in, n_out, rows, cols, &buf, &ni, &no);

@@ -81,6 +81,7 @@ struct weight_loader {
     /* NULL: whole tensors; else [width id] the rank's runs (weights_bind: by the table's width
      * ids; the widths given there are the rank's) */
     const struct weight_shard_runs *shard;
+    const int64_t *shard_whole;  /* with shard: [width id] the whole model's widths (the file's shapes) */
 };
 
 /* Bind the tensors of `table` that belong to layer kind `kind` (0: the global ones) of layer il

@@ -79,6 +79,7 @@ void block_glu_ffn(const struct block_ctx *c, const struct glu_ffn_weights *w, c
     block_matmul_n(c, in, ws, ys, 2, n);
     backend_matmul(c->be, &w->down, &(struct matmul_in){.kind = MATMUL_SWIGLU, .x = c->s->fg, .m = c->s->fu, .a = c->s->fg},
                    n, out);
+    c->be->all_reduce(c->be, out, (int64_t)n * w->down.n_out); /* a rank's FF columns: a partial sum */
 }
 
 void block_moe_ffn(const struct block_ctx *c, const struct moe_ffn_weights *w, const struct moe_shape *sh,
@@ -120,6 +121,7 @@ void block_gated_attn(const struct block_ctx *c, const struct gated_attn_weights
                    &(struct matmul_in){.kind = MATMUL_SIGMOID_GATE, .x = s->att, .m = s->qg + D, .dim = D,
                                        .gate_stride = 2 * H * D, .gate_head_stride = 2 * D, .a = s->att},
                    n, out);
+    be->all_reduce(be, out, (int64_t)n * w->o.n_out); /* a rank's heads: a partial sum */
 }
 
 void block_delta_net(const struct block_ctx *c, const struct delta_net_weights *w, const struct delta_net_shape *sh,
@@ -157,6 +159,7 @@ void block_delta_net(const struct block_ctx *c, const struct delta_net_weights *
                    &(struct matmul_in){.kind = MATMUL_GATED_NORM, .x = s->o, .m = s->z, .w = w->norm, .dim = sh->dv,
                                        .eps = c->eps, .a = s->og},
                    n, out);
+    be->all_reduce(be, out, (int64_t)n * w->out.n_out); /* a rank's v-heads: a partial sum */
 }
 
 /* lm_head over the rows of hidden that want logits: straight from hidden when they are

@@ -163,7 +163,7 @@ int gemma4_assistant_load(struct gemma4_assistant **out, const char *path, struc
     a->t = t;
     a->be = t->be;
     a->gguf = g;
-    const struct weight_loader L = {g, t->be, "gemma4-assistant", err, err_size, NULL, NULL};
+    const struct weight_loader L = {g, t->be, "gemma4-assistant", err, err_size, NULL, NULL, NULL};
     if ((rc = read_hparams(a, &L))) goto fail;
     if (a->Dt != t->info.n_embd) {
         rc = coti_fail(err, err_size, COTI_E_UNSUPPORTED, "the assistant expects a target %d wide; this target is %d", a->Dt,

@@ -205,6 +205,7 @@ struct qwen35 {
     struct scratch s;
     struct engine eng;
     struct weight_shard_runs shard[QWEN35_N_WIDTHS]; /* a tensor-parallel rank's (model_params.tp_n > 1) */
+    int64_t shard_whole[QWEN35_N_WIDTHS];
 };
 
 static struct qwen35 *q35(struct model *m) { return (struct qwen35 *)m; }
@@ -379,7 +380,7 @@ static const struct model_vtable qwen35_vtable;
 static int load(struct model **out, struct gguf_file *g, struct backend *be, const struct model_params *p, char *err,
                 size_t err_size, const char *arch) {
     const bool moe = !strcmp(arch, "qwen35moe");
-    struct weight_loader L = {g, be, arch, err, err_size, p->progress, NULL};
+    struct weight_loader L = {g, be, arch, err, err_size, p->progress, NULL, NULL};
     struct qwen35 *q = calloc(1, sizeof(*q));
     if (!q) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     struct model *m = &q->base;
@@ -394,10 +395,11 @@ static int load(struct model **out, struct gguf_file *g, struct backend *be, con
     struct qwen35_hparams *hp = &q->hp;
     int rc = read_hparams(&L, hp, moe);
     if (rc) { free(q); return rc; }
+    struct qwen35_hparams whole = *hp;
     if (p->tp_n > 1) { /* a rank of a tensor-parallel split: its share of the heads and widths */
-        struct qwen35_hparams whole = *hp;
         if ((rc = qwen35_shard(&whole, p->tp_rank, p->tp_n, hp, q->shard, err, err_size))) { free(q); return rc; }
         L.shard = q->shard;
+        L.shard_whole = q->shard_whole;
     }
     m->gguf = g; /* owned once loading succeeds: qwen35_free closes it */
 
@@ -406,7 +408,8 @@ static int load(struct model **out, struct gguf_file *g, struct backend *be, con
         rc = coti_fail(err, err_size, COTI_E_FORMAT, "token_embd.weight missing or not {%d, n_vocab}", hp->n_embd);
         goto fail;
     }
-    hp->n_vocab = (int)te->ne[1];
+    hp->n_vocab = whole.n_vocab = (int)te->ne[1];
+    qwen35_widths(&whole, q->shard_whole); /* the file's shapes (a rank's split tensors are checked against them) */
     q->attn = (struct attn_shape){hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_base};
     q->delta = (struct delta_net_shape){hp->ssm_k, hp->ssm_ch, hp->ssm_nk, hp->ssm_nv, hp->ssm_dk, hp->ssm_dv};
     q->moe = (struct moe_shape){hp->n_expert, hp->n_expert_used, hp->n_ff_exp};

@@ -1988,6 +1988,23 @@ static void run_matmul_id(void) {
 }
 static void run_moe_sum(void) { test_moe_sum(1, 8, 2048, false); test_moe_sum(5, 4, 300, false); test_moe_sum(3, 8, 704, true); }
 
+/* One rank (no split: tp.h): all_reduce leaves x as it is, and the CUDA backend does not offer
+ * to be a rank of several (their sum over NCCL is not built). */
+static void run_all_reduce(void) {
+    const int64_t n = 4099;
+    float *x = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
+    fill(x, n, 3.0f);
+    float *dx = gdup(x, sizeof(float) * n);
+    gpu->all_reduce(gpu, dx, n);
+    gget(y, dx, sizeof(float) * n);
+    check_bits("all_reduce", "one rank, n 4099", y, x, sizeof(float) * n);
+    const bool alone = !gpu->supports(gpu, BACKEND_OP_all_reduce, GGML_TYPE_F32);
+    printf("%-5s %-14s %-44s\n", alone ? "ok" : "FAIL", "all_reduce", "no split of several CUDA ranks offered yet");
+    alone ? n_pass++ : n_fail++;
+    gpu->free(gpu, dx);
+    free(x); free(y);
+}
+
 static const struct op_test {
     enum backend_op op;
     void (*run)(void);
@@ -2016,6 +2033,7 @@ static const struct op_test {
     {BACKEND_OP_moe_route, run_moe_route},
     {BACKEND_OP_matmul_id, run_matmul_id},
     {BACKEND_OP_moe_sum, run_moe_sum},
+    {BACKEND_OP_all_reduce, run_all_reduce},
 };
 
 /* supports() says yes to exactly the weight types weight_init takes, and to f16 caches only */
