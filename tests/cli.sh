@@ -80,6 +80,23 @@ equiv_batched() {
 }
 check "coti equiv --parallel: batched verify rows equal plain decoding; divergence caught" equiv_batched
 
+# tensor parallelism on the CPU (issue 25 step 2): 2 ranks in one process, each with its share of
+# the heads and widths, all-reduced after the split matmuls; the speculative cycle over them
+tensor_parallel_ranks() {
+    local p=$'static int foo(struct device *dev)\n{\n'
+    "$COTI" run -p "$p" -n 48 -t 2 > "$TMP/tp1.txt" 2>/dev/null &&
+    "$COTI" run -p "$p" -n 48 -t 2 -tp 2 > "$TMP/tp2.txt" 2> "$TMP/tp2.err" &&
+    "$COTI" run -p "$p" -n 48 -t 2 --tensor-parallel-size 2 --spec mtp > "$TMP/tp2m.txt" 2>/dev/null &&
+    cmp -s "$TMP/tp1.txt" "$TMP/tp2.txt" && cmp -s "$TMP/tp1.txt" "$TMP/tp2m.txt" && grep -q 'split into 2 ranks' "$TMP/tp2.err" || return 1
+    for par in 1 3; do
+        "$COTI" equiv -tp 2 --spec mtp --spec-n-max 3 --prompts tests/data-prompts.json -n 16 -t 2 --parallel $par 2>/dev/null |
+            grep -q 'real disagreements 0, mean |dlogprob top-1| 0, max 0' || return 1
+    done
+    ! "$COTI" run -p x -n 4 -tp 4 2> "$TMP/tp4.err" > /dev/null && grep -q 'do not divide' "$TMP/tp4.err" &&
+    ! "$COTI" run -p x -n 4 -tp 9 2> /dev/null > /dev/null
+}
+check "coti run / equiv -tp 2: the whole model's text, speculation lossless over ranks; bad splits refused" tensor_parallel_ranks
+
 equiv_random_models() {
     for t in q8_0 q4_0 f16; do
         "$COTI" mkmodel --arch qwen35 -o "$TMP/r-$t.gguf" --type "$t" --seed 3 >/dev/null 2>&1 || return 1

@@ -138,12 +138,16 @@ static const struct drafter_vtable assistant_vtable = {
     .can_resume = assistant_can_resume, .resume = assistant_resume,
 };
 
-static bool assistant_available(const struct drafter_config *c) { return c->draft_path != NULL; }
+/* Not for a target split into ranks: the assistant's model would sit on rank 0's backend, whose
+ * all_reduce waits for ranks that never run it. */
+static bool assistant_available(const struct drafter_config *c) { return c->draft_path != NULL && !c->m->be->comm; }
 
 static int assistant_init(struct drafter **out, const struct drafter_config *c, char *err, size_t err_size) {
     struct model *m = c->m;
     if (!c->draft_path)
         return coti_fail(err, err_size, COTI_E_ARG, "--spec assistant needs the drafter's file (--spec-draft FILE)");
+    if (m->be->comm)
+        return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "the assistant drafter on a tensor-parallel split is not built yet");
     struct assistant *t = calloc(1, sizeof *t);
     if (!t) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     t->base.vt = &assistant_vtable;

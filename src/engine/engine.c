@@ -1,6 +1,7 @@
 /* engine.c — engine set-up and the forward driver: batch validation, slicing, one pass per
  * slice (eager or through the graph cache), and the memory's bookkeeping after it. */
 #include "engine/engine.h"
+#include "engine/ranks.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,7 @@ int engine_init_fail(const struct model *m, int rc, char *err, size_t err_size) 
 
 void engine_free(struct engine *e) {
     if (!e->m) return;
+    engine_ranks_free(e->ranks);
     struct backend *be = e->m->be;
     if (e->arena) be->free(be, e->arena);
     graph_cache_free(&e->graphs);
@@ -100,7 +102,8 @@ struct graph_stats engine_graph_stats(const struct model *m) {
     return m->engine ? m->engine->graphs.stats : (struct graph_stats){0};
 }
 
-int engine_forward(struct model *m, const struct model_batch *b, struct model_output *out, char *err, size_t err_size) {
+static int forward_local(struct model *m, const struct model_batch *b, struct model_output *out, char *err,
+                         size_t err_size) {
     struct engine *e = m->engine;
     if (b->n < 1) return coti_fail(err, err_size, COTI_E_ARG, "empty batch");
     /* the logits buffer holds n_batch rows */
@@ -153,8 +156,8 @@ int engine_forward(struct model *m, const struct model_batch *b, struct model_ou
     return 0;
 }
 
-static int head_forward(struct model *m, const struct model_batch *b, const float *h_in, struct model_output *out,
-                        char *err, size_t err_size) {
+static int head_forward_local(struct model *m, const struct model_batch *b, const float *h_in,
+                              struct model_output *out, char *err, size_t err_size) {
     struct engine *e = m->engine;
     if (!e->passes[ENGINE_DRAFT_HEAD]) return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "model has no NextN head");
     if (b->n < 1 || b->n > m->n_batch)
@@ -182,18 +185,92 @@ static int head_forward(struct model *m, const struct model_batch *b, const floa
     return 0;
 }
 
-void engine_seq_reset(struct model *m, int s) { memory_seq_reset(&m->engine->mem, s); }
-int engine_seq_rollback(struct model *m, int s, int n_drop) { return memory_seq_rollback(&m->engine->mem, s, n_drop); }
-int engine_seq_copy(struct model *m, int dst, int src) { return memory_seq_copy(&m->engine->mem, dst, src); }
+/* ---- the ranks of a tensor-parallel split (ranks.h) ------------------------------------ */
+
+/* A forward on every rank at once: rank 0 is the caller's, the others write their argmaxes, verify
+ * counts and hidden rows to their own buffers (the same values: every rank holds the whole
+ * residual stream after its all-reduces) and read the batch's inputs where the caller left them
+ * (host memory on CPU ranks). The first failing rank's error is the call's. */
+struct fan {
+    const struct engine_ranks *rk;
+    const struct model_batch *b;
+    const float *h_in;           /* the NextN head's input rows (head) */
+    bool head;
+    struct model_output out[TP_MAX_RANKS];
+    int rc[TP_MAX_RANKS];
+    char err[TP_MAX_RANKS][256];
+};
+
+static void fan_forward(struct model *m, int rank, void *ctx) {
+    struct fan *f = ctx;
+    struct model_batch b = *f->b;
+    if (rank) {
+        const size_t nb = (size_t)m->n_batch;
+        if (b.argmax_out) b.argmax_out = f->rk->ids[rank];
+        if (b.accept_out) b.accept_out = f->rk->ids[rank] + nb;
+        if (b.hidden_out) b.hidden_out = f->rk->hidden[rank];
+    }
+    f->rc[rank] = f->head ? head_forward_local(m, &b, f->h_in, &f->out[rank], f->err[rank], sizeof f->err[rank])
+                          : forward_local(m, &b, &f->out[rank], f->err[rank], sizeof f->err[rank]);
+}
+
+static int fan_out(struct engine_ranks *rk, const struct model_batch *b, const float *h_in, bool head,
+                   struct model_output *out, char *err, size_t err_size) {
+    struct fan *f = malloc(sizeof *f);
+    if (!f) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    *f = (struct fan){.rk = rk, .b = b, .h_in = h_in, .head = head};
+    engine_ranks_run(rk, fan_forward, f);
+    int rc = 0;
+    for (int r = 0; r < rk->n && !rc; r++) {
+        if (!(rc = f->rc[r])) continue;
+        if (r) coti_fail(err, err_size, rc, "rank %d: %s", r, f->err[r]);
+        else coti_fail(err, err_size, rc, "%s", f->err[0]);
+    }
+    if (!rc) *out = f->out[0];
+    free(f);
+    return rc;
+}
+
+int engine_forward(struct model *m, const struct model_batch *b, struct model_output *out, char *err, size_t err_size) {
+    struct engine_ranks *rk = m->engine->ranks;
+    return rk ? fan_out(rk, b, NULL, false, out, err, err_size) : forward_local(m, b, out, err, err_size);
+}
+
+static int head_forward(struct model *m, const struct model_batch *b, const float *h_in, struct model_output *out,
+                        char *err, size_t err_size) {
+    struct engine_ranks *rk = m->engine->ranks;
+    return rk ? fan_out(rk, b, h_in, true, out, err, err_size) : head_forward_local(m, b, h_in, out, err, err_size);
+}
+
+/* The memory's operations on every rank in turn (rank 0's result: the ranks' memories are alike). */
+#define EACH_RANK(m, r, mem) \
+    for (int r = 0, n_r_ = (m)->engine->ranks ? (m)->engine->ranks->n : 1; r < n_r_; r++) \
+        for (struct memory *mem = &((r ? (m)->engine->ranks->m[r] : (m))->engine->mem); mem; mem = NULL)
+
+void engine_seq_reset(struct model *m, int s) { EACH_RANK(m, r, mem) memory_seq_reset(mem, s); }
+int engine_seq_rollback(struct model *m, int s, int n_drop) {
+    int rc = 0;
+    EACH_RANK(m, r, mem) { const int k = memory_seq_rollback(mem, s, n_drop); if (!r) rc = k; }
+    return rc;
+}
+int engine_seq_copy(struct model *m, int dst, int src) {
+    int rc = 0;
+    EACH_RANK(m, r, mem) { const int k = memory_seq_copy(mem, dst, src); if (!r) rc = k; }
+    return rc;
+}
 long engine_seq_state_read(struct model *m, int s, float *dst, size_t n) { return rec_state_read(&m->engine->mem.rec, s, dst, n); }
-void engine_seq_checkpoint(struct model *m, int s, const float *hidden) { memory_checkpoint(&m->engine->mem, s, hidden); }
+void engine_seq_checkpoint(struct model *m, int s, const float *hidden) { EACH_RANK(m, r, mem) memory_checkpoint(mem, s, hidden); }
 int engine_seq_resume_points(const struct model *m, int src, int p, int *q, const float **hidden, int max) {
     return memory_resume_points(&m->engine->mem, src, p, q, hidden, max);
 }
-int engine_seq_resume(struct model *m, int dst, int src, int q) { return memory_seq_resume(&m->engine->mem, dst, src, q); }
+int engine_seq_resume(struct model *m, int dst, int src, int q) {
+    int rc = 0;
+    EACH_RANK(m, r, mem) { const int k = memory_seq_resume(mem, dst, src, q); if (!r) rc = k; }
+    return rc;
+}
 
 static int head_seq_len(const struct model *m, int s) { return m->engine->mem.head_len[s]; }
-static void head_seq_truncate(struct model *m, int s, int n) { memory_head_truncate(&m->engine->mem, s, n); }
-static void head_seq_skip(struct model *m, int s, int n) { memory_head_skip(&m->engine->mem, s, n); }
+static void head_seq_truncate(struct model *m, int s, int n) { EACH_RANK(m, r, mem) memory_head_truncate(mem, s, n); }
+static void head_seq_skip(struct model *m, int s, int n) { EACH_RANK(m, r, mem) memory_head_skip(mem, s, n); }
 
 const struct model_nextn engine_nextn = {head_forward, head_seq_len, head_seq_truncate, head_seq_skip};

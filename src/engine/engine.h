@@ -25,6 +25,10 @@ struct slice_ops_args {
     float *hn;                   /* where the post-norm hidden rows go */
 };
 
+struct engine_ranks;
+
+struct engine_ranks;
+
 enum engine_pass { ENGINE_TRUNK, ENGINE_DRAFT_HEAD, ENGINE_N_PASSES };
 
 typedef void (*engine_pass_fn)(struct model *m, const struct slice_ops_args *a);
@@ -56,6 +60,7 @@ struct engine {
     float *lm_in;                        /* [n_batch][n_embd]: hidden rows gathered for the head */
     engine_pass_fn passes[ENGINE_N_PASSES];
     const struct bweight *lm_head, *draft_head;
+    struct engine_ranks *ranks;          /* rank 0 of a tensor-parallel split: the others (ranks.h) */
 };
 
 /* Set up e under m (m->engine = e, m->seq_len = its lengths); engine_free is safe after a

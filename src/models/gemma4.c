@@ -348,6 +348,8 @@ static const struct model_vtable gemma4_vtable;
 int gemma4_load(struct model **out, struct gguf_file *g, struct backend *be, const struct model_params *p, char *err,
                 size_t err_size) {
     const struct weight_loader L = {g, be, "gemma4", err, err_size, p->progress, NULL, NULL};
+    if (p->tp_n > 1) /* (its shard map, and the assistant's reads of its caches: issue 25's step 3) */
+        return coti_fail(err, err_size, COTI_E_UNSUPPORTED, "a tensor-parallel split of gemma4 is not built yet");
     struct gemma4 *q = calloc(1, sizeof(*q));
     if (!q) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     struct model *m = &q->base;

@@ -12,13 +12,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/ranks.h"
 #include "json_schema.h"
 
 /* codes of the common options that have no letter */
 enum {
     OPT_CPU = 1000, OPT_DEVICE, OPT_NGL, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_SEED, OPT_SPEC,
     OPT_SPEC_DRAFT, OPT_SPEC_N_MAX, OPT_SPEC_N_MIN, OPT_SPEC_P_MIN, OPT_SPEC_SAMPLE_DRAFTS, OPT_CACHE_TYPE_K,
-    OPT_CACHE_TYPE_V, OPT_GRAMMAR, OPT_GRAMMAR_FILE, OPT_JSON_SCHEMA,
+    OPT_CACHE_TYPE_V, OPT_GRAMMAR, OPT_GRAMMAR_FILE, OPT_JSON_SCHEMA, OPT_TP,
 };
 
 /* Every spelling of the common options, llama.cpp's included (-ngl, -md, --spec-type). */
@@ -36,6 +37,8 @@ static const struct option common_opts[] = {
     {"device", required_argument, NULL, OPT_DEVICE},
     {"n-gpu-layers", required_argument, NULL, OPT_NGL},
     {"ngl", required_argument, NULL, OPT_NGL},
+    {"tensor-parallel-size", required_argument, NULL, OPT_TP},
+    {"tp", required_argument, NULL, OPT_TP},
     {"temp", required_argument, NULL, OPT_TEMP},
     {"top-k", required_argument, NULL, OPT_TOP_K},
     {"top-p", required_argument, NULL, OPT_TOP_P},
@@ -68,6 +71,7 @@ void cli_common_defaults(struct cli_common *c) {
     c->n_batch = 512;
     c->cache_type_k = c->cache_type_v = GGML_TYPE_F16;
     c->cpu_level = quant_cpu_level_detect();
+    c->tp_n = 1;
     c->temperature = 0.0f;
     c->top_k = 40;
     c->top_p = 0.95f;
@@ -118,6 +122,8 @@ void cli_common_help(FILE *out, const struct cli_common *d) {
             "  --cpu ref|avx2|avx512  cap the CPU kernels (default %s: the best found)\n"
             "  --device cpu|cuda    compute backend (default %s; cuda needs a `make CUDA=1` build)\n"
             "  -ngl, --n-gpu-layers N  llama.cpp's spelling: 0 = --device cpu, more = --device cuda (all layers)\n"
+            "  -tp, --tensor-parallel-size N  split the model's heads and widths into N ranks (default 1;\n"
+            "                       CPU ranks share the threads; CUDA ranks are not built yet)\n"
             "  --temp F             temperature, 0 = greedy (default %g)\n"
             "  --top-k N --top-p F --min-p F   sampling chain (defaults %d, %g, %g)\n"
             "  --seed N             sampling seed (default %s)\n"
@@ -267,6 +273,7 @@ static int common_option(struct cli_common *c, int code, const char *name, const
         if (cli_parse_int(name, v, 0, 1 << 20, &l)) return -1;
         c->cuda = l > 0;
         return 0;
+    case OPT_TP: if (cli_parse_int(name, v, 1, TP_MAX_RANKS, &l)) return -1; c->tp_n = (int)l; return 0;
     case OPT_TEMP: if (cli_parse_float(name, v, 0, 100, &d)) return -1; c->temperature = (float)d; return 0;
     case OPT_TOP_K: if (cli_parse_int(name, v, 0, 1 << 24, &l)) return -1; c->top_k = (int)l; return 0;
     case OPT_TOP_P: if (cli_parse_float(name, v, 0, 1, &d)) return -1; c->top_p = (float)d; return 0;
@@ -438,10 +445,38 @@ int cli_open_model(const struct cli_common *c, int n_seq, int n_keep_states, str
     return cli_open_model_wrapped(c, n_seq, n_keep_states, NULL, be, m);
 }
 
+/* -tp N on the CPU: N backends sharing the threads, the model split into ranks behind rank 0
+ * (engine/ranks.h); *be is rank 0's, the others belong to the model. */
+static int open_ranks(const struct cli_common *c, const struct model_params *p, struct backend **be, struct model **m,
+                      char *err, size_t err_size) {
+    struct backend *bes[TP_MAX_RANKS] = {NULL};
+    int rc = 0;
+    if (c->cuda) rc = coti_fail(err, err_size, COTI_E_UNSUPPORTED, "tensor-parallel ranks on CUDA (NCCL) are not built yet");
+    for (int r = 0; r < c->tp_n && !rc; r++)
+        if (!(bes[r] = backend_cpu_init(COTI_MAX(1, c->n_threads / c->tp_n), c->cpu_level)))
+            rc = coti_fail(err, err_size, COTI_E_NOMEM, "cannot start the CPU backend of rank %d", r);
+    if (!rc) rc = engine_ranks_load(m, c->model_path, bes, c->tp_n, p, err, err_size);
+    if (rc) for (int r = 0; r < c->tp_n; r++) backend_free(bes[r]);
+    *be = rc ? NULL : bes[0];
+    return rc;
+}
+
 int cli_open_model_wrapped(const struct cli_common *c, int n_seq, int n_keep_states,
                            struct backend *(*wrap)(struct backend *inner), struct backend **be, struct model **m) {
     char err[512];
     *m = NULL;
+    if (c->tp_n > 1) {
+        struct model_params p = {n_seq, c->n_ctx, c->n_batch, COTI_MAX(n_keep_states, SPEC_MAX_DRAFT + 1), NULL,
+                                 c->cache_type_k, c->cache_type_v, 0, 0};
+        const int64_t t0 = coti_time_us();
+        if (wrap) { fprintf(stderr, "error: this tool's measurements do not take -tp yet\n"); return 1; }
+        if (open_ranks(c, &p, be, m, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); return 1; }
+        coti_log(COTI_LOG_INFO, "model", "%s: arch %s split into %d ranks, %.2f MiB KV+state per slot per rank x %d, cpu %s, "
+                 "%d threads per rank, loaded in %.2f s", c->model_path, (*m)->info.arch, c->tp_n,
+                 (*m)->info.state_bytes_per_seq / 1048576.0, n_seq, cli_cpu_level_name(c->cpu_level),
+                 COTI_MAX(1, c->n_threads / c->tp_n), (coti_time_us() - t0) / 1e6);
+        return 0;
+    }
     if (c->cuda) {
 #ifdef COTI_CUDA
         *be = backend_cuda_init(0, err, sizeof err);

@@ -27,6 +27,7 @@ struct cli_common {
     enum ggml_type cache_type_k, cache_type_v; /* -ctk / -ctv */
     enum quant_cpu_level cpu_level;
     bool cuda;                   /* --device cuda */
+    int tp_n;                    /* --tensor-parallel-size / -tp: ranks the model is split into (1: whole) */
     /* sampling */
     float temperature;
     int top_k;
