@@ -8,6 +8,7 @@
 #include "model.h"
 #include "models/qwen35.h"
 #include "quant/quant.h"
+#include "engine/ranks.h"
 #include "tp.h"
 
 #include <math.h>
@@ -305,4 +306,37 @@ Test(shard, two_ranks_give_the_whole_models_logits, .timeout = 120) {
     cr_assert_neq(model_load(&m, MODEL_PATH, b1, &p, err, sizeof err), 0);
     cr_assert(strstr(err, "do not divide"), "%s", err);
     backend_free(b1);
+}
+
+/* Ranks behind one model (engine/ranks.h): a refused batch is refused by every rank alike (no rank
+ * left waiting in an all-reduce), leaves the memory as it was, and the next batch runs; rank 0 is
+ * the model the caller holds, and model_free releases the others. */
+Test(shard, ranks_behind_one_model_refuse_alike, .timeout = 60) {
+    char err[512];
+    struct backend *bes[2] = {backend_cpu_init(1, quant_cpu_level_detect()), backend_cpu_init(1, quant_cpu_level_detect())};
+    const struct model_params p = {1, 64, 16, 4, NULL, GGML_TYPE_F16, GGML_TYPE_F16, 0, 0};
+    struct model *m;
+    cr_assert_eq(engine_ranks_load(&m, MODEL_PATH, bes, 2, &p, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(m->be, bes[0]);
+    int32_t toks[3] = {11, 220, 1500}, pos[3] = {0, 1, 5}, seq[3] = {0, 0, 0};
+    struct model_batch b = {.n = 3, .tokens = toks, .pos = pos, .seq = seq};
+    struct model_output o;
+    cr_assert_neq(model_forward(m, &b, &o, err, sizeof err), 0, "a gap in the positions");
+    cr_assert_eq(model_seq_len(m, 0), 0);
+    pos[2] = 2;
+    cr_assert_eq(model_forward(m, &b, &o, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_seq_len(m, 0), 3);
+    model_seq_reset(m, 0);
+    cr_assert_eq(model_seq_len(m, 0), 0);
+    cr_assert_eq(model_forward(m, &b, &o, err, sizeof err), 0, "%s", err);
+    model_free(m);
+    backend_free(bes[0]);
+    /* a split that does not divide: nothing kept, both backends still the caller's */
+    bes[0] = backend_cpu_init(1, quant_cpu_level_detect());
+    bes[1] = backend_cpu_init(1, quant_cpu_level_detect());
+    struct backend *four[4] = {bes[0], bes[1], backend_cpu_init(1, quant_cpu_level_detect()),
+                               backend_cpu_init(1, quant_cpu_level_detect())};
+    cr_assert_neq(engine_ranks_load(&m, MODEL_PATH, four, 4, &p, err, sizeof err), 0);
+    cr_assert_null(m);
+    for (int r = 0; r < 4; r++) { cr_assert_null(four[r]->comm); backend_free(four[r]); }
 }

@@ -23,7 +23,8 @@ int engine_init(struct engine *e, struct model *m, const struct engine_params *p
     slots[n++] = (struct arena_slot){(void **)&e->meta.dev, batch_meta_bytes(m->n_batch)};
     e->arena = arena_alloc(m->be, slots, n);
     free(slots);
-    int rc = e->arena ? 0 : COTI_E_NOMEM;
+    e->len_scratch = malloc(sizeof(int32_t) * (size_t)m->n_seq);
+    int rc = e->arena && e->len_scratch ? 0 : COTI_E_NOMEM;
     if (!rc) rc = batch_meta_init(&e->meta, m->n_batch);
     if (!rc) rc = graph_cache_init(&e->graphs, m->be, m->n_seq);
     struct memory_params mp = *p->mem;
@@ -53,6 +54,7 @@ void engine_free(struct engine *e) {
     engine_ranks_free(e->ranks);
     struct backend *be = e->m->be;
     if (e->arena) be->free(be, e->arena);
+    free(e->len_scratch);
     graph_cache_free(&e->graphs);
     batch_meta_free(&e->meta);
     memory_free(&e->mem);
@@ -116,9 +118,10 @@ static int forward_local(struct model *m, const struct model_batch *b, struct mo
                          "every row, in one step of at most %d rows", m->n_batch);
     if (b->hidden_out && b->n > m->n_batch)
         return coti_fail(err, err_size, COTI_E_ARG, "hidden_out takes one step of at most %d rows", m->n_batch);
-    /* All slices are validated before any state changes, so a bad batch leaves memory intact. */
-    int32_t *len = malloc(sizeof(int32_t) * (size_t)m->n_seq);
-    if (!len) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
+    /* All slices are validated before any state changes, so a bad batch leaves memory intact.
+     * (Nothing here can fail on one rank of a split alone: the others would wait in their
+     * all-reduce. Hence the lengths' scratch is the engine's.) */
+    int32_t *len = e->len_scratch;
     memcpy(len, m->seq_len, sizeof(int32_t) * (size_t)m->n_seq);
     struct slice sl;
     for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {
@@ -127,10 +130,9 @@ static int forward_local(struct model *m, const struct model_batch *b, struct mo
         if (!rc && b->accept_out && (sl.n_runs != 1 || (b->keep_states && b->n - 1 > m->n_keep_states)))
             rc = coti_fail(err, err_size, COTI_E_ARG, "a verify batch is one sequence's run of at most %d drafts",
                            m->n_keep_states);
-        if (rc) { free(len); return rc; }
+        if (rc) return rc;
         for (int r = 0; r < sl.n_runs; r++) len[sl.runs[r].seq] += sl.runs[r].len;
     }
-    free(len);
 
     int n_logits = 0;
     for (int i0 = 0; i0 < b->n; i0 += m->n_batch) {

@@ -61,6 +61,7 @@ struct engine {
     engine_pass_fn passes[ENGINE_N_PASSES];
     const struct bweight *lm_head, *draft_head;
     struct engine_ranks *ranks;          /* rank 0 of a tensor-parallel split: the others (ranks.h) */
+    int32_t *len_scratch;                /* [n_seq]: a forward's validation */
 };
 
 /* Set up e under m (m->engine = e, m->seq_len = its lengths); engine_free is safe after a
