@@ -404,28 +404,37 @@ static int prefill_first(struct spec_engine *e, int s, const struct model_output
     return 0;
 }
 
+/* Rows the target accepted, seen[0, n), shown to their sequences' drafters, one observe call per
+ * drafter (MTP's head then runs once for all of its sequences); a drafter's error goes to
+ * rc[who[j]] of each of its entries. */
+static void observe_by_drafter(struct spec_engine *e, int n, const struct draft_observed *seen, const int *who, int *rc,
+                               char *err, size_t err_size) {
+    for (int t = 0; t < n_drafter_kinds; t++) {
+        struct drafter *d = e->drafters[t];
+        if (!d) continue;
+        int idx[SPEC_MAX_BATCH], nb = 0;
+        struct draft_observed mine[SPEC_MAX_BATCH];
+        for (int j = 0; j < n; j++)
+            if (drafter_for(e, e->seqs[seen[j].s].p.drafter) == d) {
+                idx[nb] = who[j];
+                mine[nb++] = seen[j];
+            }
+        const int drc = nb ? d->vt->observe(d, nb, mine, err, err_size) : 0;
+        for (int j = 0; j < nb && drc; j++) rc[idx[j]] = drc;
+    }
+}
+
 /* The prompt pieces of a prefill forward o (sequence seqs[in[j]]: rows row0[j].., up to position
- * end[j]) to their drafters, one call per drafter: MTP's head then catches up on all of them in
- * one forward. An error goes to rc[] of every sequence of that drafter. */
+ * end[j]) to their drafters (observe_by_drafter; rc indexed as seqs). */
 static void observe_pieces(struct spec_engine *e, int n_in, const int *in, const int *seqs, const int *row0,
                            const int *end, const struct model_output *o, int *rc, char *err, size_t err_size) {
-    bool told[SPEC_MAX_BATCH] = {false};
+    struct draft_observed seen[SPEC_MAX_BATCH];
     for (int j = 0; j < n_in; j++) {
-        struct drafter *d = drafter_for(e, e->seqs[seqs[in[j]]].p.drafter);
-        if (told[j] || !d) continue;
-        struct draft_observed seen[SPEC_MAX_BATCH];
-        int who[SPEC_MAX_BATCH], n = 0;
-        for (int k = j; k < n_in; k++) {
-            const struct spec_seq *q = &e->seqs[seqs[in[k]]];
-            if (told[k] || drafter_for(e, q->p.drafter) != d) continue;
-            told[k] = true;
-            seen[n] = (struct draft_observed){seqs[in[k]], q->pf_at, end[k] - q->pf_at, q->hist,
-                                              o->hidden + (size_t)row0[k] * e->m->info.n_embd, true, NULL};
-            who[n++] = in[k];
-        }
-        const int drc = d->vt->observe(d, n, seen, err, err_size);
-        for (int k = 0; k < n; k++) rc[who[k]] = drc;
+        const struct spec_seq *q = &e->seqs[seqs[in[j]]];
+        seen[j] = (struct draft_observed){seqs[in[j]], q->pf_at, end[j] - q->pf_at, q->hist,
+                                          o->hidden + (size_t)row0[j] * e->m->info.n_embd, true, NULL};
     }
+    observe_by_drafter(e, n_in, seen, in, rc, err, err_size);
 }
 
 /* Up to max_rows more of each sequence's prompt (seq_setup), the sequences' pieces together in
@@ -901,19 +910,14 @@ static bool batch_run_ahead(struct spec_engine *e, const struct cycle *c, int n,
 /* A batched step's emitted rows shown to the drafters: one observe call per drafter. */
 static void batch_observe(struct spec_engine *e, const struct cycle *c, int n, const bool *live, int *rc,
                           const struct model_output *o, char *err, size_t err_size) {
-    for (int t = 0; t < n_drafter_kinds; t++) {
-        struct drafter *d = e->drafters[t];
-        if (!d) continue;
-        int idx[SPEC_MAX_BATCH], nb = 0;
-        struct draft_observed seen[SPEC_MAX_BATCH];
-        for (int i = 0; i < n; i++)
-            if (live[i] && !rc[i] && drafter_for(e, e->seqs[c[i].s].p.drafter) == d) {
-                idx[nb] = i;
-                seen[nb++] = cycle_observed(e, &c[i], o);
-            }
-        const int drc = nb ? d->vt->observe(d, nb, seen, err, err_size) : 0;
-        for (int j = 0; j < nb && drc; j++) rc[idx[j]] = drc;
-    }
+    int who[SPEC_MAX_BATCH], nb = 0;
+    struct draft_observed seen[SPEC_MAX_BATCH];
+    for (int i = 0; i < n; i++)
+        if (live[i] && !rc[i]) {
+            who[nb] = i;
+            seen[nb++] = cycle_observed(e, &c[i], o);
+        }
+    observe_by_drafter(e, nb, seen, who, rc, err, err_size);
 }
 
 /* The draft cycle c's sequence queues for its next step, if any: a greedy one of a drafter whose

@@ -145,13 +145,31 @@ static int consume_stage(struct mtp *t, int s, const int32_t *history, char *err
     return 0;
 }
 
-/* Rows of several sequences' stages gathered for one head forward (consume_stages). */
+/* Rows of several sequences' stages gathered into bh_in for one head forward (consume_stages, the
+ * catch-up of mtp_draft_batch): their host metadata in bpos / btok / bseqv / bwant, one copy each. */
 struct gather {
     int s[SPEC_MAX_BATCH], n, rows;
     void *dst[SPEC_MAX_BATCH];
     const void *src[SPEC_MAX_BATCH];
     size_t bytes[SPEC_MAX_BATCH];
 };
+
+/* The first k staged rows of sequence s (positions from the head's seq_len), logits on the last
+ * if want_last. */
+static void gather_add(struct mtp *t, struct gather *g, int s, const int32_t *history, int k, bool want_last) {
+    const int q0 = t->head->seq_len(t->m, s);
+    for (int r = 0; r < k; r++) {
+        t->bpos[g->rows + r] = q0 + r;
+        t->btok[g->rows + r] = history[q0 + r];
+        t->bseqv[g->rows + r] = s;
+        t->bwant[g->rows + r] = want_last && r == k - 1;
+    }
+    g->dst[g->n] = t->bh_in + (size_t)g->rows * t->E;
+    g->src[g->n] = t->seqs[s].staged;
+    g->bytes[g->n] = row_bytes(t) * (size_t)k;
+    g->s[g->n++] = s;
+    g->rows += k;
+}
 
 /* The head over the gathered rows; each of their stages keeps its last row as row 0. */
 static int gather_consume(struct mtp *t, struct gather *g, char *err, size_t err_size) {
@@ -184,24 +202,14 @@ static int consume_stages(struct mtp *t, int n, const struct draft_observed *see
     struct gather g = {.n = 0};
     for (int i = 0; i < n; i++) {
         const int s = seen[i].s, k = seen[i].prompt ? t->seqs[s].n_staged - 1 : 0;
-        int rc = 0;
+        int rc;
         if (k < 1) continue;
-        if (k > n_batch / 2) rc = consume_stage(t, s, seen[i].history, err, err_size);
-        else if (g.rows + k > n_batch) rc = gather_consume(t, &g, err, err_size);
-        if (rc) return rc;
-        if (k > n_batch / 2) continue;
-        const int q0 = t->head->seq_len(t->m, s);
-        for (int r = 0; r < k; r++) {
-            t->bpos[g.rows + r] = q0 + r;
-            t->btok[g.rows + r] = seen[i].history[q0 + r];
-            t->bseqv[g.rows + r] = s;
-            t->bwant[g.rows + r] = false;
+        if (k > n_batch / 2) { /* a long one alone */
+            if ((rc = consume_stage(t, s, seen[i].history, err, err_size))) return rc;
+            continue;
         }
-        g.dst[g.n] = t->bh_in + (size_t)g.rows * t->E;
-        g.src[g.n] = t->seqs[s].staged;
-        g.bytes[g.n] = row_bytes(t) * (size_t)k;
-        g.s[g.n++] = s;
-        g.rows += k;
+        if (g.rows + k > n_batch && (rc = gather_consume(t, &g, err, err_size))) return rc;
+        gather_add(t, &g, s, seen[i].history, k, false);
     }
     return gather_consume(t, &g, err, err_size);
 }
@@ -444,35 +452,23 @@ static int mtp_draft_batch(struct drafter *d, int n, const int *seqs, const stru
     size_t bytes[3 * SPEC_MAX_BATCH];
     /* catch-up: the staged rows of every sequence the head did not run ahead for, logits (and
      * the argmax: draft 0) on each one's last */
-    int rows = 0, n_catch = 0;
+    struct gather g = {.n = 0};
     for (int j = 0; j < n_ord; j++) {
-        const int i = ord[j], s = seqs[i];
-        struct mtp_seq *sq = &t->seqs[s];
-        if (sq->pending >= 0) continue;
-        const int q0 = t->head->seq_len(m, s);
-        for (int r = 0; r < sq->n_staged; r++) {
-            t->bpos[rows + r] = q0 + r;
-            t->btok[rows + r] = rq[i].history[q0 + r];
-            t->bseqv[rows + r] = s;
-            t->bwant[rows + r] = r == sq->n_staged - 1;
-        }
-        dst[n_catch] = t->bh_in + (size_t)rows * t->E;
-        src[n_catch] = sq->staged;
-        bytes[n_catch++] = row * (size_t)sq->n_staged;
-        rows += sq->n_staged;
+        const int i = ord[j];
+        if (t->seqs[seqs[i]].pending < 0) gather_add(t, &g, seqs[i], rq[i].history, t->seqs[seqs[i]].n_staged, true);
     }
     struct model_output o = {0};
     int rc;
-    if (n_catch) {
-        be->copy_n(be, dst, src, bytes, n_catch);
-        struct model_batch b = {.n = rows, .tokens = t->btok, .pos = t->bpos, .seq = t->bseqv, .want_logits = t->bwant,
+    if (g.n) {
+        be->copy_n(be, g.dst, g.src, g.bytes, g.n);
+        struct model_batch b = {.n = g.rows, .tokens = t->btok, .pos = t->bpos, .seq = t->bseqv, .want_logits = t->bwant,
                                 .draft_head = true, .argmax_out = t->bids_all};
         if ((rc = head_forward(t, &b, t->bh_in, &o, err, err_size))) return rc;
     }
     /* each sequence's draft 0 (into its verify tokens, and in order for the chain's first step)
      * and the hidden its chain goes on from: its last caught-up row, or the pending token's row
      * run ahead */
-    rows = 0;
+    int rows = 0;
     for (int j = 0, w = 0; j < n_ord; j++) {
         const int i = ord[j];
         const struct mtp_seq *sq = &t->seqs[seqs[i]];

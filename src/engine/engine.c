@@ -218,9 +218,7 @@ static void fan_forward(struct model *m, int rank, void *ctx) {
 
 static int fan_out(struct engine_ranks *rk, const struct model_batch *b, const float *h_in, bool head,
                    struct model_output *out, char *err, size_t err_size) {
-    struct fan *f = malloc(sizeof *f);
-    if (!f) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
-    *f = (struct fan){.rk = rk, .b = b, .h_in = h_in, .head = head};
+    struct fan fan = {.rk = rk, .b = b, .h_in = h_in, .head = head}, *f = &fan;
     engine_ranks_run(rk, fan_forward, f);
     int rc = 0;
     for (int r = 0; r < rk->n && !rc; r++) {
@@ -229,7 +227,6 @@ static int fan_out(struct engine_ranks *rk, const struct model_batch *b, const f
         else coti_fail(err, err_size, rc, "%s", f->err[0]);
     }
     if (!rc) *out = f->out[0];
-    free(f);
     return rc;
 }
 

@@ -23,17 +23,22 @@ void engine_ranks_run(struct engine_ranks *r, void (*fn)(struct model *m, int ra
     threadpool_run(r->pool, ranks_worker, &j);
 }
 
-void engine_ranks_free(struct engine_ranks *r) {
-    if (!r) return;
+/* Ranks [from, n) with their output buffers, and backends too where they are owned, then the
+ * threads, the communicator and r. */
+static void ranks_release(struct engine_ranks *r, int from, bool backends) {
     threadpool_free(r->pool);
-    for (int k = 1; k < r->n; k++) {
+    for (int k = from; k < r->n; k++) {
         if (r->ids[k]) r->be[k]->free(r->be[k], r->ids[k]);
         if (r->hidden[k]) r->be[k]->free(r->be[k], r->hidden[k]);
         model_free(r->m[k]);
-        backend_free(r->be[k]);
+        if (backends) backend_free(r->be[k]);
     }
     tp_comm_free(r->comm);
     free(r);
+}
+
+void engine_ranks_free(struct engine_ranks *r) {
+    if (r) ranks_release(r, 1, true); /* (rank 0 is the model being freed) */
 }
 
 int engine_ranks_load(struct model **out, const char *path, struct backend *const *bes, int n,
@@ -42,7 +47,7 @@ int engine_ranks_load(struct model **out, const char *path, struct backend *cons
     if (n < 2 || n > TP_MAX_RANKS) return coti_fail(err, err_size, COTI_E_ARG, "%d ranks (2 to %d)", n, TP_MAX_RANKS);
     struct engine_ranks *r = calloc(1, sizeof *r);
     if (!r || !(r->comm = tp_comm_new(n)) || !(r->pool = threadpool_init(n))) {
-        if (r) { tp_comm_free(r->comm); free(r); }
+        if (r) ranks_release(r, 0, false);
         return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory for %d ranks", n);
     }
     int rc = 0;
@@ -63,17 +68,12 @@ int engine_ranks_load(struct model **out, const char *path, struct backend *cons
                   !(r->hidden[k] = bes[k]->alloc(bes[k], sizeof(float) * nb * (size_t)r->m[k]->info.n_embd))))
             rc = coti_fail(err, err_size, COTI_E_NOMEM, "out of memory for rank %d's outputs", k);
     }
-    if (rc) {
+    if (rc) { /* every rank loaded so far goes; the backends stay the caller's, unattached */
         for (int k = 0; k < n; k++) {
-            if (k && r->ids[k]) bes[k]->free(bes[k], r->ids[k]);
-            if (k && r->hidden[k]) bes[k]->free(bes[k], r->hidden[k]);
-            model_free(r->m[k]);
             bes[k]->comm = NULL;
             bes[k]->rank = 0;
         }
-        threadpool_free(r->pool);
-        tp_comm_free(r->comm);
-        free(r);
+        ranks_release(r, 0, false);
         return rc;
     }
     r->m[0]->engine->ranks = r;
