@@ -28,11 +28,13 @@ struct gdn_job {
     int n_tok, nk, nv, dk, dv; float eps; float *out, *snap; int n_snap;
 };
 
-/* Scratch of one chunked-form call for one thread (too large for a worker's stack). */
+/* Scratch of one chunked-form call for one thread (too large for a worker's stack). q, k and u
+ * hold a chunk's rows packed (dk or dv apart), ut the state update's coefficients per value row
+ * (C apart), so the row primitives walk contiguous rows. */
 struct gdn_chunk_scratch {
-    float q[GDN_CHUNK][CPU_GDN_MAX_DIM], k[GDN_CHUNK][CPU_GDN_MAX_DIM];
-    float u[GDN_CHUNK][CPU_GDN_MAX_DIM], w[GDN_CHUNK][CPU_GDN_MAX_DIM];
-    float A[GDN_CHUNK][GDN_CHUNK], decay[GDN_CHUNK][GDN_CHUNK], G[GDN_CHUNK], b[GDN_CHUNK];
+    float q[GDN_CHUNK * CPU_GDN_MAX_DIM], k[GDN_CHUNK * CPU_GDN_MAX_DIM];
+    float u[GDN_CHUNK * CPU_GDN_MAX_DIM], ut[GDN_CHUNK * CPU_GDN_MAX_DIM];
+    float A[GDN_CHUNK][GDN_CHUNK], P[GDN_CHUNK][GDN_CHUNK], decay[GDN_CHUNK][GDN_CHUNK], G[GDN_CHUNK], b[GDN_CHUNK];
 };
 
 struct cpu_ops {

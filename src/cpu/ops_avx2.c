@@ -45,6 +45,12 @@ static inline void vscale(float *y, float a, int n) {
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(va, _mm256_loadu_ps(y + i)));
     if (i < n) store_tail(y + i, n - i, _mm256_mul_ps(va, load_tail(y + i, n - i)));
 }
+/* y[i] *= x[i] */
+static inline void vmul(float *y, const float *x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    if (i < n) store_tail(y + i, n - i, _mm256_mul_ps(load_tail(x + i, n - i), load_tail(y + i, n - i)));
+}
 
 /* y = a y + b x */
 static inline void vscale_add(float *y, float a, float b, const float *x, int n) {

@@ -42,6 +42,15 @@ static inline void vscale(float *y, float a, int n) {
         _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(va, _mm512_maskz_loadu_ps(m, y + i)));
     }
 }
+/* y[i] *= x[i] */
+static inline void vmul(float *y, const float *x, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
 
 /* y = a y + b x */
 static inline void vscale_add(float *y, float a, float b, const float *x, int n) {

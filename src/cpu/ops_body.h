@@ -1,5 +1,5 @@
 /* ops_body.h — kernel bodies shared by the reference and SIMD instances (see ops.h).
- * The including file defines the vector primitives vdot, vdot_rows, vdot2_rows, vaxpy, vaxpy_rows, vscale_add,
+ * The including file defines the vector primitives vdot, vdot_rows, vdot2_rows, vaxpy, vaxpy_rows, vscale_add, vmul,
  * cvt_rows_f16, cvt_rows_bf16, cvt_rows_q8_0, cvt_rows_q4_0 (cache rows of a KV type, `stride`
  * bytes apart, to packed f32 rows: exact, so every instance gives the same floats), vscale, vmax, vexp_shift and the OPS_NAME(x) suffix macro; the
  * algorithms are written only here. */
@@ -114,60 +114,67 @@ static void OPS_NAME(gdn_head)(const struct gdn_job *j, int h) {
 }
 
 /* Chunked form, one v-head: for each chunk of up to GDN_CHUNK tokens, with G the cumulative
- * log-decay inside the chunk and Γ_ij = e^{G_i−G_j}: A_ij = β_i (k_i·k_j) Γ_ij (j < i);
- * solve (I + A) U = diag(β) V and (I + A) W = diag(β e^G) K by forward substitution; then
- * Vnew = U − W S, O = e^G (Q S) + P Vnew with P_ij = (q_i·k_j) Γ_ij (j ≤ i), and
- * S' = e^{G_last} S + Σ_j Γ_last,j k_j Vnew_jᵀ. */
+ * log-decay inside the chunk and Γ_ij = e^{G_i−G_j}: A_ij = β_i (k_i·k_j) Γ_ij (j < i). The new
+ * values Vnew solve (I + A) Vnew = X with x_i = β_i (v_i − e^{G_i} Sᵀk_i), by forward
+ * substitution; then O = e^G (Q S) + P Vnew with P_ij = (q_i·k_j) Γ_ij (j ≤ i), and
+ * S' = e^{G_last} S + Σ_j Γ_last,j k_j Vnew_jᵀ. Every product is a pass of the row primitives
+ * over packed rows (a row's sums stay in registers), not a store per element. */
 static void OPS_NAME(gdn_chunked_head)(const struct gdn_job *j, int h, struct gdn_chunk_scratch *cs) {
     const int dk = j->dk, dv = j->dv, gk = h % j->nk;
     float *S = j->state + (size_t)h * dk * dv;   /* S[jv][i] */
     const float qscale = 1.0f / sqrtf((float)dk);
-    float sT[CPU_GDN_MAX_DIM];
     for (int t0 = 0; t0 < j->n_tok; t0 += GDN_CHUNK) {
         const int C = j->n_tok - t0 < GDN_CHUNK ? j->n_tok - t0 : GDN_CHUNK;
         float G = 0.0f;
         for (int i = 0; i < C; i++) {
             const float *row = j->qkv + (size_t)(t0 + i) * j->qkv_stride;
-            OPS_NAME(l2_normalize)(row + (size_t)gk * dk, cs->q[i], dk, j->eps);
-            vscale(cs->q[i], qscale, dk);
-            OPS_NAME(l2_normalize)(row + (size_t)j->nk * dk + (size_t)gk * dk, cs->k[i], dk, j->eps);
+            float *q = cs->q + (size_t)i * dk;
+            OPS_NAME(l2_normalize)(row + (size_t)gk * dk, q, dk, j->eps);
+            vscale(q, qscale, dk);
+            OPS_NAME(l2_normalize)(row + (size_t)j->nk * dk + (size_t)gk * dk, cs->k + (size_t)i * dk, dk, j->eps);
             G += j->g[(size_t)(t0 + i) * j->nv + h];
             cs->G[i] = G;
             cs->b[i] = j->beta[(size_t)(t0 + i) * j->nv + h];
         }
-        for (int i = 0; i < C; i++)
-            for (int jj = 0; jj <= i; jj++) cs->decay[i][jj] = expf(cs->G[i] - cs->G[jj]);
-        for (int i = 0; i < C; i++)
-            for (int jj = 0; jj < i; jj++) cs->A[i][jj] = cs->b[i] * vdot(cs->k[i], cs->k[jj], dk) * cs->decay[i][jj];
-        /* forward substitution: u_i = β_i v_i − Σ A_ij u_j ; w_i = β_i e^{G_i} k_i − Σ A_ij w_j */
+        /* from the state entering the chunk, Sᵀk_i and Sᵀq_i in one pass over S: x_i into u,
+         * the outputs' first term e^{G_i} Sᵀq_i into out */
         for (int i = 0; i < C; i++) {
             const float *v = j->qkv + (size_t)(t0 + i) * j->qkv_stride + (size_t)2 * j->nk * dk + (size_t)h * dv;
-            const float bw = cs->b[i] * expf(cs->G[i]);
-            for (int d = 0; d < dv; d++) cs->u[i][d] = cs->b[i] * v[d];
-            for (int d = 0; d < dk; d++) cs->w[i][d] = bw * cs->k[i][d];
-            for (int jj = 0; jj < i; jj++) {
-                vaxpy(cs->u[i], -cs->A[i][jj], cs->u[jj], dv);
-                vaxpy(cs->w[i], -cs->A[i][jj], cs->w[jj], dk);
-            }
+            float *u = cs->u + (size_t)i * dv, *o = j->out + (size_t)(t0 + i) * j->nv * dv + (size_t)h * dv;
+            vdot2_rows(cs->k + (size_t)i * dk, cs->q + (size_t)i * dk, S, dv, dk, u, o);
+            const float eg = expf(cs->G[i]), b = cs->b[i];
+            vscale_add(u, -b * eg, b, v, dv);
+            vscale(o, eg, dv);
         }
-        /* Vnew = U − W S (into u) */
-        for (int i = 0; i < C; i++)
-            for (int jv = 0; jv < dv; jv++) cs->u[i][jv] -= vdot(cs->w[i], S + (size_t)jv * dk, dk);
-        /* outputs: o_i = e^{G_i} Sᵀq_i + Σ_{j≤i} P_ij Vnew_j */
+        /* row i of Γ (one vector exp), of −A and of P (A's row also gets k_i·k_i, never read) */
         for (int i = 0; i < C; i++) {
-            float *o = j->out + (size_t)(t0 + i) * j->nv * dv + (size_t)h * dv;
-            const float eg = expf(cs->G[i]);
-            for (int jv = 0; jv < dv; jv++) o[jv] = eg * vdot(cs->q[i], S + (size_t)jv * dk, dk);
-            for (int jj = 0; jj <= i; jj++) vaxpy(o, vdot(cs->q[i], cs->k[jj], dk) * cs->decay[i][jj], cs->u[jj], dv);
+            float *dec = cs->decay[i];
+            for (int jj = 0; jj <= i; jj++) dec[jj] = -cs->G[jj];
+            vexp_shift(dec, i + 1, -cs->G[i]);
+            vdot2_rows(cs->k + (size_t)i * dk, cs->q + (size_t)i * dk, cs->k, i + 1, dk, cs->A[i], cs->P[i]);
+            vmul(cs->A[i], dec, i);
+            vscale(cs->A[i], -cs->b[i], i);
+            vmul(cs->P[i], dec, i + 1);
         }
-        /* state leaving the chunk: row jv of S gets Σ_j Γ_last,j Vnew_j[jv] k_j */
+        /* forward substitution, each Vnew row as soon as the rows before it are known, and its
+         * output's second term */
+        for (int i = 0; i < C; i++) {
+            vaxpy_rows(cs->u + (size_t)i * dv, cs->A[i], cs->u, i, dv);
+            vaxpy_rows(j->out + (size_t)(t0 + i) * j->nv * dv + (size_t)h * dv, cs->P[i], cs->u, i + 1, dv);
+        }
+        /* state leaving the chunk: row jv of S gets Σ_j Γ_last,j Vnew_j[jv] k_j, the
+         * coefficients laid out per value row */
         const int l = C - 1;
+        for (int jj = 0; jj < C; jj++) {
+            const float c = cs->decay[l][jj];
+            const float *u = cs->u + (size_t)jj * dv;
+            for (int jv = 0; jv < dv; jv++) cs->ut[(size_t)jv * C + jj] = c * u[jv];
+        }
         const float egl = expf(cs->G[l]);
         for (int jv = 0; jv < dv; jv++) {
             float *s = S + (size_t)jv * dk;
             vscale(s, egl, dk);
-            for (int jj = 0; jj < C; jj++) sT[jj] = cs->decay[l][jj] * cs->u[jj][jv];
-            for (int jj = 0; jj < C; jj++) vaxpy(s, sT[jj], cs->k[jj], dk);
+            vaxpy_rows(s, cs->ut + (size_t)jv * C, cs->k, C, dk);
         }
     }
 }

@@ -11,6 +11,7 @@ static inline float vdot(const float *a, const float *b, int n) {
 }
 static inline void vaxpy(float *y, float a, const float *x, int n) { for (int i = 0; i < n; i++) y[i] += a * x[i]; }
 static inline void vscale(float *y, float a, int n) { for (int i = 0; i < n; i++) y[i] *= a; }
+static inline void vmul(float *y, const float *x, int n) { for (int i = 0; i < n; i++) y[i] *= x[i]; }
 /* y = a y + b x */
 static inline void vscale_add(float *y, float a, float b, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] = a * y[i] + b * x[i];
