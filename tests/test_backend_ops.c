@@ -253,6 +253,49 @@ Test(backend_ops, attention_matches_f64_reference) {
     }
 }
 
+/* A batch's attention rows equal each row alone, bit for bit, at every level and cache type:
+ * two sequences' tokens (a prompt's causal lengths and a verify's), so passes share converted
+ * blocks across tokens and heads, and cut where the sequence or the pass's pairs end. Head dims
+ * 64 (one block of 64 rows) and 96 (blocks of 42: the last block of each token differs). */
+Test(backend_ops, attention_rows_of_a_batch_equal_rows_alone) {
+    const enum ggml_type types[3] = {GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
+    const int dims[2] = {64, 96};
+    for (int l = QUANT_CPU_REF; l <= (int)quant_cpu_level_detect(); l++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int di = 0; di < 2; di++) {
+                const int H = 6, HKV = 2, D = dims[di], kvd = HKV * D, cells = 400, n_tok = 13;
+                const enum ggml_type tk = types[ti], tv = types[(ti + 1) % 3];
+                struct backend *be = backend_cpu_init(2, (enum quant_cpu_level)l);
+                const size_t krb = ggml_row_size(tk, kvd), vrb = ggml_row_size(tv, kvd);
+                uint8_t *kc = malloc(krb * cells), *vc = malloc(vrb * cells);
+                float *kf = malloc(sizeof(float) * cells * kvd), *vf = malloc(sizeof(float) * cells * kvd);
+                float *q = malloc(sizeof(float) * n_tok * H * D), *all = malloc(sizeof(float) * n_tok * H * D);
+                float *one = malloc(sizeof(float) * H * D);
+                int32_t *cl = malloc(sizeof(int32_t) * cells), cell0[13], nctx[13];
+                fill(kf, (size_t)cells * kvd, 1.0f);
+                fill(vf, (size_t)cells * kvd, 1.0f);
+                fill(q, (size_t)n_tok * H * D, 1.0f);
+                for (int i = 0; i < cells; i++) cl[i] = i;
+                const struct kv_view kvv = kv_view_make(tk, tv, HKV, D, kc, vc);
+                be->kv_store(be, kf, kvd, vf, kvd, cells, cl, &kvv);
+                /* sequence A at cell 0: 9 prompt tokens at 120..128; sequence B at cell 200: 4 rows at 190..193 */
+                for (int t = 0; t < n_tok; t++) {
+                    cell0[t] = t < 9 ? 0 : 200;
+                    nctx[t] = t < 9 ? 121 + t : 191 + (t - 9);
+                }
+                be->attention(be, q, H * D, D, &kvv, cell0, nctx, n_tok, H, 1.0f / sqrtf((float)D), all);
+                for (int t = 0; t < n_tok; t++) {
+                    be->attention(be, q + (size_t)t * H * D, H * D, D, &kvv, &cell0[t], &nctx[t], 1, H,
+                                  1.0f / sqrtf((float)D), one);
+                    cr_assert_eq(memcmp(one, all + (size_t)t * H * D, sizeof(float) * H * D), 0,
+                                 "level %d, K %s V %s, D %d: row %d of the batch differs from it alone", l,
+                                 ggml_type_traits_get(tk)->name, ggml_type_traits_get(tv)->name, D, t);
+                }
+                free(kc); free(vc); free(kf); free(vf); free(q); free(all); free(one); free(cl);
+                backend_free(be);
+            }
+}
+
 /* The quantized and bf16 caches, K and V alike or not. The bound against the f16 cache is the
  * format's rounding of values in [-1, 1): an output is a softmax-weighted mean of V values, each
  * off by at most half a step (bf16: 2^-9 relative; q8_0: amax/254 <= 1/254; q4_0: amax/16, and

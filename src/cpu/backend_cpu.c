@@ -660,10 +660,16 @@ static void cpu_kv_store(struct backend *be, const float *k, int k_stride, const
 
 struct attn_task { struct attn_job a; const struct cpu_ops *ops; };
 
+/* Work items: groups of consecutive tokens (as many as fill a pass of the kernel with their
+ * query heads) x KV heads, round-robin over the threads. */
 static void attn_worker(void *arg, int ith, int nth) {
     const struct attn_task *j = arg;
-    const int total = j->a.n_tok * j->a.n_head_kv;
-    for (int i = ith; i < total; i += nth) j->ops->attn_group(&j->a, i / j->a.n_head_kv, i % j->a.n_head_kv);
+    const int per = COTI_MAX(1, ATTN_PAIRS_PER_PASS / (j->a.n_head / j->a.n_head_kv));
+    const int groups = (j->a.n_tok + per - 1) / per, total = groups * j->a.n_head_kv;
+    for (int i = ith; i < total; i += nth) {
+        const int t0 = (i / j->a.n_head_kv) * per;
+        j->ops->attn_tokens(&j->a, t0, COTI_MIN(per, j->a.n_tok - t0), i % j->a.n_head_kv);
+    }
 }
 
 static void cpu_attention(struct backend *be, const float *q, int q_stride, int q_head_stride,

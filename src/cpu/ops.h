@@ -1,5 +1,5 @@
 /* ops.h — the CPU backend's non-matmul kernels that are worth SIMD (attention over the KV
- * cache of any KV type, its rows converted a block at a time, the delta rule in both forms, the exp-based activations, argmax). Their bodies live once in ops_body.h and are
+ * cache of any KV type, its rows converted a block at a time for several tokens, the delta rule in both forms, the exp-based activations, argmax). Their bodies live once in ops_body.h and are
  * compiled three times: ops_ref.c (plain C, the reference), ops_avx2.c and ops_avx512.c (their
  * vector primitives); backend_cpu.c picks a table at init from the CPU level. */
 #ifndef COTI_CPU_OPS_H
@@ -11,6 +11,7 @@
 #include "quant/quant.h"
 
 #define CPU_ATTN_MAX_HEAD_DIM 512
+#define ATTN_PAIRS_PER_PASS 16   /* (token, query head) pairs sharing a converted cache block */
 #define CPU_GDN_MAX_DIM 256
 #define GDN_CHUNK 64
 
@@ -38,8 +39,8 @@ struct gdn_chunk_scratch {
 };
 
 struct cpu_ops {
-    /* attention of one token for all query heads of KV head hk */
-    void (*attn_group)(const struct attn_job *j, int t, int hk);
+    /* attention of tokens [t0, t0 + nt) for all query heads of KV head hk */
+    void (*attn_tokens)(const struct attn_job *j, int t0, int nt, int hk);
     /* one v-head over all tokens of the job, per-token recurrence */
     void (*gdn_head)(const struct gdn_job *j, int h);
     /* one v-head over all tokens of the job, chunked form */

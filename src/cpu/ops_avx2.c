@@ -269,6 +269,6 @@ static int argmax_avx2(const float *x, int n) {
 #define OPS_NAME(x) x##_avx2
 #include "cpu/ops_body.h"
 
-const struct cpu_ops cpu_ops_avx2 = {attn_group_avx2, gdn_head_avx2, gdn_chunked_head_avx2,
+const struct cpu_ops cpu_ops_avx2 = {attn_tokens_avx2, gdn_head_avx2, gdn_chunked_head_avx2,
                                      silu_avx2, sigmoid_avx2, conv4_token_avx2,
                                      sum_sq_avx2, to_f16_avx2, exp_sum_avx2, argmax_avx2};

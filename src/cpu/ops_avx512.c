@@ -353,6 +353,6 @@ static int argmax_avx512(const float *x, int n) {
 #define OPS_NAME(x) x##_avx512
 #include "cpu/ops_body.h"
 
-const struct cpu_ops cpu_ops_avx512 = {attn_group_avx512, gdn_head_avx512, gdn_chunked_head_avx512,
+const struct cpu_ops cpu_ops_avx512 = {attn_tokens_avx512, gdn_head_avx512, gdn_chunked_head_avx512,
                                        silu_avx512, sigmoid_avx512, conv4_token_avx512,
                                        sum_sq_avx512, to_f16_avx512, exp_sum_avx512, argmax_avx512};

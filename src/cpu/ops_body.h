@@ -16,57 +16,67 @@ static inline void OPS_NAME(cvt_rows)(enum ggml_type t, float *y, const uint8_t 
     }
 }
 
-/* One token and one KV head: every query head of the group (GQA) over the cached rows, in
- * blocks that are converted from the cache's types once and shared by the group's heads (the
- * cache is read in place, one block of rows at a time). Per head: the
- * block's scores, one rescale of the running sum if the block raised the maximum, the block's
- * exponentials in one vector pass, then the value sum. A (token, head)'s result depends only
- * on its own q and cache rows, never on the batch. */
+/* Tokens [t0, t0 + nt) and one KV head: every (token, query head) pair of the group (GQA) over
+ * the cached rows, in blocks that are converted from the cache's types once and shared by the
+ * pairs of a pass: the query heads of the KV head and consecutive tokens of one sequence (the
+ * same first cell), a prompt's or a verify's tokens reading the rows they share once. Per pair:
+ * the block's scores, one rescale of the running sum if the block raised the maximum, the
+ * block's exponentials in one vector pass, then the value sum. Blocks start at the sequence's
+ * first cell whatever the pass, so a (token, head)'s result depends only on its own q and cache
+ * rows, never on the batch or on the pairs beside it. */
 #define ATTN_BLOCK 64
 #define ATTN_BLOCK_FLOATS 4096          /* f32 per converted block: 64 rows of 64, 8 of 512 */
-#define ATTN_HEADS_PER_PASS 8
-static void OPS_NAME(attn_group)(const struct attn_job *j, int t, int hk) {
+static void OPS_NAME(attn_tokens)(const struct attn_job *j, int t0, int nt, int hk) {
     const int D = j->head_dim, G = j->n_head / j->n_head_kv;
     const int blk = ATTN_BLOCK_FLOATS / D < ATTN_BLOCK ? ATTN_BLOCK_FLOATS / D : ATTN_BLOCK;
     /* K and V blocks 64 bytes off a 4 KiB multiple from each other: loads from one then do
      * not falsely wait on stores to the other (4K aliasing) */
     float kv[2 * ATTN_BLOCK_FLOATS + 16], p[ATTN_BLOCK];
     float *kf = kv, *vf = kv + ATTN_BLOCK_FLOATS + 16;
-    float acc[ATTN_HEADS_PER_PASS][CPU_ATTN_MAX_HEAD_DIM], m[ATTN_HEADS_PER_PASS], l[ATTN_HEADS_PER_PASS];
-    const int32_t c0 = j->cell0[t], n = j->n_ctx[t];
-    for (int g0 = 0; g0 < G; g0 += ATTN_HEADS_PER_PASS) {
-        const int ng = G - g0 < ATTN_HEADS_PER_PASS ? G - g0 : ATTN_HEADS_PER_PASS;
-        for (int g = 0; g < ng; g++) {
-            m[g] = -INFINITY;
-            l[g] = 0.0f;
-            memset(acc[g], 0, sizeof(float) * (size_t)D);
+    float acc[ATTN_PAIRS_PER_PASS][CPU_ATTN_MAX_HEAD_DIM], m[ATTN_PAIRS_PER_PASS], l[ATTN_PAIRS_PER_PASS];
+    int pt[ATTN_PAIRS_PER_PASS], ph[ATTN_PAIRS_PER_PASS];
+    int t = t0, g = 0; /* the next pair */
+    while (t < t0 + nt) {
+        const int32_t c0 = j->cell0[t];
+        int np = 0, n_max = 0;
+        while (np < ATTN_PAIRS_PER_PASS && t < t0 + nt && j->cell0[t] == c0) {
+            pt[np] = t;
+            ph[np] = hk * G + g;
+            m[np] = -INFINITY;
+            l[np] = 0.0f;
+            memset(acc[np], 0, sizeof(float) * (size_t)D);
+            n_max = j->n_ctx[t] > n_max ? j->n_ctx[t] : n_max;
+            np++;
+            if (++g == G) { g = 0; t++; }
         }
-        for (int b0 = 0; b0 < n; b0 += blk) {
-            const int nb = n - b0 < blk ? n - b0 : blk;
+        for (int b0 = 0; b0 < n_max; b0 += blk) {
+            const int nb = n_max - b0 < blk ? n_max - b0 : blk;
             const size_t cell = (size_t)(c0 + b0);
             OPS_NAME(cvt_rows)(j->k_type, kf, j->k + cell * j->k_row_bytes + (size_t)hk * j->k_head_bytes, j->k_row_bytes,
                                nb, D);
             OPS_NAME(cvt_rows)(j->v_type, vf, j->v + cell * j->v_row_bytes + (size_t)hk * j->v_head_bytes, j->v_row_bytes,
                                nb, D);
-            for (int g = 0; g < ng; g++) {
-                const int h = hk * G + g0 + g;
-                const float *q = j->q + (size_t)t * j->q_stride + (size_t)h * j->q_head_stride;
-                vdot_rows(q, kf, nb, D, j->scale, p);
-                const float mb = vmax(p, nb, m[g]);
-                if (mb > m[g]) {
-                    const float corr = expf(m[g] - mb);
-                    vscale(acc[g], corr, D);
-                    l[g] *= corr;
-                    m[g] = mb;
+            for (int i = 0; i < np; i++) {
+                const int n = j->n_ctx[pt[i]];
+                if (b0 >= n) continue;
+                const int nbi = n - b0 < blk ? n - b0 : blk;
+                const float *q = j->q + (size_t)pt[i] * j->q_stride + (size_t)ph[i] * j->q_head_stride;
+                vdot_rows(q, kf, nbi, D, j->scale, p);
+                const float mb = vmax(p, nbi, m[i]);
+                if (mb > m[i]) {
+                    const float corr = expf(m[i] - mb);
+                    vscale(acc[i], corr, D);
+                    l[i] *= corr;
+                    m[i] = mb;
                 }
-                l[g] += vexp_shift(p, nb, m[g]);
-                vaxpy_rows(acc[g], p, vf, nb, D);
+                l[i] += vexp_shift(p, nbi, m[i]);
+                vaxpy_rows(acc[i], p, vf, nbi, D);
             }
         }
-        for (int g = 0; g < ng; g++) {
-            float *o = j->out + (size_t)t * j->n_head * D + (size_t)(hk * G + g0 + g) * D;
-            const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-            for (int i = 0; i < D; i++) o[i] = acc[g][i] * inv;
+        for (int i = 0; i < np; i++) {
+            float *o = j->out + (size_t)pt[i] * j->n_head * D + (size_t)ph[i] * D;
+            const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+            for (int e = 0; e < D; e++) o[e] = acc[i][e] * inv;
         }
     }
 }

@@ -78,6 +78,6 @@ static int argmax_ref(const float *x, int n) {
 #define OPS_NAME(x) x##_ref
 #include "cpu/ops_body.h"
 
-const struct cpu_ops cpu_ops_ref = {attn_group_ref, gdn_head_ref, gdn_chunked_head_ref,
+const struct cpu_ops cpu_ops_ref = {attn_tokens_ref, gdn_head_ref, gdn_chunked_head_ref,
                                     silu_ref, sigmoid_ref, conv4_token_ref, sum_sq_ref, to_f16_ref,
                                     exp_sum_ref, argmax_ref};
