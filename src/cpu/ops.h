@@ -35,7 +35,7 @@ struct gdn_job {
 struct gdn_chunk_scratch {
     float q[GDN_CHUNK * CPU_GDN_MAX_DIM], k[GDN_CHUNK * CPU_GDN_MAX_DIM];
     float u[GDN_CHUNK * CPU_GDN_MAX_DIM], ut[GDN_CHUNK * CPU_GDN_MAX_DIM];
-    float A[GDN_CHUNK][GDN_CHUNK], P[GDN_CHUNK][GDN_CHUNK], decay[GDN_CHUNK][GDN_CHUNK], G[GDN_CHUNK], b[GDN_CHUNK];
+    float A[GDN_CHUNK][GDN_CHUNK], P[GDN_CHUNK][GDN_CHUNK], G[GDN_CHUNK], b[GDN_CHUNK];
 };
 
 struct cpu_ops {

@@ -156,9 +156,10 @@ static void OPS_NAME(gdn_chunked_head)(const struct gdn_job *j, int h, struct gd
             vscale_add(u, -b * eg, b, v, dv);
             vscale(o, eg, dv);
         }
-        /* row i of Γ (one vector exp), of −A and of P (A's row also gets k_i·k_i, never read) */
+        /* row i of Γ (one vector exp), of −A and of P (A's row also gets k_i·k_i, never read);
+         * the last row of Γ stays in dec for the state update */
+        float dec[GDN_CHUNK];
         for (int i = 0; i < C; i++) {
-            float *dec = cs->decay[i];
             for (int jj = 0; jj <= i; jj++) dec[jj] = -cs->G[jj];
             vexp_shift(dec, i + 1, -cs->G[i]);
             vdot2_rows(cs->k + (size_t)i * dk, cs->q + (size_t)i * dk, cs->k, i + 1, dk, cs->A[i], cs->P[i]);
@@ -176,7 +177,7 @@ static void OPS_NAME(gdn_chunked_head)(const struct gdn_job *j, int h, struct gd
          * coefficients laid out per value row */
         const int l = C - 1;
         for (int jj = 0; jj < C; jj++) {
-            const float c = cs->decay[l][jj];
+            const float c = dec[jj];
             const float *u = cs->u + (size_t)jj * dv;
             for (int jv = 0; jv < dv; jv++) cs->ut[(size_t)jv * C + jj] = c * u[jv];
         }

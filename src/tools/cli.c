@@ -465,9 +465,9 @@ int cli_open_model_wrapped(const struct cli_common *c, int n_seq, int n_keep_sta
                            struct backend *(*wrap)(struct backend *inner), struct backend **be, struct model **m) {
     char err[512];
     *m = NULL;
+    struct model_params p = {n_seq, c->n_ctx, c->n_batch, COTI_MAX(n_keep_states, SPEC_MAX_DRAFT + 1), NULL,
+                             c->cache_type_k, c->cache_type_v, 0, 0};
     if (c->tp_n > 1) {
-        struct model_params p = {n_seq, c->n_ctx, c->n_batch, COTI_MAX(n_keep_states, SPEC_MAX_DRAFT + 1), NULL,
-                                 c->cache_type_k, c->cache_type_v, 0, 0};
         const int64_t t0 = coti_time_us();
         if (wrap) { fprintf(stderr, "error: this tool's measurements do not take -tp yet\n"); return 1; }
         if (open_ranks(c, &p, be, m, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); return 1; }
@@ -496,8 +496,7 @@ int cli_open_model_wrapped(const struct cli_common *c, int n_seq, int n_keep_sta
     }
     struct load_note note = {c->model_path, -1};
     struct load_progress progress = {on_load_progress, &note, 0, 0};
-    struct model_params p = {n_seq, c->n_ctx, c->n_batch, COTI_MAX(n_keep_states, SPEC_MAX_DRAFT + 1), &progress,
-                             c->cache_type_k, c->cache_type_v, 0, 0};
+    p.progress = &progress;
     const int64_t t0 = coti_time_us();
     int rc = model_load(m, c->model_path, *be, &p, err, sizeof err);
     cli_progress_end();
