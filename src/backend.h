@@ -40,12 +40,27 @@ struct gdn_gates {
  * (the delta-net's conv and rule): rows [start, start + len) of the op's inputs and outputs; its
  * live state, read and then updated to the state after the run; when snap is set, the state
  * after the run's row t goes to snapshot slot t (one state further each) for t < n_snap. The
- * runs of one call are of different sequences. */
+ * runs of one call are of different sequences.
+ * pend and defer, for the delta rule on a backend with gdn_pending (others get NULL / false;
+ * ssm_conv ignores them): a row left pending in pend (gdn_pend_floats) is applied to the state
+ * before the run's rows. With defer, the run's last row is computed as usual but its update of
+ * the state is left in pend instead (so the state after the run is the state after row len - 2,
+ * and snapshots cover t < n_snap <= len - 2); without, pend is left with no row pending. A
+ * verify then writes no snapshot for the row before its last: accepting every row keeps the
+ * pending update, rejecting the last drops it (memory.c). len 0 just applies a pending row. */
 struct state_run {
     int start, len;
     float *state, *snap;
     int n_snap;
+    float *pend;
+    bool defer;
 };
+
+/* A delta-rule row left pending (state_run.pend): S_h <- d_h S_h + k_h δ_hᵀ per v-head h, as
+ * the rule's update writes it. Floats, per v-head h of nv: a flag at [h] (1: pending, 0: none,
+ * as zeroed memory says), d at [nv + h], δ_h at [2nv + h·dv], the normalised key k_h after the
+ * δs at [2nv + nv·dv + h·dk]. Every part is per head, so a split of the heads splits it too. */
+static inline size_t gdn_pend_floats(int nv, int dk, int dv) { return (size_t)nv * (2 + (size_t)dv + (size_t)dk); }
 
 /* What a matmul multiplies: its input rows as they are (MATMUL_PLAIN) or formed on the way
  * from x and the fields its kind names below, rows of the weights' n_in. Backends fuse the
@@ -209,6 +224,10 @@ struct backend {
     void (*graph_free)(struct backend *be, void *graph);
 
     void (*destroy)(struct backend *be);
+
+    /* Whether gdn and gdn_chunked honour state_run.pend and defer (else the model passes NULL /
+     * false and a verify snapshots every row but its last). */
+    bool gdn_pending;
 
     /* Tensor parallelism (tp.h): the split this backend is rank `rank` of, or NULL (one rank:
      * all_reduce does nothing). Set by tp_attach. */

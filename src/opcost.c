@@ -157,6 +157,7 @@ struct backend *opcost_wrap(struct backend *inner) {
     be->weight_init = o_weight_init;
     be->weight_free = o_weight_free;
     be->supports = o_supports;
+    be->gdn_pending = inner->gdn_pending;
 #define BACKEND_OP(name, family, params, args) be->name = o_##name;
 #include "backend_ops.h"
 #undef BACKEND_OP

@@ -62,7 +62,7 @@ static void check_gdn_level(bool chunked, int n_tok, float gscale, enum quant_cp
     fill(S, (size_t)nv * dk * dv, 0.5f);
     for (int i = 0; i < nv * dk * dv; i++) Sd[i] = S[i];
     gdn_ref(qkv, ch, &gt, Sd, n_tok, nk, nv, dk, dv, 1e-6f, outd);
-    const struct state_run run = {0, n_tok, S, NULL, 0};
+    const struct state_run run = {0, n_tok, S, NULL, 0, NULL, false};
     if (chunked) be->gdn_chunked(be, qkv, ch, &gt, nk, nv, dk, dv, 1e-6f, out, &run, 1);
     else be->gdn(be, qkv, ch, &gt, nk, nv, dk, dv, 1e-6f, out, &run, 1);
     /* f32 against f64: outputs are O(1); a few hundred rounding steps per value */
@@ -86,6 +86,70 @@ static void check_gdn(bool chunked, int n_tok, float gscale) {
 
 Test(backend_ops, gdn_recurrent_matches_f64_reference) { check_gdn(false, 1, 0.3f); check_gdn(false, 150, 0.3f); check_gdn(false, 150, 4.0f); }
 Test(backend_ops, gdn_chunked_matches_f64_reference) { check_gdn(true, 1, 0.3f); check_gdn(true, 64, 0.3f); check_gdn(true, 150, 0.3f); check_gdn(true, 150, 4.0f); check_gdn(true, 150, 0.01f); }
+
+/* A kept run's last row left pending (state_run.pend) and applied by the next call gives, bit
+ * for bit, what one run over all the rows gives: outputs, the snapshot and live state after the
+ * first run, the state at the end, whether the next call is stepwise, chunked or only applies
+ * (no rows); a dropped record leaves the state after the row before. Every CPU level. */
+static void check_gdn_pending(enum quant_cpu_level level, int dk, int dv) {
+    enum { NK = 2, NV = 4, N1 = 4, N = 80 };
+    const int ch = 2 * NK * dk + NV * dv;
+    const size_t st = (size_t)NV * dk * dv, pe = gdn_pend_floats(NV, dk, dv);
+    struct backend *be = backend_cpu_init(2, level);
+    cr_assert(be->gdn_pending);
+    float *qkv = malloc(sizeof(float) * N * ch), *a = malloc(sizeof(float) * N * NV), *b = malloc(sizeof(float) * N * NV);
+    float dt[NV], sa[NV];
+    fill(qkv, (size_t)N * ch, 1.0f);
+    fill(a, (size_t)N * NV, 1.0f);
+    fill(b, (size_t)N * NV, 3.0f);
+    for (int h = 0; h < NV; h++) { dt[h] = 0.5f * frand(); sa[h] = -0.3f * (0.75f + 0.25f * frand()); }
+    const struct gdn_gates gt = {a, b, dt, sa, NV, NV};
+    float *S0 = malloc(sizeof(float) * st), *Se = malloc(sizeof(float) * st), *Sp = malloc(sizeof(float) * st);
+    float *snap_e = calloc(N1 * st, sizeof(float)), *snap_p = calloc(N1 * st, sizeof(float)), *pend = calloc(pe, sizeof(float));
+    float *oe = malloc(sizeof(float) * N * NV * dv), *op = malloc(sizeof(float) * N * NV * dv);
+    fill(S0, st, 0.5f);
+    for (int next = 0; next < 3; next++) { /* the call after the kept run: 0 stepwise, 1 chunked, 2 no rows */
+        const int n2 = next == 0 ? 3 : next == 1 ? N - N1 : 0;
+        memcpy(Se, S0, sizeof(float) * st);
+        memcpy(Sp, S0, sizeof(float) * st);
+        /* eagerly: the kept run with a snapshot after each row, then the rest */
+        struct state_run e1 = {0, N1, Se, snap_e, N1 - 1, NULL, false}, e2 = {N1, n2, Se, NULL, 0, NULL, false};
+        struct state_run p1 = {0, N1, Sp, snap_p, N1 - 2, pend, true}, p2 = {N1, n2, Sp, NULL, 0, pend, false};
+        be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, oe, &e1, 1);
+        be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &p1, 1);
+        cr_assert_eq(memcmp(oe, op, sizeof(float) * N1 * NV * dv), 0, "kept run's outputs (level %d, %dx%d)", (int)level, dk, dv);
+        for (int h = 0; h < NV; h++) cr_assert_eq(pend[h], 1.0f, "the last row is pending");
+        cr_assert_eq(memcmp(snap_e, snap_p, sizeof(float) * (N1 - 2) * st), 0, "snapshots before the row before the last");
+        cr_assert_eq(memcmp(snap_e + (N1 - 2) * st, Sp, sizeof(float) * st), 0, "the live state: after the row before the last");
+        if (next == 1) {
+            be->gdn_chunked(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, oe, &e2, 1);
+            be->gdn_chunked(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &p2, 1);
+        } else {
+            be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, oe, &e2, 1);
+            be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &p2, 1);
+        }
+        for (int h = 0; h < NV; h++) cr_assert_eq(pend[h], 0.0f, "applied, nothing pending");
+        cr_assert_eq(memcmp(oe + N1 * NV * dv, op + N1 * NV * dv, sizeof(float) * n2 * NV * dv), 0, "next call's outputs (%d)", next);
+        cr_assert_eq(memcmp(Se, Sp, sizeof(float) * st), 0, "states after the next call (%d, level %d)", next, (int)level);
+    }
+    /* a dropped record: the state stays the one after row N1 - 2, which the next call continues */
+    memcpy(Sp, S0, sizeof(float) * st);
+    struct state_run p1 = {0, N1, Sp, NULL, 0, pend, true}, none = {N1, 0, Sp, NULL, 0, pend, false};
+    be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &p1, 1);
+    memset(pend, 0, sizeof(float) * NV);
+    be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &none, 1);
+    cr_assert_eq(memcmp(snap_e + (N1 - 2) * st, Sp, sizeof(float) * st), 0, "a dropped row leaves no trace");
+    free(qkv); free(a); free(b); free(S0); free(Se); free(Sp); free(snap_e); free(snap_p); free(pend); free(oe); free(op);
+    backend_free(be);
+}
+
+Test(backend_ops, gdn_pending_row_lands_as_the_rule_writes_it) {
+    for (int l = QUANT_CPU_REF; l <= (int)quant_cpu_level_detect(); l++) {
+        check_gdn_pending((enum quant_cpu_level)l, 16, 16);
+        check_gdn_pending((enum quant_cpu_level)l, 20, 12);
+        check_gdn_pending((enum quant_cpu_level)l, 64, 72);
+    }
+}
 
 /* Several sequences' runs in one call (a batched cycle's delta-net) equal each run alone, bit
  * for bit: the conv, the recurrent rule with snapshots, and the chunked rule; the rows between
@@ -124,8 +188,8 @@ Test(backend_ops, state_ops_over_runs_equal_runs_alone) {
         for (int v = 0; v < 2; v++)
             for (int r = 0; r < NR; r++) {
                 const int n_snap = chunked ? 0 : COTI_MIN(len[r] - 1, KEEP);
-                cr[v][r] = (struct state_run){start[r], len[r], cs[v] + r * conv_el, n_snap ? csn[v] + r * KEEP * conv_el : NULL, n_snap};
-                gr[v][r] = (struct state_run){start[r], len[r], ss[v] + r * ssm_el, n_snap ? ssn[v] + r * KEEP * ssm_el : NULL, n_snap};
+                cr[v][r] = (struct state_run){start[r], len[r], cs[v] + r * conv_el, n_snap ? csn[v] + r * KEEP * conv_el : NULL, n_snap, NULL, false};
+                gr[v][r] = (struct state_run){start[r], len[r], ss[v] + r * ssm_el, n_snap ? ssn[v] + r * KEEP * ssm_el : NULL, n_snap, NULL, false};
             }
         be->ssm_conv(be, x, CH, K, w, y[0], cr[0], NR);
         for (int r = 0; r < NR; r++) be->ssm_conv(be, x, CH, K, w, y[1], &cr[1][r], 1);

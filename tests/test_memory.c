@@ -19,7 +19,7 @@ static const struct kv_layer_spec head_spec = {2, 4, -1, 0};
 
 static void mem_make(struct memory *mem, struct backend *be) {
     const struct memory_params p = {.n_seq = N_SEQ, .n_ctx = N_CTX, .n_keep = KEEP, .kv = kv_specs, .n_kv = 3,
-                                    .k_type = GGML_TYPE_F16, .v_type = GGML_TYPE_F16, .n_rec = 2, .conv_elems = CONV, .ssm_elems = SSM, .head_kv = &head_spec,
+                                    .k_type = GGML_TYPE_F16, .v_type = GGML_TYPE_F16, .n_rec = 2, .conv_elems = CONV, .rule = {SSM, 1, 1}, .head_kv = &head_spec,
                                     .n_head_kv = 1};
     cr_assert_eq(memory_init(mem, be, &p), 0);
 }
@@ -95,6 +95,20 @@ Test(memory, rollback_restores_the_snapshot_of_the_last_kept_token) {
         cr_assert_eq(at(be, rec_ssm(&mem.rec, il, s), SSM - 1), at(be, rec_ssm_snap(&mem.rec, il, s), 2 * SSM - 1));
     }
     cr_assert_eq(memory_seq_rollback(&mem, s, 1), COTI_E_RANGE, "the run's states are spent");
+    /* dropping only the last row (the CPU leaves it pending): the conv state after row 2 comes
+     * back, the delta state after row 2 is live already and stays, the pending row goes */
+    cr_assert(mem.rec.pending);
+    for (int il = 0; il < 2; il++) {
+        fill(be, rec_ssm(&mem.rec, il, s), SSM, 7.0f);
+        fill(be, rec_pend(&mem.rec, il, s), SSM, 1.0f); /* the flags of the SSM heads */
+    }
+    memory_note_run(&mem, s, 4, true, false);
+    cr_assert_eq(memory_seq_rollback(&mem, s, 1), 0);
+    for (int il = 0; il < 2; il++) {
+        cr_assert_eq(at(be, rec_conv(&mem.rec, il, s), 0), 30.0f);
+        cr_assert_eq(at(be, rec_ssm(&mem.rec, il, s), 0), 7.0f);
+        for (int h = 0; h < SSM; h++) cr_assert_eq(at(be, rec_pend(&mem.rec, il, s), h), 0.0f);
+    }
     memory_note_run(&mem, s, 4, true, false);
     cr_assert_eq(memory_seq_rollback(&mem, s, 4), COTI_E_RANGE, "at least the run's first token stays");
     cr_assert_eq(memory_seq_rollback(&mem, s, 0), 0);

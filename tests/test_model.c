@@ -201,8 +201,10 @@ Test(model, two_sequences_in_one_batch_equal_each_alone) {
     close_model(&f);
 }
 
-/* Verify [s d1 d2 d3], keep 2 of them, then decode x: logits and recurrent state must equal
- * those of a sequence that only ever saw [s d1 x] — bit for bit. */
+/* Verify [s d1 d2 d3], keep 3 - n_drop of the drafts, then decode x: logits and recurrent state
+ * must equal those of a sequence that only ever saw the kept tokens and x — bit for bit (n_drop
+ * 0: the verify's last row was left pending, and x's forward applies it; 1: the pending row is
+ * dropped; 2, 3: a snapshot is restored). */
 Test(model, rollback_restores_accepted_prefix_exactly) {
     struct fixture f = open_model(2, 4, quant_cpu_level_detect(), 2);
     const int V = f.m->info.n_vocab;
@@ -210,7 +212,7 @@ Test(model, rollback_restores_accepted_prefix_exactly) {
     random_tokens(prompt, 30, V, 21);
     random_tokens(verify, 4, V, 22);
     random_tokens(&x, 1, V, 23);
-    for (int n_drop = 1; n_drop <= 3; n_drop++) {
+    for (int n_drop = 0; n_drop <= 3; n_drop++) {
         model_seq_reset(f.m, 0);
         model_seq_reset(f.m, 1);
         float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
@@ -229,6 +231,35 @@ Test(model, rollback_restores_accepted_prefix_exactly) {
         cr_assert(same_state(f.m, 0, 1), "n_drop %d: recurrent state differs", n_drop);
         free(a); free(b);
     }
+    close_model(&f);
+}
+
+/* A verify's pending last row belongs to the sequence's state wherever it goes: a copy, a
+ * checkpoint resumed elsewhere and the state read all carry it, and each continues exactly as a
+ * sequence that decoded the same tokens one by one. */
+Test(model, pending_row_travels_with_copies_and_checkpoints) {
+    struct fixture f = open_model(4, 4, quant_cpu_level_detect(), 2);
+    const int V = f.m->info.n_vocab;
+    int32_t prompt[20], verify[4], x;
+    random_tokens(prompt, 20, V, 51);
+    random_tokens(verify, 4, V, 52);
+    random_tokens(&x, 1, V, 53);
+    float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V), *c = malloc(sizeof(float) * V);
+    feed(&f, 0, prompt, 20, 0, false, NULL);
+    feed(&f, 0, verify, 4, 20, true, NULL);      /* every row accepted: the last one pending */
+    model_seq_checkpoint(f.m, 0, NULL);
+    cr_assert_eq(model_seq_copy(f.m, 1, 0), 0);
+    cr_assert_eq(model_seq_resume(f.m, 2, 0, 24), 0);
+    feed(&f, 3, prompt, 20, 0, false, NULL);
+    for (int i = 0; i < 4; i++) feed(&f, 3, &verify[i], 1, 20 + i, false, NULL);
+    cr_assert(same_state(f.m, 0, 3), "the state read applies the pending row");
+    feed(&f, 3, &x, 1, 24, false, a);
+    feed(&f, 1, &x, 1, 24, false, b);
+    feed(&f, 2, &x, 1, 24, false, c);
+    cr_assert_eq(memcmp(a, b, sizeof(float) * V), 0, "copy: %g", max_abs_diff(a, b, V));
+    cr_assert_eq(memcmp(a, c, sizeof(float) * V), 0, "checkpoint: %g", max_abs_diff(a, c, V));
+    cr_assert(same_state(f.m, 1, 3) && same_state(f.m, 2, 3));
+    free(a); free(b); free(c);
     close_model(&f);
 }
 

@@ -719,9 +719,9 @@ static const float *gdn_form_gates(struct cpu_ctx *c, const struct gdn_gates *gt
     for (int r = 0; r < n_runs; r++) end = COTI_MAX(end, runs[r].start + runs[r].len);
     const size_t n = (size_t)end * n_v;
     *n_rows = (size_t)end;
-    if (2 * n > c->gates_n) {
+    if (2 * n > c->gates_n || !c->gates) { /* allocated even for no rows: the callers offset it */
         free(c->gates);
-        c->gates = malloc(sizeof(float) * 2 * n);
+        c->gates = malloc(sizeof(float) * COTI_MAX(2 * n, 2));
         if (!c->gates) abort(); /* resource failure at warm-up */
         c->gates_n = 2 * n;
     }
@@ -766,7 +766,7 @@ static void gdn_runs(struct backend *be, const float *qkv, int qkv_stride, const
             const size_t t0 = (size_t)ru->start;
             j.g[i] = (struct gdn_job){qkv + t0 * qkv_stride, qkv_stride, g + t0 * nv, beta + t0 * nv, ru->state, ru->len,
                                       nk, nv, dk, dv, eps, out + t0 * nv * dv, chunked ? NULL : ru->snap,
-                                      chunked || !ru->snap ? 0 : ru->n_snap};
+                                      chunked || !ru->snap ? 0 : ru->n_snap, ru->pend, ru->defer && !chunked};
         }
         threadpool_run(cpu(be)->tp, gdn_worker, &j);
     }
@@ -838,6 +838,7 @@ struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level) {
     be->download = cpu_memcpy;
     be->copy_n = cpu_copy_n;
     be->copy_n_at = cpu_copy_n_at;
+    be->gdn_pending = true;
     be->copy = cpu_memcpy;
     be->sync = cpu_sync;
     be->weight_init = cpu_weight_init;

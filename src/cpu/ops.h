@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "quant/quant.h"
 
 #define CPU_ATTN_MAX_HEAD_DIM 512
@@ -24,9 +25,12 @@ struct attn_job {
     int n_tok, n_head, n_head_kv, head_dim; float scale; float *out;
 };
 
+/* pend, defer: struct state_run's (the recurrent form takes both, the chunked form applies a
+ * pending row only); a head's worker reads and writes only that head's parts of pend. */
 struct gdn_job {
     const float *qkv; int qkv_stride; const float *g, *beta; float *state;
     int n_tok, nk, nv, dk, dv; float eps; float *out, *snap; int n_snap;
+    float *pend; bool defer;
 };
 
 /* Scratch of one chunked-form call for one thread (too large for a worker's stack). q, k and u

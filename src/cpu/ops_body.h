@@ -87,11 +87,24 @@ static void OPS_NAME(l2_normalize)(const float *x, float *y, int n, float eps) {
     for (int i = 0; i < n; i++) y[i] = x[i] * inv;
 }
 
+/* A pending row of v-head h (struct state_run.pend), or NULL when none is pending. */
+struct gdn_pend_head { float *d, *delta, *k; };
+static inline struct gdn_pend_head OPS_NAME(gdn_pend_at)(const struct gdn_job *j, int h) {
+    float *p = j->pend + j->nv;
+    return (struct gdn_pend_head){p + h, p + j->nv + (size_t)h * j->dv, p + j->nv + (size_t)j->nv * j->dv + (size_t)h * j->dk};
+}
+/* Value rows [r0, r0 + nr) of head state S get the pending row's update: the same vscale_add the
+ * rule's own update makes, so a deferred row lands bit for bit as it would have in its run. */
+static inline void OPS_NAME(gdn_pend_apply)(const struct gdn_pend_head *ph, float *S, int r0, int nr, int dk) {
+    for (int r = r0; r < r0 + nr; r++) vscale_add(S + (size_t)r * dk, *ph->d, ph->delta[r], ph->k, dk);
+}
+
 /* One v-head over all tokens: S ← e^g S; δ = β(v − Sᵀk); S ← S + k δᵀ; o = Sᵀq / √dk.
  * Both products are taken from the state before the token, so both come out of one pass of
  * vdot2_rows (a reduction tree per 8 value rows, not a horizontal sum per row): with
  * d = e^g, Sᵀk = d (S_oldᵀk) and Sᵀq = d (S_oldᵀq) + δ (k·q). The state is then written once,
- * S ← d S + k δᵀ. */
+ * S ← d S + k δᵀ. A pending row is applied to each pass's rows just before the first token
+ * reads them; a deferred last token keeps its δ, d and k instead of writing S. */
 #define GDN_ROWS 64   /* value rows per pass: the products of a pass stay on the stack */
 static void OPS_NAME(gdn_head)(const struct gdn_job *j, int h) {
     const int dk = j->dk, dv = j->dv, gk = h % j->nk;
@@ -99,6 +112,11 @@ static void OPS_NAME(gdn_head)(const struct gdn_job *j, int h) {
     float *S = j->state + (size_t)h * dk * dv;   /* S[jv][i]: value row jv, key index i */
     float q[CPU_GDN_MAX_DIM], kk[CPU_GDN_MAX_DIM], sk[GDN_ROWS], sq[GDN_ROWS];
     const float qscale = 1.0f / sqrtf((float)dk);
+    struct gdn_pend_head ph = {0};
+    if (j->pend) ph = OPS_NAME(gdn_pend_at)(j, h);
+    bool pending = j->pend && j->pend[h] != 0.0f;
+    const int n_upd = j->defer ? j->n_tok - 1 : j->n_tok;   /* tokens whose update reaches S */
+    if (pending && j->n_tok == 0) OPS_NAME(gdn_pend_apply)(&ph, S, 0, dv, dk);
     for (int t = 0; t < j->n_tok; t++) {
         const float *row = j->qkv + (size_t)t * j->qkv_stride;
         OPS_NAME(l2_normalize)(row + (size_t)gk * dk, q, dk, j->eps);
@@ -111,16 +129,24 @@ static void OPS_NAME(gdn_head)(const struct gdn_job *j, int h) {
         for (int r0 = 0; r0 < dv; r0 += GDN_ROWS) {
             const int nr = dv - r0 < GDN_ROWS ? dv - r0 : GDN_ROWS;
             float *S0 = S + (size_t)r0 * dk;
+            if (pending) OPS_NAME(gdn_pend_apply)(&ph, S, r0, nr, dk);
             vdot2_rows(kk, q, S0, nr, dk, sk, sq);
             for (int r = 0; r < nr; r++) {
                 const float delta = b * (v[r0 + r] - decay * sk[r]);
                 o[r0 + r] = (decay * sq[r] + delta * kq) * qscale;
-                vscale_add(S0 + (size_t)r * dk, decay, delta, kk, dk);
+                if (t < n_upd) vscale_add(S0 + (size_t)r * dk, decay, delta, kk, dk);
+                else ph.delta[r0 + r] = delta;
             }
+        }
+        pending = false;
+        if (t == n_upd) {
+            *ph.d = decay;
+            memcpy(ph.k, kk, sizeof(float) * (size_t)dk);
         }
         if (j->snap && t < j->n_snap)
             memcpy(j->snap + (size_t)t * st_elems + (size_t)h * dk * dv, S, sizeof(float) * (size_t)dk * dv);
     }
+    if (j->pend) j->pend[h] = j->defer && j->n_tok > 0 ? 1.0f : 0.0f;
 }
 
 /* Chunked form, one v-head: for each chunk of up to GDN_CHUNK tokens, with G the cumulative
@@ -133,6 +159,11 @@ static void OPS_NAME(gdn_chunked_head)(const struct gdn_job *j, int h, struct gd
     const int dk = j->dk, dv = j->dv, gk = h % j->nk;
     float *S = j->state + (size_t)h * dk * dv;   /* S[jv][i] */
     const float qscale = 1.0f / sqrtf((float)dk);
+    if (j->pend && j->pend[h] != 0.0f) {
+        const struct gdn_pend_head ph = OPS_NAME(gdn_pend_at)(j, h);
+        OPS_NAME(gdn_pend_apply)(&ph, S, 0, dv, dk);
+        j->pend[h] = 0.0f;
+    }
     for (int t0 = 0; t0 < j->n_tok; t0 += GDN_CHUNK) {
         const int C = j->n_tok - t0 < GDN_CHUNK ? j->n_tok - t0 : GDN_CHUNK;
         float G = 0.0f;

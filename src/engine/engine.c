@@ -76,10 +76,7 @@ static void pass_ops(void *ctx) {
     if (c->pass == ENGINE_TRUNK && a->accept_out && a->keep) {
         /* the rollback of the rejected drafts, here rather than after the host has read the
          * count: the state after the last accepted row (accept_out[0]) becomes the live one */
-        struct backend *be = e->m->be;
-        const struct mem_regions *g = &e->mem.rg;
-        const int n_rg = memory_restore_regions(&e->mem, a->sl->runs[0].seq);
-        be->copy_n_at(be, g->dst, g->src, g->step, g->bytes, n_rg, a->accept_out, a->sl->n - 1);
+        memory_restore_at(&e->mem, a->sl->runs[0].seq, a->accept_out, a->sl->n);
     }
 }
 

@@ -27,10 +27,10 @@ int memory_init(struct memory *mem, struct backend *be, const struct memory_para
     mem->ck_age = calloc(n_ck, sizeof(uint64_t));
     mem->ck_has_hidden = calloc(n_ck, sizeof(bool));
     for (size_t i = 0; mem->ck_pos && i < n_ck; i++) mem->ck_pos[i] = -1;
-    /* two regions (K and V, or conv and delta state) per layer, two more per recurrent layer
-     * and one hidden row when a resume also copies a checkpoint */
+    /* two regions (K and V) per attention layer, three (conv, delta state, pending row) per
+     * recurrent layer, twice when a resume also copies a checkpoint, and one hidden row */
     struct mem_regions *g = &mem->rg;
-    g->cap = 2 * (p->n_kv + 2 * p->n_rec + p->n_head_kv) + 1;
+    g->cap = 2 * (p->n_kv + p->n_head_kv) + 6 * p->n_rec + 1;
     const size_t cap = (size_t)COTI_MAX(g->cap, 1);
     g->dst = calloc(cap, sizeof *g->dst);
     g->src = calloc(cap, sizeof *g->src);
@@ -43,7 +43,7 @@ int memory_init(struct memory *mem, struct backend *be, const struct memory_para
     /* a rollback drops at most a kept run (memory_seq_rollback), a forward writes at most n_batch */
     const int n_rows = mem->n_rows = COTI_MAX(p->n_batch, p->n_keep);
     int rc = kv_cache_init(&mem->kv, be, p->kv, p->n_kv, p->n_seq, p->n_ctx, n_rows, p->k_type, p->v_type);
-    if (!rc) rc = rec_state_init(&mem->rec, be, p->n_rec, p->n_seq, p->n_keep, MEM_N_CHECKPOINTS, p->conv_elems, p->ssm_elems);
+    if (!rc) rc = rec_state_init(&mem->rec, be, p->n_rec, p->n_seq, p->n_keep, MEM_N_CHECKPOINTS, p->conv_elems, p->rule);
     if (!rc) rc = kv_cache_init(&mem->head, be, p->head_kv, p->n_head_kv, p->n_seq, p->n_ctx, n_rows, p->k_type, p->v_type);
     return rc;
 }
@@ -58,8 +58,9 @@ void memory_kv_bytes_per_seq(const struct memory *mem, size_t *k_bytes, size_t *
 
 size_t memory_bytes_per_seq(const struct memory *mem) {
     const struct rec_state *r = &mem->rec;
-    const size_t rec = (size_t)r->n_layer * (1 + (size_t)r->n_slots + (size_t)r->n_ck) * (r->conv_elems + r->ssm_elems) *
-                       sizeof(float);
+    const size_t rec = (size_t)r->n_layer *
+                       ((1 + (size_t)r->n_slots + (size_t)r->n_ck) * (r->conv_elems + r->ssm_elems) +
+                        (1 + (size_t)r->n_ck) * r->pend_elems) * sizeof(float);
     size_t k, v;
     memory_kv_bytes_per_seq(mem, &k, &v);
     return k + v + rec;
@@ -84,10 +85,21 @@ void memory_note_run(struct memory *mem, int s, int len, bool kept, bool restore
     mem->last_run_restored[s] = restored;
 }
 
-int memory_restore_regions(struct memory *mem, int s) {
-    mem->rg.n = 0;
-    rec_restore_regions(&mem->rec, s, &mem->rg);
-    return mem->rg.n;
+void memory_restore_at(struct memory *mem, int s, const int32_t *accepted, int n) {
+    struct backend *be = mem->be;
+    struct mem_regions *g = &mem->rg;
+    const bool pend = mem->rec.pending;
+    if (!mem->rec.n_layer) return;
+    /* rows 0 .. n-2 may end the kept prefix: their conv states (and the pending last row's
+     * drop); the delta state after row n-2 is live already where the last row was pending */
+    g->n = 0;
+    rec_restore_regions(&mem->rec, s, true, !pend, g);
+    be->copy_n_at(be, g->dst, g->src, g->step, g->bytes, g->n, accepted, n - 1);
+    if (pend && n > 2) {
+        g->n = 0;
+        rec_restore_regions(&mem->rec, s, false, true, g);
+        be->copy_n_at(be, g->dst, g->src, g->step, g->bytes, g->n, accepted, n - 2);
+    }
 }
 
 /* Forget sequence s's checkpoints past position len (all of them: len -1). */
@@ -121,9 +133,11 @@ int memory_seq_rollback(struct memory *mem, int s, int n_drop) {
      * complement: the caller drops exactly the rejected drafts) */
     if (!mem->last_run_restored[s] && mem->rec.n_layer) {
         struct mem_regions *g = &mem->rg;
-        const int n = memory_restore_regions(mem, s);
-        for (int i = 0; i < n; i++) g->src[i] = (const uint8_t *)g->src[i] + (size_t)keep_idx * g->step[i];
-        be->copy_n(be, g->dst, g->src, g->bytes, n);
+        g->n = 0;
+        /* with the last row pending, the delta state after row r - 2 is the live one */
+        rec_restore_regions(&mem->rec, s, true, !mem->rec.pending || keep_idx < r - 2, g);
+        for (int i = 0; i < g->n; i++) g->src[i] = (const uint8_t *)g->src[i] + (size_t)keep_idx * g->step[i];
+        be->copy_n(be, g->dst, g->src, g->bytes, g->n);
     }
     mem->seq_len[s] -= n_drop;
     /* the head keeps at most the pending token's row (one that ran ahead over the verify

@@ -33,7 +33,8 @@ struct memory_params {
     const struct kv_layer_spec *kv;      /* trunk attention layers */
     int n_kv;
     int n_rec;                   /* trunk recurrent layers */
-    size_t conv_elems, ssm_elems;
+    size_t conv_elems;
+    struct rec_rule rule;        /* their delta rule's heads and sizes */
     const struct kv_layer_spec *head_kv; /* a draft head's own attention layers, or NULL */
     int n_head_kv;
     enum ggml_type k_type, v_type;       /* the KV caches' element types (kv_type_ok) */
@@ -74,9 +75,10 @@ void memory_kv_bytes_per_seq(const struct memory *mem, size_t *k_bytes, size_t *
 /* The trunk ran `len` tokens of sequence s (kept: with per-token states; restored: a greedy
  * verify whose accepted prefix the device already made live). */
 void memory_note_run(struct memory *mem, int s, int len, bool kept, bool restored);
-/* Restore regions of sequence s (rec_restore_regions) in mem->rg, for the device-side restore
- * of a greedy verify: returns their count. */
-int memory_restore_regions(struct memory *mem, int s);
+/* The device-side rollback of a greedy verify of n rows of sequence s, queued on the backend:
+ * with a = *accepted (backend memory) the state after row a becomes live (nothing to do when
+ * a = n - 1), so the host need not read the count first. */
+void memory_restore_at(struct memory *mem, int s, const int32_t *accepted, int n);
 
 void memory_seq_reset(struct memory *mem, int s);
 int memory_seq_rollback(struct memory *mem, int s, int n_drop);

@@ -133,21 +133,26 @@ void block_delta_net(const struct block_ctx *c, const struct delta_net_weights *
     const struct bweight *ws[4] = {&w->qkv, &w->gate, &w->beta, &w->alpha};
     float *ys[4] = {s->qkv, s->z, s->bet, s->alp};
     block_matmul_n(c, in, ws, ys, 4, n);
-    /* every run's conv in one call, then the delta rule: long runs without snapshots (prompts)
-     * in the chunked form, the others stepwise, each form one call for all its runs */
+    /* every run's conv in one call, then the delta rule: long runs not kept (prompts) in the
+     * chunked form, the others stepwise, each form one call for all its runs */
     struct state_run conv[BATCH_MAX_RUNS], rule[BATCH_MAX_RUNS];
     int n_chunked = 0, n_step = 0;
+    const bool pend = be->gdn_pending;
     for (int r = 0; r < sl->n_runs; r++) {
         const struct run *ru = &sl->runs[r];
         const int sq = ru->seq;
-        /* the state after the run's last token is the live state: snapshot the others only */
+        /* the state after the run's last token is the live state: snapshot the others only; a
+         * kept run's last delta-rule row is left pending where the backend can (state_run) */
+        const bool defer = keep && pend;
         const int n_snap = keep ? COTI_MIN(ru->len - 1, rec->n_keep) : 0;
+        const int n_snap_rule = keep ? COTI_MIN(ru->len - 1 - defer, rec->n_keep) : 0;
         conv[r] = (struct state_run){ru->start, ru->len, rec_conv(rec, il, sq), n_snap ? rec_conv_snap(rec, il, sq) : NULL,
-                                     n_snap};
-        const struct state_run g = {ru->start, ru->len, rec_ssm(rec, il, sq), n_snap ? rec_ssm_snap(rec, il, sq) : NULL,
-                                    n_snap};
+                                     n_snap, NULL, false};
+        const struct state_run g = {ru->start, ru->len, rec_ssm(rec, il, sq),
+                                    n_snap_rule > 0 ? rec_ssm_snap(rec, il, sq) : NULL, COTI_MAX(n_snap_rule, 0),
+                                    pend ? rec_pend(rec, il, sq) : NULL, defer};
         /* chunked runs from the front, stepwise ones from the back */
-        if (ru->len >= DELTA_NET_CHUNKED_MIN_RUN && !n_snap) rule[n_chunked++] = g;
+        if (ru->len >= DELTA_NET_CHUNKED_MIN_RUN && !keep) rule[n_chunked++] = g;
         else rule[sl->n_runs - 1 - n_step++] = g;
     }
     be->ssm_conv(be, s->qkv, ch, sh->conv_k, w->conv, s->y, conv, sl->n_runs);

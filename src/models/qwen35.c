@@ -363,7 +363,7 @@ static int init_engine(struct qwen35 *q) {
     const struct memory_params mp = {.n_seq = m->n_seq, .n_ctx = m->n_ctx, .n_keep = m->n_keep_states,
                                      .kv = kv, .n_kv = n_kv, .n_rec = n_rec,
                                      .conv_elems = (size_t)(hp->ssm_k - 1) * hp->ssm_ch,
-                                     .ssm_elems = (size_t)hp->ssm_nv * hp->ssm_dk * hp->ssm_dv,
+                                     .rule = {hp->ssm_nv, hp->ssm_dk, hp->ssm_dv},
                                      .head_kv = &head, .n_head_kv = hp->n_mtp,
                                      .k_type = m->cache_type_k, .v_type = m->cache_type_v};
     const struct engine_params ep = {.n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .mem = &mp, .slots = slots,

@@ -1077,7 +1077,8 @@ static void test_ssm_conv(int n_tok, int n_ch, int k, int n_snap) {
     float *dx = gdup(x, sizeof(float) * n_tok * n_ch), *dw = gdup(w, sizeof(float) * n_ch * k);
     float *dst = gdup(st, sizeof(float) * (n_ch * ks + 1)), *dy = galloc(sizeof(float) * n_tok * n_ch);
     float *dsn = gdup(sc, sizeof(float) * nsnap);
-    const struct state_run rc = {0, n_tok, st, n_snap ? sc : NULL, n_snap}, rg = {0, n_tok, dst, n_snap ? dsn : NULL, n_snap};
+    const struct state_run rc = {0, n_tok, st, n_snap ? sc : NULL, n_snap, NULL, false},
+                           rg = {0, n_tok, dst, n_snap ? dsn : NULL, n_snap, NULL, false};
     cpu->ssm_conv(cpu, x, n_ch, k, w, yc, &rc, 1);
     gpu->ssm_conv(gpu, dx, n_ch, k, dw, dy, &rg, 1);
     gget(yg, dy, sizeof(float) * n_tok * n_ch);
@@ -1141,10 +1142,10 @@ static void test_state_runs(bool prompt, const int *len, const char *what) {
     struct state_run cr[MAXR], gr[MAXR], dcr[MAXR], dgr[MAXR];
     for (int r = 0; r < nr; r++) {
         const int m = prompt ? 0 : COTI_MIN(len[r] - 1, KEEP);
-        cr[r] = (struct state_run){start[r], len[r], c[0] + r * ce, m ? csn[0] + r * KEEP * ce : NULL, m};
-        gr[r] = (struct state_run){start[r], len[r], st[0] + r * se, m ? ssn[0] + r * KEEP * se : NULL, m};
-        dcr[r] = (struct state_run){start[r], len[r], dc + r * ce, m ? dcs + r * KEEP * ce : NULL, m};
-        dgr[r] = (struct state_run){start[r], len[r], ds + r * se, m ? dss + r * KEEP * se : NULL, m};
+        cr[r] = (struct state_run){start[r], len[r], c[0] + r * ce, m ? csn[0] + r * KEEP * ce : NULL, m, NULL, false};
+        gr[r] = (struct state_run){start[r], len[r], st[0] + r * se, m ? ssn[0] + r * KEEP * se : NULL, m, NULL, false};
+        dcr[r] = (struct state_run){start[r], len[r], dc + r * ce, m ? dcs + r * KEEP * ce : NULL, m, NULL, false};
+        dgr[r] = (struct state_run){start[r], len[r], ds + r * se, m ? dss + r * KEEP * se : NULL, m, NULL, false};
     }
     const struct gdn_gates gc = {a, b, dt, sa, NV, NV}, gg = {da, db, ddt, dsa, NV, NV};
     cpu->ssm_conv(cpu, x, ch, K, w, y[0], cr, nr);
@@ -1222,8 +1223,8 @@ static void test_gdn(bool chunked, int n_tok, int nk, int nv, int dk, int n_snap
     float *S0 = xmalloc(sizeof(float) * st_n), *sc0 = xmalloc(sizeof(float) * nsnap);
     memcpy(S0, S, sizeof(float) * st_n);
     memcpy(sc0, sc, sizeof(float) * nsnap);
-    const struct state_run rc = {0, n_tok, S, chunked || !n_snap ? NULL : sc, n_snap};
-    const struct state_run rg = {0, n_tok, dS, chunked || !n_snap ? NULL : dsn, n_snap};
+    const struct state_run rc = {0, n_tok, S, chunked || !n_snap ? NULL : sc, n_snap, NULL, false};
+    const struct state_run rg = {0, n_tok, dS, chunked || !n_snap ? NULL : dsn, n_snap, NULL, false};
     if (chunked) cpu->gdn_chunked(cpu, qkv, stride, &gc, nk, nv, dk, dv, 1e-6f, oc, &rc, 1);
     else cpu->gdn(cpu, qkv, stride, &gc, nk, nv, dk, dv, 1e-6f, oc, &rc, 1);
     /* past 16 tokens a prompt takes a kernel of its own: both, from the same state */
