@@ -46,7 +46,7 @@ struct cuda_ctx {
      * variant), read on first launch */
     int mv_regs[16][8][2][4];     /* [type][NT - 1][R > 1][FUSED: matvec.cu's MV_VARIANTS] */
     int mv_smem_static[16][8][2][4];
-    bool mmq_ready[16];        /* prefill kernel's shared-memory limit raised */
+    bool mmq_ready[2][16];     /* prefill kernels' shared-memory limit raised (tile widths 64, 128) */
     int mv_force;                         /* enum cuda_matvec: a test's choice, or CUDA_MV_AUTO */
     bool prompt;                          /* backend.h set_prompt: batch-dependent kernels allowed */
     long mv_launches[CUDA_MV_COUNT];      /* matmul launches by variant, for the tests */

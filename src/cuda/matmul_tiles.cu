@@ -3,8 +3,8 @@
 #include "matmul.cuh"
 
 /* ---- prefill: int8 tensor-core tiles ------------------------------------------------------
- * For more than MV_MAX_NT tokens. A block computes a 64-row x 64-token tile with 4 warps (each
- * 32 x 32) over K tiles of KU units (4 blocks of 32, or 1 super-block of 8 units): cp.async
+ * For more than MV_MAX_NT tokens. A block computes a 64-row x 64- or 128-token tile with 4 or 8
+ * warps (each 32 x 32) over K tiles of KU units (4 blocks of 32, or 1 super-block of 8 units): cp.async
  * stages the raw weight bytes of the next K tile while the threads decode the current one into
  * int8 codes (the same decode() as the matvec) and its converted activations are loaded; then
  * per unit an mma.sync m16n8k32 (s8 x s8 -> s32) gives the exact integer sum of every output,
@@ -17,18 +17,25 @@
  * scheduler, 0.67 eligible, issue slots 46% busy). */
 
 #define MMQ_BM 64
-#define MMQ_BN 64
-#define MMQ_THREADS 128
+#define MMQ_WM 2 /* warps down the rows; WN warps across the tokens, each warp 32 x 32 */
 
-template <int T> struct mmq_shape {
+/* A tile of 64 rows x 32·WN tokens. WN 4 (128 tokens, 256 threads) decodes each K tile of weights
+ * once for twice the tokens of WN 2 (H100, 9B Q8_0: prompts of 512 and 4096 tokens +8 %); a
+ * prompt of 64 tokens or fewer takes WN 2 (half a 128-token tile would idle), and so do the
+ * K-quants (below). Every output sums the same units in the same order at either width, so the
+ * geometry does not change a bit of the result. */
+template <int T, int WN> struct mmq_shape {
     enum {
+        BN = 32 * WN,
+        THREADS = 32 * MMQ_WM * WN,
         KU = qt<T>::UPB == 8 ? 8 : 4,                    /* units per K tile */
         LD = KU * 32 + 16,                               /* padded row stride of the code tiles (no bank conflicts) */
         RAW = KU / qt<T>::UPB * qt<T>::BB,               /* raw bytes of a row per K tile */
         RSLOT = ((RAW + 30) / 16) * 16 + 16,
-        MIN_BLOCKS = KU == 4 ? 4 : 3,                    /* per SM: what shared memory allows */
-        SMEM = 2 * MMQ_BM * RSLOT + (MMQ_BM + MMQ_BN) * LD + MMQ_BM * KU * (int)sizeof(usc) +
-               MMQ_BN * KU * (int)sizeof(uxs) + MMQ_BM * (int)sizeof(void *),
+        /* per SM: what shared memory allows (4 warps: 4 blocks at KU 4, 3 at KU 8; 8 warps: 2 at KU 4) */
+        MIN_BLOCKS = WN == 2 ? (KU == 4 ? 4 : 3) : 2,
+        SMEM = 2 * MMQ_BM * RSLOT + (MMQ_BM + BN) * LD + MMQ_BM * KU * (int)sizeof(usc) +
+               BN * KU * (int)sizeof(uxs) + MMQ_BM * (int)sizeof(void *),
     };
 };
 
@@ -48,10 +55,12 @@ __device__ __forceinline__ void mma_s8_16816(uint32_t a0, uint32_t a1, uint32_t 
         : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
-template <int T>
-__global__ void __launch_bounds__(MMQ_THREADS, mmq_shape<T>::MIN_BLOCKS) mmq_kernel(const mv_params P, const xact x, int n_tok) {
+template <int T, int WN>
+__global__ void __launch_bounds__(mmq_shape<T, WN>::THREADS, mmq_shape<T, WN>::MIN_BLOCKS)
+    mmq_kernel(const mv_params P, const xact x, int n_tok) {
     typedef qt<T> Q;
-    typedef mmq_shape<T> S;
+    typedef mmq_shape<T, WN> S;
+    constexpr int MMQ_BN = S::BN, MMQ_THREADS = S::THREADS, TPR = MMQ_THREADS / MMQ_BM;
     constexpr bool KQ = Q::UPB == 8, WHOLE = mmq_whole_unit<T>::V;
     constexpr int KU = S::KU, LD = S::LD;
     extern __shared__ __align__(16) uint8_t dsm[];
@@ -63,7 +72,7 @@ __global__ void __launch_bounds__(MMQ_THREADS, mmq_shape<T>::MIN_BLOCKS) mmq_ker
     const uint8_t **rowp = (const uint8_t **)(xsc + MMQ_BN * KU);
     cuda_pdl_trigger();
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
-    const int wm = warp / 2, wn = warp % 2;
+    const int wm = warp / WN, wn = warp % WN;
     const int total = P.row0[P.n_w], row_base = blockIdx.x * MMQ_BM, tok_base = blockIdx.y * MMQ_BN;
     const int n_kt = (P.n_units + KU - 1) / KU;
     if (tid < MMQ_BM) { /* rows past the end repeat the last one (results dropped) */
@@ -73,14 +82,14 @@ __global__ void __launch_bounds__(MMQ_THREADS, mmq_shape<T>::MIN_BLOCKS) mmq_ker
         rowp[tid] = P.w[k] + (size_t)(row - P.row0[k]) * P.rb[k];
     }
     __syncthreads();
-    /* raw bytes of K tile kt: two threads per row */
+    /* raw bytes of K tile kt: TPR threads per row */
     auto issue = [&](int kt, int st) {
-        const int i = tid / 2, u0 = kt * KU, uend = min(u0 + KU, P.n_units);
+        const int i = tid / TPR, u0 = kt * KU, uend = min(u0 + KU, P.n_units);
         const uint8_t *gs = rowp[i] + (size_t)(u0 / Q::UPB) * Q::BB;
         const uint8_t *ge = rowp[i] + (size_t)((uend + Q::UPB - 1) / Q::UPB) * Q::BB;
         const uint8_t *a0 = (const uint8_t *)((uintptr_t)gs & ~(uintptr_t)15);
         const int n16 = (int)((ge - a0 + 15) / 16);
-        for (int p = tid % 2; p < n16; p += 2) cp_async16(&raw[st][i][16 * p], a0 + 16 * p);
+        for (int p = tid % TPR; p < n16; p += TPR) cp_async16(&raw[st][i][16 * p], a0 + 16 * p);
         cp_async_commit();
     };
     issue(0, 0);
@@ -244,15 +253,25 @@ __global__ void __launch_bounds__(MMQ_THREADS, mmq_shape<T>::MIN_BLOCKS) mmq_ker
 
 typedef void (*mmq_launch_fn)(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok);
 
+template <int T, int WN>
+static void mmq_launch_wn(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok) {
+    typedef mmq_shape<T, WN> S;
+    void (*kern)(const mv_params, const xact, int) = mmq_kernel<T, WN>;
+    if (!c->mmq_ready[WN / 4][slot]) {
+        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
+        c->mmq_ready[WN / 4][slot] = true;
+    }
+    const dim3 grid(cuda_cdiv(P.row0[P.n_w], MMQ_BM), cuda_cdiv(n_tok, S::BN));
+    cuda_launch_smem(c, grid, S::THREADS, S::SMEM, kern, P, x, n_tok);
+}
+
 template <int T>
 static void mmq_launch(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok) {
-    void (*kern)(const mv_params, const xact, int) = mmq_kernel<T>;
-    if (!c->mmq_ready[slot]) {
-        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, mmq_shape<T>::SMEM));
-        c->mmq_ready[slot] = true;
-    }
-    const dim3 grid(cuda_cdiv(P.row0[P.n_w], MMQ_BM), cuda_cdiv(n_tok, MMQ_BN));
-    cuda_launch_smem(c, grid, MMQ_THREADS, mmq_shape<T>::SMEM, kern, P, x, n_tok);
+    /* the K-quants' 8-unit K tiles need ~168 registers: 8 warps of them would not fit two
+     * blocks per SM without spilling, so they stay at 64 tokens */
+    if constexpr (qt<T>::UPB != 8)
+        if (n_tok > mmq_shape<T, 2>::BN) return mmq_launch_wn<T, 4>(c, slot, P, x, n_tok);
+    mmq_launch_wn<T, 2>(c, slot, P, x, n_tok);
 }
 
 #define MMQ_NONE(T) NULL,

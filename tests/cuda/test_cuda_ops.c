@@ -264,8 +264,9 @@ static bool check_scaled_flips(const char *op, const char *shape, const float *g
 }
 
 static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
-    static const int toks[] = {1, 2, 3, 4, 5, 7, 8, 9, 17, 70};
-    const int max_tok = 70, ref_tok = 8;
+    /* 70 and 150: the prefill tiles 64 and 128 tokens wide, each with a partial tile */
+    static const int toks[] = {1, 2, 3, 4, 5, 7, 8, 9, 17, 70, 150};
+    const int max_tok = 150, ref_tok = 8;
     const char *tn = ggml_type_traits_get(t)->name;
     const bool quantized = ggml_type_traits_get(t)->block_elems > 1;
     struct hweight hw = make_weight(t, n_in, n_out);
