@@ -22,8 +22,9 @@
 /* A tile of 64 rows x 32·WN tokens. WN 4 (128 tokens, 256 threads) decodes each K tile of weights
  * once for twice the tokens of WN 2 (H100, 9B Q8_0: prompts of 512 and 4096 tokens +8 %); a
  * prompt of 64 tokens or fewer takes WN 2 (half a 128-token tile would idle), and so do the
- * K-quants (below). Every output sums the same units in the same order at either width, so the
- * geometry does not change a bit of the result. */
+ * K-quants and launches too narrow to spread 128-token tiles evenly (mmq_launch). Every output
+ * sums the same units in the same order at either width, so the geometry does not change a bit
+ * of the result. */
 template <int T, int WN> struct mmq_shape {
     enum {
         BN = 32 * WN,
@@ -265,12 +266,27 @@ static void mmq_launch_wn(struct cuda_ctx *c, int slot, const mv_params &P, cons
     cuda_launch_smem(c, grid, S::THREADS, S::SMEM, kern, P, x, n_tok);
 }
 
+/* Tokens of tile width the busiest SM works through when a launch of n_rows x n_tok goes in
+ * tiles bn tokens wide: the blocks go round the SMs, so one SM holds ceil(blocks / n_sm). */
+static int mmq_sm_tokens(const struct cuda_ctx *c, int n_rows, int n_tok, int bn) {
+    return cuda_cdiv(cuda_cdiv(n_rows, MMQ_BM) * cuda_cdiv(n_tok, bn), c->n_sm) * bn;
+}
+
+/* 128-token tiles where the busiest SM gets no more tokens than with 64-token ones: a launch of
+ * many blocks (the 9B's 4096- and 12288-row weights: +8 % at 512 and 4096 tokens, H100) takes
+ * them; a narrow one does not (the default model's 384-1152 rows at 4096 tokens: 192 blocks
+ * of 128 leave some SMs two where 384 of 64 leave none more than three, and 128-token tiles
+ * lost 2-4 %). Forcing the tiles (the op tests) forces the wide ones wherever they may run. */
 template <int T>
 static void mmq_launch(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok) {
     /* the K-quants' 8-unit K tiles need ~168 registers: 8 warps of them would not fit two
      * blocks per SM without spilling, so they stay at 64 tokens */
-    if constexpr (qt<T>::UPB != 8)
-        if (n_tok > mmq_shape<T, 2>::BN) return mmq_launch_wn<T, 4>(c, slot, P, x, n_tok);
+    if constexpr (qt<T>::UPB != 8) {
+        const int rows = P.row0[P.n_w], bn2 = mmq_shape<T, 2>::BN, bn4 = mmq_shape<T, 4>::BN;
+        if (n_tok > bn2 && (c->mv_force == CUDA_MV_TILES ||
+                            mmq_sm_tokens(c, rows, n_tok, bn4) <= mmq_sm_tokens(c, rows, n_tok, bn2)))
+            return mmq_launch_wn<T, 4>(c, slot, P, x, n_tok);
+    }
     mmq_launch_wn<T, 2>(c, slot, P, x, n_tok);
 }
 
