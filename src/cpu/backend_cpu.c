@@ -763,6 +763,7 @@ static void gdn_runs(struct backend *be, const float *qkv, int qkv_stride, const
         j.n_jobs = COTI_MIN(CPU_GDN_RUNS, n_runs - r0);
         for (int i = 0; i < j.n_jobs; i++) {
             const struct state_run *ru = &runs[r0 + i];
+            if (ru->defer && !ru->pend) abort(); /* a caller bug: a deferred row needs its record */
             const size_t t0 = (size_t)ru->start;
             j.g[i] = (struct gdn_job){qkv + t0 * qkv_stride, qkv_stride, g + t0 * nv, beta + t0 * nv, ru->state, ru->len,
                                       nk, nv, dk, dv, eps, out + t0 * nv * dv, chunked ? NULL : ru->snap,
