@@ -87,7 +87,7 @@ static void OPS_NAME(l2_normalize)(const float *x, float *y, int n, float eps) {
     for (int i = 0; i < n; i++) y[i] = x[i] * inv;
 }
 
-/* A pending row of v-head h (struct state_run.pend), or NULL when none is pending. */
+/* Where v-head h's parts of a pending-row record lie (struct state_run.pend; all NULL without one). */
 struct gdn_pend_head { float *d, *delta, *k; };
 static inline struct gdn_pend_head OPS_NAME(gdn_pend_at)(const struct gdn_job *j, int h) {
     float *p = j->pend + j->nv;
