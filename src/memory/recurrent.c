@@ -125,24 +125,18 @@ void rec_ck_load_regions(const struct rec_state *r, int dst, int src, int k, int
 }
 
 /* Apply sequence s's pending rows to its live state, by the backend's own delta rule (a run
- * of no rows), so that the state reads as the one the rule would have left. */
+ * of no rows applies whatever its record holds and nothing else), so that the state reads as
+ * the one the rule would have left. */
 static void rec_flush(struct rec_state *r, int s) {
     if (!r->pending) return;
     struct backend *be = r->be;
-    float *flags = malloc(sizeof(float) * (size_t)COTI_MAX(r->rule.nv, 1));
-    if (!flags) return;
     for (int il = 0; il < r->n_layer; il++) {
-        be->download(be, flags, rec_pend(r, il, s), sizeof(float) * (size_t)r->rule.nv);
-        bool any_pending = false;
-        for (int h = 0; h < r->rule.nv; h++) any_pending = any_pending || flags[h] != 0.0f;
-        if (!any_pending) continue;
         /* no rows: the inputs are never read, any valid pointer serves */
         float *any = rec_ssm(r, il, s);
         const struct gdn_gates gates = {any, any, any, any, 0, 0};
         const struct state_run run = {0, 0, rec_ssm(r, il, s), NULL, 0, rec_pend(r, il, s), false};
         be->gdn(be, any, 0, &gates, r->rule.nv, r->rule.nv, r->rule.dk, r->rule.dv, 1e-6f, any, &run, 1);
     }
-    free(flags);
     be->sync(be);
 }
 
