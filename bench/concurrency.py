@@ -5,6 +5,7 @@ so it runs wherever python3 does (the GPU machine has no node).
 
   python3 bench/concurrency.py --url http://127.0.0.1:8080 [--streams 1,4,16] [--rounds 2]
        [--max-tokens 128] [--spec off|mtp|ngram] [--prompts bench/prompts-code.json] [--label NAME] [--md]
+       [--warmup W]
 
 N streams each send `rounds` streamed /v1/completions requests one after another, greedy,
 max_tokens tokens with ignore_eos, cache_prompt false (every request fresh), a different prompt
@@ -13,6 +14,11 @@ per request (the file's prompts in turn). --spec adds coti's per-request `specul
 tok/s (generated tokens of all streams / wall time from the first request to the last answer),
 p50/p99 time to first token, p50/p99 time per output token (each request's (last - first
 token) / (tokens - 1)), and the server's draft acceptance when its timings report it.
+
+Before each N, one request warms the server; --warmup W also runs W uncounted rounds of N
+streams first (cache_prompt stays false: nothing of them is reused), so that what a server
+learns once per process (GPU graphs of N sequences' batch shapes, a draft-depth policy's costs)
+is not in a short run's figure. Every counted request is still a fresh prompt.
 """
 import argparse
 import http.client
@@ -72,6 +78,7 @@ def main():
     ap.add_argument("--prompts", default="bench/prompts-code.json")
     ap.add_argument("--label")
     ap.add_argument("--md", action="store_true")
+    ap.add_argument("--warmup", type=int, default=0)
     a = ap.parse_args()
     prompts = json.load(open(a.prompts))
     label = a.label or (f"spec {a.spec}" if a.spec else "server")
@@ -81,22 +88,26 @@ def main():
         one(a.url, prompts[0], a.max_tokens, a.spec)  # warm: not counted
         results, errors, lock = [], [], threading.Lock()
 
-        def stream():
+        def stream(rounds, out):
             try:
-                for _ in range(a.rounds):
+                for _ in range(rounds):
                     r = one(a.url, prompts[next(counter) % len(prompts)], a.max_tokens, a.spec)
                     with lock:
-                        results.append(r)
+                        out.append(r)
             except Exception as e:  # reported after the round: a failed request is a failed measurement
                 with lock:
                     errors.append(e)
 
+        def run(rounds, out):
+            threads = [threading.Thread(target=stream, args=(rounds, out)) for _ in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+        run(a.warmup, [])
         t0 = time.perf_counter()
-        threads = [threading.Thread(target=stream) for _ in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run(a.rounds, results)
         wall = time.perf_counter() - t0
         if errors:
             raise SystemExit(f"error: {len(errors)} stream(s) failed, first: {errors[0]}")
