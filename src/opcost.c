@@ -66,9 +66,14 @@ static void o_set_prompt(struct backend *be, bool prompt) { inner_of(be)->set_pr
 static double o_mark_elapsed_us(struct backend *be, int from, int to) { return inner_of(be)->mark_elapsed_us(inner_of(be), from, to); }
 
 static void o_capture_begin(struct backend *be) { inner_of(be)->capture_begin(inner_of(be)); }
-static void *o_capture_end(struct backend *be) {
-    void *g = inner_of(be)->capture_end(inner_of(be));
+static void *o_capture_end(struct backend *be, void *reuse) {
+    struct opcost_graph *r = reuse;
+    void *g = inner_of(be)->capture_end(inner_of(be), r ? r->inner : NULL);
     if (!g) return NULL;
+    if (r && g == r->inner) {
+        r->skip = oc(be)->skip;
+        return r;
+    }
     struct opcost_graph *w = malloc(sizeof *w);
     if (!w) {
         inner_of(be)->graph_free(inner_of(be), g);

@@ -2,7 +2,8 @@
  * run eagerly the first time, recorded the second and replayed after; every field of the key
  * (runs of several sequences included) tells shapes apart; a stale graph is recorded again;
  * the least recently used slot of a table makes room, and one sequence's shapes never push out
- * another's or the shared table's. */
+ * another's or the shared table's; a shape seen on other sequences is recorded at once over
+ * that sibling's graph, rewritten in place where the backend can. */
 #include <criterion/criterion.h>
 
 #include "engine/graphs.h"
@@ -11,13 +12,20 @@ struct fake {
     struct backend be;
     int eager, captured, launched, freed, next_graph;
     bool capturing, stale;
+    bool rewrites;               /* capture_end rewrites the graph it is offered */
+    bool fail;                   /* the next capture fails */
 };
 
 static struct fake *fake_of(struct backend *be) { return (struct fake *)be; }
 static void f_capture_begin(struct backend *be) { fake_of(be)->capturing = true; }
-static void *f_capture_end(struct backend *be) {
+static void *f_capture_end(struct backend *be, void *reuse) {
     struct fake *f = fake_of(be);
     f->capturing = false;
+    if (f->fail) {
+        f->fail = false;
+        return NULL;
+    }
+    if (reuse && f->rewrites) return reuse;
     return (void *)(intptr_t)++f->next_graph;
 }
 static bool f_graph_launch(struct backend *be, void *graph) {
@@ -75,27 +83,78 @@ Test(graphs, every_key_field_tells_shapes_apart) {
     cr_assert_eq(graph_cache_init(&c, &f.be, 4), 0);
     /* two runs of 2 rows each: sequences (0, 1) */
     struct graph_key base = {.n = 4, .n_runs = 2, .runs = {{0, 2}, {1, 2}}, .want = 0xF};
-    struct graph_key v[9];
-    for (int i = 0; i < 9; i++) v[i] = base;
-    v[1].runs[1].seq = 2;                                    /* another sequence */
-    v[2].runs[0].len = 1, v[2].runs[1].len = 3;              /* the same rows, split otherwise */
-    v[3].runs[0] = (struct graph_run){1, 2}, v[3].runs[1] = (struct graph_run){0, 2}; /* order */
-    v[4].want = 0x5;
-    v[5].keep = true;
-    v[6].prompt = true;
-    v[7].pass = 1;
-    v[8].ptr[3] = &c;
-    for (int round = 0; round < 3; round++)
-        for (int i = 0; i < 9; i++) graph_cache_run(&c, &v[i], ops, &f);
-    cr_assert_eq(f.eager, 9, "each shape ran eagerly once");
-    cr_assert_eq(f.captured, 9, "each was recorded once");
-    cr_assert_eq(f.launched, 18);
+    struct graph_key v[7];
+    for (int i = 0; i < 7; i++) v[i] = base;
+    v[1].runs[0].len = 1, v[1].runs[1].len = 3;              /* the same rows, split otherwise */
+    v[2].n = 5, v[2].runs[1].len = 3;                        /* a row more */
+    v[3].want = 0x5;
+    v[4].keep = true;
+    v[5].prompt = true;
+    v[6].pass = 1;
+    struct graph_key p = base;
+    p.ptr[3] = &c;
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 7; i++) graph_cache_run(&c, &v[i], ops, &f);
+        graph_cache_run(&c, &p, ops, &f);
+    }
+    cr_assert_eq(f.eager, 8, "each shape ran eagerly once");
+    cr_assert_eq(f.captured, 8, "each was recorded once");
+    cr_assert_eq(f.launched, 16);
     /* runs past n_runs are not part of the key */
     struct graph_key w = base;
     w.runs[5] = (struct graph_run){3, 7};
     graph_cache_run(&c, &w, ops, &f);
-    cr_assert_eq(f.launched, 19, "the same shape as base");
+    cr_assert_eq(f.launched, 17, "the same shape as base");
     graph_cache_free(&c);
+}
+
+Test(graphs, a_shape_on_other_sequences_is_recorded_over_its_sibling) {
+    struct fake f = fake_make();
+    f.rewrites = true;
+    struct graph_cache c;
+    cr_assert_eq(graph_cache_init(&c, &f.be, 8), 0);
+    const struct graph_key a = {.n = 4, .n_runs = 2, .runs = {{0, 2}, {1, 2}}, .want = 0xF};
+    struct graph_key b = a, swapped = a, other = a;
+    b.runs[0].seq = 4, b.runs[1].seq = 5;                    /* the same shape on other slots */
+    swapped.runs[0].seq = 1, swapped.runs[1].seq = 0;        /* the same slots in the other order */
+    other.runs[0].len = 1, other.runs[1].len = 3;            /* another shape */
+    graph_cache_run(&c, &a, ops, &f);
+    graph_cache_run(&c, &b, ops, &f);
+    cr_assert_eq(f.eager, 1, "the second sighting of a shape is recorded, whichever slots run it");
+    cr_assert_eq(f.captured, 1);
+    cr_assert_eq(c.stats.recorded, 1);
+    graph_cache_run(&c, &b, ops, &f);
+    cr_assert_eq(c.stats.replayed, 1);
+    graph_cache_run(&c, &a, ops, &f);
+    graph_cache_run(&c, &swapped, ops, &f);
+    cr_assert_eq(f.eager, 1, "never op by op again");
+    cr_assert_eq(f.captured, 3);
+    cr_assert_eq(c.stats.updated, 2, "the graph rewritten in place each time");
+    cr_assert_eq(f.freed, 0);
+    cr_assert_eq(f.launched, 4);
+    graph_cache_run(&c, &swapped, ops, &f);
+    cr_assert_eq(c.stats.replayed, 2, "then replayed");
+    graph_cache_run(&c, &other, ops, &f);
+    cr_assert_eq(f.eager, 2, "a new shape still runs op by op first");
+
+    /* a backend that cannot rewrite it: a new graph, the sibling's freed */
+    f.rewrites = false;
+    graph_cache_run(&c, &a, ops, &f);
+    cr_assert_eq(f.captured, 4);
+    cr_assert_eq(f.freed, 1);
+    cr_assert_eq(c.stats.recorded, 2);
+    graph_cache_run(&c, &a, ops, &f);
+    cr_assert_eq(c.stats.replayed, 3);
+    /* a recording that fails: the ops run op by op, and the sibling's graph (other slots') goes */
+    f.fail = true;
+    graph_cache_run(&c, &b, ops, &f);
+    cr_assert_eq(f.eager, 3);
+    cr_assert_eq(f.freed, 2);
+    graph_cache_run(&c, &b, ops, &f);
+    cr_assert_eq(f.captured, 6, "recorded at the next sighting");
+    cr_assert_eq(c.stats.recorded, 3);
+    graph_cache_free(&c);
+    cr_assert_eq(f.freed, 3);
 }
 
 Test(graphs, tables_replace_their_least_recently_used) {

@@ -180,12 +180,24 @@ static void cuda_capture_begin(struct backend *be) {
     c->capture_broken = false;
 }
 
-static void *cuda_capture_end(struct backend *be) {
+static void *cuda_capture_end(struct backend *be, void *reuse) {
     struct cuda_ctx *c = cuda_enter(be);
     cudaGraph_t graph = NULL;
     CUDA_CHECK(cudaStreamEndCapture(c->stream, &graph));
     c->capturing = false;
-    struct cuda_graph *g = NULL;
+    struct cuda_graph *g = (struct cuda_graph *)reuse;
+    if (g && !c->capture_broken) {
+        /* launches of the old contents already queued are not affected (CUDA's rule for
+         * updates of an executable graph); a failed update leaves it as it was */
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(g->exec, graph, &info) == cudaSuccess) {
+            g->scratch_gen = c->scratch_gen;
+            CUDA_CHECK(cudaGraphDestroy(graph));
+            return g;
+        }
+        (void)cudaGetLastError();
+    }
+    g = NULL;
     if (!c->capture_broken && (g = (struct cuda_graph *)calloc(1, sizeof *g))) {
         if (cudaGraphInstantiate(&g->exec, graph, 0) == cudaSuccess) {
             g->scratch_gen = c->scratch_gen;

@@ -18,28 +18,69 @@ void graph_cache_free(struct graph_cache *c) {
     c->slots = NULL;
 }
 
-static bool key_eq(const struct graph_key *x, const struct graph_key *y) {
+/* The same shape, whichever sequences run it. */
+static bool shape_eq(const struct graph_key *x, const struct graph_key *y) {
     if (x->pass != y->pass || x->n != y->n || x->n_runs != y->n_runs || x->want != y->want || x->keep != y->keep ||
         x->prompt != y->prompt)
         return false;
     for (int r = 0; r < x->n_runs; r++)
-        if (x->runs[r].seq != y->runs[r].seq || x->runs[r].len != y->runs[r].len) return false;
+        if (x->runs[r].len != y->runs[r].len) return false;
     for (int i = 0; i < GRAPH_KEY_PTRS; i++)
         if (x->ptr[i] != y->ptr[i]) return false;
     return true;
 }
 
+static bool seqs_eq(const struct graph_key *x, const struct graph_key *y) {
+    for (int r = 0; r < x->n_runs; r++)
+        if (x->runs[r].seq != y->runs[r].seq) return false;
+    return true;
+}
+
+/* Record the ops into slot g, offering its graph (if any) for rewriting, and launch them; the
+ * ops run eagerly where recording fails. The slot's old graph goes either way: it was
+ * recorded for another key (a sibling's sequences) or is stale. */
+static void record(struct graph_cache *c, struct graph_slot *g, void (*ops)(void *ctx), void *ctx) {
+    struct backend *be = c->be;
+    be->capture_begin(be);
+    ops(ctx);
+    void *ng = be->capture_end(be, g->graph);
+    const bool updated = ng && ng == g->graph;
+    if (!updated && g->graph) be->graph_free(be, g->graph);
+    g->graph = ng;
+    if (ng && be->graph_launch(be, ng)) {
+        if (updated) c->stats.updated++;
+        else c->stats.recorded++;
+        return;
+    }
+    if (ng) be->graph_free(be, ng);
+    g->graph = NULL;
+    c->stats.eager++;
+    ops(ctx);
+}
+
 void graph_cache_run(struct graph_cache *c, const struct graph_key *key, void (*ops)(void *ctx), void *ctx) {
     struct backend *be = c->be;
-    struct graph_slot *g = NULL;
+    struct graph_slot *g = NULL, *sibling = NULL;
     /* one sequence: its own table; several: the shared one */
     const bool one = key->n_runs == 1;
     struct graph_slot *tab = c->slots + (one ? (size_t)key->runs[0].seq * GRAPHS_PER_SEQ : (size_t)GRAPHS_PER_SEQ * c->n_seq);
     struct graph_slot *lru = tab;
     const int n_tab = one ? GRAPHS_PER_SEQ : GRAPHS_MULTI;
     for (int i = 0; i < n_tab && !g; i++) {
-        if (tab[i].used && key_eq(&tab[i].key, key)) g = &tab[i];
-        else if (tab[i].last_use < lru->last_use) lru = &tab[i];
+        struct graph_slot *t = &tab[i];
+        if (t->used && shape_eq(&t->key, key)) {
+            if (seqs_eq(&t->key, key)) g = t;
+            else if (!sibling || (t->graph && !sibling->graph)) sibling = t;
+        } else if (t->last_use < lru->last_use) {
+            lru = t;
+        }
+    }
+    if (!g && sibling) { /* the shape again, on other sequences: record it now in the sibling's place */
+        g = sibling;
+        g->key = *key;
+        g->last_use = ++c->tick;
+        record(c, g, ops, ctx);
+        return;
     }
     if (g) g->last_use = ++c->tick;
     if (!g) { /* first sighting */
@@ -55,13 +96,5 @@ void graph_cache_run(struct graph_cache *c, const struct graph_key *key, void (*
         be->graph_free(be, g->graph); /* stale: record it again */
         g->graph = NULL;
     }
-    be->capture_begin(be);
-    ops(ctx);
-    g->graph = be->capture_end(be);
-    if (g->graph && be->graph_launch(be, g->graph)) {
-        c->stats.recorded++;
-        return;
-    }
-    c->stats.eager++;
-    ops(ctx);
+    record(c, g, ops, ctx);
 }

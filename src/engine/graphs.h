@@ -8,7 +8,13 @@
  * (trunk, draft head), the runs (each sequence's state is baked into the graph, and the rows'
  * places in the scratch follow from the run lengths), which rows want logits, whether states
  * are kept, whether the rows are a prompt chunk (backend.h set_prompt picks other kernels),
- * and the buffers the pass reads and writes. */
+ * and the buffers the pass reads and writes.
+ *
+ * A shape seen before on other sequences (a batch of the same run lengths on another set of
+ * slots: a server's streams move over its slots) is recorded at once, over that sibling's
+ * graph: the backend rewrites the graph in place where it can (capture_end's reuse), which costs
+ * less than instantiating one, and far less than a forward op by op. The table then holds one
+ * graph per shape rather than one per shape and set of sequences. */
 #ifndef COTI_GRAPHS_H
 #define COTI_GRAPHS_H
 
@@ -45,9 +51,10 @@ struct graph_slot {
     void *graph;                 /* NULL: seen once, not recorded yet */
 };
 
-/* How the slices went: replayed from a graph, recorded (then replayed), run eagerly (first
- * sighting, or recording failed). */
-struct graph_stats { uint64_t replayed, recorded, eager; };
+/* How the slices went: replayed from a graph, recorded (then replayed), recorded over a
+ * sibling's graph rewritten in place (then replayed), run eagerly (first sighting, or
+ * recording failed). */
+struct graph_stats { uint64_t replayed, recorded, updated, eager; };
 
 struct graph_cache {
     struct backend *be;

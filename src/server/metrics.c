@@ -115,6 +115,9 @@ char *metrics_render(struct metrics *mx) {
     metric(&b, "graph_replays_total", "counter", "(coti) Target forwards replayed from a recorded graph.", (double)mx->graphs.replayed);
     metric(&b, "graph_recordings_total", "counter", "(coti) Target forwards recorded as a graph (a shape's second sighting).",
            (double)mx->graphs.recorded);
+    metric(&b, "graph_updates_total", "counter",
+           "(coti) Target forwards recorded over the graph of the same shape on other slots, rewritten in place.",
+           (double)mx->graphs.updated);
     metric(&b, "graph_eager_total", "counter", "(coti) Target forwards run op by op (a shape's first sighting, or no graphs).",
            (double)mx->graphs.eager);
     metric(&b, "n_tokens_max", "counter", "Largest observed n_tokens.", (double)mx->n_tokens_max);

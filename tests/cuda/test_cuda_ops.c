@@ -1342,7 +1342,7 @@ static void test_graphs(void) {
     float *da = gdup(a, sizeof(float) * n), *db = gdup(b, sizeof(float) * n), *dy = galloc(sizeof(float) * n);
     gpu->capture_begin(gpu);
     gpu->add(gpu, da, db, n, dy);
-    void *g = gpu->capture_end(gpu);
+    void *g = gpu->capture_end(gpu, NULL);
     gget(y, dy, sizeof(float) * n);
     expect(g && y[0] == 0.0f && y[n - 1] == 0.0f, "recording runs nothing");
     for (int round = 0; round < 2; round++) {
@@ -1352,7 +1352,33 @@ static void test_graphs(void) {
         cpu->add(cpu, a, b, n, ref);
         expect(launched && !memcmp(y, ref, sizeof(float) * n), round ? "replay reads new input contents" : "replay computes the op");
     }
-    if (g) gpu->graph_free(gpu, g);
+    /* the same op over other buffers, recorded over g: rewritten in place, and the replay writes
+     * the new output only */
+    float *dy2 = galloc(sizeof(float) * n), *y2 = xmalloc(sizeof(float) * n);
+    gpu->upload(gpu, dy2, b, sizeof(float) * n);
+    gpu->upload(gpu, dy, b, sizeof(float) * n);
+    gpu->capture_begin(gpu);
+    gpu->add(gpu, db, da, n, dy2);
+    void *g2 = gpu->capture_end(gpu, g);
+    bool launched = g2 && gpu->graph_launch(gpu, g2);
+    gget(y, dy, sizeof(float) * n);
+    gget(y2, dy2, sizeof(float) * n);
+    cpu->add(cpu, b, a, n, ref);
+    expect(g && g2 == g, "a recording of the same ops rewrites the graph offered");
+    expect(launched && !memcmp(y2, ref, sizeof(float) * n) && !memcmp(y, b, sizeof(float) * n),
+           "the rewritten graph runs the new arguments only");
+    /* other ops: a new graph, the one offered left as it was */
+    gpu->capture_begin(gpu);
+    gpu->add(gpu, db, da, n, dy2);
+    gpu->argmax(gpu, dy2, 1, n, (int32_t *)dy, NULL);
+    void *g3 = gpu->capture_end(gpu, g2);
+    expect(g3 && g3 != g2 && g2 && gpu->graph_launch(gpu, g2), "another structure gets a new graph, the old one still runs");
+    if (g3) gpu->graph_free(gpu, g3);
+    if (g2) gpu->graph_free(gpu, g2);
+    if (g && g2 != g) gpu->graph_free(gpu, g);
+    gpu->sync(gpu);
+    gpu->free(gpu, dy2);
+    free(y2);
 
     /* argmax uses scratch: record a small one, then make the backend grow that scratch */
     const int rows = 4000, cols = 8192;
@@ -1361,10 +1387,10 @@ static void test_graphs(void) {
     gpu->argmax(gpu, da, 1, n, ids, NULL);
     gpu->capture_begin(gpu);
     gpu->argmax(gpu, da, 1, n, ids, NULL);
-    g = gpu->capture_end(gpu);
+    g = gpu->capture_end(gpu, NULL);
     gpu->capture_begin(gpu);
     gpu->argmax(gpu, big, rows, cols, ids, NULL);
-    void *too_big = gpu->capture_end(gpu);
+    void *too_big = gpu->capture_end(gpu, NULL);
     expect(g && !too_big, "a recording that needs more scratch fails");
     gpu->argmax(gpu, big, rows, cols, ids, NULL);
     expect(g && !gpu->graph_launch(gpu, g), "a graph over replaced scratch is refused");
@@ -1461,7 +1487,7 @@ static void bench_formed(cudaEvent_t e0, cudaEvent_t e1, int op, int n_in, int n
         else mul_sigmoid_matmul(gpu, dx, dm, n_in / 64, 64, n_in, 64, &w, nt, dy);
     }
     printf("%-22s q8_0 %5d -> %5d rows %d graph: %7.2f us per call\n", names[op], n_in, n_out, nt,
-           graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1));
+           graph_us_per_call(gpu->capture_end(gpu, NULL), reps, iters, e0, e1));
     gpu->free(gpu, dx); gpu->free(gpu, dm); gpu->free(gpu, dw); gpu->free(gpu, dxo); gpu->free(gpu, da); gpu->free(gpu, dy);
     gpu->weight_free(gpu, &w);
     free(x);
@@ -1496,7 +1522,7 @@ static void bench_attention(cudaEvent_t e0, cudaEvent_t e1, int n_tok, int len, 
         if (i == 0) gpu->capture_begin(gpu);
         gpu->attention(gpu, dq, qs, 2 * D, &kvg, dc0, dn, n_tok, n_head, 1.0f / sqrtf((float)D), dout);
     }
-    const double us = graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1);
+    const double us = graph_us_per_call(gpu->capture_end(gpu, NULL), reps, iters, e0, e1);
     printf("attention %2d/%d heads of %3d K %-4s V %-4s rows %d, cache %5d graph: %8.2f us per call, %6.1f GB/s\n",
            n_head, n_head_kv, D, ggml_type_traits_get(tk)->name, ggml_type_traits_get(tv)->name, n_tok, len, us,
            (double)len * (krb + vrb) / us * 1e-3);
@@ -1556,7 +1582,7 @@ static void bench_matmul(enum ggml_type t, int n_in, int n_out, const int *rows,
         if (nt <= 2) { /* the same calls recorded once as a graph and replayed: no host in the loop */
             gpu->capture_begin(gpu);
             for (int i = 0; i < iters; i++) matmul1(gpu, &w[i % n_copies], dx, nt, dy);
-            const double gus = graph_us_per_call(gpu->capture_end(gpu), reps, iters, e0, e1);
+            const double gus = graph_us_per_call(gpu->capture_end(gpu, NULL), reps, iters, e0, e1);
             const double ggbps = bytes / (gus * 1e-6) / 1e9;
             printf("matmul %-5s %5d -> %6d rows %3d graph: %9.2f us %7.1f GB/s %5.1f%% of copy\n", tn, n_in, n_out,
                    nt, gus, ggbps, 100.0 * ggbps / copy_gbps);
