@@ -142,6 +142,19 @@ struct model_params {
     int tp_rank, tp_n;
 };
 
+/* An architecture's loader: what its model takes from the load's parameters as they are. */
+static inline void model_base_init(struct model *m, const struct model_vtable *vt, struct backend *be,
+                                   const struct model_params *p) {
+    m->vt = vt;
+    m->be = be;
+    m->n_seq = p->n_seq;
+    m->n_ctx = p->n_ctx;
+    m->n_batch = p->n_batch;
+    m->cache_type_k = p->cache_type_k;
+    m->cache_type_v = p->cache_type_v;
+    m->n_keep_states = p->n_keep_states;
+}
+
 /* The architectures model_load knows, comma-separated ("qwen35, gemma4"), into buf; returns buf. */
 const char *model_arch_names(char *buf, size_t size);
 

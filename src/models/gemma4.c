@@ -353,14 +353,7 @@ int gemma4_load(struct model **out, struct gguf_file *g, struct backend *be, con
     struct gemma4 *q = calloc(1, sizeof(*q));
     if (!q) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     struct model *m = &q->base;
-    m->vt = &gemma4_vtable;
-    m->be = be;
-    m->n_seq = p->n_seq;
-    m->n_ctx = p->n_ctx;
-    m->n_batch = p->n_batch;
-    m->cache_type_k = p->cache_type_k;
-    m->cache_type_v = p->cache_type_v;
-    m->n_keep_states = p->n_keep_states;
+    model_base_init(m, &gemma4_vtable, be, p);
     struct gemma4_hparams *hp = &q->hp;
     int rc = read_hparams(&L, hp);
     if (rc) { free(q); return rc; }

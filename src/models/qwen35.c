@@ -384,14 +384,7 @@ static int load(struct model **out, struct gguf_file *g, struct backend *be, con
     struct qwen35 *q = calloc(1, sizeof(*q));
     if (!q) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     struct model *m = &q->base;
-    m->vt = &qwen35_vtable;
-    m->be = be;
-    m->n_seq = p->n_seq;
-    m->n_ctx = p->n_ctx;
-    m->n_batch = p->n_batch;
-    m->cache_type_k = p->cache_type_k;
-    m->cache_type_v = p->cache_type_v;
-    m->n_keep_states = p->n_keep_states;
+    model_base_init(m, &qwen35_vtable, be, p);
     struct qwen35_hparams *hp = &q->hp;
     int rc = read_hparams(&L, hp, moe);
     if (rc) { free(q); return rc; }
