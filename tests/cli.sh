@@ -161,8 +161,9 @@ bench_op_cost() {
     grep -q "^nothing  " "$TMP/oc2.txt" || { echo "no row 'nothing' with --spec mtp:2" >&2; return 1; }
     # one configuration only; a plain bench afterwards is unaffected
     ! "$COTI" bench --op-cost --spec off,mtp --prompts "$TMP/p1.json" -n 8 --repeat 1 -t 1 2>/dev/null || return 1
-    # a prefill's costs: one size; the delta-net's share of a prefill is real (>= 1%)
-    "$COTI" bench --op-cost --prefill 24 --repeat 1 -t 1 > "$TMP/oc3.txt" 2>/dev/null || return 1
+    # a prefill's costs: one size; the delta-net's share of a prefill is real (>= 1%; ~17 % on a
+    # quiet machine: medians of 3, so that one preempted pass on a busy one does not decide it)
+    "$COTI" bench --op-cost --prefill 24 --repeat 3 -t 1 > "$TMP/oc3.txt" 2>/dev/null || return 1
     grep -q "^# op cost | prefill of 24 random tokens" "$TMP/oc3.txt" || { echo "no prefill header" >&2; return 1; }
     awk '/^delta-net / { gsub("%", "", $NF); ok = $NF + 0 >= 1 } END { exit !ok }' "$TMP/oc3.txt" ||
         { echo "delta-net share of a prefill below 1%" >&2; return 1; }
