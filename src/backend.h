@@ -217,10 +217,11 @@ struct backend {
      * then runs the ops itself); given `reuse` (a graph of this backend, or NULL), it rewrites
      * that graph in place when the recording has its structure (the same ops in the same order,
      * only their arguments changed: instantiating a new one costs more) and returns it, else
-     * it returns a new graph and leaves `reuse` as it was. graph_launch queues the recorded ops with the pointers and
-     * sizes they were recorded with — only device memory contents (metadata uploaded before
-     * the launch) may change between replays; it returns false, queuing nothing, when the
-     * graph is stale (the backend has since replaced scratch memory it uses): free it. */
+     * it returns a new graph and leaves `reuse` as it was. graph_launch queues the recorded
+     * ops with the pointers and sizes they were recorded with — only device memory contents
+     * (metadata uploaded before the launch) may change between replays; it returns false,
+     * queuing nothing, when the graph is stale (the backend has since replaced scratch memory
+     * it uses): free it. */
     void (*capture_begin)(struct backend *be);
     void *(*capture_end)(struct backend *be, void *reuse);
     bool (*graph_launch)(struct backend *be, void *graph);

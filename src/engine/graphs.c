@@ -37,8 +37,8 @@ static bool seqs_eq(const struct graph_key *x, const struct graph_key *y) {
 }
 
 /* Record the ops into slot g, offering its graph (if any) for rewriting, and launch them; the
- * ops run eagerly where recording fails. The slot's old graph goes either way: it was
- * recorded for another key (a sibling's sequences) or is stale. */
+ * ops run eagerly where recording fails. A graph the slot still holds is a sibling's (recorded
+ * for other sequences; a stale one was freed before): rewritten in place, or freed. */
 static void record(struct graph_cache *c, struct graph_slot *g, void (*ops)(void *ctx), void *ctx) {
     struct backend *be = c->be;
     be->capture_begin(be);
