@@ -37,26 +37,45 @@ struct gdn_gates {
 };
 
 /* One sequence's rows in a batch, for the ops that carry a recurrent state along a sequence
- * (the delta-net's conv and rule): rows [start, start + len) of the op's inputs and outputs; its
- * live state, read and then updated to the state after the run; when snap is set, the state
- * after the run's row t goes to snapshot slot t (one state further each) for t < n_snap. The
- * runs of one call are of different sequences.
- * pend and defer, for the delta rule on a backend with gdn_pending (others get NULL / false;
- * ssm_conv ignores them): a row left pending in pend (gdn_pend_floats) is applied to the state
+ * (the delta-net's conv and rule): rows [start, start + len) of the op's inputs and outputs, of
+ * sequence states.seq[run] (struct state_set); its live state is read and then updated to the
+ * state after the run; the state after the run's row t goes to snapshot slot t (one state
+ * further each) for t < n_snap. The runs of one call are of different sequences.
+ * defer, for the delta rule on a backend with gdn_pending (others get false; ssm_conv ignores
+ * it): a row left pending in the sequence's record (gdn_pend_floats) is applied to the state
  * before the run's rows. With defer, the run's last row is computed as usual but its update of
- * the state is left in pend instead (so the state after the run is the state after row len - 2,
- * and snapshots cover t < n_snap <= len - 2); without, pend is left with no row pending. A
- * verify then writes no snapshot for the row before its last: accepting every row keeps the
- * pending update, rejecting the last drops it (memory.c). len 0 just applies a pending row. */
+ * the state is left in the record instead (so the state after the run is the state after row
+ * len - 2, and snapshots cover t < n_snap <= len - 2); without, the record is left with no row
+ * pending. A verify then writes no snapshot for the row before its last: accepting every row
+ * keeps the pending update, rejecting the last drops it (memory.c). len 0 just applies a
+ * pending row. */
 struct state_run {
     int start, len;
-    float *state, *snap;
+    int run;                     /* index into state_set.seq */
     int n_snap;
-    float *pend;
     bool defer;
 };
 
-/* A delta-rule row left pending (state_run.pend): S_h <- d_h S_h + k_h δ_hᵀ per v-head h, as
+/* One layer's recurrent states of every sequence: sequence s's live state at state +
+ * s·state_step floats, its snapshot slots from snap + s·snap_step, its pending-row record at
+ * pend + s·pend_step (NULL where the backend has no gdn_pending). seq (backend memory, read
+ * when the op runs): the sequence of each run. The engine uploads it with a batch's metadata,
+ * so a graph recorded from these ops runs for any sequences. */
+struct state_set {
+    float *state, *snap, *pend;
+    size_t state_step, snap_step, pend_step;
+    const int32_t *seq;
+};
+
+/* Run r's states, where the op runs (host code: a backend whose memory the host reads). */
+struct run_states { float *state, *snap, *pend; };
+static inline struct run_states state_set_run(const struct state_set *st, const struct state_run *r) {
+    const size_t s = (size_t)st->seq[r->run];
+    return (struct run_states){st->state + s * st->state_step, st->snap ? st->snap + s * st->snap_step : NULL,
+                               st->pend ? st->pend + s * st->pend_step : NULL};
+}
+
+/* A delta-rule row left pending (state_run.defer): S_h <- d_h S_h + k_h δ_hᵀ per v-head h, as
  * the rule's update writes it. Floats, per v-head h of nv: a flag at [h] (1: pending, 0: none,
  * as zeroed memory says), d at [nv + h], δ_h at [2nv + h·dv], the normalised key k_h after the
  * δs at [2nv + nv·dv + h·dk]. Every part is per head, so a split of the heads splits it too. */
@@ -209,6 +228,9 @@ struct backend {
      * alone or in any other batch: a verify row replaces a decode row bit for bit, or
      * speculation would not be lossless. */
     void (*set_prompt)(struct backend *be, bool prompt);
+    /* Slices of at most this many rows run the same kernels whatever set_prompt says (a graph's
+     * key then leaves the flag out: a prompt's last row and a decode row share their graph). */
+    int prompt_same_rows;
 
     /* Graphs — optional (NULL on backends whose ops run synchronously, like the CPU's): a
      * recorded op sequence replayed with one call, for the launch-bound small batches of

@@ -96,13 +96,14 @@ BACKEND_OP(attention, ATTENTION,
             const int32_t *cell0, const int32_t *n_ctx, int n_tok, int n_head, float scale, float *out),
            (q, q_stride, q_head_stride, kv, cell0, n_ctx, n_tok, n_head, scale, out))
 
-/* Causal depthwise conv (kernel k) + SiLU over each run's rows (struct state_run). x and y
+/* Causal depthwise conv (kernel k) + SiLU over each run's rows (struct state_run, its states in
+ * st). x and y
  * rows are n_ch wide; w[c][k] (tap k-1 multiplies the current token); a state is [c][k-1]
  * (oldest first), a snapshot slot n_ch·(k-1) floats. */
 BACKEND_OP(ssm_conv, DELTANET,
-           (struct backend *be, const float *x, int n_ch, int k, const float *w, float *y, const struct state_run *runs,
-            int n_runs),
-           (x, n_ch, k, w, y, runs, n_runs))
+           (struct backend *be, const float *x, int n_ch, int k, const float *w, float *y, const struct state_set *st,
+            const struct state_run *runs, int n_runs),
+           (x, n_ch, k, w, y, st, runs, n_runs))
 /* Gated delta rule over each run's rows (arch-qwen35.md §5.5). qkv rows (stride qkv_stride):
  * q heads [0, nk·dk), k heads [nk·dk, 2nk·dk), v heads after; q and k are L2-normalised here
  * (eps). The gates come raw (struct gdn_gates, rows as qkv's) and are formed here, per token
@@ -110,14 +111,14 @@ BACKEND_OP(ssm_conv, DELTANET,
  * uses k head h % nk. out[row][h*dv + j]. */
 BACKEND_OP(gdn, DELTANET,
            (struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, int nk, int nv, int dk,
-            int dv, float eps, float *out, const struct state_run *runs, int n_runs),
-           (qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, runs, n_runs))
+            int dv, float eps, float *out, const struct state_set *st, const struct state_run *runs, int n_runs),
+           (qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, st, runs, n_runs))
 /* The same rule in its chunked (parallel) form, for long runs without snapshots (prompt
  * processing); equal to gdn up to f32 rounding (arch-qwen35.md §5.6). */
 BACKEND_OP(gdn_chunked, DELTANET,
            (struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, int nk, int nv, int dk,
-            int dv, float eps, float *out, const struct state_run *runs, int n_runs),
-           (qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, runs, n_runs))
+            int dv, float eps, float *out, const struct state_set *st, const struct state_run *runs, int n_runs),
+           (qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, st, runs, n_runs))
 
 /* Mixture-of-experts routing, per row t of logits (n_expert wide): p = softmax(row), the n_used
  * largest p in descending order (the lower index first on ties) as ids[t·n_used + k], and their

@@ -42,6 +42,12 @@ static void gdn_ref(const float *qkv, int stride, const struct gdn_gates *gt, do
         }
 }
 
+/* One sequence's states (sequence 0 of a set). */
+static const int32_t seq0[1] = {0};
+static struct state_set one_seq(float *state, float *snap, float *pend) {
+    return (struct state_set){state, snap, pend, 0, 0, 0, seq0};
+}
+
 static void check_gdn_level(bool chunked, int n_tok, float gscale, enum quant_cpu_level level, int dk, int dv) {
     const int nk = 2, nv = 4, ch = 2 * nk * dk + nv * dv;
     struct backend *be = backend_cpu_init(2, level);
@@ -62,9 +68,10 @@ static void check_gdn_level(bool chunked, int n_tok, float gscale, enum quant_cp
     fill(S, (size_t)nv * dk * dv, 0.5f);
     for (int i = 0; i < nv * dk * dv; i++) Sd[i] = S[i];
     gdn_ref(qkv, ch, &gt, Sd, n_tok, nk, nv, dk, dv, 1e-6f, outd);
-    const struct state_run run = {0, n_tok, S, NULL, 0, NULL, false};
-    if (chunked) be->gdn_chunked(be, qkv, ch, &gt, nk, nv, dk, dv, 1e-6f, out, &run, 1);
-    else be->gdn(be, qkv, ch, &gt, nk, nv, dk, dv, 1e-6f, out, &run, 1);
+    const struct state_set st = one_seq(S, NULL, NULL);
+    const struct state_run run = {0, n_tok, 0, 0, false};
+    if (chunked) be->gdn_chunked(be, qkv, ch, &gt, nk, nv, dk, dv, 1e-6f, out, &st, &run, 1);
+    else be->gdn(be, qkv, ch, &gt, nk, nv, dk, dv, 1e-6f, out, &st, &run, 1);
     /* f32 against f64: outputs are O(1); a few hundred rounding steps per value */
     double worst = 0, worst_s = 0;
     for (int i = 0; i < n_tok * nv * dv; i++) worst = fmax(worst, fabs(out[i] - outd[i]));
@@ -87,7 +94,7 @@ static void check_gdn(bool chunked, int n_tok, float gscale) {
 Test(backend_ops, gdn_recurrent_matches_f64_reference) { check_gdn(false, 1, 0.3f); check_gdn(false, 150, 0.3f); check_gdn(false, 150, 4.0f); }
 Test(backend_ops, gdn_chunked_matches_f64_reference) { check_gdn(true, 1, 0.3f); check_gdn(true, 64, 0.3f); check_gdn(true, 150, 0.3f); check_gdn(true, 150, 4.0f); check_gdn(true, 150, 0.01f); }
 
-/* A kept run's last row left pending (state_run.pend) and applied by the next call gives, bit
+/* A kept run's last row left pending (state_run.defer) and applied by the next call gives, bit
  * for bit, what one run over all the rows gives: outputs, the snapshot and live state after the
  * first run, the state at the end, whether the next call is stepwise, chunked or only applies
  * (no rows); a dropped record leaves the state after the row before. Every CPU level. */
@@ -113,20 +120,21 @@ static void check_gdn_pending(enum quant_cpu_level level, int dk, int dv) {
         memcpy(Se, S0, sizeof(float) * st);
         memcpy(Sp, S0, sizeof(float) * st);
         /* eagerly: the kept run with a snapshot after each row, then the rest */
-        struct state_run e1 = {0, N1, Se, snap_e, N1 - 1, NULL, false}, e2 = {N1, n2, Se, NULL, 0, NULL, false};
-        struct state_run p1 = {0, N1, Sp, snap_p, N1 - 2, pend, true}, p2 = {N1, n2, Sp, NULL, 0, pend, false};
-        be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, oe, &e1, 1);
-        be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &p1, 1);
+        const struct state_set se = one_seq(Se, snap_e, NULL), sp = one_seq(Sp, snap_p, pend);
+        const struct state_run e1 = {0, N1, 0, N1 - 1, false}, e2 = {N1, n2, 0, 0, false};
+        const struct state_run p1 = {0, N1, 0, N1 - 2, true}, p2 = {N1, n2, 0, 0, false};
+        be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, oe, &se, &e1, 1);
+        be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &sp, &p1, 1);
         cr_assert_eq(memcmp(oe, op, sizeof(float) * N1 * NV * dv), 0, "kept run's outputs (level %d, %dx%d)", (int)level, dk, dv);
         for (int h = 0; h < NV; h++) cr_assert_eq(pend[h], 1.0f, "the last row is pending");
         cr_assert_eq(memcmp(snap_e, snap_p, sizeof(float) * (N1 - 2) * st), 0, "snapshots before the row before the last");
         cr_assert_eq(memcmp(snap_e + (N1 - 2) * st, Sp, sizeof(float) * st), 0, "the live state: after the row before the last");
         if (next == 1) {
-            be->gdn_chunked(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, oe, &e2, 1);
-            be->gdn_chunked(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &p2, 1);
+            be->gdn_chunked(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, oe, &se, &e2, 1);
+            be->gdn_chunked(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &sp, &p2, 1);
         } else {
-            be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, oe, &e2, 1);
-            be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &p2, 1);
+            be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, oe, &se, &e2, 1);
+            be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &sp, &p2, 1);
         }
         for (int h = 0; h < NV; h++) cr_assert_eq(pend[h], 0.0f, "applied, nothing pending");
         cr_assert_eq(memcmp(oe + N1 * NV * dv, op + N1 * NV * dv, sizeof(float) * n2 * NV * dv), 0, "next call's outputs (%d)", next);
@@ -134,10 +142,11 @@ static void check_gdn_pending(enum quant_cpu_level level, int dk, int dv) {
     }
     /* a dropped record: the state stays the one after row N1 - 2, which the next call continues */
     memcpy(Sp, S0, sizeof(float) * st);
-    struct state_run p1 = {0, N1, Sp, NULL, 0, pend, true}, none = {N1, 0, Sp, NULL, 0, pend, false};
-    be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &p1, 1);
+    const struct state_set sp = one_seq(Sp, NULL, pend);
+    const struct state_run p1 = {0, N1, 0, 0, true}, none = {N1, 0, 0, 0, false};
+    be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &sp, &p1, 1);
     memset(pend, 0, sizeof(float) * NV);
-    be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &none, 1);
+    be->gdn(be, qkv, ch, &gt, NK, NV, dk, dv, 1e-6f, op, &sp, &none, 1);
     cr_assert_eq(memcmp(snap_e + (N1 - 2) * st, Sp, sizeof(float) * st), 0, "a dropped row leaves no trace");
     free(qkv); free(a); free(b); free(S0); free(Se); free(Sp); free(snap_e); free(snap_p); free(pend); free(oe); free(op);
     backend_free(be);
@@ -153,10 +162,11 @@ Test(backend_ops, gdn_pending_row_lands_as_the_rule_writes_it) {
 
 /* Several sequences' runs in one call (a batched cycle's delta-net) equal each run alone, bit
  * for bit: the conv, the recurrent rule with snapshots, and the chunked rule; the rows between
- * runs (no run's) are left alone. */
+ * runs (no run's) are left alone; each run works on the sequence state_set.seq names for it. */
 Test(backend_ops, state_ops_over_runs_equal_runs_alone) {
     enum { NK = 2, NV = 4, DK = 16, DV = 16, CH = 2 * NK * DK + NV * DV, K = 4, N = 40, NR = 4, KEEP = 3 };
     static const int start[NR] = {0, 3, 4, 16}, len[NR] = {3, 1, 9, 24}; /* row 13-15: no run's */
+    static const int32_t seq[NR] = {2, 0, 3, 1};
     const size_t conv_el = (size_t)CH * (K - 1), ssm_el = (size_t)NV * DK * DV;
     struct backend *be = backend_cpu_init(2, quant_cpu_level_detect());
     float *x = malloc(sizeof(float) * N * CH), *w = malloc(sizeof(float) * CH * K), *a = malloc(sizeof(float) * N * NV);
@@ -184,21 +194,29 @@ Test(backend_ops, state_ops_over_runs_equal_runs_alone) {
     memcpy(cs[1], cs[0], sizeof(float) * NR * conv_el);
     memcpy(ss[1], ss[0], sizeof(float) * NR * ssm_el);
     for (int chunked = 0; chunked < 2; chunked++) {
-        struct state_run cr[2][NR], gr[2][NR];
-        for (int v = 0; v < 2; v++)
-            for (int r = 0; r < NR; r++) {
-                const int n_snap = chunked ? 0 : COTI_MIN(len[r] - 1, KEEP);
-                cr[v][r] = (struct state_run){start[r], len[r], cs[v] + r * conv_el, n_snap ? csn[v] + r * KEEP * conv_el : NULL, n_snap, NULL, false};
-                gr[v][r] = (struct state_run){start[r], len[r], ss[v] + r * ssm_el, n_snap ? ssn[v] + r * KEEP * ssm_el : NULL, n_snap, NULL, false};
-            }
-        be->ssm_conv(be, x, CH, K, w, y[0], cr[0], NR);
-        for (int r = 0; r < NR; r++) be->ssm_conv(be, x, CH, K, w, y[1], &cr[1][r], 1);
-        if (chunked) {
-            be->gdn_chunked(be, y[0], CH, &gt, NK, NV, DK, DV, 1e-6f, o[0], gr[0], NR);
-            for (int r = 0; r < NR; r++) be->gdn_chunked(be, y[1], CH, &gt, NK, NV, DK, DV, 1e-6f, o[1], &gr[1][r], 1);
-        } else {
-            be->gdn(be, y[0], CH, &gt, NK, NV, DK, DV, 1e-6f, o[0], gr[0], NR);
-            for (int r = 0; r < NR; r++) be->gdn(be, y[1], CH, &gt, NK, NV, DK, DV, 1e-6f, o[1], &gr[1][r], 1);
+        /* [0]: the runs in one call, by state_set.seq; [1]: each alone, its sequence's states
+         * given directly */
+        const struct state_set conv_all = {cs[0], csn[0], NULL, conv_el, KEEP * conv_el, 0, seq};
+        const struct state_set rule_all = {ss[0], ssn[0], NULL, ssm_el, KEEP * ssm_el, 0, seq};
+        struct state_run runs[NR];
+        struct state_set conv_one[NR], rule_one[NR];
+        for (int r = 0; r < NR; r++) {
+            const int n_snap = chunked ? 0 : COTI_MIN(len[r] - 1, KEEP);
+            runs[r] = (struct state_run){start[r], len[r], r, n_snap, false};
+            conv_one[r] = one_seq(cs[1] + seq[r] * conv_el, csn[1] + seq[r] * KEEP * conv_el, NULL);
+            rule_one[r] = one_seq(ss[1] + seq[r] * ssm_el, ssn[1] + seq[r] * KEEP * ssm_el, NULL);
+        }
+        be->ssm_conv(be, x, CH, K, w, y[0], &conv_all, runs, NR);
+        for (int r = 0; r < NR; r++) {
+            const struct state_run alone = {start[r], len[r], 0, runs[r].n_snap, false};
+            be->ssm_conv(be, x, CH, K, w, y[1], &conv_one[r], &alone, 1);
+        }
+        if (chunked) be->gdn_chunked(be, y[0], CH, &gt, NK, NV, DK, DV, 1e-6f, o[0], &rule_all, runs, NR);
+        else be->gdn(be, y[0], CH, &gt, NK, NV, DK, DV, 1e-6f, o[0], &rule_all, runs, NR);
+        for (int r = 0; r < NR; r++) {
+            const struct state_run alone = {start[r], len[r], 0, runs[r].n_snap, false};
+            if (chunked) be->gdn_chunked(be, y[1], CH, &gt, NK, NV, DK, DV, 1e-6f, o[1], &rule_one[r], &alone, 1);
+            else be->gdn(be, y[1], CH, &gt, NK, NV, DK, DV, 1e-6f, o[1], &rule_one[r], &alone, 1);
         }
         cr_assert_eq(memcmp(y[0], y[1], sizeof(float) * N * CH), 0, "conv outputs (chunked pass %d)", chunked);
         cr_assert_eq(memcmp(o[0], o[1], sizeof(float) * N * NV * DV), 0, "rule outputs (chunked %d)", chunked);

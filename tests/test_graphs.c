@@ -1,9 +1,9 @@
 /* test_graphs.c — the graph cache over a fake backend that counts what it is asked: a shape is
  * run eagerly the first time, recorded the second and replayed after; every field of the key
- * (runs of several sequences included) tells shapes apart; a stale graph is recorded again;
- * the least recently used slot of a table makes room, and one sequence's shapes never push out
- * another's or the shared table's; a shape seen on other sequences is recorded at once over
- * that sibling's graph, rewritten in place where the backend can. */
+ * (runs of several sequences included) tells shapes apart; a stale graph is recorded again, over
+ * itself where the backend can rewrite it; the least recently used slot of a table makes room,
+ * and one sequence's shapes never push out another's or the shared table's; several
+ * sequences' shape is one graph whichever sequences run it, one sequence's is that sequence's. */
 #include <criterion/criterion.h>
 
 #include "engine/graphs.h"
@@ -73,6 +73,15 @@ Test(graphs, eager_then_recorded_then_replayed) {
     cr_assert_eq(f.freed, 1, "the stale graph is freed");
     cr_assert_eq(f.captured, 2, "and recorded again");
     cr_assert_eq(f.launched, 7);
+    f.rewrites = true;
+    f.stale = true;
+    graph_cache_run(&c, &k, ops, &f);
+    cr_assert_eq(f.captured, 3);
+    cr_assert_eq(f.freed, 1, "a backend that rewrites it keeps the stale graph");
+    cr_assert_eq(c.stats.updated, 1);
+    cr_assert_eq(c.stats.recorded, 2);
+    graph_cache_run(&c, &k, ops, &f);
+    cr_assert_eq(c.stats.replayed, 6, "then replays it");
     graph_cache_free(&c);
     cr_assert_eq(f.freed, 2);
 }
@@ -108,9 +117,8 @@ Test(graphs, every_key_field_tells_shapes_apart) {
     graph_cache_free(&c);
 }
 
-Test(graphs, a_shape_on_other_sequences_is_recorded_over_its_sibling) {
+Test(graphs, several_sequences_share_a_graph_one_sequence_keeps_its_own) {
     struct fake f = fake_make();
-    f.rewrites = true;
     struct graph_cache c;
     cr_assert_eq(graph_cache_init(&c, &f.be, 8), 0);
     const struct graph_key a = {.n = 4, .n_runs = 2, .runs = {{0, 2}, {1, 2}}, .want = 0xF};
@@ -120,41 +128,38 @@ Test(graphs, a_shape_on_other_sequences_is_recorded_over_its_sibling) {
     other.runs[0].len = 1, other.runs[1].len = 3;            /* another shape */
     graph_cache_run(&c, &a, ops, &f);
     graph_cache_run(&c, &b, ops, &f);
-    cr_assert_eq(f.eager, 1, "the second sighting of a shape is recorded, whichever slots run it");
+    cr_assert_eq(f.eager, 1, "a shape's second sighting is recorded, whichever slots run it");
     cr_assert_eq(f.captured, 1);
-    cr_assert_eq(c.stats.recorded, 1);
+    graph_cache_run(&c, &a, ops, &f);
+    graph_cache_run(&c, &swapped, ops, &f);
     graph_cache_run(&c, &b, ops, &f);
-    cr_assert_eq(c.stats.replayed, 1);
-    graph_cache_run(&c, &a, ops, &f);
-    graph_cache_run(&c, &swapped, ops, &f);
-    cr_assert_eq(f.eager, 1, "never op by op again");
-    cr_assert_eq(f.captured, 3);
-    cr_assert_eq(c.stats.updated, 2, "the graph rewritten in place each time");
-    cr_assert_eq(f.freed, 0);
-    cr_assert_eq(f.launched, 4);
-    graph_cache_run(&c, &swapped, ops, &f);
-    cr_assert_eq(c.stats.replayed, 2, "then replayed");
-    graph_cache_run(&c, &other, ops, &f);
-    cr_assert_eq(f.eager, 2, "a new shape still runs op by op first");
-
-    /* a backend that cannot rewrite it: a new graph, the sibling's freed */
-    f.rewrites = false;
-    graph_cache_run(&c, &a, ops, &f);
-    cr_assert_eq(f.captured, 4);
-    cr_assert_eq(f.freed, 1);
-    cr_assert_eq(c.stats.recorded, 2);
-    graph_cache_run(&c, &a, ops, &f);
+    cr_assert_eq(f.captured, 1, "and replayed on any slots from then on");
     cr_assert_eq(c.stats.replayed, 3);
-    /* a recording that fails: the ops run op by op, and the sibling's graph (other slots') goes */
+    graph_cache_run(&c, &other, ops, &f);
+    cr_assert_eq(f.eager, 2, "another shape is new");
+
+    const struct graph_key s2 = one(2, 3), s5 = one(5, 3);
+    graph_cache_run(&c, &s2, ops, &f);
+    graph_cache_run(&c, &s2, ops, &f);
+    cr_assert_eq(f.captured, 2);
+    graph_cache_run(&c, &s5, ops, &f);
+    cr_assert_eq(f.eager, 4, "one sequence's graph is that sequence's");
+    graph_cache_run(&c, &s5, ops, &f);
+    cr_assert_eq(f.captured, 3);
+    graph_cache_run(&c, &s2, ops, &f);
+    cr_assert_eq(c.stats.replayed, 4);
+    /* a recording that fails: the ops run op by op, and the next sighting records */
+    const struct graph_key s6 = one(6, 2);
+    graph_cache_run(&c, &s6, ops, &f);
     f.fail = true;
-    graph_cache_run(&c, &b, ops, &f);
-    cr_assert_eq(f.eager, 3);
-    cr_assert_eq(f.freed, 2);
-    graph_cache_run(&c, &b, ops, &f);
-    cr_assert_eq(f.captured, 6, "recorded at the next sighting");
-    cr_assert_eq(c.stats.recorded, 3);
+    graph_cache_run(&c, &s6, ops, &f);
+    cr_assert_eq(f.eager, 6);
+    graph_cache_run(&c, &s6, ops, &f);
+    cr_assert_eq(c.stats.recorded, 4);
+    graph_cache_run(&c, &s6, ops, &f);
+    cr_assert_eq(c.stats.replayed, 5);
     graph_cache_free(&c);
-    cr_assert_eq(f.freed, 3);
+    cr_assert_eq(f.freed, 4);
 }
 
 Test(graphs, tables_replace_their_least_recently_used) {

@@ -686,11 +686,12 @@ static void cpu_attention(struct backend *be, const float *q, int q_stride, int 
 /* ---- delta net ---------------------------------------------------------------------- */
 
 static void cpu_ssm_conv(struct backend *be, const float *x, int n_ch, int k, const float *w, float *y,
-                         const struct state_run *runs, int n_runs) {
+                         const struct state_set *st, const struct state_run *runs, int n_runs) {
     const int ks = k - 1;
     for (int r = 0; r < n_runs; r++) {
         const struct state_run *ru = &runs[r];
-        float *state = ru->state;
+        const struct run_states rs = state_set_run(st, ru);
+        float *state = rs.state;
         for (int t = 0; t < ru->len; t++) {
             const float *xt = x + (size_t)(ru->start + t) * n_ch;
             float *yt = y + (size_t)(ru->start + t) * n_ch;
@@ -706,7 +707,7 @@ static void cpu_ssm_conv(struct backend *be, const float *x, int n_ch, int k, co
                 yt[c] = s;
             }
             cpu(be)->ops->silu(yt, yt, n_ch);
-            if (ru->snap && t < ru->n_snap) memcpy(ru->snap + (size_t)t * n_ch * ks, state, sizeof(float) * (size_t)n_ch * ks);
+            if (rs.snap && t < ru->n_snap) memcpy(rs.snap + (size_t)t * n_ch * ks, state, sizeof(float) * (size_t)n_ch * ks);
         }
     }
 }
@@ -752,8 +753,8 @@ static void gdn_worker(void *arg, int ith, int nth) {
 }
 
 static void gdn_runs(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, int nk,
-                     int nv, int dk, int dv, float eps, float *out, const struct state_run *runs, int n_runs,
-                     bool chunked) {
+                     int nv, int dk, int dv, float eps, float *out, const struct state_set *st,
+                     const struct state_run *runs, int n_runs, bool chunked) {
     if (dk > CPU_GDN_MAX_DIM || (chunked && dv > CPU_GDN_MAX_DIM)) abort(); /* model loading rejects such files */
     if (n_runs < 1) return;
     size_t n_rows;
@@ -763,24 +764,27 @@ static void gdn_runs(struct backend *be, const float *qkv, int qkv_stride, const
         j.n_jobs = COTI_MIN(CPU_GDN_RUNS, n_runs - r0);
         for (int i = 0; i < j.n_jobs; i++) {
             const struct state_run *ru = &runs[r0 + i];
-            if (ru->defer && !ru->pend) abort(); /* a caller bug: a deferred row needs its record */
+            if (ru->defer && !st->pend) abort(); /* a caller bug: a deferred row needs its record */
+            const struct run_states rs = state_set_run(st, ru);
             const size_t t0 = (size_t)ru->start;
-            j.g[i] = (struct gdn_job){qkv + t0 * qkv_stride, qkv_stride, g + t0 * nv, beta + t0 * nv, ru->state, ru->len,
-                                      nk, nv, dk, dv, eps, out + t0 * nv * dv, chunked ? NULL : ru->snap,
-                                      chunked || !ru->snap ? 0 : ru->n_snap, ru->pend, ru->defer && !chunked};
+            j.g[i] = (struct gdn_job){qkv + t0 * qkv_stride, qkv_stride, g + t0 * nv, beta + t0 * nv, rs.state, ru->len,
+                                      nk, nv, dk, dv, eps, out + t0 * nv * dv, chunked ? NULL : rs.snap,
+                                      chunked || !rs.snap ? 0 : ru->n_snap, rs.pend, ru->defer && !chunked};
         }
         threadpool_run(cpu(be)->tp, gdn_worker, &j);
     }
 }
 
 static void cpu_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, int nk, int nv,
-                    int dk, int dv, float eps, float *out, const struct state_run *runs, int n_runs) {
-    gdn_runs(be, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, runs, n_runs, false);
+                    int dk, int dv, float eps, float *out, const struct state_set *st, const struct state_run *runs,
+                    int n_runs) {
+    gdn_runs(be, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, st, runs, n_runs, false);
 }
 
 static void cpu_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, int nk,
-                            int nv, int dk, int dv, float eps, float *out, const struct state_run *runs, int n_runs) {
-    gdn_runs(be, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, runs, n_runs, true);
+                            int nv, int dk, int dv, float eps, float *out, const struct state_set *st,
+                            const struct state_run *runs, int n_runs) {
+    gdn_runs(be, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, st, runs, n_runs, true);
 }
 
 static void cpu_argmax(struct backend *be, const float *x, int n_rows, int n, int32_t *out, float *p_max) {

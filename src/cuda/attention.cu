@@ -26,6 +26,7 @@
 #define ATTN_SPLIT_MAX 128       /* a multiple of 32: the merge's weights are one warp's */
 #define ATTN_SLICE_ROWS 256
 #define ATTN_SMALL_BATCH 8
+static_assert(ATTN_SMALL_BATCH >= CUDA_PROMPT_SAME_ROWS, "a prompt's kernels past backend.h prompt_same_rows only");
 #define ATTN_MAX_D 512
 
 /* The slices of a token that attends len rows: the same whatever the batch or the launch. */

@@ -357,6 +357,7 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
 #include "backend_ops.h"
 #undef BACKEND_OP
     be->set_prompt = cuda_set_prompt;
+    be->prompt_same_rows = CUDA_PROMPT_SAME_ROWS;
     be->mark = cuda_mark;
     be->mark_elapsed_us = cuda_mark_elapsed_us;
     be->capture_begin = cuda_capture_begin;

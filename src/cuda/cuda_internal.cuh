@@ -20,6 +20,10 @@ extern "C" {
 
 /* Everything a backend object owns. No file-scope state anywhere in src/cuda: two backends
  * (a target and a drafter, or two devices) never share a stream or a scratch buffer. */
+/* backend.h prompt_same_rows: attention, the matvecs and the delta rule take their prompt kernels
+ * only past this many rows (each file asserts its own limit against it) */
+#define CUDA_PROMPT_SAME_ROWS 8
+
 struct cuda_ctx {
     int device;
     int n_sm;

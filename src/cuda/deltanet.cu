@@ -28,19 +28,35 @@
  * launch of each kernel, blockIdx.y (conv) or blockIdx.z (rule) picking the run, instead of a
  * launch per sequence (tiny model, 4 sequences: ~80 µs of a 360 µs cycle went to those). */
 #define CUDA_RUNS 32
-struct cuda_run { int start, len, n_snap; float *state, *snap; };
-struct cuda_runs { cuda_run r[CUDA_RUNS]; };
+struct cuda_run { int start, len, n_snap, run; };
+/* The states (struct state_set, no pending rows here): a run's sequence is read from seq when
+ * the kernel runs, so a graph of these launches serves any sequences. */
+struct cuda_states {
+    float *state, *snap;
+    size_t state_step, snap_step;
+    const int32_t *seq;
+};
+struct cuda_runs { cuda_states st; cuda_run r[CUDA_RUNS]; };
 
-/* runs[r0, r0 + n) into a launch's argument; the longest run's length into *max_len */
-static cuda_runs runs_arg(const struct state_run *runs, int r0, int n, int *max_len) {
+/* runs[r0, r0 + n) of the states st into a launch's argument; the longest run's length into
+ * *max_len */
+static cuda_runs runs_arg(const struct state_set *st, const struct state_run *runs, int r0, int n, int *max_len) {
     cuda_runs a;
+    a.st = {st->state, st->snap, st->state_step, st->snap_step, st->seq};
     *max_len = 0;
     for (int i = 0; i < n; i++) {
         const struct state_run *ru = &runs[r0 + i];
-        a.r[i] = {ru->start, ru->len, ru->snap ? ru->n_snap : 0, ru->state, ru->snap};
+        a.r[i] = {ru->start, ru->len, st->snap ? ru->n_snap : 0, ru->run};
         *max_len = COTI_MAX(*max_len, ru->len);
     }
     return a;
+}
+
+/* Run ru's live state and snapshots (after cuda_pdl_begin: seq may come from the step before) */
+__device__ __forceinline__ void run_states(const cuda_runs &a, const cuda_run &ru, float **state, float **snap) {
+    const size_t s = (size_t)a.st.seq[ru.run];
+    *state = a.st.state + s * a.st.state_step;
+    *snap = ru.n_snap ? a.st.snap + s * a.st.snap_step : nullptr;
 }
 
 /* Input p of channel c: token p's for p >= 0, the state's (the last ks inputs before the
@@ -59,7 +75,8 @@ ssm_conv_kernel(const float *__restrict__ x, int n_ch, int k, const float *__res
     cuda_pdl_begin();
     const cuda_run &ru = runs.r[blockIdx.y];
     const int n_tok = ru.len, n_snap = ru.n_snap;
-    float *state = ru.state, *snap = ru.snap;
+    float *state, *snap;
+    run_states(runs, ru, &state, &snap);
     x += (size_t)ru.start * n_ch;
     y += (size_t)ru.start * n_ch;
     const int c = blockIdx.x * CONV_CH + threadIdx.x, ks = k - 1;
@@ -94,14 +111,14 @@ ssm_conv_kernel(const float *__restrict__ x, int n_ch, int k, const float *__res
 }
 
 void cuda_ssm_conv(struct backend *be, const float *x, int n_ch, int k, const float *w, float *y,
-                   const struct state_run *runs, int n_runs) {
+                   const struct state_set *st, const struct state_run *runs, int n_runs) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_ch < 1) return;
     if (k < 1 || k > CONV_MAX_TAPS) abort(); /* model loading rejects such files */
     for (int r0 = 0; r0 < n_runs; r0 += CUDA_RUNS) {
         const int n = COTI_MIN(CUDA_RUNS, n_runs - r0);
         int max_len;
-        const cuda_runs a = runs_arg(runs, r0, n, &max_len);
+        const cuda_runs a = runs_arg(st, runs, r0, n, &max_len);
         if (max_len < 1) continue;
         cuda_launch(c, dim3(cuda_cdiv(n_ch, CONV_CH), n), dim3(CONV_CH, CONV_TOK), ssm_conv_kernel, x, n_ch, k, w, y, a);
     }
@@ -110,6 +127,7 @@ void cuda_ssm_conv(struct backend *be, const float *x, int n_ch, int k, const fl
 #define GDN_WARPS 4
 #define GDN_MAX_DIM 256
 #define GDN_ROWS_MAX_TOK 16
+static_assert(GDN_ROWS_MAX_TOK >= CUDA_PROMPT_SAME_ROWS, "a prompt's kernels past backend.h prompt_same_rows only");
 #define GDN_ROWS 4
 #define GDN_BLOCK_ROWS (GDN_WARPS * GDN_ROWS)
 
@@ -154,7 +172,8 @@ gdn_rows_kernel(const float *__restrict__ qkv, int qkv_stride, gdn_gates gt, int
     cuda_pdl_begin();
     const cuda_run &ru = runs.r[blockIdx.z];
     const int n_tok = ru.len, n_snap = ru.n_snap;
-    float *state = ru.state, *snap = ru.snap;
+    float *state, *snap;
+    run_states(runs, ru, &state, &snap);
     qkv += (size_t)ru.start * qkv_stride;
     out += (size_t)ru.start * nv * dv;
     gt.a += (size_t)ru.start * gt.a_stride;
@@ -285,7 +304,8 @@ gdn_kernel(const float *__restrict__ qkv, int qkv_stride, gdn_gates gt, int nk, 
     cuda_pdl_begin();
     const cuda_run &ru = runs.r[blockIdx.z];
     const int n_tok = ru.len, n_snap = ru.n_snap;
-    float *state = ru.state, *snap = ru.snap;
+    float *state, *snap;
+    run_states(runs, ru, &state, &snap);
     qkv += (size_t)ru.start * qkv_stride;
     out += (size_t)ru.start * nv * dv;
     gt.a += (size_t)ru.start * gt.a_stride;
@@ -460,7 +480,7 @@ static void gdn_launch(struct cuda_ctx *c, const float *qkv, int qkv_stride, con
 }
 
 void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, int nk, int nv, int dk,
-              int dv, float eps, float *out, const struct state_run *runs, int n_runs) {
+              int dv, float eps, float *out, const struct state_set *st, const struct state_run *runs, int n_runs) {
     struct cuda_ctx *c = cuda_enter(be);
     if (nv < 1) return;
     if (dk > GDN_MAX_DIM || dv > GDN_MAX_DIM || nk < 1) abort(); /* model loading rejects such files */
@@ -473,7 +493,7 @@ void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct
             if (r < n_runs && (!c->prompt || (runs[r].len > GDN_ROWS_MAX_TOK) == (longer == 1))) part[n++] = runs[r];
             if (n == CUDA_RUNS || (r == n_runs && n > 0)) {
                 int max_len;
-                const cuda_runs a = runs_arg(part, 0, n, &max_len);
+                const cuda_runs a = runs_arg(st, part, 0, n, &max_len);
                 if (max_len >= 1) gdn_launch(c, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, a, n, max_len);
                 n = 0;
             }
@@ -484,8 +504,9 @@ void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct
 
 /* the same recurrent kernels: the interface allows any form equal up to rounding */
 void cuda_gdn_chunked(struct backend *be, const float *qkv, int qkv_stride, const struct gdn_gates *gates, int nk,
-                      int nv, int dk, int dv, float eps, float *out, const struct state_run *runs, int n_runs) {
-    cuda_gdn(be, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, runs, n_runs);
+                      int nv, int dk, int dv, float eps, float *out, const struct state_set *st,
+                      const struct state_run *runs, int n_runs) {
+    cuda_gdn(be, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, st, runs, n_runs);
 }
 
 CUDA_TRACE_TU(deltanet)

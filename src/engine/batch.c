@@ -62,12 +62,15 @@ void slice_upload(struct backend *be, struct batch_meta *bm, const struct slice 
     bm->cells = bm->dev + 2 * st;
     bm->cell0 = bm->dev + 3 * st;
     bm->nctx = bm->dev + 4 * st;
-    bm->win_cell0 = bm->dev + 5 * st;
-    bm->win_nctx = bm->dev + 6 * st;
-    bm->win_cells = bm->dev + 7 * st;
-    bm->win_cells2 = bm->dev + 8 * st;
+    bm->run_seq = bm->dev + 5 * st;
+    bm->win_cell0 = bm->dev + 6 * st;
+    bm->win_nctx = bm->dev + 7 * st;
+    bm->win_cells = bm->dev + 8 * st;
+    bm->win_cells2 = bm->dev + 9 * st;
     int32_t *tok = bm->host, *pos = tok + st, *cells = pos + st, *cell0 = cells + st, *nctx = cell0 + st;
-    int32_t *win_cell0 = nctx + st, *win_nctx = win_cell0 + st, *win_cells = win_nctx + st, *win_cells2 = win_cells + st;
+    int32_t *run_seq = nctx + st, *win_cell0 = run_seq + st, *win_nctx = win_cell0 + st, *win_cells = win_nctx + st;
+    int32_t *win_cells2 = win_cells + st;
+    for (int r = 0; r < sl->n_runs; r++) run_seq[r] = sl->runs[r].seq;
     for (int i = 0; i < sl->n; i++) {
         int s = sl->seq ? sl->seq[i] : 0;
         if (!sl->tokens_dev) tok[i] = sl->tokens[i];
@@ -83,7 +86,7 @@ void slice_upload(struct backend *be, struct batch_meta *bm, const struct slice 
             win_cells2[i] = win->ring ? kv_cells_second(win, s, sl->pos[i]) : win_cells[i];
         }
     }
-    const size_t end = (window > 0 ? 8 : 4) * st + (size_t)sl->n; /* through the last section's rows */
+    const size_t end = (window > 0 ? 9 : 5) * st + (size_t)sl->n; /* through the last section's rows */
     if (sl->tokens_dev) be->upload(be, bm->pos, pos, sizeof(int32_t) * (end - st));
     else be->upload(be, bm->tokens, tok, sizeof(int32_t) * end);
 }

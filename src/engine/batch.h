@@ -1,7 +1,7 @@
 /* batch.h — a model_batch cut into slices of at most n_batch rows, each checked against the
  * sequences' lengths and split into runs (the consecutive rows of one sequence), and the
  * per-row metadata the ops read (token, position, KV cell, first cell and cells visible of the
- * row's sequence), uploaded in one copy per slice. */
+ * row's sequence; each run's sequence), uploaded in one copy per slice. */
 #ifndef COTI_BATCH_H
 #define COTI_BATCH_H
 
@@ -23,8 +23,8 @@ struct slice {
  * is one small copy: with n_batch 512 the sections span 8 KB, and an 8 KB host-to-device copy
  * costs ~9 µs on the device's timeline against ~2 µs for 256 bytes (H200, between graphs). */
 #define BATCH_META_SMALL 16
-#define BATCH_META_SECTIONS 9    /* tokens, pos, cells, cell0, nctx, then the window's cell0, nctx,
-                                    cells and second cells (kv.h's rings) */
+#define BATCH_META_SECTIONS 10   /* tokens, pos, cells, cell0, nctx, each run's sequence, then the
+                                    window's cell0, nctx, cells and second cells (kv.h's rings) */
 _Static_assert(BATCH_META_SMALL * sizeof(int32_t) <= 64, "a section, 64-byte rounded, holds a small slice");
 
 struct batch_meta {
@@ -35,6 +35,7 @@ struct batch_meta {
      * them, read these); a sliding-window layer attends [win_cell0, win_cell0 + win_nctx) and
      * stores at win_cells (and, holding a ring, again at win_cells2) */
     int32_t *tokens, *pos, *cells, *cell0, *nctx;
+    int32_t *run_seq;            /* run r's sequence (struct state_set.seq) */
     int32_t *win_cell0, *win_nctx, *win_cells, *win_cells2;
 };
 

@@ -90,7 +90,8 @@ static void run_pass(struct engine *e, enum engine_pass pass, const struct slice
         pass_ops(&c);
         return;
     }
-    struct graph_key key = {.pass = pass, .n = sl->n, .n_runs = sl->n_runs, .keep = a->keep, .prompt = prompt,
+    struct graph_key key = {.pass = pass, .n = sl->n, .n_runs = sl->n_runs, .keep = a->keep,
+                            .prompt = prompt && sl->n > be->prompt_same_rows,
                             .ptr = {a->h_in, a->logits, a->head, a->ids, a->argmax_out, a->accept_out, a->hn}};
     for (int r = 0; r < sl->n_runs; r++) key.runs[r] = (struct graph_run){sl->runs[r].seq, sl->runs[r].len};
     for (int i = 0; i < sl->n; i++) key.want |= (uint64_t)row_wants_logits(a->want, a->last_only, sl->n, i) << i;

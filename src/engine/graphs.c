@@ -18,27 +18,24 @@ void graph_cache_free(struct graph_cache *c) {
     c->slots = NULL;
 }
 
-/* The same shape, whichever sequences run it. */
-static bool shape_eq(const struct graph_key *x, const struct graph_key *y) {
+/* The same slice: shape, flags and buffers, and for one sequence which one (its own buffers:
+ * the verify's rollback, the draft head's stage). Several sequences' passes reach their states
+ * only through the uploaded metadata (batch.h run_seq), so their graph serves any sequences:
+ * a server's streams move over its slots. */
+static bool key_eq(const struct graph_key *x, const struct graph_key *y) {
     if (x->pass != y->pass || x->n != y->n || x->n_runs != y->n_runs || x->want != y->want || x->keep != y->keep ||
         x->prompt != y->prompt)
         return false;
     for (int r = 0; r < x->n_runs; r++)
         if (x->runs[r].len != y->runs[r].len) return false;
+    if (x->n_runs == 1 && x->runs[0].seq != y->runs[0].seq) return false;
     for (int i = 0; i < GRAPH_KEY_PTRS; i++)
         if (x->ptr[i] != y->ptr[i]) return false;
     return true;
 }
 
-static bool seqs_eq(const struct graph_key *x, const struct graph_key *y) {
-    for (int r = 0; r < x->n_runs; r++)
-        if (x->runs[r].seq != y->runs[r].seq) return false;
-    return true;
-}
-
-/* Record the ops into slot g, offering its graph (if any) for rewriting, and launch them; the
- * ops run eagerly where recording fails. A graph the slot still holds is a sibling's (recorded
- * for other sequences; a stale one was freed before): rewritten in place, or freed. */
+/* Record the ops into slot g, offering its graph (if any: a stale one) for rewriting, and
+ * launch them; the ops run eagerly where recording fails. */
 static void record(struct graph_cache *c, struct graph_slot *g, void (*ops)(void *ctx), void *ctx) {
     struct backend *be = c->be;
     be->capture_begin(be);
@@ -60,7 +57,7 @@ static void record(struct graph_cache *c, struct graph_slot *g, void (*ops)(void
 
 void graph_cache_run(struct graph_cache *c, const struct graph_key *key, void (*ops)(void *ctx), void *ctx) {
     struct backend *be = c->be;
-    struct graph_slot *g = NULL, *sibling = NULL;
+    struct graph_slot *g = NULL;
     /* one sequence: its own table; several: the shared one */
     const bool one = key->n_runs == 1;
     struct graph_slot *tab = c->slots + (one ? (size_t)key->runs[0].seq * GRAPHS_PER_SEQ : (size_t)GRAPHS_PER_SEQ * c->n_seq);
@@ -68,21 +65,9 @@ void graph_cache_run(struct graph_cache *c, const struct graph_key *key, void (*
     const int n_tab = one ? GRAPHS_PER_SEQ : GRAPHS_MULTI;
     for (int i = 0; i < n_tab && !g; i++) {
         struct graph_slot *t = &tab[i];
-        if (t->used && shape_eq(&t->key, key)) {
-            if (seqs_eq(&t->key, key)) g = t;
-            else if (!sibling || (t->graph && !sibling->graph)) sibling = t;
-        } else if (t->last_use < lru->last_use) {
-            lru = t;
-        }
+        if (t->used && key_eq(&t->key, key)) g = t;
+        else if (t->last_use < lru->last_use) lru = t;
     }
-    if (!g && sibling) { /* the shape again, on other sequences: record it now in the sibling's place */
-        g = sibling;
-        g->key = *key;
-        g->last_use = ++c->tick;
-        record(c, g, ops, ctx);
-        return;
-    }
-    if (g) g->last_use = ++c->tick;
     if (!g) { /* first sighting */
         g = lru;
         if (g->graph) be->graph_free(be, g->graph);
@@ -91,10 +76,12 @@ void graph_cache_run(struct graph_cache *c, const struct graph_key *key, void (*
         ops(ctx);
         return;
     }
-    if (g->graph) {
-        if (be->graph_launch(be, g->graph)) { c->stats.replayed++; return; }
-        be->graph_free(be, g->graph); /* stale: record it again */
-        g->graph = NULL;
+    g->last_use = ++c->tick;
+    /* a stale graph (the backend has since replaced scratch memory it used) is recorded again,
+     * over itself: the same ops on other buffers, which the backend rewrites in place */
+    if (g->graph && be->graph_launch(be, g->graph)) {
+        c->stats.replayed++;
+        return;
     }
     record(c, g, ops, ctx);
 }

@@ -5,16 +5,14 @@
  * one.
  *
  * The key is everything the recorded ops depend on besides device memory contents: the pass
- * (trunk, draft head), the runs (each sequence's state is baked into the graph, and the rows'
- * places in the scratch follow from the run lengths), which rows want logits, whether states
- * are kept, whether the rows are a prompt chunk (backend.h set_prompt picks other kernels),
- * and the buffers the pass reads and writes.
- *
- * A shape seen before on other sequences (a batch of the same run lengths on another set of
- * slots: a server's streams move over its slots) is recorded at once, over that sibling's
- * graph: the backend rewrites the graph in place where it can (capture_end's reuse), which costs
- * less than instantiating one, and far less than a forward op by op. The table then holds one
- * graph per shape rather than one per shape and set of sequences. */
+ * (trunk, draft head), the run lengths (the rows' places in the scratch follow from them),
+ * which rows want logits, whether states are kept, whether the rows are a prompt chunk
+ * (backend.h set_prompt picks other kernels), the buffers the pass reads and writes, and for
+ * one sequence which one. A pass over several sequences reaches their recurrent states through
+ * the runs' sequences uploaded with the metadata (backend.h struct state_set), never through
+ * a pointer of its own, so one graph serves a shape on any slots: a server's streams move over
+ * its slots. A graph gone stale (the backend replaced scratch it used) is recorded again over
+ * itself, which the backend rewrites in place (capture_end's reuse) instead of instantiating. */
 #ifndef COTI_GRAPHS_H
 #define COTI_GRAPHS_H
 
@@ -51,9 +49,9 @@ struct graph_slot {
     void *graph;                 /* NULL: seen once, not recorded yet */
 };
 
-/* How the slices went: replayed from a graph, recorded (then replayed), recorded over a
- * sibling's graph rewritten in place (then replayed), run eagerly (first sighting, or
- * recording failed). */
+/* How the slices went: replayed from a graph, recorded (then replayed), recorded over its
+ * stale graph rewritten in place (then replayed), run eagerly (first sighting, or recording
+ * failed). */
 struct graph_stats { uint64_t replayed, recorded, updated, eager; };
 
 struct graph_cache {

@@ -24,7 +24,12 @@ int rec_state_init(struct rec_state *r, struct backend *be, int n_layer, int n_s
     if (!n_layer) return 0;
     r->layers = calloc((size_t)n_layer, sizeof *r->layers);
     r->zero = be->alloc(be, sizeof(float) * (size_t)COTI_MAX(rule.nv, 1));
-    if (!r->layers || !r->zero) return COTI_E_NOMEM;
+    r->seq_ids = be->alloc(be, sizeof(int32_t) * (size_t)COTI_MAX(n_seq, 1));
+    if (!r->layers || !r->zero || !r->seq_ids) return COTI_E_NOMEM;
+    for (int s = 0; s < n_seq; s++) {
+        const int32_t id = s;
+        be->upload(be, r->seq_ids + s, &id, sizeof id);
+    }
     const size_t ns = (size_t)n_seq, keep = (size_t)r->n_slots, nck = (size_t)r->n_ck;
     const size_t conv = float_bytes(ns, 1, conv_elems), conv_snap = float_bytes(ns, keep, conv_elems);
     const size_t ssm = float_bytes(ns, 1, ssm_elems), ssm_snap = float_bytes(ns, keep, ssm_elems);
@@ -60,6 +65,7 @@ void rec_state_free(struct rec_state *r) {
         for (size_t i = 0; i < COTI_ARRAY_LEN(p); i++) if (p[i]) r->be->free(r->be, p[i]);
     }
     if (r->zero) r->be->free(r->be, r->zero);
+    if (r->seq_ids) r->be->free(r->be, r->seq_ids);
     free(r->layers);
     *r = (struct rec_state){0};
 }
@@ -134,8 +140,9 @@ static void rec_flush(struct rec_state *r, int s) {
         /* no rows: the inputs are never read, any valid pointer serves */
         float *any = rec_ssm(r, il, s);
         const struct gdn_gates gates = {any, any, any, any, 0, 0};
-        const struct state_run run = {0, 0, rec_ssm(r, il, s), NULL, 0, rec_pend(r, il, s), false};
-        be->gdn(be, any, 0, &gates, r->rule.nv, r->rule.nv, r->rule.dk, r->rule.dv, 1e-6f, any, &run, 1);
+        const struct state_set st = rec_ssm_set(r, il, r->seq_ids);
+        const struct state_run run = {0, 0, s, 0, false};
+        be->gdn(be, any, 0, &gates, r->rule.nv, r->rule.nv, r->rule.dk, r->rule.dv, 1e-6f, any, &st, &run, 1);
     }
     be->sync(be);
 }

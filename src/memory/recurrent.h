@@ -30,6 +30,7 @@ struct rec_state {
     struct rec_rule rule;
     bool pending;                /* the backend leaves kept runs' last rows pending (gdn_pending) */
     float *zero;                 /* a float 0 on the backend: what drops a pending row */
+    int32_t *seq_ids;            /* 0 .. n_seq-1 on the backend: state_set.seq of one sequence's run */
     struct rec_layer *layers;
 };
 
@@ -53,6 +54,17 @@ static inline float *rec_conv_snap(const struct rec_state *r, int il, int s) {
 }
 static inline float *rec_ssm_snap(const struct rec_state *r, int il, int s) {
     return r->layers[il].ssm_snap + (size_t)s * r->n_slots * r->ssm_elems;
+}
+
+/* Layer il's conv or delta-rule states of every sequence (backend.h struct state_set), the
+ * runs' sequences at seq; the rule's pending-row records where the backend keeps them. */
+static inline struct state_set rec_conv_set(const struct rec_state *r, int il, const int32_t *seq) {
+    return (struct state_set){r->layers[il].conv, r->layers[il].conv_snap, NULL, r->conv_elems,
+                              (size_t)r->n_slots * r->conv_elems, 0, seq};
+}
+static inline struct state_set rec_ssm_set(const struct rec_state *r, int il, const int32_t *seq) {
+    return (struct state_set){r->layers[il].ssm, r->layers[il].ssm_snap, r->pending ? r->layers[il].pend : NULL,
+                              r->ssm_elems, (size_t)r->n_slots * r->ssm_elems, r->pend_elems, seq};
 }
 
 /* Zero sequence s's live state (a new sequence starts from zeros). Waits for the device. */

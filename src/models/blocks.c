@@ -140,26 +140,27 @@ void block_delta_net(const struct block_ctx *c, const struct delta_net_weights *
     const bool pend = be->gdn_pending;
     for (int r = 0; r < sl->n_runs; r++) {
         const struct run *ru = &sl->runs[r];
-        const int sq = ru->seq;
         /* the state after the run's last token is the live state: snapshot the others only; a
          * kept run's last delta-rule row is left pending where the backend can (state_run) */
         const bool defer = keep && pend;
         const int n_snap = keep ? COTI_MIN(ru->len - 1, rec->n_keep) : 0;
         const int n_snap_rule = keep ? COTI_MIN(ru->len - 1 - defer, rec->n_keep) : 0;
-        conv[r] = (struct state_run){ru->start, ru->len, rec_conv(rec, il, sq), n_snap ? rec_conv_snap(rec, il, sq) : NULL,
-                                     n_snap, NULL, false};
-        const struct state_run g = {ru->start, ru->len, rec_ssm(rec, il, sq),
-                                    n_snap_rule > 0 ? rec_ssm_snap(rec, il, sq) : NULL, COTI_MAX(n_snap_rule, 0),
-                                    pend ? rec_pend(rec, il, sq) : NULL, defer};
+        conv[r] = (struct state_run){ru->start, ru->len, r, n_snap, false};
+        const struct state_run g = {ru->start, ru->len, r, COTI_MAX(n_snap_rule, 0), defer};
         /* chunked runs from the front, stepwise ones from the back */
         if (ru->len >= DELTA_NET_CHUNKED_MIN_RUN && !keep) rule[n_chunked++] = g;
         else rule[sl->n_runs - 1 - n_step++] = g;
     }
-    be->ssm_conv(be, s->qkv, ch, sh->conv_k, w->conv, s->y, conv, sl->n_runs);
+    /* the states by the runs' sequences as uploaded (batch.h run_seq): a graph of these ops
+     * serves any sequences */
+    const struct state_set conv_st = rec_conv_set(rec, il, c->meta->run_seq), rule_st = rec_ssm_set(rec, il, c->meta->run_seq);
+    be->ssm_conv(be, s->qkv, ch, sh->conv_k, w->conv, s->y, &conv_st, conv, sl->n_runs);
     const struct gdn_gates gates = {s->alp, s->bet, w->dt_bias, w->a, sh->nv, sh->nv};
-    if (n_chunked) be->gdn_chunked(be, s->y, ch, &gates, sh->nk, sh->nv, sh->dk, sh->dv, c->eps, s->o, rule, n_chunked);
+    if (n_chunked)
+        be->gdn_chunked(be, s->y, ch, &gates, sh->nk, sh->nv, sh->dk, sh->dv, c->eps, s->o, &rule_st, rule, n_chunked);
     if (n_step)
-        be->gdn(be, s->y, ch, &gates, sh->nk, sh->nv, sh->dk, sh->dv, c->eps, s->o, rule + sl->n_runs - n_step, n_step);
+        be->gdn(be, s->y, ch, &gates, sh->nk, sh->nv, sh->dk, sh->dv, c->eps, s->o, &rule_st, rule + sl->n_runs - n_step,
+                n_step);
     backend_matmul(be, &w->out,
                    &(struct matmul_in){.kind = MATMUL_GATED_NORM, .x = s->o, .m = s->z, .w = w->norm, .dim = sh->dv,
                                        .eps = c->eps, .a = s->og},

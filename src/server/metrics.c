@@ -116,7 +116,7 @@ char *metrics_render(struct metrics *mx) {
     metric(&b, "graph_recordings_total", "counter", "(coti) Target forwards recorded as a graph (a shape's second sighting).",
            (double)mx->graphs.recorded);
     metric(&b, "graph_updates_total", "counter",
-           "(coti) Target forwards recorded over the graph of the same shape on other slots, rewritten in place.",
+           "(coti) Target forwards recorded again over their stale graph, rewritten in place.",
            (double)mx->graphs.updated);
     metric(&b, "graph_eager_total", "counter", "(coti) Target forwards run op by op (a shape's first sighting, or no graphs).",
            (double)mx->graphs.eager);

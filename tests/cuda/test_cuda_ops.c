@@ -1063,6 +1063,14 @@ static void test_attention(int n_tok, int len0, int n_head, int n_head_kv, int D
 
 /* ---- delta net ------------------------------------------------------------------------------ */
 
+/* One sequence's states: sequence 0 of a set whose seq array lives on that backend. */
+static struct state_set one_seq(bool on_gpu, float *state, float *snap) {
+    static const int32_t host0[1] = {0};
+    static int32_t *dev0;
+    if (on_gpu && !dev0) dev0 = gdup(host0, sizeof host0);
+    return (struct state_set){state, snap, NULL, 0, 0, 0, on_gpu ? dev0 : host0};
+}
+
 static void test_ssm_conv(int n_tok, int n_ch, int k, int n_snap) {
     char shape[96];
     const int ks = k - 1;
@@ -1078,10 +1086,10 @@ static void test_ssm_conv(int n_tok, int n_ch, int k, int n_snap) {
     float *dx = gdup(x, sizeof(float) * n_tok * n_ch), *dw = gdup(w, sizeof(float) * n_ch * k);
     float *dst = gdup(st, sizeof(float) * (n_ch * ks + 1)), *dy = galloc(sizeof(float) * n_tok * n_ch);
     float *dsn = gdup(sc, sizeof(float) * nsnap);
-    const struct state_run rc = {0, n_tok, st, n_snap ? sc : NULL, n_snap, NULL, false},
-                           rg = {0, n_tok, dst, n_snap ? dsn : NULL, n_snap, NULL, false};
-    cpu->ssm_conv(cpu, x, n_ch, k, w, yc, &rc, 1);
-    gpu->ssm_conv(gpu, dx, n_ch, k, dw, dy, &rg, 1);
+    const struct state_set sc_set = one_seq(false, st, n_snap ? sc : NULL), sg_set = one_seq(true, dst, n_snap ? dsn : NULL);
+    const struct state_run run = {0, n_tok, 0, n_snap, false};
+    cpu->ssm_conv(cpu, x, n_ch, k, w, yc, &sc_set, &run, 1);
+    gpu->ssm_conv(gpu, dx, n_ch, k, dw, dy, &sg_set, &run, 1);
     gget(yg, dy, sizeof(float) * n_tok * n_ch);
     gget(stg, dst, sizeof(float) * (n_ch * ks + 1));
     gget(sg, dsn, sizeof(float) * nsnap);
@@ -1097,7 +1105,7 @@ static void test_ssm_conv(int n_tok, int n_ch, int k, int n_snap) {
  * (which the CPU suite checks equal to each run alone), and, outside prompts, bit for bit the
  * GPU's own run-by-run results: a row of a sequence does not depend on the others in its batch.
  * len[] 0-terminated; a row between runs 1 and 2 belongs to none; each run keeps up to 3
- * snapshots outside prompts. */
+ * snapshots outside prompts; run r works on sequence nr - 1 - r (state_set.seq). */
 static void test_state_runs(bool prompt, const int *len, const char *what) {
     enum { NK = 2, NV = 4, DK = 64, DV = 64, K = 4, KEEP = 3, MAXR = 48 };
     const int ch = 2 * NK * DK + NV * DV, ks = K - 1;
@@ -1140,17 +1148,18 @@ static void test_state_runs(bool prompt, const int *len, const char *what) {
         memcpy(csn[v], zero, sizeof(float) * cs_n);
         memcpy(ssn[v], zero, sizeof(float) * ss_n);
     }
-    struct state_run cr[MAXR], gr[MAXR], dcr[MAXR], dgr[MAXR];
+    struct state_run runs[MAXR];
+    int32_t seq[MAXR];
     for (int r = 0; r < nr; r++) {
-        const int m = prompt ? 0 : COTI_MIN(len[r] - 1, KEEP);
-        cr[r] = (struct state_run){start[r], len[r], c[0] + r * ce, m ? csn[0] + r * KEEP * ce : NULL, m, NULL, false};
-        gr[r] = (struct state_run){start[r], len[r], st[0] + r * se, m ? ssn[0] + r * KEEP * se : NULL, m, NULL, false};
-        dcr[r] = (struct state_run){start[r], len[r], dc + r * ce, m ? dcs + r * KEEP * ce : NULL, m, NULL, false};
-        dgr[r] = (struct state_run){start[r], len[r], ds + r * se, m ? dss + r * KEEP * se : NULL, m, NULL, false};
+        runs[r] = (struct state_run){start[r], len[r], r, prompt ? 0 : COTI_MIN(len[r] - 1, KEEP), false};
+        seq[r] = nr - 1 - r;
     }
+    int32_t *dseq = gdup(seq, sizeof(int32_t) * nr);
+    const struct state_set ccs = {c[0], csn[0], NULL, ce, KEEP * ce, 0, seq}, cgs = {st[0], ssn[0], NULL, se, KEEP * se, 0, seq};
+    const struct state_set dcs_set = {dc, dcs, NULL, ce, KEEP * ce, 0, dseq}, dgs_set = {ds, dss, NULL, se, KEEP * se, 0, dseq};
     const struct gdn_gates gc = {a, b, dt, sa, NV, NV}, gg = {da, db, ddt, dsa, NV, NV};
-    cpu->ssm_conv(cpu, x, ch, K, w, y[0], cr, nr);
-    cpu->gdn(cpu, y[0], ch, &gc, NK, NV, DK, DV, 1e-6f, o[0], gr, nr);
+    cpu->ssm_conv(cpu, x, ch, K, w, y[0], &ccs, runs, nr);
+    cpu->gdn(cpu, y[0], ch, &gc, NK, NV, DK, DV, 1e-6f, o[0], &cgs, runs, nr);
     for (int v = 1; v < 3; v++) {
         gput(dy, zero, sizeof(float) * n * ch);
         gput(dout, zero, sizeof(float) * n * NV * DV);
@@ -1160,11 +1169,11 @@ static void test_state_runs(bool prompt, const int *len, const char *what) {
         gput(dss, zero, sizeof(float) * ss_n);
         gpu->set_prompt(gpu, prompt);
         if (v == 1) {
-            gpu->ssm_conv(gpu, dx, ch, K, dw, dy, dcr, nr);
-            gpu->gdn(gpu, dy, ch, &gg, NK, NV, DK, DV, 1e-6f, dout, dgr, nr);
+            gpu->ssm_conv(gpu, dx, ch, K, dw, dy, &dcs_set, runs, nr);
+            gpu->gdn(gpu, dy, ch, &gg, NK, NV, DK, DV, 1e-6f, dout, &dgs_set, runs, nr);
         } else {
-            for (int r = 0; r < nr; r++) gpu->ssm_conv(gpu, dx, ch, K, dw, dy, &dcr[r], 1);
-            for (int r = 0; r < nr; r++) gpu->gdn(gpu, dy, ch, &gg, NK, NV, DK, DV, 1e-6f, dout, &dgr[r], 1);
+            for (int r = 0; r < nr; r++) gpu->ssm_conv(gpu, dx, ch, K, dw, dy, &dcs_set, &runs[r], 1);
+            for (int r = 0; r < nr; r++) gpu->gdn(gpu, dy, ch, &gg, NK, NV, DK, DV, 1e-6f, dout, &dgs_set, &runs[r], 1);
         }
         gpu->set_prompt(gpu, false);
         gget(y[v], dy, sizeof(float) * n * ch);
@@ -1192,6 +1201,7 @@ static void test_state_runs(bool prompt, const int *len, const char *what) {
     for (int v = 0; v < 3; v++) { free(y[v]); free(o[v]); free(c[v]); free(st[v]); free(csn[v]); free(ssn[v]); }
     float *dev[] = {dx, dw, da, db, ddt, dsa, dy, dout, dc, ds, dcs, dss};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(gpu, dev[i]);
+    gpu->free(gpu, dseq);
     free(x); free(w); free(a); free(b); free(cst); free(sst); free(zero);
 }
 
@@ -1224,17 +1234,18 @@ static void test_gdn(bool chunked, int n_tok, int nk, int nv, int dk, int n_snap
     float *S0 = xmalloc(sizeof(float) * st_n), *sc0 = xmalloc(sizeof(float) * nsnap);
     memcpy(S0, S, sizeof(float) * st_n);
     memcpy(sc0, sc, sizeof(float) * nsnap);
-    const struct state_run rc = {0, n_tok, S, chunked || !n_snap ? NULL : sc, n_snap, NULL, false};
-    const struct state_run rg = {0, n_tok, dS, chunked || !n_snap ? NULL : dsn, n_snap, NULL, false};
-    if (chunked) cpu->gdn_chunked(cpu, qkv, stride, &gc, nk, nv, dk, dv, 1e-6f, oc, &rc, 1);
-    else cpu->gdn(cpu, qkv, stride, &gc, nk, nv, dk, dv, 1e-6f, oc, &rc, 1);
+    const struct state_set sc_set = one_seq(false, S, chunked || !n_snap ? NULL : sc);
+    const struct state_set sg_set = one_seq(true, dS, chunked || !n_snap ? NULL : dsn);
+    const struct state_run run = {0, n_tok, 0, n_snap, false};
+    if (chunked) cpu->gdn_chunked(cpu, qkv, stride, &gc, nk, nv, dk, dv, 1e-6f, oc, &sc_set, &run, 1);
+    else cpu->gdn(cpu, qkv, stride, &gc, nk, nv, dk, dv, 1e-6f, oc, &sc_set, &run, 1);
     /* past 16 tokens a prompt takes a kernel of its own: both, from the same state */
     for (int pm = 0; pm < (n_tok > 16 ? 2 : 1); pm++) {
         gput(dS, S0, sizeof(float) * st_n);
         gput(dsn, sc0, sizeof(float) * nsnap);
         gpu->set_prompt(gpu, pm == 1);
-        if (chunked) gpu->gdn_chunked(gpu, dqkv, stride, &gg, nk, nv, dk, dv, 1e-6f, dout, &rg, 1);
-        else gpu->gdn(gpu, dqkv, stride, &gg, nk, nv, dk, dv, 1e-6f, dout, &rg, 1);
+        if (chunked) gpu->gdn_chunked(gpu, dqkv, stride, &gg, nk, nv, dk, dv, 1e-6f, dout, &sg_set, &run, 1);
+        else gpu->gdn(gpu, dqkv, stride, &gg, nk, nv, dk, dv, 1e-6f, dout, &sg_set, &run, 1);
         gpu->set_prompt(gpu, false);
         gget(og, dout, sizeof(float) * n_tok * nv * dv);
         gget(Sg, dS, sizeof(float) * st_n);
@@ -1340,6 +1351,10 @@ static void test_graphs(void) {
     fill(a, n, 1.0f);
     fill(b, n, 1.0f);
     float *da = gdup(a, sizeof(float) * n), *db = gdup(b, sizeof(float) * n), *dy = galloc(sizeof(float) * n);
+    /* argmax's scratch grown now: a recording that would grow it fails, and growing it later
+     * makes the graphs below stale */
+    int32_t *first_id = galloc(sizeof(int32_t));
+    gpu->argmax(gpu, da, 1, n, first_id, NULL);
     gpu->capture_begin(gpu);
     gpu->add(gpu, da, db, n, dy);
     void *g = gpu->capture_end(gpu, NULL);
@@ -1372,12 +1387,14 @@ static void test_graphs(void) {
     gpu->add(gpu, db, da, n, dy2);
     gpu->argmax(gpu, dy2, 1, n, (int32_t *)dy, NULL);
     void *g3 = gpu->capture_end(gpu, g2);
-    expect(g3 && g3 != g2 && g2 && gpu->graph_launch(gpu, g2), "another structure gets a new graph, the old one still runs");
+    expect(g3 && g3 != g2, "another structure gets a new graph");
+    expect(g2 && gpu->graph_launch(gpu, g2), "the graph offered still runs");
     if (g3) gpu->graph_free(gpu, g3);
     if (g2) gpu->graph_free(gpu, g2);
     if (g && g2 != g) gpu->graph_free(gpu, g);
     gpu->sync(gpu);
     gpu->free(gpu, dy2);
+    gpu->free(gpu, first_id);
     free(y2);
 
     /* argmax uses scratch: record a small one, then make the backend grow that scratch */
