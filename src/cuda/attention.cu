@@ -15,7 +15,9 @@
  * A prompt's tokens past ATTN_SMALL_BATCH take one slice each; other batches that long go in
  * launches of ATTN_SMALL_BATCH tokens with their slices (the same rows as alone).
  * Differences from the CPU: the order of the q·k sum and the merge of the partial softmaxes
- * (rounding only), and CUDA's expf. */
+ * (rounding only), CUDA's expf, and for a block type's K the query rounded to int8 per 8
+ * elements (scale amax/127): the K·q products are then integer dot products (__dp4a), as
+ * llama.cpp's quantized-K attention forms them, instead of a conversion and an FMA per element. */
 #include "cuda_internal.cuh"
 #include "kv_types.cuh"
 
@@ -165,7 +167,12 @@ attn_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int sub = lane % LW, walker = warp * PER_WARP + lane / LW;
     const int len = n_ctx[t], c0 = cell0[t];
+    /* a block type's K: dot products of its codes with the query rounded to int8 per 8 elements
+     * (scale amax / 127), __dp4a four at a time, each 8's two scales applied once */
+    constexpr bool KQ = kv_scaled<TK>;
     float qv[HG][NE], acc[HG][NE], kf[NE], vf[NE], m[HG], l[HG];
+    uint32_t qi[HG][NE / 4];
+    float qsc[HG][NE / 8];
 #pragma unroll
     for (int g = 0; g < HG; g++) { /* q before anything that waits for len */
         const float *qh = q + (size_t)t * q_stride + (size_t)(h0 + g) * q_head_stride;
@@ -177,6 +184,24 @@ attn_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, 
         }
         m[g] = -INFINITY;
         l[g] = 0.0f;
+        if constexpr (KQ) {
+#pragma unroll
+            for (int c8 = 0; c8 < NE / 8; c8++) {
+                float amax = 0.0f;
+#pragma unroll
+                for (int i = 8 * c8; i < 8 * c8 + 8; i++) amax = fmaxf(amax, fabsf(qv[g][i]));
+                const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+                qsc[g][c8] = amax / 127.0f;
+#pragma unroll
+                for (int w = 0; w < 2; w++) {
+                    uint32_t word = 0;
+#pragma unroll
+                    for (int b = 0; b < 4; b++)
+                        word |= (uint32_t)(__float2int_rn(qv[g][8 * c8 + 4 * w + b] * inv) & 0xFF) << (8 * b);
+                    qi[g][2 * c8 + w] = word;
+                }
+            }
+        }
     }
     /* gridDim.x > 1: as many slices as the longest context the launch may see; this token's own
      * are fewer where it is shorter, and the blocks past them have nothing to do */
@@ -187,13 +212,28 @@ attn_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, 
     /* the next row's k and v are requested before this row's arithmetic: a walker's rows are
      * few (a slice of a context), so each load's latency is most of its cost */
     float kn[NE], vn[NE], kdn[NE / 8], vdn[NE / 8], kd[NE / 8], vd[NE / 8];
+    uint32_t kwn[NE / 4], kw[NE / 4]; /* KQ: K's codes */
 #pragma unroll
     for (int i = 0; i < NE; i++) kn[i] = vn[i] = 0.0f;
 #pragma unroll
+    for (int i = 0; i < NE / 4; i++) kwn[i] = 0;
+#pragma unroll
     for (int i = 0; i < NE / 8; i++) kdn[i] = vdn[i] = 0.0f;
-    auto load_row = [&](int c) { /* cache row c of this head into kn, vn (factors kdn, vdn) */
+    auto load_row = [&](int c) { /* cache row c of this head into kn (or kwn), vn (factors kdn, vdn) */
         const size_t cell = (size_t)(c0 + c);
-        attn_load<TK, NE, VEC>(kc + cell * k_row + (size_t)hk * k_head, sub, D, kn, kdn);
+        const uint8_t *kp = kc + cell * k_row + (size_t)hk * k_head;
+        if constexpr (KQ) { /* block types: VEC */
+#pragma unroll
+            for (int c8 = 0; c8 < NE / 8; c8++) {
+                const int e = 256 * c8 + 8 * sub;
+                uint32_t w[2] = {0, 0};
+                kdn[c8] = e < D ? kv_codes8<TK>(kp, e, w) : 0.0f;
+                kwn[2 * c8] = w[0];
+                kwn[2 * c8 + 1] = w[1];
+            }
+        } else {
+            attn_load<TK, NE, VEC>(kp, sub, D, kn, kdn);
+        }
         attn_load<TV, NE, VEC>(vc + cell * v_row + (size_t)hk * v_head, sub, D, vn, vdn);
     };
     /* walker w takes rows lo + w, lo + w + n_walk, ...; a warp's walkers step together (their
@@ -204,6 +244,8 @@ attn_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, 
 #pragma unroll
         for (int i = 0; i < NE; i++) { kf[i] = kn[i]; vf[i] = vn[i]; }
 #pragma unroll
+        for (int i = 0; i < NE / 4; i++) kw[i] = kwn[i];
+#pragma unroll
         for (int i = 0; i < NE / 8; i++) { kd[i] = kdn[i]; vd[i] = vdn[i]; }
         if (c + N_WALK < hi) load_row(c + N_WALK);
         float sc[HG];
@@ -212,10 +254,16 @@ attn_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, 
             float dot = 0.0f;
 #pragma unroll
             for (int c8 = 0; c8 < NE / 8; c8++) {
-                float d8 = 0.0f;
+                if constexpr (KQ) { /* |sum| <= 8·127·128 < 2^24: exact as a float */
+                    const int d8 = __dp4a((int)qi[g][2 * c8 + 1], (int)kw[2 * c8 + 1],
+                                          __dp4a((int)qi[g][2 * c8], (int)kw[2 * c8], 0));
+                    dot = fmaf((float)d8, qsc[g][c8] * kd[c8], dot);
+                } else {
+                    float d8 = 0.0f;
 #pragma unroll
-                for (int i = 8 * c8; i < 8 * c8 + 8; i++) d8 = fmaf(qv[g][i], kf[i], d8);
-                dot = kv_scaled<TK> ? fmaf(d8, kd[c8], dot) : dot + d8;
+                    for (int i = 8 * c8; i < 8 * c8 + 8; i++) d8 = fmaf(qv[g][i], kf[i], d8);
+                    dot = dot + d8;
+                }
             }
             sc[g] = dot;
         }

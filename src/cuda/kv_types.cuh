@@ -112,6 +112,26 @@ template <int T> __device__ __forceinline__ float kv_load8(const uint8_t *p, int
     }
 }
 
+/* The codes of elements [e, e + 8) of a block type's cached head row at p as signed bytes, four
+ * to a word (q4_0's as code - 8), for dot products with __dp4a; returned the block's d. */
+template <int T> __device__ __forceinline__ float kv_codes8(const uint8_t *p, int e, uint32_t (&w)[2]) {
+    if constexpr (T == GGML_TYPE_Q8_0) {
+        const uint8_t *blk = p + 34 * (size_t)(e / 32);
+        const uint16_t *q = (const uint16_t *)(blk + 2 + e % 32); /* 2-byte aligned */
+        w[0] = q[0] | (uint32_t)q[1] << 16;
+        w[1] = q[2] | (uint32_t)q[3] << 16;
+        return cuda_h2f(*(const uint16_t *)blk);
+    } else {
+        static_assert(T == GGML_TYPE_Q4_0, "a block type");
+        const uint8_t *blk = p + 18 * (size_t)(e / 32);
+        const int r = e % 32, shift = r < 16 ? 0 : 4; /* byte j: code j low, code j + 16 high */
+        const uint16_t *q = (const uint16_t *)(blk + 2 + r % 16);
+        w[0] = __vsub4(((q[0] | (uint32_t)q[1] << 16) >> shift) & 0x0F0F0F0Fu, 0x08080808u);
+        w[1] = __vsub4(((q[2] | (uint32_t)q[3] << 16) >> shift) & 0x0F0F0F0Fu, 0x08080808u);
+        return cuda_h2f(*(const uint16_t *)blk);
+    }
+}
+
 /* Element e of a cached head row of a float type (heads whose width is not a multiple of 8). */
 template <int T> __device__ __forceinline__ float kv_load1(const uint8_t *p, int e) {
     static_assert(T == GGML_TYPE_F16 || T == GGML_TYPE_BF16, "the block types load 8 at a time");

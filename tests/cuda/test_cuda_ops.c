@@ -988,6 +988,20 @@ static void test_attention_win(enum ggml_type tk, enum ggml_type tv, int n_tok, 
     float *oc = xmalloc(sizeof(float) * n_tok * n_head * D), *og = xmalloc(sizeof(float) * n_tok * n_head * D);
     float *o1 = xmalloc(sizeof(float) * n_head * D);
     fill(q, (size_t)n_tok * qs, 1.5f);
+    /* A block type's K meets the query rounded to int8 per 8 elements on the device (scale
+     * amax/127, round to nearest even). The query given is on that grid already: the device's
+     * rounding must then leave it as it is, and the CPU's float arithmetic is the reference to
+     * rounding. (What the rounding itself moves, at most amax/254 · Σ|k| per 8 in a score, is
+     * the format's; the gate's equivalence holds either way, decode and verify rows sharing it.) */
+    if (tk == GGML_TYPE_Q8_0 || tk == GGML_TYPE_Q4_0)
+        for (int t = 0; t < n_tok; t++)
+            for (int h = 0; h < n_head; h++)
+                for (int i0 = 0; i0 < D; i0 += 8) {
+                    float *x = q + (size_t)t * qs + (size_t)h * qhs + i0, amax = 0;
+                    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(x[i]));
+                    const float inv = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+                    for (int i = 0; i < 8; i++) x[i] = rintf(x[i] * inv) * d;
+                }
     float vmax = 0;
     for (int c = 0; c < n_cells; c++) { /* rows as the reference stores them; vmax of the values held */
         fill(row, (size_t)kvd, 2.0f);
