@@ -97,9 +97,8 @@ BACKEND_OP(attention, ATTENTION,
            (q, q_stride, q_head_stride, kv, cell0, n_ctx, n_tok, n_head, scale, out))
 
 /* Causal depthwise conv (kernel k) + SiLU over each run's rows (struct state_run, its states in
- * st). x and y
- * rows are n_ch wide; w[c][k] (tap k-1 multiplies the current token); a state is [c][k-1]
- * (oldest first), a snapshot slot n_ch·(k-1) floats. */
+ * st). x and y rows are n_ch wide; w[c][k] (tap k-1 multiplies the current token); a state is
+ * [c][k-1] (oldest first), a snapshot slot n_ch·(k-1) floats. */
 BACKEND_OP(ssm_conv, DELTANET,
            (struct backend *be, const float *x, int n_ch, int k, const float *w, float *y, const struct state_set *st,
             const struct state_run *runs, int n_runs),

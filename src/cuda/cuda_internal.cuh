@@ -18,12 +18,12 @@ extern "C" {
 #include "backend_cuda.h"
 #include "trace.cuh"
 
-/* Everything a backend object owns. No file-scope state anywhere in src/cuda: two backends
- * (a target and a drafter, or two devices) never share a stream or a scratch buffer. */
 /* backend.h prompt_same_rows: attention, the matvecs and the delta rule take their prompt kernels
  * only past this many rows (each file asserts its own limit against it) */
 #define CUDA_PROMPT_SAME_ROWS 8
 
+/* Everything a backend object owns. No file-scope state anywhere in src/cuda: two backends
+ * (a target and a drafter, or two devices) never share a stream or a scratch buffer. */
 struct cuda_ctx {
     int device;
     int n_sm;
