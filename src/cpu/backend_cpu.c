@@ -697,13 +697,13 @@ static void cpu_ssm_conv(struct backend *be, const float *x, int n_ch, int k, co
             float *yt = y + (size_t)(ru->start + t) * n_ch;
             if (k == 4) cpu(be)->ops->conv4_token(xt, n_ch, w, state, yt);
             else for (int c = 0; c < n_ch; c++) {
-                float *st = state + (size_t)c * ks;
+                float *win = state + (size_t)c * ks; /* the channel's last ks inputs */
                 const float *wc = w + (size_t)c * k;
                 float s = 0.0f;
-                for (int i = 0; i < ks; i++) s += wc[i] * st[i];
+                for (int i = 0; i < ks; i++) s += wc[i] * win[i];
                 s += wc[ks] * xt[c];
-                for (int i = 0; i + 1 < ks; i++) st[i] = st[i + 1];
-                if (ks > 0) st[ks - 1] = xt[c];
+                for (int i = 0; i + 1 < ks; i++) win[i] = win[i + 1];
+                if (ks > 0) win[ks - 1] = xt[c];
                 yt[c] = s;
             }
             cpu(be)->ops->silu(yt, yt, n_ch);
