@@ -24,15 +24,6 @@ static inline __m512 load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256
 static inline __m512 load_f16_mask(__mmask16 m, const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
-static inline void vaxpy(float *y, float a, const float *x, int n) {
-    const __m512 va = _mm512_set1_ps(a);
-    int i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-    if (i < n) {
-        __mmask16 m = tail_mask(n - i);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
-    }
-}
 static inline void vscale(float *y, float a, int n) {
     const __m512 va = _mm512_set1_ps(a);
     int i = 0;

@@ -1,5 +1,5 @@
 /* ops_body.h — kernel bodies shared by the reference and SIMD instances (see ops.h).
- * The including file defines the vector primitives vdot, vdot_rows, vdot2_rows, vaxpy, vaxpy_rows, vscale_add, vmul,
+ * The including file defines the vector primitives vdot, vdot_rows, vdot2_rows, vaxpy_rows, vscale_add, vmul,
  * cvt_rows_f16, cvt_rows_bf16, cvt_rows_q8_0, cvt_rows_q4_0 (cache rows of a KV type, `stride`
  * bytes apart, to packed f32 rows: exact, so every instance gives the same floats), vscale, vmax, vexp_shift and the OPS_NAME(x) suffix macro; the
  * algorithms are written only here. */
