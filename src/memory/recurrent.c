@@ -25,11 +25,14 @@ int rec_state_init(struct rec_state *r, struct backend *be, int n_layer, int n_s
     r->layers = calloc((size_t)n_layer, sizeof *r->layers);
     r->zero = be->alloc(be, sizeof(float) * (size_t)COTI_MAX(rule.nv, 1));
     r->seq_ids = be->alloc(be, sizeof(int32_t) * (size_t)COTI_MAX(n_seq, 1));
-    if (!r->layers || !r->zero || !r->seq_ids) return COTI_E_NOMEM;
-    for (int s = 0; s < n_seq; s++) {
-        const int32_t id = s;
-        be->upload(be, r->seq_ids + s, &id, sizeof id);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)COTI_MAX(n_seq, 1));
+    if (!r->layers || !r->zero || !r->seq_ids || !ids) {
+        free(ids);
+        return COTI_E_NOMEM;
     }
+    for (int s = 0; s < n_seq; s++) ids[s] = s;
+    be->upload(be, r->seq_ids, ids, sizeof(int32_t) * (size_t)n_seq); /* one copy, not one per sequence */
+    free(ids);
     const size_t ns = (size_t)n_seq, keep = (size_t)r->n_slots, nck = (size_t)r->n_ck;
     const size_t conv = float_bytes(ns, 1, conv_elems), conv_snap = float_bytes(ns, keep, conv_elems);
     const size_t ssm = float_bytes(ns, 1, ssm_elems), ssm_snap = float_bytes(ns, keep, ssm_elems);
