@@ -488,7 +488,20 @@ static __host__ __device__ __forceinline__ int xs_bytes(int f, int nt, int strid
     return ((q + 15) & ~15) + ((d + 15) & ~15) + ((e + 15) & ~15);
 }
 
-
+/* Where xs_bytes' parts start from base: the codes, d, and e (s for Q8_1, bs for Q8_K). */
+struct xs_parts {
+    int8_t *q;
+    float *d;
+    uint8_t *e;
+};
+__device__ __forceinline__ xs_parts xs_layout(uint8_t *base, int f, int nt, int stride) {
+    const int nq = nt * stride, nd = f == XF_Q8_K ? nt * (stride / 256) : nt * (stride / 32);
+    xs_parts p;
+    p.q = (int8_t *)base;
+    p.d = (float *)(base + ((nq + 15) & ~15));
+    p.e = (uint8_t *)p.d + ((nd * 4 + 15) & ~15);
+    return p;
+}
 
 /* The direct kernel's blocks per SM (its register bound). */
 #define MV_DIRECT_PER_SM 2

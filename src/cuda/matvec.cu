@@ -4,10 +4,11 @@
  *   of 4-8 tokens: mv_launch's rule) and streams them in chunks: cp.async copies
  *   each chunk's 16-byte-aligned span (any row alignment works) into the warp's shared memory,
  *   two stages deep, so the next chunk is in flight while lanes decode the current one. A lane
- *   takes whole 32-element units (a 32-block, or an eighth of a K super-block): unit u of every
- *   row goes to lane u % 32, in increasing u, so an output's value depends only on its row and
- *   its token's activations, never on n_tok, R or the group: a verify batch reproduces plain
- *   decode bit for bit. The first two chunks are requested before the kernel waits for the
+ *   takes whole 32-element units of a quantized row (a 32-block, or an eighth of a K
+ *   super-block): unit u of every row goes to lane u % 32, in increasing u (float rows: the
+ *   same words of every unit, chunk_dot_float), so an output's value depends only on its row
+ *   and its token's activations, never on n_tok, R or the group: a verify batch reproduces
+ *   plain decode bit for bit. The first two chunks are requested before the kernel waits for the
  *   previous kernel (programmatic dependent launch). Its input comes converted (MV_CONVERTED),
  *   converted and copied into shared memory first (MV_STAGED), or as f32 rows the kernel forms
  *   (a norm, gated norm, output gate or swiglu, mv_input) and quantizes itself (MV_FUSED,
@@ -42,61 +43,43 @@ __device__ __forceinline__ float2 bf2_to_f2(uint32_t w) {
     return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
 }
 
-template <int T, int NT>
-__device__ __forceinline__ void unit_dot_half(const uint8_t *sm, int off, const xact &x, int t0, int u, int n,
-                                              float (&acc)[NT]) {
-    uint32_t w[16];
-    lds_words<16>(sm, off, w);
-    if (32 * u + 32 > n) /* last unit of a row whose length is not a multiple of 32 */
+/* A chunk of float weights (F32, F16, BF16: W words per 32-element unit) word by word: lane l
+ * takes word l % W of units l / W, l / W + 32 / W, ... of the chunk. Consecutive lanes read
+ * consecutive words, so a warp's shared-memory read has no bank conflict and its activation
+ * loads coalesce; with a lane per unit, as the quantized types go, all 32 lanes hit one bank
+ * (the 35B-A3B's F32 router matvec, 257 rows of 2048, took 22 us of a 5 ms decode step per
+ * layer). A lane sums its words of every unit in increasing u: the order depends on the row
+ * alone, whatever the batch. */
+template <int T, int NT, int CU>
+__device__ __forceinline__ void chunk_dot_float(const uint8_t *sm, int off0, const xact &x, int t0, int u0, int n_u,
+                                                int n, int lane, float (&acc)[NT]) {
+    constexpr int W = T == GGML_TYPE_F32 ? 32 : 16;
+    const int wi = lane % W;
+#pragma unroll 8 /* loads of several steps in flight */
+    for (int k = 0; k < CU * W / 32; k++) {
+        const int g = k * (32 / W) + lane / W;
+        if (g >= n_u) continue;
+        uint32_t w[1];
+        lds_words<1>(sm, off0 + g * qt<T>::BB + 4 * wi, w);
+        if constexpr (T == GGML_TYPE_F32) {
+            const int e = 32 * (u0 + g) + wi;
+            const float wf = e < n ? __uint_as_float(w[0]) : 0.0f; /* a row's tail past n */
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const int e = 32 * u + 2 * i;
-            if (e >= n) w[i] = 0;
-            else if (e + 1 >= n) w[i] &= 0xFFFFu;
-        }
+            for (int j = 0; j < NT; j++)
+                acc[j] = fmaf(wf, __ldg((const float *)x.q + (size_t)(t0 + j) * x.stride + e), acc[j]);
+        } else {
+            const int e = 32 * (u0 + g) + 2 * wi;
+            if (e >= n) w[0] = 0;
+            else if (e + 1 >= n) w[0] &= 0xFFFFu;
+            const float2 wf = T == GGML_TYPE_F16 ? h2_to_f2(w[0]) : bf2_to_f2(w[0]);
 #pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const uint4 *xp = (const uint4 *)((const uint16_t *)x.q + (size_t)(t0 + j) * x.stride) + 4 * u;
-        float a = acc[j];
-#pragma unroll
-        for (int v = 0; v < 4; v++) {
-            const uint4 xv = __ldg(xp + v);
-            const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float2 wf, xf;
-                if constexpr (T == GGML_TYPE_F16) { wf = h2_to_f2(w[4 * v + i]); xf = h2_to_f2(xw[i]); }
-                else { wf = bf2_to_f2(w[4 * v + i]); xf = bf2_to_f2(xw[i]); }
-                a = fmaf(wf.x, xf.x, a); /* the products are exact in f32 */
-                a = fmaf(wf.y, xf.y, a);
+            for (int j = 0; j < NT; j++) {
+                const uint32_t xw = __ldg((const uint32_t *)((const uint16_t *)x.q + (size_t)(t0 + j) * x.stride + e));
+                const float2 xf = T == GGML_TYPE_F16 ? h2_to_f2(xw) : bf2_to_f2(xw);
+                acc[j] = fmaf(wf.x, xf.x, acc[j]); /* the products are exact in f32 */
+                acc[j] = fmaf(wf.y, xf.y, acc[j]);
             }
         }
-        acc[j] = a;
-    }
-}
-
-template <int NT>
-__device__ __forceinline__ void unit_dot_f32(const uint8_t *sm, int off, const xact &x, int t0, int u, int n,
-                                             float (&acc)[NT]) {
-    uint32_t w[32];
-    lds_words<32>(sm, off, w);
-    if (32 * u + 32 > n)
-#pragma unroll
-        for (int i = 0; i < 32; i++)
-            if (32 * u + i >= n) w[i] = 0;
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const float4 *xp = (const float4 *)((const float *)x.q + (size_t)(t0 + j) * x.stride) + 8 * u;
-        float a = acc[j];
-#pragma unroll
-        for (int v = 0; v < 8; v++) {
-            const float4 xv = __ldg(xp + v);
-            a = fmaf(__uint_as_float(w[4 * v + 0]), xv.x, a);
-            a = fmaf(__uint_as_float(w[4 * v + 1]), xv.y, a);
-            a = fmaf(__uint_as_float(w[4 * v + 2]), xv.z, a);
-            a = fmaf(__uint_as_float(w[4 * v + 3]), xv.w, a);
-        }
-        acc[j] = a;
     }
 }
 
@@ -112,21 +95,6 @@ template <int T, int NT, int R> struct mv_shape {
         WBYTES = MV_WARPS * 2 * R * SLOT,                   /* weight stages of a block */
     };
 };
-
-/* Where xs_bytes' parts start from base: the codes, d, and e (s for Q8_1, bs for Q8_K). */
-struct xs_parts {
-    int8_t *q;
-    float *d;
-    uint8_t *e;
-};
-__device__ __forceinline__ xs_parts xs_layout(uint8_t *base, int f, int nt, int stride) {
-    const int nq = nt * stride, nd = f == XF_Q8_K ? nt * (stride / 256) : nt * (stride / 32);
-    xs_parts p;
-    p.q = (int8_t *)base;
-    p.d = (float *)(base + ((nq + 15) & ~15));
-    p.e = (uint8_t *)p.d + ((nd * 4 + 15) & ~15);
-    return p;
-}
 
 /* What a matvec launch does with its input (the kernel's FUSED parameter): read converted
  * activations from global memory; quantize f32 rows (a fused input mode) in every block; the
@@ -429,16 +397,18 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
             sm[r] = &wsm[warp][st][r][0];
             off0[r] = (int)((uintptr_t)(cc.row[r] + (size_t)(u0 / Q::UPB) * Q::BB) & 15);
         }
+        if constexpr (S::FLOAT) {
+            chunk_dot_float<T, NT, CU>(sm[0], off0[0], x, t0, u0, uend - u0, P.n, lane, acc[0]);
+        } else {
 #pragma unroll
-        for (int j = 0; j < CU / 32; j++) {
-            const int ul = lane + 32 * j, u = u0 + ul;
-            if (u < uend) {
-                int off[R];
+            for (int j = 0; j < CU / 32; j++) {
+                const int ul = lane + 32 * j, u = u0 + ul;
+                if (u < uend) {
+                    int off[R];
 #pragma unroll
-                for (int r = 0; r < R; r++) off[r] = off0[r] + (ul / Q::UPB) * Q::BB;
-                if constexpr (T == GGML_TYPE_F16 || T == GGML_TYPE_BF16) unit_dot_half<T, NT>(sm[0], off[0], x, t0, u, P.n, acc[0]);
-                else if constexpr (T == GGML_TYPE_F32) unit_dot_f32<NT>(sm[0], off[0], x, t0, u, P.n, acc[0]);
-                else unit_dot<T, NT, R, FUSED != MV_CONVERTED>(sm, off, ul % Q::UPB, x, t0, u, acc);
+                    for (int r = 0; r < R; r++) off[r] = off0[r] + (ul / Q::UPB) * Q::BB;
+                    unit_dot<T, NT, R, FUSED != MV_CONVERTED>(sm, off, ul % Q::UPB, x, t0, u, acc);
+                }
             }
         }
         __syncwarp(); /* this stage is refilled now */
@@ -552,7 +522,9 @@ static void mv_launch_rows(struct cuda_ctx *c, int slot, const mv_params &P, con
     const int by_smem = c->smem_per_sm / (smem + smem_static + c->smem_reserved);
     const int per_sm = COTI_MAX(1, COTI_MIN(COTI_MIN(by_regs, by_smem), 2048 / (MV_WARPS * 32)));
     const int sets = cuda_cdiv(P.row0[P.n_w], R);
-    const int grid = COTI_MIN(cuda_cdiv(sets, MV_WARPS), c->n_sm * per_sm);
+    /* Rule: float rows (no input forming in the blocks) spread over every SM, as few as a row set
+     * a block: the 35B-A3B's F32 router (257 rows, a block per 16) read 2 MB on 17 SMs, 8.7 us */
+    const int grid = S::FLOAT ? COTI_MIN(sets, c->n_sm * per_sm) : COTI_MIN(cuda_cdiv(sets, MV_WARPS), c->n_sm * per_sm);
     cuda_launch_smem(c, dim3(grid, n_groups), MV_WARPS * 32, smem, kern, P, xf, x, t_base);
 }
 
