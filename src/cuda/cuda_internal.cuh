@@ -175,7 +175,8 @@ __device__ __forceinline__ uint16_t cuda_f2bf(float f) {
 }
 
 /* Asynchronous copies global -> shared (16 bytes: both 16-aligned; 4: both 4-aligned), in
- * groups: commit closes a group, wait1 returns when all but the newest group have landed. */
+ * groups: commit closes a group, wait1 returns when all but the newest group have landed, wait0
+ * when all have. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
@@ -186,6 +187,7 @@ __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 __device__ __forceinline__ float cuda_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);

@@ -179,19 +179,43 @@ __device__ __forceinline__ int moe_slots_of(const int32_t *__restrict__ ids, int
     return *n_list;
 }
 
+/* The input rows of slots list[0 .. nj) into the block's shared stage xs (load_xs's layout for
+ * MOE_SLOTS_PER_PASS rows), by cp.async; every thread of the block calls. */
+template <int XF>
+__device__ __forceinline__ void moe_stage_x(const xact &x, const xact &xs, const int *list, int nj, bool per_slot,
+                                            int n_used) {
+    const int S = x.stride, nq = S / 16, nd = XF == XF_Q8_K ? S / 256 : S / 32;
+    const int ne = XF == XF_Q8_1 ? S / 32 : XF == XF_Q8_K ? S / 32 : 0; /* 4-byte words of s / bs */
+    for (int i = threadIdx.x; i < nj * nq; i += blockDim.x) {
+        const int j = i / nq, r = per_slot ? list[j] : list[j] / n_used;
+        cp_async16((int8_t *)xs.q + (size_t)j * S + 16 * (i % nq), (const int8_t *)x.q + (size_t)r * S + 16 * (i % nq));
+    }
+    for (int i = threadIdx.x; i < nj * (nd + ne); i += blockDim.x) {
+        const int j = i / (nd + ne), k = i % (nd + ne), r = per_slot ? list[j] : list[j] / n_used;
+        if (k < nd) cp_async4((float *)xs.d + (size_t)j * nd + k, x.d + (size_t)r * nd + k);
+        else if (XF == XF_Q8_1) cp_async4((float *)xs.s + (size_t)j * ne + k - nd, x.s + (size_t)r * ne + k - nd);
+        else cp_async4((int32_t *)xs.bs + (size_t)j * ne + k - nd, (const int32_t *)x.bs + (size_t)r * ne + k - nd);
+    }
+    cp_async_commit();
+}
+
 /* Block (the blockIdx.x-th chosen expert e, rows [16·blockIdx.y, +16)): the slots that chose
- * e, then per row (a warp has two, both staged in shared memory before either is used) and per
- * pass of up to 8 slots, each 32-element unit decoded once and dotted with the slots' codes
- * (dp4a, exact integer sums, the matvec's combine). A slot's sum is over the row in one fixed
- * order (lane-strided units, then the warp reduction), whatever the other slots: a verify row
- * equals its decode row; against the CPU it differs by f32 reassociation alone. At most 80
- * registers, so that three blocks share an SM (148 without the bound: one block, 8 warps per
- * SM, and the 35B-A3B's expert reads ran at ~150 GB/s). */
+ * e, then per row (a warp has two) and per pass of up to 8 slots, each 32-element unit decoded
+ * once and dotted with the slots' codes (dp4a, exact integer sums, the matvec's combine). The
+ * rows and each pass's input codes are copied into shared memory asynchronously, the rows
+ * while the block lists its slots, so that the dot products wait on no global load: with the
+ * codes read from global memory in the dot loop, every row paid that latency in turn and the
+ * 35B-A3B's expert launches took ~17 us each at decode whatever their rows per warp (H100).
+ * A slot's sum is over the row in one fixed order (lane-strided units, then the warp
+ * reduction), whatever the other slots: a verify row equals its decode row; against the CPU
+ * it differs by f32 reassociation alone. At most 80 registers, so that three blocks share an
+ * SM (148 without the bound: one block, 8 warps per SM, and the expert reads ran at ~150 GB/s). */
 template <int T>
 __global__ void __launch_bounds__(32 * MOE_WARPS, 3)
 matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int rows, int n_units, int E,
                    const int32_t *__restrict__ ids, int n_slots, int n_used, bool per_slot, const xact x,
                    float *__restrict__ y, int y_stride) {
+    typedef qt<T> Q;
     extern __shared__ __align__(16) uint8_t moe_rows[];
     __shared__ int list[MOE_MAX_SLOT_LIST];
     __shared__ int n_list;
@@ -205,51 +229,55 @@ matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int ro
         const uint8_t *row = w + ((size_t)e * rows + r0 + q) * rb;
         uint8_t *sm = sm0 + (size_t)q * rstride;
         if ((rb & 15) == 0 && ((uintptr_t)w & 15) == 0)
-            for (int i = lane; i < (int)(rb / 16); i += 32) ((uint4 *)sm)[i] = __ldg((const uint4 *)row + i);
+            for (int i = lane; i < (int)(rb / 16); i += 32) cp_async16(sm + 16 * i, row + 16 * i);
         else if ((rb & 3) == 0 && ((uintptr_t)w & 3) == 0)
-            for (int i = lane; i < (int)(rb / 4); i += 32) ((uint32_t *)sm)[i] = __ldg((const uint32_t *)row + i);
+            for (int i = lane; i < (int)(rb / 4); i += 32) cp_async4(sm + 4 * i, row + 4 * i);
         else
             for (int i = lane; i < (int)rb; i += 32) sm[i] = row[i];
         if (lane < 4) ((uint32_t *)(sm + rstride - 16))[lane] = 0; /* the decoders read a word past */
     }
-    __syncwarp();
+    cp_async_commit();
+    const xs_parts xp = xs_layout(moe_rows + (size_t)MOE_WARPS * MOE_ROWS_PER_WARP * rstride, Q::XF,
+                                  MOE_SLOTS_PER_PASS, x.stride);
+    const xact xs = {xp.q, xp.d, Q::XF == XF_Q8_1 ? (const float *)xp.e : NULL,
+                     Q::XF == XF_Q8_K ? (const int16_t *)xp.e : NULL, x.stride};
     for (int base = 0; base < n_slots; base += MOE_MAX_SLOT_LIST) {
         const int n = moe_slots_of(ids, base, n_slots, e, list, &n_list);
-        for (int q = 0; q < MOE_ROWS_PER_WARP && r0 + q < rows; q++) {
-            const uint8_t *sm = sm0 + (size_t)q * rstride;
-            for (int j0 = 0; j0 < n; j0 += MOE_SLOTS_PER_PASS) {
-                const int nj = min(MOE_SLOTS_PER_PASS, n - j0);
-                int slot[MOE_SLOTS_PER_PASS], xr[MOE_SLOTS_PER_PASS];
+        for (int j0 = 0; j0 < n; j0 += MOE_SLOTS_PER_PASS) {
+            const int nj = min(MOE_SLOTS_PER_PASS, n - j0);
+            moe_stage_x<Q::XF>(x, xs, list + j0, nj, per_slot, n_used);
+            cp_async_wait0();
+            __syncthreads();
+            for (int q = 0; q < MOE_ROWS_PER_WARP && r0 + q < rows; q++) {
+                const uint8_t *sm = sm0 + (size_t)q * rstride;
                 float acc[MOE_SLOTS_PER_PASS];
 #pragma unroll
-                for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) {
-                    slot[j] = list[j0 + min(j, nj - 1)];
-                    xr[j] = per_slot ? slot[j] : slot[j] / n_used;
-                    acc[j] = 0.0f;
-                }
+                for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) acc[j] = 0.0f;
                 for (int u = lane; u < n_units; u += 32) {
                     uint32_t c[8];
                     usc sc;
-                    qt<T>::decode(sm, (u / qt<T>::UPB) * qt<T>::BB, u % qt<T>::UPB, c, sc);
+                    Q::decode(sm, (u / Q::UPB) * Q::BB, u % Q::UPB, c, sc);
 #pragma unroll
                     for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) {
                         if (j < nj) {
-                            const int4 *xa = (const int4 *)((const int8_t *)x.q + (size_t)xr[j] * x.stride + 32 * u);
-                            const int lo = dp4a_half(c, __ldg(xa)), hi = dp4a_half(c + 4, __ldg(xa + 1));
-                            acc[j] += qt<T>::combine(sc, lo, hi, load_xs<qt<T>::XF, false>(x, (size_t)xr[j], u));
+                            const int4 *xa = (const int4 *)((const int8_t *)xs.q + (size_t)j * xs.stride + 32 * u);
+                            const int lo = dp4a_half(c, xa[0]), hi = dp4a_half(c + 4, xa[1]);
+                            acc[j] += Q::combine(sc, lo, hi, load_xs<Q::XF, true>(xs, (size_t)j, u));
                         }
                     }
                 }
 #pragma unroll
                 for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) {
-                    if (j < nj) { /* nj is the warp's: the reduction is uniform */
+                    if (j < nj) { /* nj is the block's: the reduction is uniform */
                         const float v = cuda_warp_sum(acc[j]);
-                        if (lane == 0) y[(size_t)slot[j] * y_stride + r0 + q] = v;
+                        if (lane == 0) y[(size_t)list[j0 + j] * y_stride + r0 + q] = v;
                     }
                 }
             }
+            __syncthreads(); /* the stage is refilled by the next pass */
         }
     }
+    cp_async_wait0(); /* (a block none of whose listed slots remained: its rows' copies) */
 }
 
 /* Float weights (F32 / F16 / BF16): a block per (expert, 32 rows), each row dequantized
@@ -321,7 +349,7 @@ static void matmul_id_launch(struct cuda_ctx *c, const struct bweight *w, const 
                         n_rows, per_slot, in->n_used, in->tok_stride, in->slot_stride, (int)in->glu, stride,
                         (int8_t *)xa.q, (float *)xa.d, f == XF_Q8_1 ? (float *)xa.s : (float *)NULL);
         const int rstride = (int)((w->row_bytes + 15) & ~(size_t)15) + 16;
-        const size_t smem = (size_t)MOE_WARPS * MOE_ROWS_PER_WARP * rstride;
+        const size_t smem = (size_t)MOE_WARPS * MOE_ROWS_PER_WARP * rstride + xs_bytes(f, MOE_SLOTS_PER_PASS, stride);
         if (smem > 48 * 1024)
             CUDA_CHECK(cudaFuncSetAttribute(matmul_id_q_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         const dim3 grid(min(E, n_slots), cuda_cdiv(rows, MOE_WARPS * MOE_ROWS_PER_WARP));
