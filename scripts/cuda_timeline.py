@@ -2,7 +2,7 @@
 """cuda_timeline.py — read a `make cuda-trace` timeline (COTI_TRACE=file) and say where a decode
 step's time goes: per kernel launch, and the gaps where the device waited for the host.
 
-  scripts/cuda_timeline.py FILE [--steps N] [--csv OUT] [--order N]
+  scripts/cuda_timeline.py FILE [--steps N] [--csv OUT] [--order N] [--shapes]
 
 Blocks are grouped into launches by the time their wait returned ("release"): every block of a
 launch is released before any block of the next one (each waits for the one before), so
@@ -16,6 +16,8 @@ sorting by release and cutting every grid-size records gives the launches in ord
 - runs: the launches between two host gaps, grouped by their count and first launch, with the
   device time from the run's first release to the next run's start and the gap before it
   (a decode step is one run; an mtp cycle's draft forwards and verify are runs of their own);
+- with --shapes, the longest run's time by launch shape (grid, block, shared memory): where a
+  step goes when its launches do not repeat exactly (a MoE step's expert grids vary);
 - the repeating step: the shortest period P such that the last 3·P launches repeat with period
   P and hold three host gaps (a decode step; a speculative cycle varies with its accepted count
   and has none), printed
@@ -99,6 +101,22 @@ def main():
             grids = ' '.join(str(ks[i]['grid']) for i in range(a, min(b, a + 8)))
             print(f"#   {b - a:4d} {(ks[b]['start'] - ks[a]['release']) / 1e3:8.1f} "
                   f"{(ks[a]['start'] - ks[a - 1]['release']) / 1e3:8.1f}   {grids}")
+    if '--shapes' in args and len(cuts) > 1:  # the longest run's time by launch shape
+        a, b = max(zip(cuts, cuts[1:]), key=lambda ab: ab[1] - ab[0])
+        tot = {}
+        for i in range(a, b):
+            key = (ks[i]['grid'], ks[i]['block'], ks[i]['smem'])
+            t = tot.setdefault(key, [0, 0.0, []])
+            t[0] += 1
+            t[1] += (ks[i + 1]['release'] - ks[i]['release']) / 1e3
+            if ks[i]['mid']:
+                t[2].append((ks[i]['mid'] - ks[i]['release']) / 1e3)
+        span_run = sum(t[1] for t in tot.values())
+        print(f"# the longest run ({b - a} launches, {span_run:.1f} us) by launch shape: count, crit us, share, "
+              "crit per launch, median prologue")
+        for (g, bl, sm), (cnt, us, mids) in sorted(tot.items(), key=lambda kv: -kv[1][1]):
+            pro = f"{statistics.median(mids):6.2f}" if mids else "     -"
+            print(f"#   {g:6d} x {bl:4d} smem {sm:6d}: {cnt:4d} {us:9.1f} {100 * us / span_run:5.1f}% {us / cnt:7.2f} {pro}")
     sig = [(k['grid'], k['block'], k['smem']) for k in ks]
     # a decode step is one graph replay: it holds a host gap, so a period must span three
     period = next((p for p in range(2, len(sig) // 4 + 1)
