@@ -116,7 +116,9 @@ gate() {
 for t in q8_0 q4_K q4_0 f16 "q8_0 --gate-up-merged"; do
     R=/tmp/gpu-check-moe.gguf
     # shellcheck disable=SC2086
-    "$C" mkmodel --arch qwen35moe --shape tiny --type $t --seed 5 -o "$R" > /dev/null 2>&1
+    # 256 wide: the K-quants need rows of 256 (at the tiny shape's 64 a q4_K file is q8_0)
+    "$C" mkmodel --arch qwen35moe --shape tiny --n-embd 256 --n-ff-exp 256 --n-ff-shexp 256 --type $t --seed 5 \
+        -o "$R" > /dev/null 2>&1
     cmp=$(logits_cmp "$R" "-moe-${t%% *}")
     rc=$?
     [ $rc = 0 ] || bad=1

@@ -108,8 +108,13 @@ check "coti equiv: 0 real disagreements on random q8_0/q4_0/f16 models" equiv_ra
 
 # qwen35moe: verify rows share their experts' matmuls; each must equal the decode row (n_max 1..4)
 equiv_random_moe_models() {
-    for t in q8_0 q4_0 f16; do
-        "$COTI" mkmodel --arch qwen35moe -o "$TMP/m-$t.gguf" --type "$t" --seed 5 >/dev/null 2>&1 || return 1
+    # q4_K 256 wide: the K-quants need rows of 256 (at the default 64 a q4_K file is q8_0)
+    for t in q8_0 q4_0 f16 q4_K; do
+        w=""
+        [ "$t" = q4_K ] && w="--n-embd 256 --n-ff-exp 256 --n-ff-shexp 256"
+        # shellcheck disable=SC2086
+        "$COTI" mkmodel --arch qwen35moe -o "$TMP/m-$t.gguf" --type "$t" $w --seed 5 >/dev/null 2>&1 || return 1
+        "$COTI" gguf "$TMP/m-$t.gguf" | grep -q " $t " || return 1 # the type was written, not a fallback
         for n in 1 2 3 4; do
             "$COTI" equiv -m "$TMP/m-$t.gguf" --spec mtp --spec-n-max "$n" -p 'hello world, hello world, hello' -n 24 -t 2 |
                 grep -q 'real disagreements 0' || return 1
