@@ -115,8 +115,8 @@ gate() {
 # gate/up stacks; a verify's rows share their experts' matmul and must equal the decode rows
 for t in q8_0 q4_K q4_0 f16 "q8_0 --gate-up-merged"; do
     R=/tmp/gpu-check-moe.gguf
-    # shellcheck disable=SC2086
     # 256 wide: the K-quants need rows of 256 (at the tiny shape's 64 a q4_K file is q8_0)
+    # shellcheck disable=SC2086
     "$C" mkmodel --arch qwen35moe --shape tiny --n-embd 256 --n-ff-exp 256 --n-ff-shexp 256 --type $t --seed 5 \
         -o "$R" > /dev/null 2>&1
     cmp=$(logits_cmp "$R" "-moe-${t%% *}")

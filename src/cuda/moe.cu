@@ -185,7 +185,7 @@ template <int XF>
 __device__ __forceinline__ void moe_stage_x(const xact &x, const xact &xs, const int *list, int nj, bool per_slot,
                                             int n_used) {
     const int S = x.stride, nq = S / 16, nd = XF == XF_Q8_K ? S / 256 : S / 32;
-    const int ne = XF == XF_Q8_1 ? S / 32 : XF == XF_Q8_K ? S / 32 : 0; /* 4-byte words of s / bs */
+    const int ne = XF == XF_Q8_0 ? 0 : S / 32; /* 4-byte words of s (Q8_1) or bs (Q8_K) */
     for (int i = threadIdx.x; i < nj * nq; i += blockDim.x) {
         const int j = i / nq, r = per_slot ? list[j] : list[j] / n_used;
         cp_async16((int8_t *)xs.q + (size_t)j * S + 16 * (i % nq), (const int8_t *)x.q + (size_t)r * S + 16 * (i % nq));
