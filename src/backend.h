@@ -249,6 +249,16 @@ struct backend {
     bool (*graph_launch)(struct backend *be, void *graph);
     void (*graph_free)(struct backend *be, void *graph);
 
+    /* A side queue — optional (NULL: every op runs in the order it was queued, as on the CPU).
+     * side_begin: the ops queued from now until side_end run on a second queue, once all that
+     * was queued before them has run; the ops queued after side_end may run beside them until
+     * side_join, after which every op waits for them. A block puts independent work there (a
+     * shared expert beside the routed ones): the side ops must neither read what the main ops
+     * between side_end and side_join write, nor write what they read. A graph records both. */
+    void (*side_begin)(struct backend *be);
+    void (*side_end)(struct backend *be);
+    void (*side_join)(struct backend *be);
+
     void (*destroy)(struct backend *be);
 
     /* Whether gdn and gdn_chunked honour state_run.pend and defer (else the model passes NULL /
@@ -266,6 +276,9 @@ struct backend {
 struct backend *backend_cpu_init(int n_threads, enum quant_cpu_level level);
 
 static inline void backend_free(struct backend *be) { if (be) be->destroy(be); }
+static inline void backend_side_begin(struct backend *be) { if (be->side_begin) be->side_begin(be); }
+static inline void backend_side_end(struct backend *be) { if (be->side_end) be->side_end(be); }
+static inline void backend_side_join(struct backend *be) { if (be->side_join) be->side_join(be); }
 
 /* One weight: y = W · (the rows `in` forms). */
 static inline void backend_matmul(struct backend *be, const struct bweight *w, const struct matmul_in *in, int n_tok,

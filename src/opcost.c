@@ -65,6 +65,9 @@ static void o_mark(struct backend *be, int i) { inner_of(be)->mark(inner_of(be),
 static void o_set_prompt(struct backend *be, bool prompt) { inner_of(be)->set_prompt(inner_of(be), prompt); }
 static double o_mark_elapsed_us(struct backend *be, int from, int to) { return inner_of(be)->mark_elapsed_us(inner_of(be), from, to); }
 
+static void o_side_begin(struct backend *be) { inner_of(be)->side_begin(inner_of(be)); }
+static void o_side_end(struct backend *be) { inner_of(be)->side_end(inner_of(be)); }
+static void o_side_join(struct backend *be) { inner_of(be)->side_join(inner_of(be)); }
 static void o_capture_begin(struct backend *be) { inner_of(be)->capture_begin(inner_of(be)); }
 static void *o_capture_end(struct backend *be, void *reuse) {
     struct opcost_graph *r = reuse;
@@ -176,6 +179,11 @@ struct backend *opcost_wrap(struct backend *inner) {
         be->capture_end = o_capture_end;
         be->graph_launch = o_graph_launch;
         be->graph_free = o_graph_free;
+    }
+    if (inner->side_begin) {
+        be->side_begin = o_side_begin;
+        be->side_end = o_side_end;
+        be->side_join = o_side_join;
     }
     be->destroy = o_destroy;
     return be;

@@ -165,6 +165,45 @@ static double cuda_mark_elapsed_us(struct backend *be, int from, int to) {
     return 1000.0 * ms;
 }
 
+/* ---- the side queue ------------------------------------------------------------------ */
+
+static void swap_scratch(struct cuda_ctx *c) {
+    void *p = c->xq;
+    size_t n = c->xq_size;
+    c->xq = c->xq_side;
+    c->xq_size = c->xq_side_size;
+    c->xq_side = p;
+    c->xq_side_size = n;
+}
+
+static void cuda_side_begin(struct backend *be) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (c->in_side) return;
+    CUDA_CHECK(cudaEventRecord(c->side_fork, c->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(c->side, c->side_fork, 0));
+    c->main_stream = c->stream;
+    c->stream = c->side; /* every launch goes to c->stream */
+    swap_scratch(c);
+    c->in_side = true;
+}
+
+static void cuda_side_end(struct backend *be) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (!c->in_side) return;
+    CUDA_CHECK(cudaEventRecord(c->side_done, c->side));
+    c->stream = c->main_stream;
+    swap_scratch(c);
+    c->in_side = false;
+    c->side_pending = true;
+}
+
+static void cuda_side_join(struct backend *be) {
+    struct cuda_ctx *c = cuda_enter(be);
+    if (!c->side_pending) return;
+    CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->side_done, 0));
+    c->side_pending = false;
+}
+
 /* ---- graphs ------------------------------------------------------------------------ */
 
 struct cuda_graph {
@@ -274,6 +313,10 @@ static void cuda_destroy(struct backend *be) {
     cuda_trace_close();
 #endif
     if (c->xq) CUDA_CHECK(cudaFree(c->xq));
+    if (c->xq_side) CUDA_CHECK(cudaFree(c->xq_side));
+    CUDA_CHECK(cudaEventDestroy(c->side_fork));
+    CUDA_CHECK(cudaEventDestroy(c->side_done));
+    CUDA_CHECK(cudaStreamDestroy(c->side));
     if (c->attn_part) CUDA_CHECK(cudaFree(c->attn_part));
     if (c->attn_count) CUDA_CHECK(cudaFree(c->attn_count));
     if (c->amax_part) CUDA_CHECK(cudaFree(c->amax_part));
@@ -331,6 +374,9 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     c->smem_block_max = (int)prop.sharedMemPerBlockOptin;
     c->smem_reserved = (int)prop.reservedSharedMemPerBlock;
     INIT_CALL(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    INIT_CALL(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
+    INIT_CALL(cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming));
+    INIT_CALL(cudaEventCreateWithFlags(&c->side_done, cudaEventDisableTiming));
     INIT_CALL(cudaEventCreateWithFlags(&c->stage_ev[0], cudaEventDisableTiming));
     INIT_CALL(cudaEventCreateWithFlags(&c->stage_ev[1], cudaEventDisableTiming));
     for (int i = 0; i < BACKEND_N_MARKS; i++) INIT_CALL(cudaEventCreate(&c->marks[i]));
@@ -364,6 +410,9 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     be->capture_end = cuda_capture_end;
     be->graph_launch = cuda_graph_launch;
     be->graph_free = cuda_graph_free;
+    be->side_begin = cuda_side_begin;
+    be->side_end = cuda_side_end;
+    be->side_join = cuda_side_join;
     be->destroy = cuda_destroy;
     return be;
 
@@ -373,6 +422,9 @@ fail:
     if (c->stage_ev[1]) cudaEventDestroy(c->stage_ev[1]);
     for (int i = 0; i < BACKEND_N_MARKS; i++)
         if (c->marks[i]) cudaEventDestroy(c->marks[i]);
+    if (c->side_fork) cudaEventDestroy(c->side_fork);
+    if (c->side_done) cudaEventDestroy(c->side_done);
+    if (c->side) cudaStreamDestroy(c->side);
     if (c->stream) cudaStreamDestroy(c->stream);
     (void)cudaGetLastError();
     free(c);

@@ -37,6 +37,13 @@ struct cuda_ctx {
     cudaEvent_t marks[BACKEND_N_MARKS]; /* timing events of mark() */
     /* scratch, grown on first use (warm-up), never per call once sized */
     void *xq;          size_t xq_size;      /* converted matmul activations */
+    /* the side queue (backend.h side_begin): its stream, the events that fork it from and join
+     * it to the main one, and its own activation scratch (swapped with xq while it is
+     * current: the two queues' matmuls run at once) */
+    cudaStream_t main_stream, side;
+    cudaEvent_t side_fork, side_done;
+    bool in_side, side_pending;
+    void *xq_side;     size_t xq_side_size;
     void *attn_part;   size_t attn_part_size;
     void *attn_count;  size_t attn_count_size;
     void *amax_part;   size_t amax_part_size;

@@ -87,18 +87,20 @@ void block_moe_ffn(const struct block_ctx *c, const struct moe_ffn_weights *w, c
     struct backend *be = c->be;
     const struct block_scratch *s = c->s;
     const int K = sh->n_used, E = (int)w->down_exps.n_out / sh->n_expert;
-    /* the router, the shared gate and the shared expert's gate and up read the same normed rows:
-     * formed with the shared expert's (quantized) matmul, which writes them to s->a, then read
-     * as they are by the router and the gate (F32 in every GGUF). One call for all four made
-     * CUDA form the norm apart and convert it twice (no matvec forms rows for two formats). */
+    /* The router and the shared gate first, with the norm formed apart into s->a (F32 in every
+     * GGUF: no backend fuses a norm into a float matmul); the shared expert then reads s->a on
+     * the side queue, beside the routing and the routed experts, which do not depend on it. */
     const struct bweight *wq[2] = {&w->gate_shexp, &w->up_shexp}, *wr[2] = {&w->gate_inp, &w->gate_inp_shexp};
     float *yq[2] = {s->fg, s->fu}, *yr[2] = {s->logits, s->sh_gate};
-    block_matmul_n(c, in, wq, yq, 2, n);
-    be->matmul(be, wr, yr, 2, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = s->a}, n);
-    be->moe_route(be, s->logits, n, sh->n_expert, K, s->ids, s->wts);
-    block_moe_experts(be, w, sh, s->ids, s->a, E, n, MOE_GLU_SWIGLU, s->gu, s->ye);
+    block_matmul_n(c, in, wr, yr, 2, n);
+    backend_side_begin(be);
+    be->matmul(be, wq, yq, 2, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = s->a}, n);
     backend_matmul(be, &w->down_shexp, &(struct matmul_in){.kind = MATMUL_SWIGLU, .x = s->fg, .m = s->fu, .a = s->fg},
                    n, s->sh);
+    backend_side_end(be);
+    be->moe_route(be, s->logits, n, sh->n_expert, K, s->ids, s->wts);
+    block_moe_experts(be, w, sh, s->ids, s->a, E, n, MOE_GLU_SWIGLU, s->gu, s->ye);
+    backend_side_join(be);
     be->moe_sum(be, s->ye, s->wts, s->ids, NULL, n, K, E, s->sh, s->sh_gate, out);
 }
 
