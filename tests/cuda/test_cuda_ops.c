@@ -1355,6 +1355,66 @@ static void expect(bool ok, const char *what) {
     printf("%-5s %-14s %s\n", ok ? "ok" : "FAIL", "graph", what);
 }
 
+/* The side queue: a matmul queued on the side and another on the main queue at once (both
+ * converting their activations, so the side must have scratch of its own) equal the same two
+ * in turn, eagerly and replayed from a graph, and the op after side_join reads the side's
+ * result. */
+static void test_side(void) {
+    const int n_in = 2304, n_out = 300, nt = 3;
+    const size_t nx = (size_t)nt * n_in, ny = (size_t)nt * n_out;
+    struct hweight h1 = make_weight(GGML_TYPE_Q4_K, n_in, n_out), h2 = make_weight(GGML_TYPE_Q8_0, n_in, n_out);
+    struct bweight w1 = {0}, w2 = {0};
+    gpu->weight_init(gpu, &w1, h1.type, n_in, n_out, h1.data);
+    gpu->weight_init(gpu, &w2, h2.type, n_in, n_out, h2.data);
+    float *x1 = xmalloc(sizeof(float) * nx), *x2 = xmalloc(sizeof(float) * nx), *poison = xmalloc(sizeof(float) * ny);
+    float *ref[3], *got[3];
+    for (int i = 0; i < 3; i++) { ref[i] = xmalloc(sizeof(float) * ny); got[i] = xmalloc(sizeof(float) * ny); }
+    fill(x1, nx, 2.0f);
+    fill(x2, nx, 2.0f);
+    fill(poison, ny, 100.0f);
+    float *dx1 = gdup(x1, sizeof(float) * nx), *dx2 = gdup(x2, sizeof(float) * nx), *dy[3];
+    for (int i = 0; i < 3; i++) dy[i] = galloc(sizeof(float) * ny);
+    matmul1(gpu, &w1, dx1, nt, dy[0]);
+    matmul1(gpu, &w2, dx2, nt, dy[1]);
+    gpu->add(gpu, dy[0], dy[1], (int64_t)ny, dy[2]);
+    for (int i = 0; i < 3; i++) gget(ref[i], dy[i], sizeof(float) * ny);
+    static const char *const names[3] = {"side", "main", "after join"};
+    for (int graph = 0; graph < 2; graph++) {
+        for (int i = 0; i < 3; i++) gpu->upload(gpu, dy[i], poison, sizeof(float) * ny);
+        if (graph) gpu->capture_begin(gpu);
+        backend_side_begin(gpu);
+        matmul1(gpu, &w1, dx1, nt, dy[0]);
+        backend_side_end(gpu);
+        matmul1(gpu, &w2, dx2, nt, dy[1]);
+        backend_side_join(gpu);
+        gpu->add(gpu, dy[0], dy[1], (int64_t)ny, dy[2]);
+        void *g = graph ? gpu->capture_end(gpu, NULL) : NULL;
+        if (graph) {
+            printf("%-5s %-14s %-44s\n", g ? "ok" : "FAIL", "side", g ? "recorded" : "recording failed");
+            g ? n_pass++ : n_fail++;
+            if (g) gpu->graph_launch(gpu, g);
+        }
+        for (int i = 0; i < 3; i++) {
+            char shape[64];
+            snprintf(shape, sizeof shape, "%s %s, q4_K / q8_0 %dx%d tok %d", graph ? "graph" : "eager", names[i], n_in,
+                     n_out, nt);
+            gget(got[i], dy[i], sizeof(float) * ny);
+            check_bits("side", shape, got[i], ref[i], sizeof(float) * ny);
+        }
+        if (g) gpu->graph_free(gpu, g);
+    }
+    for (int i = 0; i < 3; i++) { gpu->free(gpu, dy[i]); free(ref[i]); free(got[i]); }
+    gpu->free(gpu, dx1);
+    gpu->free(gpu, dx2);
+    gpu->weight_free(gpu, &w1);
+    gpu->weight_free(gpu, &w2);
+    free_hweight(&h1);
+    free_hweight(&h2);
+    free(x1);
+    free(x2);
+    free(poison);
+}
+
 /* Recording runs nothing; a replay reads the inputs' current contents; a graph whose scratch
  * buffer the backend has since replaced is refused; a recording that would need more scratch
  * than there is fails cleanly. */
@@ -2129,7 +2189,7 @@ static const struct {
     void (*run)(void);
 } member_tests[] = {
     {"memory", test_memory}, {"supports", test_supports}, {"copy_n", run_copy_n}, {"copy_n_at", run_copy_n_at},
-    {"marks", test_marks},   {"graphs", test_graphs},
+    {"marks", test_marks},   {"graphs", test_graphs}, {"side", test_side},
 };
 
 int main(int argc, char **argv) {
