@@ -563,5 +563,7 @@ xact norm_q8(struct cuda_ctx *c, const float *x, const float *m, float *x_out, c
 xact form_q8(struct cuda_ctx *c, const float *x, int n, int n_tok, const mv_input &in, int f);
 /* One token's delta-net gated norm (groups of dim, n wide) as Q8_0 codes, for the direct kernel. */
 xact gnorm_q8(struct cuda_ctx *c, const float *x, const float *z, const float *w, int dim, float eps, int n);
+/* The same as Q8_K codes (n a multiple of dim), for the staged matvec of the K-quants. */
+xact gnorm_q8K(struct cuda_ctx *c, const float *x, const float *z, const float *w, int dim, float eps, int n);
 
 #endif

@@ -6,6 +6,7 @@
  * 1. How a formed input (struct matmul_in other than PLAIN) reaches the weights (choose_form):
  *    IN_MATVEC  every matvec block forms the input and quantizes it itself: one launch;
  *    DIRECT     a form kernel writes one token's Q8_0 codes for the direct kernel;
+ *    GNORM_K    one token's gated norm as Q8_K codes from a form kernel, for the staged matvec;
  *    CODES      one kernel forms the input and writes its Q8 codes, which the matvec reads;
  *    SEPARATE   the op's own kernel writes the formed f32 rows to in->a, then a plain matmul.
  * 2. For each group of weights of one type, its kernel (choose_kernel): FUSED (quantizes f32
@@ -178,7 +179,7 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
 
 /* ---- how a formed input reaches the weights ------------------------------------------------ */
 
-enum { FORM_IN_MATVEC, FORM_DIRECT, FORM_CODES, FORM_SEPARATE };
+enum { FORM_IN_MATVEC, FORM_DIRECT, FORM_GNORM_K, FORM_CODES, FORM_SEPARATE };
 
 /* The mv_input a matvec forms for in (the fields its mode reads, the others zero). */
 static mv_input mv_input_of(const struct matmul_in *in) {
@@ -210,6 +211,12 @@ static mv_input mv_input_of(const struct matmul_in *in) {
  * wide) off -3%, mtp:2 -2%, so the width bound lies between. */
 #define MV_DIRECT_MIN_N 2048
 
+/* Rule: a one-token gated norm for weights that all read Q8_K (the K-quants) and at least this
+ * wide is formed once by gnorm_q8K, and the matvec copies its codes (STAGED): formed in each of
+ * the 128 blocks of the 35B-A3B's ssm_out (4096 wide, Q4_K), it took 8.4 of the launch's 12.8
+ * us (H100, session 17). */
+#define MV_GNORM_K_MIN_N 2048
+
 /* Whether every weight reads one Q8 format from a converter (*f): what a form kernel can write. */
 static bool one_q8_format(const struct bweight *const *ws, int n_w, int *f) {
     *f = type_get(ws[0])->xf;
@@ -235,19 +242,22 @@ static int choose_form(const struct cuda_ctx *c, const struct matmul_in *in, con
     }
     const bool can_direct = per_dim && n_w == 1 && n_tok == 1 && ws[0]->type == GGML_TYPE_Q8_0 && n % in->dim == 0 &&
                             (in->kind != MATMUL_GATED_NORM || in->dim % 128 == 0);
+    bool can_gnorm_k = in->kind == MATMUL_GATED_NORM && n_tok == 1 && shape_ok;
+    for (int i = 0; i < n_w && can_gnorm_k; i++) can_gnorm_k = type_get(ws[i])->xf == XF_Q8_K;
     const bool can_codes = in->kind != MATMUL_GATED_NORM && in->kind != MATMUL_NORM2 && (!per_dim || n % in->dim == 0) &&
                            one_q8_format(ws, n_w, f);
     switch (c->mv_force) {
     case CUDA_MV_FUSED: if (all_can_fuse) return FORM_IN_MATVEC; break;
     case CUDA_MV_DIRECT: if (can_direct) return FORM_DIRECT; break;
+    case CUDA_MV_STAGED: if (can_gnorm_k) return FORM_GNORM_K; return FORM_SEPARATE;
     case CUDA_MV_CONVERTED: return can_codes ? FORM_CODES : FORM_SEPARATE;
-    case CUDA_MV_STAGED:
     case CUDA_MV_TILES: return FORM_SEPARATE;
     default: break;
     }
     /* the rules */
     if (can_direct && n >= MV_DIRECT_MIN_N && ws[0]->n_out <= (int64_t)MV_DIRECT_PER_SM * c->n_sm * MV_WARPS)
         return FORM_DIRECT;
+    if (can_gnorm_k && n >= MV_GNORM_K_MIN_N) return FORM_GNORM_K;
     if (all_fuse) return FORM_IN_MATVEC;
     /* where the matvec would run after a converter (not the prefill tiles), the kernel that forms
      * the input writes the codes too, one launch fewer per site of a verify batch (a norm at 3
@@ -298,6 +308,11 @@ void cuda_matmul(struct backend *be, const struct bweight *const *ws, float *con
                                                       : form_q8(c, in->x, n, 1, mv_input_of(in), XF_Q8_0);
         c->mv_launches[CUDA_MV_DIRECT]++;
         mv_direct(c, ws[0], xa, ys[0]);
+        return;
+    }
+    case FORM_GNORM_K: {
+        const xact xa = gnorm_q8K(c, in->x, in->m, in->w, in->dim, in->eps, n);
+        matmul_n_with(c, ws, ys, n_w, in->x, 1, MV_PLAIN, &xa);
         return;
     }
     case FORM_CODES: {

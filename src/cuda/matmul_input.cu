@@ -2,7 +2,7 @@
  * activations: the converters (f32 rows to Q8_0 / Q8_1 / Q8_K codes, or f16 / bf16 / f32 rows
  * padded to the stride), and the kernels that form an input and write its codes in one pass
  * (the norm with its codes; swiglu or the output gate; the delta-net's gated norm for the
- * direct kernel). Which of them runs when: matmul_choose.cu. */
+ * direct kernel, and as Q8_K codes for the staged matvec). Which of them runs when: matmul_choose.cu. */
 #include "matmul.cuh"
 
 /* Q8_0 / Q8_1 conversion kernel: 8 threads per 32-block. */
@@ -142,6 +142,29 @@ __global__ void gnorm_q8_kernel(const float *__restrict__ x, const float *__rest
     }
 }
 
+/* The same gated norm as Q8_K codes (the K-quants' activations), a warp per 256-block: each group
+ * it touches takes its 1/rms as the fused matvec does, then the block's values by the fused
+ * matvec's expression and the Q8_K rule: the codes a fused launch forms in every block, formed
+ * once, so the matvec only copies them (MV_STAGED). n a multiple of dim. */
+__global__ void gnorm_q8K_kernel(const float *__restrict__ x, const float *__restrict__ z, const float *__restrict__ w,
+                                 int n, int dim, float eps, int stride, int8_t *__restrict__ q, float *__restrict__ d,
+                                 int16_t *__restrict__ bs) {
+    cuda_pdl_begin();
+    const int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (b >= stride / 256) return;
+    float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const int e0 = 256 * b, e_end = min(n, e0 + 256);
+    for (int g = e0 / dim; g * dim < e_end; g++) {
+        const float sc = cuda_warp_rms_inv(x + (size_t)g * dim, dim, eps, lane);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int e = e0 + 8 * lane + k;
+            if (e < n && e / dim == g) v[k] = cuda_gnorm(x[e], sc, w[e % dim], z[e]);
+        }
+    }
+    q8K_block_vals(v, lane, q + (size_t)e0, d + b, bs + 16 * (size_t)b);
+}
+
 xact converted_scratch(struct cuda_ctx *c, int f, int n_tok, int stride) {
     xact xa;
     uint8_t *base = (uint8_t *)cuda_scratch(c, &c->xq, &c->xq_size, xfmt_layout(f, n_tok, stride, NULL, NULL));
@@ -170,6 +193,14 @@ xact form_q8(struct cuda_ctx *c, const float *x, int n, int n_tok, const mv_inpu
 xact gnorm_q8(struct cuda_ctx *c, const float *x, const float *z, const float *w, int dim, float eps, int n) {
     const xact xa = converted_scratch(c, XF_Q8_0, 1, x_stride(n));
     cuda_launch(c, n / dim, 32, gnorm_q8_kernel, x, z, w, dim, eps, (int8_t *)xa.q, (float *)xa.d);
+    return xa;
+}
+
+xact gnorm_q8K(struct cuda_ctx *c, const float *x, const float *z, const float *w, int dim, float eps, int n) {
+    const int stride = x_stride(n);
+    const xact xa = converted_scratch(c, XF_Q8_K, 1, stride);
+    cuda_launch(c, cuda_cdiv(stride / 256, 8), 256, gnorm_q8K_kernel, x, z, w, n, dim, eps, stride, (int8_t *)xa.q,
+                (float *)xa.d, (int16_t *)xa.bs);
     return xa;
 }
 
