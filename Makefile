@@ -99,7 +99,8 @@ test-server: coti
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its own build folder.
 # The server tests see a sanitizer report as a non-zero exit of the server (helpers.mjs stop()).
 # allocator_may_return_null: a load asking for more memory than exists must see NULL and refuse.
-asan:
+# The unit tests write their model files with ./coti (mkmodel), hence the plain build first.
+asan: coti
 	$(MAKE) BUILD=build-asan OPT=-O1 SAN=address,undefined build-asan/test_coti build-asan/coti
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 LSAN_OPTIONS=suppressions=tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 build-asan/test_coti -j2
 	ASAN_OPTIONS=detect_leaks=1 bash tests/cli.sh build-asan/coti
