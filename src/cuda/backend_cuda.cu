@@ -176,9 +176,16 @@ static void swap_scratch(struct cuda_ctx *c) {
     c->xq_side_size = n;
 }
 
+#ifdef COTI_CUDA_TRACE
+static const bool side_in_order = true; /* cuda_timeline.py reads one chain of launches: with the side
+                                         * stream's kernels among them it could not group them */
+#else
+static const bool side_in_order = false;
+#endif
+
 static void cuda_side_begin(struct backend *be) {
     struct cuda_ctx *c = cuda_enter(be);
-    if (c->in_side) return;
+    if (c->in_side || side_in_order) return; /* then side_end and side_join have nothing to do */
     CUDA_CHECK(cudaEventRecord(c->side_fork, c->stream));
     CUDA_CHECK(cudaStreamWaitEvent(c->side, c->side_fork, 0));
     c->main_stream = c->stream;
