@@ -236,14 +236,15 @@ static int choose_form(const struct cuda_ctx *c, const struct matmul_in *in, con
                           (in->kind != MATMUL_GATED_NORM || n_tok * (n / in->dim) <= MV_GNORM_MAX_GROUPS);
     /* what can run */
     bool all_can_fuse = shape_ok, all_fuse = shape_ok && n <= (in->kind == MATMUL_SWIGLU ? MV_SWIGLU_FUSE_MAX_N : MV_FUSE_MAX_N);
+    bool all_q8K = true;
     for (int i = 0; i < n_w; i++) {
         all_can_fuse &= can_fuse(c, type_get(ws[i]), n_tok, stride, mode);
         all_fuse &= fuses(c, type_get(ws[i]), n_tok, stride, mode, n);
+        all_q8K &= type_get(ws[i])->xf == XF_Q8_K;
     }
     const bool can_direct = per_dim && n_w == 1 && n_tok == 1 && ws[0]->type == GGML_TYPE_Q8_0 && n % in->dim == 0 &&
                             (in->kind != MATMUL_GATED_NORM || in->dim % 128 == 0);
-    bool can_gnorm_k = in->kind == MATMUL_GATED_NORM && n_tok == 1 && shape_ok;
-    for (int i = 0; i < n_w && can_gnorm_k; i++) can_gnorm_k = type_get(ws[i])->xf == XF_Q8_K;
+    const bool can_gnorm_k = in->kind == MATMUL_GATED_NORM && n_tok == 1 && shape_ok && all_q8K;
     const bool can_codes = in->kind != MATMUL_GATED_NORM && in->kind != MATMUL_NORM2 && (!per_dim || n % in->dim == 0) &&
                            one_q8_format(ws, n_w, f);
     switch (c->mv_force) {
