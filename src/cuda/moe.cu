@@ -248,12 +248,17 @@ matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int ro
             moe_stage_x<Q::XF>(x, xs, list + j0, nj, per_slot, n_used);
             cp_async_wait0();
             __syncthreads();
-            for (int q = 0; q < MOE_ROWS_PER_WARP && r0 + q < rows; q++) {
+            /* rows of at most 16 units (the 35B-A3B's down: 512 wide) take half a warp each, both
+             * of a warp's rows at once; wider rows take the whole warp in turn */
+            const int lpr = n_units <= 16 ? 16 : 32;
+            for (int q0 = 0; q0 < MOE_ROWS_PER_WARP; q0 += 32 / lpr) {
+                const int q = q0 + lane / lpr, ul = lane % lpr;
+                const bool live = r0 + q < rows; /* every lane stays for the shuffles */
                 const uint8_t *sm = sm0 + (size_t)q * rstride;
                 float acc[MOE_SLOTS_PER_PASS];
 #pragma unroll
                 for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) acc[j] = 0.0f;
-                for (int u = lane; u < n_units; u += 32) {
+                for (int u = ul; live && u < n_units; u += lpr) {
                     uint32_t c[8];
                     usc sc;
                     Q::decode(sm, (u / Q::UPB) * Q::BB, u % Q::UPB, c, sc);
@@ -269,8 +274,9 @@ matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int ro
 #pragma unroll
                 for (int j = 0; j < MOE_SLOTS_PER_PASS; j++) {
                     if (j < nj) { /* nj is the block's: the reduction is uniform */
-                        const float v = cuda_warp_sum(acc[j]);
-                        if (lane == 0) y[(size_t)list[j0 + j] * y_stride + r0 + q] = v;
+                        float v = acc[j];
+                        for (int o = lpr / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+                        if (live && ul == 0) y[(size_t)list[j0 + j] * y_stride + r0 + q] = v;
                     }
                 }
             }
