@@ -73,8 +73,11 @@ void cuda_moe_route(struct backend *be, const float *logits, int n_tok, int n_ex
 
 /* ---- matmul_id ------------------------------------------------------------------------------ */
 
-#define MOE_WARPS 8                /* a block is (chosen expert, 16 rows): 2 rows a warp */
-#define MOE_ROWS_PER_WARP 2
+#define MOE_WARPS 8                /* a block is (chosen expert, 8 x rows a warp) */
+/* Rows a warp takes: 2, or 4 where a row is at most 16 units (two rows at once by half-warps:
+ * the 35B-A3B's down, 512 wide, then runs in 512 blocks instead of 1024, 1.3 waves of 3 per SM
+ * instead of 2.6, each block staging its slots' inputs once for twice the rows). */
+static int moe_rows_per_warp(int n_units) { return n_units <= 16 ? 4 : 2; }
 #define MOE_SLOTS_PER_PASS 8       /* slots a warp dots while it decodes a row once */
 #define MOE_MAX_SLOT_LIST 2048     /* a block's slot list in shared memory, refilled past this */
 
@@ -214,7 +217,7 @@ template <int T>
 __global__ void __launch_bounds__(32 * MOE_WARPS, 3)
 matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int rows, int n_units, int E,
                    const int32_t *__restrict__ ids, int n_slots, int n_used, bool per_slot, const xact x,
-                   float *__restrict__ y, int y_stride) {
+                   float *__restrict__ y, int y_stride, int rpw) {
     typedef qt<T> Q;
     extern __shared__ __align__(16) uint8_t moe_rows[];
     __shared__ int list[MOE_MAX_SLOT_LIST];
@@ -223,9 +226,9 @@ matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int ro
     const int e = moe_nth_chosen(ids, n_slots, E, blockIdx.x);
     if (e < 0) return; /* the block's answer: every thread leaves */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int r0 = (blockIdx.y * MOE_WARPS + warp) * MOE_ROWS_PER_WARP;
-    uint8_t *sm0 = moe_rows + (size_t)warp * MOE_ROWS_PER_WARP * rstride;
-    for (int q = 0; q < MOE_ROWS_PER_WARP && r0 + q < rows; q++) {
+    const int r0 = (blockIdx.y * MOE_WARPS + warp) * rpw;
+    uint8_t *sm0 = moe_rows + (size_t)warp * rpw * rstride;
+    for (int q = 0; q < rpw && r0 + q < rows; q++) {
         const uint8_t *row = w + ((size_t)e * rows + r0 + q) * rb;
         uint8_t *sm = sm0 + (size_t)q * rstride;
         if ((rb & 15) == 0 && ((uintptr_t)w & 15) == 0)
@@ -237,7 +240,7 @@ matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int ro
         if (lane < 4) ((uint32_t *)(sm + rstride - 16))[lane] = 0; /* the decoders read a word past */
     }
     cp_async_commit();
-    const xs_parts xp = xs_layout(moe_rows + (size_t)MOE_WARPS * MOE_ROWS_PER_WARP * rstride, Q::XF,
+    const xs_parts xp = xs_layout(moe_rows + (size_t)MOE_WARPS * rpw * rstride, Q::XF,
                                   MOE_SLOTS_PER_PASS, x.stride);
     const xact xs = {xp.q, xp.d, Q::XF == XF_Q8_1 ? (const float *)xp.e : NULL,
                      Q::XF == XF_Q8_K ? (const int16_t *)xp.e : NULL, x.stride};
@@ -251,7 +254,7 @@ matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int ro
             /* rows of at most 16 units (the 35B-A3B's down: 512 wide) take half a warp each, both
              * of a warp's rows at once; wider rows take the whole warp in turn */
             const int lpr = n_units <= 16 ? 16 : 32;
-            for (int q0 = 0; q0 < MOE_ROWS_PER_WARP; q0 += 32 / lpr) {
+            for (int q0 = 0; q0 < rpw; q0 += 32 / lpr) {
                 const int q = q0 + lane / lpr, ul = lane % lpr;
                 const bool live = r0 + q < rows; /* every lane stays for the shuffles */
                 const uint8_t *sm = sm0 + (size_t)q * rstride;
@@ -355,13 +358,14 @@ static void matmul_id_launch(struct cuda_ctx *c, const struct bweight *w, const 
                         n_rows, per_slot, in->n_used, in->tok_stride, in->slot_stride, (int)in->glu, stride,
                         (int8_t *)xa.q, (float *)xa.d, f == XF_Q8_1 ? (float *)xa.s : (float *)NULL);
         const int rstride = (int)((w->row_bytes + 15) & ~(size_t)15) + 16;
-        const size_t smem = (size_t)MOE_WARPS * MOE_ROWS_PER_WARP * rstride + xs_bytes(f, MOE_SLOTS_PER_PASS, stride);
+        const int rpw = moe_rows_per_warp(n / 32);
+        const size_t smem = (size_t)MOE_WARPS * rpw * rstride + xs_bytes(f, MOE_SLOTS_PER_PASS, stride);
         if (smem > 48 * 1024)
             CUDA_CHECK(cudaFuncSetAttribute(matmul_id_q_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        const dim3 grid(min(E, n_slots), cuda_cdiv(rows, MOE_WARPS * MOE_ROWS_PER_WARP));
+        const dim3 grid(min(E, n_slots), cuda_cdiv(rows, MOE_WARPS * rpw));
         cuda_launch_smem(c, grid, dim3(32 * MOE_WARPS), smem, matmul_id_q_kernel<T>, (const uint8_t *)w->data,
                          w->row_bytes, rstride, rows, n / 32, E, in->ids, n_slots, in->n_used, per_slot, xa, y,
-                         in->y_stride);
+                         in->y_stride, rpw);
     }
 }
 
