@@ -202,15 +202,15 @@ __device__ __forceinline__ void moe_stage_x(const xact &x, const xact &xs, const
     cp_async_commit();
 }
 
-/* Block (the blockIdx.x-th chosen expert e, rows [16·blockIdx.y, +16)): the slots that chose
- * e, then per row (a warp has two) and per pass of up to 8 slots, each 32-element unit decoded
+/* Block (the blockIdx.x-th chosen expert e, rows [8·rpw·blockIdx.y, +8·rpw)): the slots that
+ * chose e, then per row (a warp has rpw) and per pass of up to 8 slots, each 32-element unit decoded
  * once and dotted with the slots' codes (dp4a, exact integer sums, the matvec's combine). The
  * rows and each pass's input codes are copied into shared memory asynchronously, the rows
  * while the block lists its slots, so that the dot products wait on no global load: with the
  * codes read from global memory in the dot loop, every row paid that latency in turn and the
  * 35B-A3B's expert launches took ~17 us each at decode whatever their rows per warp (H100).
- * A slot's sum is over the row in one fixed order (lane-strided units, then the warp
- * reduction), whatever the other slots: a verify row equals its decode row; against the CPU
+ * A slot's sum is over the row in one fixed order (lane-strided units, then the butterfly over
+ * the row's lanes), whatever the other slots: a verify row equals its decode row; against the CPU
  * it differs by f32 reassociation alone. At most 80 registers, so that three blocks share an
  * SM (148 without the bound: one block, 8 warps per SM, and the expert reads ran at ~150 GB/s). */
 template <int T>
