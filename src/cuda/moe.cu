@@ -74,10 +74,13 @@ void cuda_moe_route(struct backend *be, const float *logits, int n_tok, int n_ex
 /* ---- matmul_id ------------------------------------------------------------------------------ */
 
 #define MOE_WARPS 8                /* a block is (chosen expert, 8 x rows a warp) */
-/* Rows a warp takes: 2, or 4 where a row is at most 16 units (two rows at once by half-warps:
- * the 35B-A3B's down, 512 wide, then runs in 512 blocks instead of 1024, 1.3 waves of 3 per SM
+/* Lanes a weight row takes: half a warp where the row is at most 16 units (a warp then dots two
+ * rows at once), else the whole warp. */
+static __host__ __device__ __forceinline__ int moe_lanes_per_row(int n_units) { return n_units <= 16 ? 16 : 32; }
+/* Rows a warp takes, a multiple of the rows it dots at once: 2, or 4 on half-warps (the
+ * 35B-A3B's down, 512 wide, then runs in 512 blocks instead of 1024, 1.3 waves of 3 per SM
  * instead of 2.6, each block staging its slots' inputs once for twice the rows). */
-static int moe_rows_per_warp(int n_units) { return n_units <= 16 ? 4 : 2; }
+static int moe_rows_per_warp(int n_units) { return moe_lanes_per_row(n_units) == 16 ? 4 : 2; }
 #define MOE_SLOTS_PER_PASS 8       /* slots a warp dots while it decodes a row once */
 #define MOE_MAX_SLOT_LIST 2048     /* a block's slot list in shared memory, refilled past this */
 
@@ -251,9 +254,9 @@ matmul_id_q_kernel(const uint8_t *__restrict__ w, size_t rb, int rstride, int ro
             moe_stage_x<Q::XF>(x, xs, list + j0, nj, per_slot, n_used);
             cp_async_wait0();
             __syncthreads();
-            /* rows of at most 16 units (the 35B-A3B's down: 512 wide) take half a warp each, both
-             * of a warp's rows at once; wider rows take the whole warp in turn */
-            const int lpr = n_units <= 16 ? 16 : 32;
+            /* rows of at most 16 units (the 35B-A3B's down: 512 wide) take half a warp each, two
+             * of a warp's rows at a time; wider rows take the whole warp in turn */
+            const int lpr = moe_lanes_per_row(n_units);
             for (int q0 = 0; q0 < rpw; q0 += 32 / lpr) {
                 const int q = q0 + lane / lpr, ul = lane % lpr;
                 const bool live = r0 + q < rows; /* every lane stays for the shuffles */
