@@ -47,6 +47,7 @@ struct cuda_ctx {
     void *attn_part;   size_t attn_part_size;
     void *attn_count;  size_t attn_count_size;
     void *amax_part;   size_t amax_part_size;
+    void *wf16;        size_t wf16_size;    /* a chunk of weight rows as f16 (matmul_f16.cu) */
     /* graph capture: a scratch buffer replaced while graphs exist makes them stale (they hold
      * its old address); growth is impossible while capturing (it waits for the stream) */
     unsigned scratch_gen;

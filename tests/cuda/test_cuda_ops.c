@@ -236,6 +236,10 @@ static bool check_scaled(const char *op, const char *shape, const float *got, co
 }
 
 #define MM_TOL 2e-6
+/* The f16 prompt matmul rounds each weight and each activation to f16 (unit roundoff 2^-11):
+ * every product term is off by at most 2·2^-11 of |w x|, so an output by that much of S. */
+#define MMF_TOL (2.0 / 2048.0 + MM_TOL)
+static double mm_tol(void) { return mv_forced == CUDA_MV_F16 ? MMF_TOL : MM_TOL; }
 
 /* Inputs formed with expf (swiglu, the gated norm's silu, the output gate's sigmoid) differ
  * from glibc's by up to 2 ulp, so a value at a rounding boundary can take the next Q8 code on
@@ -257,7 +261,7 @@ static bool check_scaled_flips(const char *op, const char *shape, const float *g
         for (int i = 0; i < w->n_in; i++) xmax = fmaxf(xmax, fabsf(x[(size_t)t * w->n_in + i]));
         for (int o = 0; o < w->n_out; o++) allow[(size_t)t * w->n_out + o] = MM_FLIPS * (double)wmax[o] * xmax / 127.0;
     }
-    const bool ok = check_scaled_allow(op, shape, got, ref, scale, allow, (size_t)n_tok * w->n_out, MM_TOL);
+    const bool ok = check_scaled_allow(op, shape, got, ref, scale, allow, (size_t)n_tok * w->n_out, mm_tol());
     free(wmax);
     free(allow);
     return ok;
@@ -293,7 +297,7 @@ static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
         matmul1(gpu, &wg, dx, nt, dy);
         gget(yg, dy, sizeof(float) * (size_t)nt * n_out);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
-        check_scaled("matmul", shape, yg, yc, scale, (size_t)nt * n_out, MM_TOL);
+        check_scaled("matmul", shape, yg, yc, scale, (size_t)nt * n_out, mm_tol());
         if (nt < ref_tok) check_bits("matmul-batch", shape, yg, yref, sizeof(float) * (size_t)nt * n_out);
         /* past 8 rows too, in any batch but a prompt's: a verify row = the decode row */
         if (nt > ref_tok && mv_forced == CUDA_MV_AUTO)
@@ -301,7 +305,8 @@ static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
         /* the tiles (a prompt's rows past 8, or forced) sum every output's blocks in the CPU
          * reference's order */
         if (quantized && mv_forced == CUDA_MV_TILES) check_bits("matmul-exact", shape, yg, yc, sizeof(float) * (size_t)nt * n_out);
-        if (quantized && nt > ref_tok && mv_forced != CUDA_MV_CONVERTED && mv_forced != CUDA_MV_TILES) {
+        if (quantized && nt > ref_tok && mv_forced != CUDA_MV_CONVERTED && mv_forced != CUDA_MV_TILES &&
+            mv_forced != CUDA_MV_F16) {
             gpu->set_prompt(gpu, true);
             matmul1(gpu, &wg, dx, nt, dy);
             gpu->set_prompt(gpu, false);
@@ -409,7 +414,7 @@ static void test_matmul_n(void) {
         char shape[96];
         gget(yg[i], dy[i], sizeof(float) * n_tok * n_outs[i]);
         snprintf(shape, sizeof shape, "[%d] %s %dx%d tok %d", i, ggml_type_traits_get(ts[i])->name, n_in, n_outs[i], n_tok);
-        check_scaled("matmul_n", shape, yg[i], yc[i], scale[i], (size_t)n_tok * n_outs[i], MM_TOL);
+        check_scaled("matmul_n", shape, yg[i], yc[i], scale[i], (size_t)n_tok * n_outs[i], mm_tol());
         cpu->weight_free(cpu, &wc[i]);
         gpu->weight_free(gpu, &wg[i]);
         gpu->free(gpu, dy[i]);
@@ -461,7 +466,7 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
         gget(g5, dy, sizeof(float) * ny);
         gget(ga5, da, sizeof(float) * nx);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d%s", tn, n_in, n_out, NT, with_m ? " +m" : "");
-        check_scaled("norm_matmul", shape, g5, yc, scale, ny, MM_TOL);
+        check_scaled("norm_matmul", shape, g5, yc, scale, ny, mm_tol());
         check("norm_matmul a", shape, ga5, a, nx, 0, 4.8e-7);
         if (with_m) {
             gget(gxo, dxo, sizeof(float) * nx);
@@ -525,7 +530,7 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
         norm2_matmul(gpu, dx, dw, dm, dw + half, half, eps, da, &wg, NT, dy);
         gget(g5, dy, sizeof(float) * ny);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
-        check_scaled("norm2_matmul", shape, g5, yc, scale, ny, MM_TOL);
+        check_scaled("norm2_matmul", shape, g5, yc, scale, ny, mm_tol());
         for (int nt = 1; nt < NT; nt++) {
             norm2_matmul(gpu, dx, dw, dm, dw + half, half, eps, da, &wg, nt, dy);
             gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
@@ -1938,11 +1943,53 @@ static void test_fused_matmuls(void) {
     test_fused_matmul(GGML_TYPE_F16, 1024, 20);     /* never fused: both paths unfused */
 }
 
+/* A prompt of MMF_MIN_TOK tokens or more takes the f16 tensor-core matmul under the rules
+ * (matmul_choose.cu): against the CPU within the f16 rounding bound, its rows independent of
+ * the batch (the first 40 tokens alone give the same bits), and seen to run. */
+static void test_matmul_prompt_f16(enum ggml_type t, int n_in, int n_out, int nt) {
+    const char *tn = ggml_type_traits_get(t)->name;
+    struct hweight hw = make_weight(t, n_in, n_out);
+    struct bweight wc = {0}, wg = {0};
+    cpu->weight_init(cpu, &wc, t, n_in, n_out, hw.data);
+    gpu->weight_init(gpu, &wg, t, n_in, n_out, hw.data);
+    float *x = xmalloc(sizeof(float) * (size_t)nt * n_in), *yc = xmalloc(sizeof(float) * (size_t)nt * n_out);
+    float *yg = xmalloc(sizeof(float) * (size_t)nt * n_out), *scale = xmalloc(sizeof(float) * (size_t)nt * n_out);
+    for (int tk = 0; tk < nt; tk++) fill(x + (size_t)tk * n_in, n_in, tk % 3 == 0 ? 3.0f : 0.7f);
+    dot_scale(&hw, x, nt, scale);
+    float *dx = gdup(x, sizeof(float) * (size_t)nt * n_in), *dy = galloc(sizeof(float) * (size_t)nt * n_out);
+    matmul1(cpu, &wc, x, nt, yc);
+    const long before = backend_cuda_matvec_launches(gpu, CUDA_MV_F16);
+    gpu->set_prompt(gpu, true);
+    matmul1(gpu, &wg, dx, nt, dy);
+    gpu->set_prompt(gpu, false);
+    gget(yg, dy, sizeof(float) * (size_t)nt * n_out);
+    char shape[96];
+    snprintf(shape, sizeof shape, "%s %dx%d tok %d prompt", tn, n_in, n_out, nt);
+    const bool ran = backend_cuda_matvec_launches(gpu, CUDA_MV_F16) > before;
+    printf("%-5s %-14s %-44s %s\n", ran ? "ok" : "FAIL", "matmul-f16", shape, ran ? "ran" : "did not run");
+    ran ? n_pass++ : n_fail++;
+    check_scaled("matmul-f16", shape, yg, yc, scale, (size_t)nt * n_out, MMF_TOL);
+    /* the rows of a longer prompt equal those of a shorter one that also takes the kernel */
+    const int nt2 = nt - 40;
+    float *yg2 = xmalloc(sizeof(float) * (size_t)nt2 * n_out);
+    gpu->set_prompt(gpu, true);
+    matmul1(gpu, &wg, dx, nt2, dy);
+    gpu->set_prompt(gpu, false);
+    gget(yg2, dy, sizeof(float) * (size_t)nt2 * n_out);
+    check_bits("matmul-f16-batch", shape, yg2, yg, sizeof(float) * (size_t)nt2 * n_out);
+    gpu->free(gpu, dx);
+    gpu->free(gpu, dy);
+    cpu->weight_free(cpu, &wc);
+    gpu->weight_free(gpu, &wg);
+    free(x); free(yc); free(yg); free(yg2); free(scale);
+    free_hweight(&hw);
+}
+
 /* Every matmul input kind and weight type under the rules, then with each kernel variant
  * forced (where it can run; elsewhere the rules choose): every variant against the CPU
  * reference, and each one seen to run. */
 static void run_matmul(void) {
-    static const char *const names[CUDA_MV_COUNT] = {"auto", "converted", "staged", "fused", "direct", "tiles"};
+    static const char *const names[CUDA_MV_COUNT] = {"auto", "converted", "staged", "fused", "direct", "tiles", "f16"};
     for (int v = CUDA_MV_AUTO; v < CUDA_MV_COUNT; v++) {
         printf("---- matmul variant %s\n", names[v]);
         mv_forced = v;
@@ -1959,6 +2006,8 @@ static void run_matmul(void) {
     }
     mv_forced = CUDA_MV_AUTO;
     backend_cuda_force_matvec(gpu, CUDA_MV_AUTO);
+    test_matmul_prompt_f16(GGML_TYPE_Q8_0, 512, 300, 330);
+    test_matmul_prompt_f16(GGML_TYPE_Q4_K, 768, 200, 300);
 }
 static void run_get_rows(void) { for_weight_shapes(test_get_rows_type); }
 static void run_rmsnorm(void) {
