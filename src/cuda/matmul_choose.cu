@@ -99,7 +99,8 @@ static int choose_kernel(const struct cuda_ctx *c, const struct mv_type *te, int
     default: break;
     }
     if (!converted && fuses(c, te, n_tok, stride, mode, n)) return CUDA_MV_FUSED;
-    if (n_tok >= MMF_MIN_TOK && te->quantized && c->prompt && n % MMF_K_MULTIPLE == 0) return CUDA_MV_F16;
+    if (!converted && n_tok >= MMF_MIN_TOK && te->quantized && c->prompt && n % MMF_K_MULTIPLE == 0)
+        return CUDA_MV_F16;
     if (n_tok > MV_MAX_NT && te->quantized && c->prompt) return CUDA_MV_TILES;
     if (can_staged) return CUDA_MV_STAGED;
     return CUDA_MV_CONVERTED;
