@@ -327,7 +327,6 @@ static void cuda_destroy(struct backend *be) {
     if (c->attn_part) CUDA_CHECK(cudaFree(c->attn_part));
     if (c->attn_count) CUDA_CHECK(cudaFree(c->attn_count));
     if (c->amax_part) CUDA_CHECK(cudaFree(c->amax_part));
-    if (c->wf16) CUDA_CHECK(cudaFree(c->wf16));
     for (int i = 0; i < 2; i++) CUDA_CHECK(cudaEventDestroy(c->stage_ev[i]));
     for (int i = 0; i < BACKEND_N_MARKS; i++) CUDA_CHECK(cudaEventDestroy(c->marks[i]));
     CUDA_CHECK(cudaFreeHost(c->stage));

@@ -47,7 +47,6 @@ struct cuda_ctx {
     void *attn_part;   size_t attn_part_size;
     void *attn_count;  size_t attn_count_size;
     void *amax_part;   size_t amax_part_size;
-    void *wf16;        size_t wf16_size;    /* a chunk of weight rows as f16 (matmul_f16.cu) */
     /* graph capture: a scratch buffer replaced while graphs exist makes them stale (they hold
      * its old address); growth is impossible while capturing (it waits for the stream) */
     unsigned scratch_gen;
@@ -59,6 +58,7 @@ struct cuda_ctx {
     int mv_regs[16][8][2][4];     /* [type][NT - 1][R > 1][FUSED: matvec.cu's MV_VARIANTS] */
     int mv_smem_static[16][8][2][4];
     bool mmq_ready[2][16];     /* prefill kernels' shared-memory limit raised (tile widths 64, 128) */
+    bool mmf_ready[16];        /* the same for the f16 prompt matmul (matmul_f16.cu) */
     int mv_force;                         /* enum cuda_matvec: a test's choice, or CUDA_MV_AUTO */
     bool prompt;                          /* backend.h set_prompt: batch-dependent kernels allowed */
     long mv_launches[CUDA_MV_COUNT];      /* matmul launches by variant, for the tests */

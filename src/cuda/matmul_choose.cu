@@ -11,7 +11,8 @@
  *    SEPARATE   the op's own kernel writes the formed f32 rows to in->a, then a plain matmul.
  * 2. For each group of weights of one type, its kernel (choose_kernel): FUSED (quantizes f32
  *    rows itself, forming them first where the input is formed), TILES (int8 tensor-core tiles),
- *    F16 (f16 tensor cores over dequantized weights: long prompts, not bit-identical),
+ *    F16 (f16 tensor cores over weight tiles decoded in shared memory: long prompts, not
+ *    bit-identical),
  *    STAGED (one converted token copied into shared memory first), or CONVERTED (activations
  *    converted by a kernel before it).
  * Each choice first asks what can run (kernel instances, shared memory, shapes: the can_*
@@ -82,9 +83,10 @@ static bool fuses(const struct cuda_ctx *c, const struct mv_type *te, int n_tok,
  * batches past MV_MAX_NT rows take the converted matvec in groups); one converted token staged
  * in shared memory where it fits (9B FFN down +0.5% decode against reading it in the dot
  * products); else the converted matvec, in groups of MV_MAX_NT rows. */
-/* Rule (session 17's prediction, not measured yet): prompts of at least this many tokens take
- * the f16 tensor-core matmul: its weight rows are dequantized to f16 once per call, which a
- * prompt this long repays (9B Q8_0: the int8 tiles' ~130 TOP/s against >= 300 TFLOPS). */
+/* Rule (session 21's prediction, not measured yet): prompts of at least this many tokens take
+ * the f16 tensor-core matmul (matmul_f16.cu): it decodes each weight tile once per 128 tokens,
+ * so a prompt this long keeps its tiles full (9B Q8_0: session 18 timed f16 tiles at ~1.23x
+ * the int8 tiles' rate). */
 #define MMF_MIN_TOK 256
 
 static int choose_kernel(const struct cuda_ctx *c, const struct mv_type *te, int n_tok, int stride, int mode, int n,
@@ -93,7 +95,7 @@ static int choose_kernel(const struct cuda_ctx *c, const struct mv_type *te, int
     switch (c->mv_force) {
     case CUDA_MV_FUSED: if (!converted && can_fuse(c, te, n_tok, stride, mode)) return CUDA_MV_FUSED; break;
     case CUDA_MV_TILES: if (!converted && te->quantized) return CUDA_MV_TILES; break;
-    case CUDA_MV_F16: if (!converted && n % MMF_K_MULTIPLE == 0) return CUDA_MV_F16; break;
+    case CUDA_MV_F16: if (!converted && te->quantized && n % MMF_K_MULTIPLE == 0) return CUDA_MV_F16; break;
     case CUDA_MV_STAGED: if (can_staged) return CUDA_MV_STAGED; break;
     case CUDA_MV_CONVERTED: if (mode == MV_IN_X) return CUDA_MV_CONVERTED; break;
     default: break;
