@@ -24,7 +24,9 @@ template <int T> struct mmf_shape {
     enum {
         RU = qt<T>::UPB == 8 ? 8 : MMF_KT,
         RAW = RU / qt<T>::UPB * qt<T>::BB,
-        RSLOT = ((RAW + 30) / 16) * 16 + 16,
+        /* an odd count of 16 bytes a row: rows of whole 16s (Q6_K's 256) would start every
+         * staged row on one bank, 16-way conflicts in decode() */
+        RSLOT = (((RAW + 30) / 16 + 1) | 1) * 16,
         SMEM = MMF_BM * RSLOT + 3 * MMF_BM * MMF_LD * 2 + MMF_BM * (int)sizeof(void *),
     };
 };
