@@ -36,6 +36,8 @@ enum cuda_matvec {
 };
 void backend_cuda_force_matvec(struct backend *be, int variant);
 long backend_cuda_matvec_launches(struct backend *be, int variant);
+/* launches of a prompt's attention tiles (attention_tiles.cu) since the backend was made */
+long backend_cuda_attention_tile_launches(struct backend *be);
 
 #ifdef __cplusplus
 }

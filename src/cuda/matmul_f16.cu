@@ -11,6 +11,7 @@
  * order with the same mmas whatever the number of tokens, so it depends on its row and token
  * alone. */
 #include "matmul.cuh"
+#include "mma.cuh"
 
 #define MMF_BM 128          /* weight rows per block */
 #define MMF_BN 128          /* tokens per block */
@@ -57,20 +58,6 @@ __device__ __forceinline__ void codes_to_h2(uint32_t w, __half2 &lo, __half2 &hi
     const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
     lo = __hsub2(*(const __half2 *)&p0, bias);
     hi = __hsub2(*(const __half2 *)&p1, bias);
-}
-
-__device__ __forceinline__ void ldsm_x4(const __half *p, uint32_t (&r)[4]) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void mma_f16_16816(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&c)[4]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* Block (tokens bx, rows by): per K tile, the raw bytes (staged a raw tile ahead) are decoded

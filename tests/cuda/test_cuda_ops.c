@@ -1011,6 +1011,11 @@ static void test_attention_win(enum ggml_type tk, enum ggml_type tv, int n_tok, 
                     const float inv = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
                     for (int i = 0; i < 8; i++) x[i] = rintf(x[i] * inv) * d;
                 }
+    /* f16 caches: the query on the f16 grid, which a prompt's tensor-core tiles round it to
+     * (attention_tiles.cu), so that their only rounding left is P's (checked tightly below) */
+    const bool f16_cache = tk == GGML_TYPE_F16 && tv == GGML_TYPE_F16;
+    if (f16_cache)
+        for (size_t i = 0; i < (size_t)n_tok * qs; i++) q[i] = fp16_to_f32(f32_to_fp16(q[i]));
     float vmax = 0;
     for (int c = 0; c < n_cells; c++) { /* rows as the reference stores them; vmax of the values held */
         fill(row, (size_t)kvd, 2.0f);
@@ -1052,14 +1057,22 @@ static void test_attention_win(enum ggml_type tk, enum ggml_type tv, int n_tok, 
     const float tol = vmax * (1e-5f + 8.0f * smax * FLT_EPSILON);
     snprintf(shape, sizeof shape, "%d tok ctx %d..%d heads %d/%d dim %d K %s V %s%s", n_tok, len0 + 1, len0 + n_tok,
              n_head, n_head_kv, D, ggml_type_traits_get(tk)->name, ggml_type_traits_get(tv)->name, window ? " window" : gemma ? " packed" : "");
-    if (n_tok > 8) { /* as a prompt: one slice per token, query heads grouped */
+    if (n_tok > 8) { /* as a prompt: the tensor-core tiles where they fit, else one slice per token */
+        const long before = backend_cuda_attention_tile_launches(gpu);
         gpu->set_prompt(gpu, true);
         gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
         gpu->set_prompt(gpu, false);
+        const bool tiles = backend_cuda_attention_tile_launches(gpu) > before;
         gget(og, dout, sizeof(float) * n_tok * n_head * D);
         char ps[160];
-        snprintf(ps, sizeof ps, "%.120s prompt", shape);
-        check("attention", ps, og, oc, (size_t)n_tok * n_head * D, tol, 0);
+        snprintf(ps, sizeof ps, "%.120s prompt%s", shape, tiles ? " tiles" : "");
+        /* the tiles round each weight exp(s - m) to f16 (2^-11 relative) before P·V: the output
+         * moves by at most 2^-11 of max|v| on top of the float kernels' bound */
+        check("attention", ps, og, oc, (size_t)n_tok * n_head * D, tiles ? tol + vmax / 2048.0f : tol, 0);
+        if (f16_cache && (D == 64 || D == 128 || D == 256) && n_head / n_head_kv <= 64) {
+            printf("%-5s %-14s %-44s %s\n", tiles ? "ok" : "FAIL", "attention", ps, tiles ? "tiles ran" : "tiles did not run");
+            tiles ? n_pass++ : n_fail++;
+        }
     }
     gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
     gget(og, dout, sizeof(float) * n_tok * n_head * D);
@@ -2085,6 +2098,8 @@ static void run_attention(void) {
     test_attention(12, 20, 4, 4, 512, 1);    /* widest head, no GQA */
     test_attention(2, 10, 2, 1, 400, 0);     /* wide, scalar path */
     test_attention(20, 100, 16, 4, 256, 1);  /* prompt: 4 query heads per block */
+    test_attention(150, 500, 16, 4, 256, 1); /* prompt tiles: 10 token tiles, 11 key tiles, the last part-full */
+    test_attention(100, 0, 8, 1, 128, 0);    /* prompt tiles: 8 query heads a KV head, from the first cell */
     test_attention(10, 30, 4, 2, 512, 0);    /* prompt, widest head: 2 per block */
     test_attention(9, 7, 6, 3, 36, 0);       /* prompt, scalar path, 3 per KV head: 1 per block */
     /* gemma4's trained model: sliding layers (window 128, 2 KV heads of 64), full (1 of 128) */
