@@ -6,8 +6,10 @@
  * it once per token (the 9B's 4096-token prefill waited on the L2 there: 24 µs per token).
  * For f16 caches and heads of 64, 128 or 256; others keep attention.cu's kernel. Not
  * bit-identical to anything (q and P rounded to f16): prompts only, like every kernel past
- * set_prompt. A row's result depends on its token alone: its keys are visited in cell order in
- * tiles fixed by the block's first cell, the same for any batch of the same prompt chunk. */
+ * set_prompt. A row's result depends on its own cells alone, whatever tokens share its block:
+ * the key tiles lie on a fixed grid of cells (multiples of 64), a tile none of the block's rows
+ * attends is skipped, and one that misses a row is an exact no-op for it (its scores -inf, its
+ * weights 0, the running max unchanged). */
 #include "cuda_internal.cuh"
 #include "mma.cuh"
 
@@ -39,7 +41,7 @@ fa_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, co
     __half(*Qs)[LD] = reinterpret_cast<__half(*)[LD]>(dsm);
     __half(*Ks)[LD] = reinterpret_cast<__half(*)[LD]>(dsm + FA_ROWS * LD * 2);
     __half(*Vs)[LD] = reinterpret_cast<__half(*)[LD]>(dsm + 2 * FA_ROWS * LD * 2);
-    __shared__ int range[2];
+    __shared__ int range[2], next[2];
     cuda_pdl_begin();
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, qd = lane % 4;
     const int tpt = FA_ROWS / G, t0 = blockIdx.x * tpt, hk = blockIdx.y;
@@ -56,7 +58,7 @@ fa_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, co
             lo = min(lo, __shfl_xor_sync(0xFFFFFFFFu, lo, o));
             hi = max(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, o));
         }
-        if (lane == 0) { range[0] = lo; range[1] = hi; }
+        if (lane == 0) { range[0] = lo; range[1] = hi; next[0] = next[1] = INT_MAX; }
     }
     /* the query rows as f16: row r is token t0 + r / G, head hk·G + r % G (zeros past them) */
     for (int i = tid; i < FA_ROWS * D / 4; i += FA_THREADS) {
@@ -76,26 +78,39 @@ fa_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, co
         rb[h] = live ? cell0[t] : 0;
         re[h] = live ? cell0[t] + n_ctx[t] : 0;
     }
-    /* tile j's K (or V) rows into shared memory; cells past hi repeat the last (masked) */
+    /* tile j's (cells 64j ..) K or V rows into shared memory; cells outside the block's rows'
+     * span repeat its edge (masked: no cell past the cache, none of a sequence before it) */
     auto issue = [&](const uint8_t *base, size_t row, size_t head, __half (*dst)[LD], int j) {
         constexpr int CPR = D / 8; /* 16-byte chunks a row */
         for (int i = tid; i < FA_KEYS * CPR; i += FA_THREADS) {
-            const int k = i / CPR, c = i % CPR, cell = min(lo + j * FA_KEYS + k, hi - 1);
+            const int k = i / CPR, c = i % CPR, cell = min(max(j * FA_KEYS + k, lo), hi - 1);
             cp_async16(&dst[k][8 * c], base + (size_t)cell * row + (size_t)hk * head + 16 * c);
         }
         cp_async_commit();
     };
-    const int n_tiles = hi > lo ? (hi - lo + FA_KEYS - 1) / FA_KEYS : 0;
+    /* the first tile past j that one of the block's rows attends (INT_MAX: none), a minimum over
+     * the block through next[slot], read after the barrier that follows */
+    auto offer_next = [&](int j, int slot) {
+        const int from = (j + 1) * FA_KEYS;
+        int cand = INT_MAX;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            if (re[h] > from) cand = min(cand, max(rb[h], from) / FA_KEYS);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) cand = min(cand, __shfl_xor_sync(0xFFFFFFFFu, cand, o));
+        if (lane == 0 && cand != INT_MAX) atomicMin(&next[slot], cand);
+    };
     float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < NT; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
-    if (n_tiles > 0) {
-        issue(kc, k_row, k_head, Ks, 0);
-        issue(vc, v_row, v_head, Vs, 0);
+    const int first = hi > lo ? lo / FA_KEYS : INT_MAX;
+    if (first != INT_MAX) {
+        issue(kc, k_row, k_head, Ks, first);
+        issue(vc, v_row, v_head, Vs, first);
     }
-    for (int j = 0; j < n_tiles; j++) {
+    for (int j = first, it = 0; j != INT_MAX; it++) {
         cp_async_wait1(); /* K of tile j (its V may still be in flight) */
         __syncthreads();
         float s[FA_KEYS / 8][4];
@@ -115,8 +130,11 @@ fa_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, co
                 mma_f16_16816(a, b[2], b[3], s[2 * nj + 1]);
             }
         }
+        offer_next(j, it & 1);
         __syncthreads(); /* every warp is past Ks: the next tile's K may come */
-        if (j + 1 < n_tiles) issue(kc, k_row, k_head, Ks, j + 1);
+        const int jn = next[it & 1];
+        if (tid == 0) next[(it + 1) & 1] = INT_MAX; /* rearmed: its offers come after two barriers */
+        if (jn != INT_MAX) issue(kc, k_row, k_head, Ks, jn);
         else cp_async_commit();
         /* mask to each row's cells, scale into log2 units, online softmax per row */
         float mx[2] = {-INFINITY, -INFINITY};
@@ -124,7 +142,7 @@ fa_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, co
         for (int n = 0; n < FA_KEYS / 8; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int h = e / 2, cell = lo + j * FA_KEYS + n * 8 + 2 * qd + (e & 1);
+                const int h = e / 2, cell = j * FA_KEYS + n * 8 + 2 * qd + (e & 1);
                 s[n][e] = cell >= rb[h] && cell < re[h] ? s[n][e] * scale_log2 : -INFINITY;
                 mx[h] = fmaxf(mx[h], s[n][e]);
             }
@@ -167,8 +185,9 @@ fa_kernel(const float *q, int q_stride, int q_head_stride, const uint8_t *kc, co
                 mma_f16_16816(p[kk], b[2], b[3], o[2 * dn + 1]);
             }
         __syncthreads(); /* every warp is past Vs */
-        if (j + 1 < n_tiles) issue(vc, v_row, v_head, Vs, j + 1);
+        if (jn != INT_MAX) issue(vc, v_row, v_head, Vs, jn);
         else cp_async_commit();
+        j = jn;
     }
     cp_async_wait0();
     /* the row sums over the quad, then out = O / l */

@@ -1073,6 +1073,15 @@ static void test_attention_win(enum ggml_type tk, enum ggml_type tv, int n_tok, 
             printf("%-5s %-14s %-44s %s\n", tiles ? "ok" : "FAIL", "attention", ps, tiles ? "tiles ran" : "tiles did not run");
             tiles ? n_pass++ : n_fail++;
         }
+        if (tiles && n_tok > 8 + 5) { /* the tokens from the 6th on, grouped otherwise into blocks: same bits */
+            float *og5 = xmalloc(sizeof(float) * (n_tok - 5) * n_head * D);
+            gpu->set_prompt(gpu, true);
+            gpu->attention(gpu, dq + (size_t)5 * qs, qs, qhs, &kvg, dc0 + 5, dn + 5, n_tok - 5, n_head, scale, dout);
+            gpu->set_prompt(gpu, false);
+            gget(og5, dout, sizeof(float) * (n_tok - 5) * n_head * D);
+            check_bits("attention-tiles-batch", ps, og5, og + (size_t)5 * n_head * D, sizeof(float) * (n_tok - 5) * n_head * D);
+            free(og5);
+        }
     }
     gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
     gget(og, dout, sizeof(float) * n_tok * n_head * D);
