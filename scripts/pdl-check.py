@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 # The matvec, direct matvec and tile kernels fetch weight bytes before the wait on purpose.
-ALLOWED = re.compile(r"^(void )?(matvec_kernel|matvec_q8_0_direct_kernel|mmq_kernel)\b")
+ALLOWED = re.compile(r"^(void )?(matvec_kernel|matvec_q8_0_direct_kernel|mmq_kernel|mmf_kernel)\b")
 LOAD = re.compile(r"^(?:@!?U?P\w+\s+)?(LDG\S*|LD\.E\S*|LDGSTS\S*|UBLKCP\S*|UTMALDG\S*)\s")
 INSN = re.compile(r"/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 

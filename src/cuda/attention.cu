@@ -431,7 +431,8 @@ static void attention_launch(struct cuda_ctx *c, const float *q, int q_stride, i
 #undef ATTN_LAUNCH_G
 }
 
-/* A prompt's tokens past ATTN_SMALL_BATCH: one slice each, one launch. Any other batch: every
+/* A prompt's tokens past ATTN_SMALL_BATCH: the tensor-core tiles where they fit
+ * (attention_tiles.cu), else one slice each, one launch. Any other batch: every
  * token in its attn_n_split slices, in launches of ATTN_SMALL_BATCH tokens, so that its result is
  * what it gives in any batch (a verify row equals the decode row it replaces). */
 void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head_stride, const struct kv_view *kv,
@@ -440,7 +441,10 @@ void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head
     if (n_tok < 1 || n_head < 1) return;
     if (kv->head_dim > ATTN_MAX_D || kv->n_head_kv < 1 || n_head % kv->n_head_kv) abort(); /* model loading rejects these */
     if (c->prompt && n_tok > ATTN_SMALL_BATCH) {
-        attention_launch(c, q, q_stride, q_head_stride, kv, cell0, n_ctx, n_tok, n_head, scale, out, false);
+        if (cuda_attention_tiles_fit(kv, n_head, q, q_stride, q_head_stride))
+            cuda_attention_tiles(c, q, q_stride, q_head_stride, kv, cell0, n_ctx, n_tok, n_head, scale, out);
+        else
+            attention_launch(c, q, q_stride, q_head_stride, kv, cell0, n_ctx, n_tok, n_head, scale, out, false);
         return;
     }
     for (int t0 = 0; t0 < n_tok; t0 += ATTN_SMALL_BATCH)

@@ -31,10 +31,13 @@ enum cuda_matvec {
     CUDA_MV_FUSED,       /* the matvec forms and quantizes its input rows itself (<= 2, NORM2 <= 4) */
     CUDA_MV_DIRECT,      /* one token of Q8_0, weights straight into registers (gated norm, gate) */
     CUDA_MV_TILES,       /* the int8 tensor-core tiles (quantized types; the prefill kernel) */
+    CUDA_MV_F16,         /* f16 tensor cores over weight tiles decoded in shared memory (prompts) */
     CUDA_MV_COUNT
 };
 void backend_cuda_force_matvec(struct backend *be, int variant);
 long backend_cuda_matvec_launches(struct backend *be, int variant);
+/* launches of a prompt's attention tiles (attention_tiles.cu) since the backend was made */
+long backend_cuda_attention_tile_launches(struct backend *be);
 
 #ifdef __cplusplus
 }

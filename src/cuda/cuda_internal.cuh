@@ -58,6 +58,9 @@ struct cuda_ctx {
     int mv_regs[16][8][2][4];     /* [type][NT - 1][R > 1][FUSED: matvec.cu's MV_VARIANTS] */
     int mv_smem_static[16][8][2][4];
     bool mmq_ready[2][16];     /* prefill kernels' shared-memory limit raised (tile widths 64, 128) */
+    bool mmf_ready[16];        /* the same for the f16 prompt matmul (matmul_f16.cu) */
+    bool fa_ready[3];          /* and for the prompt attention's tiles (heads of 128, 256) */
+    long attn_tile_launches;   /* launches of the prompt attention's tiles, for the tests */
     int mv_force;                         /* enum cuda_matvec: a test's choice, or CUDA_MV_AUTO */
     bool prompt;                          /* backend.h set_prompt: batch-dependent kernels allowed */
     long mv_launches[CUDA_MV_COUNT];      /* matmul launches by variant, for the tests */
@@ -296,5 +299,11 @@ bool cuda_weight_type_supported(enum ggml_type t);
  * with m, x_out = x + m (x_out may be x). The unfused form of a NORM matvec input. */
 void cuda_norm_rows(struct cuda_ctx *c, const float *x, const float *m, float *x_out, const float *w, int n_rows,
                     int dim, float eps, float *y);
+
+/* attention_tiles.cu: a prompt's attention on f16 tensor cores, where it fits (f16 caches,
+ * heads of 64 / 128 / 256); attention.cu's prompt branch asks first */
+bool cuda_attention_tiles_fit(const struct kv_view *kv, int n_head, const float *q, int q_stride, int q_head_stride);
+void cuda_attention_tiles(struct cuda_ctx *c, const float *q, int q_stride, int q_head_stride, const struct kv_view *kv,
+                          const int32_t *cell0, const int32_t *n_ctx, int n_tok, int n_head, float scale, float *out);
 
 #endif

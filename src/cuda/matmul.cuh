@@ -549,6 +549,10 @@ void mv_direct(struct cuda_ctx *c, const struct bweight *w, const xact &x, float
 /* matmul_tiles.cu: P's rows against n_tok converted rows by the tensor-core tiles (quantized
  * types). */
 void mmq_run(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok);
+/* matmul_f16.cu: the same on f16 tensor cores, x f16 rows (XF_F16), P.n a multiple of 32: not
+ * bit-identical to the reference (prompts only). */
+#define MMF_K_MULTIPLE 32
+void mmf_run(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok);
 
 /* matmul_input.cu */
 void convert_activations(struct cuda_ctx *c, int f, const float *x, int n, int n_tok, const xact &xa);

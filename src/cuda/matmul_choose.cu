@@ -11,6 +11,8 @@
  *    SEPARATE   the op's own kernel writes the formed f32 rows to in->a, then a plain matmul.
  * 2. For each group of weights of one type, its kernel (choose_kernel): FUSED (quantizes f32
  *    rows itself, forming them first where the input is formed), TILES (int8 tensor-core tiles),
+ *    F16 (f16 tensor cores over weight tiles decoded in shared memory: long prompts, not
+ *    bit-identical),
  *    STAGED (one converted token copied into shared memory first), or CONVERTED (activations
  *    converted by a kernel before it).
  * Each choice first asks what can run (kernel instances, shared memory, shapes: the can_*
@@ -81,17 +83,26 @@ static bool fuses(const struct cuda_ctx *c, const struct mv_type *te, int n_tok,
  * batches past MV_MAX_NT rows take the converted matvec in groups); one converted token staged
  * in shared memory where it fits (9B FFN down +0.5% decode against reading it in the dot
  * products); else the converted matvec, in groups of MV_MAX_NT rows. */
+/* Rule (session 21's prediction, not measured yet): prompts of at least this many tokens take
+ * the f16 tensor-core matmul (matmul_f16.cu): it decodes each weight tile once per 128 tokens,
+ * so a prompt this long keeps its tiles full (9B Q8_0: session 18 timed f16 tiles at ~1.23x
+ * the int8 tiles' rate). */
+#define MMF_MIN_TOK 256
+
 static int choose_kernel(const struct cuda_ctx *c, const struct mv_type *te, int n_tok, int stride, int mode, int n,
                          bool converted) {
     const bool can_staged = n_tok == 1 && te->quantized && mv_x_fits(c, te, 1, stride);
     switch (c->mv_force) {
     case CUDA_MV_FUSED: if (!converted && can_fuse(c, te, n_tok, stride, mode)) return CUDA_MV_FUSED; break;
     case CUDA_MV_TILES: if (!converted && te->quantized) return CUDA_MV_TILES; break;
+    case CUDA_MV_F16: if (!converted && te->quantized && n % MMF_K_MULTIPLE == 0) return CUDA_MV_F16; break;
     case CUDA_MV_STAGED: if (can_staged) return CUDA_MV_STAGED; break;
     case CUDA_MV_CONVERTED: if (mode == MV_IN_X) return CUDA_MV_CONVERTED; break;
     default: break;
     }
     if (!converted && fuses(c, te, n_tok, stride, mode, n)) return CUDA_MV_FUSED;
+    if (!converted && n_tok >= MMF_MIN_TOK && te->quantized && c->prompt && n % MMF_K_MULTIPLE == 0)
+        return CUDA_MV_F16;
     if (n_tok > MV_MAX_NT && te->quantized && c->prompt) return CUDA_MV_TILES;
     if (can_staged) return CUDA_MV_STAGED;
     return CUDA_MV_CONVERTED;
@@ -108,6 +119,7 @@ static void run_kernel(struct cuda_ctx *c, const struct mv_type *te, int k, cons
         else te->mv_fused[n_tok - 1](c, te->slot, P, xf, x, 0, 1);
         return;
     case CUDA_MV_TILES: mmq_run(c, te->slot, P, x, n_tok); return;
+    case CUDA_MV_F16: mmf_run(c, te->slot, P, x, n_tok); return;
     case CUDA_MV_STAGED: te->mv_staged(c, te->slot, P, xf, x, 0, 1); return;
     default: {
         const int full = n_tok / MV_MAX_NT, rem = n_tok % MV_MAX_NT;
@@ -131,7 +143,8 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
         bool need[XF_COUNT] = {};
         for (int i = 0; i < n_w; i++) {
             const struct mv_type *te = type_get(ws[i]);
-            if (choose_kernel(c, te, n_tok, stride, in.mode, n, false) != CUDA_MV_FUSED) need[te->xf] = true;
+            const int k = choose_kernel(c, te, n_tok, stride, in.mode, n, false);
+            if (k != CUDA_MV_FUSED) need[k == CUDA_MV_F16 ? XF_F16 : te->xf] = true;
         }
         size_t total = 0;
         for (int f = 0; f < XF_COUNT; f++)
@@ -151,6 +164,7 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
         if (seen) continue;
         const struct mv_type *te = type_get(ws[i]);
         const int k = choose_kernel(c, te, n_tok, stride, in.mode, n, pre != NULL);
+        const xact &xk = xa[k == CUDA_MV_F16 ? XF_F16 : te->xf];
         mv_params P;
         memset(&P, 0, sizeof P);
         P.n = n;
@@ -168,12 +182,12 @@ static void matmul_n_with(struct cuda_ctx *c, const struct bweight *const *ws, f
             rows += (int)ws[j]->n_out;
             P.row0[w + 1] = rows;
             if (P.n_w == MV_MAX_W) {
-                run_kernel(c, te, k, P, x, xa[te->xf], n_tok);
+                run_kernel(c, te, k, P, x, xk, n_tok);
                 P.n_w = 0;
                 rows = 0;
             }
         }
-        if (P.n_w) run_kernel(c, te, k, P, x, xa[te->xf], n_tok);
+        if (P.n_w) run_kernel(c, te, k, P, x, xk, n_tok);
     }
 }
 
@@ -252,7 +266,8 @@ static int choose_form(const struct cuda_ctx *c, const struct matmul_in *in, con
     case CUDA_MV_DIRECT: if (can_direct) return FORM_DIRECT; break;
     case CUDA_MV_STAGED: if (can_gnorm_k) return FORM_GNORM_K; return FORM_SEPARATE;
     case CUDA_MV_CONVERTED: return can_codes ? FORM_CODES : FORM_SEPARATE;
-    case CUDA_MV_TILES: return FORM_SEPARATE;
+    case CUDA_MV_TILES:
+    case CUDA_MV_F16: return FORM_SEPARATE;
     default: break;
     }
     /* the rules */

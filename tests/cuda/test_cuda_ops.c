@@ -236,6 +236,14 @@ static bool check_scaled(const char *op, const char *shape, const float *got, co
 }
 
 #define MM_TOL 2e-6
+/* The f16 prompt matmul rounds each activation to f16 once (unit roundoff 2^-11) and each
+ * weight value up to twice (a K-quant's scale product, then the value): a term is off by
+ * ~3·2^-11 of |w x|, or of its unit's range where a min offset cancels (up to ~3x |w| for these
+ * rows). Against the CPU, whose activations are Q8 (steps of max|x| / 127 a block, random in
+ * sign), the distance adds that reference's own error. 2^-8 of S covers both; a wrong code or
+ * scale moves an output by a large part of S. */
+#define MMF_TOL (1.0 / 256.0)
+static double mm_tol(void) { return mv_forced == CUDA_MV_F16 ? MMF_TOL : MM_TOL; }
 
 /* Inputs formed with expf (swiglu, the gated norm's silu, the output gate's sigmoid) differ
  * from glibc's by up to 2 ulp, so a value at a rounding boundary can take the next Q8 code on
@@ -257,7 +265,7 @@ static bool check_scaled_flips(const char *op, const char *shape, const float *g
         for (int i = 0; i < w->n_in; i++) xmax = fmaxf(xmax, fabsf(x[(size_t)t * w->n_in + i]));
         for (int o = 0; o < w->n_out; o++) allow[(size_t)t * w->n_out + o] = MM_FLIPS * (double)wmax[o] * xmax / 127.0;
     }
-    const bool ok = check_scaled_allow(op, shape, got, ref, scale, allow, (size_t)n_tok * w->n_out, MM_TOL);
+    const bool ok = check_scaled_allow(op, shape, got, ref, scale, allow, (size_t)n_tok * w->n_out, mm_tol());
     free(wmax);
     free(allow);
     return ok;
@@ -293,7 +301,7 @@ static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
         matmul1(gpu, &wg, dx, nt, dy);
         gget(yg, dy, sizeof(float) * (size_t)nt * n_out);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, nt);
-        check_scaled("matmul", shape, yg, yc, scale, (size_t)nt * n_out, MM_TOL);
+        check_scaled("matmul", shape, yg, yc, scale, (size_t)nt * n_out, mm_tol());
         if (nt < ref_tok) check_bits("matmul-batch", shape, yg, yref, sizeof(float) * (size_t)nt * n_out);
         /* past 8 rows too, in any batch but a prompt's: a verify row = the decode row */
         if (nt > ref_tok && mv_forced == CUDA_MV_AUTO)
@@ -301,7 +309,8 @@ static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
         /* the tiles (a prompt's rows past 8, or forced) sum every output's blocks in the CPU
          * reference's order */
         if (quantized && mv_forced == CUDA_MV_TILES) check_bits("matmul-exact", shape, yg, yc, sizeof(float) * (size_t)nt * n_out);
-        if (quantized && nt > ref_tok && mv_forced != CUDA_MV_CONVERTED && mv_forced != CUDA_MV_TILES) {
+        if (quantized && nt > ref_tok && mv_forced != CUDA_MV_CONVERTED && mv_forced != CUDA_MV_TILES &&
+            mv_forced != CUDA_MV_F16) {
             gpu->set_prompt(gpu, true);
             matmul1(gpu, &wg, dx, nt, dy);
             gpu->set_prompt(gpu, false);
@@ -409,7 +418,7 @@ static void test_matmul_n(void) {
         char shape[96];
         gget(yg[i], dy[i], sizeof(float) * n_tok * n_outs[i]);
         snprintf(shape, sizeof shape, "[%d] %s %dx%d tok %d", i, ggml_type_traits_get(ts[i])->name, n_in, n_outs[i], n_tok);
-        check_scaled("matmul_n", shape, yg[i], yc[i], scale[i], (size_t)n_tok * n_outs[i], MM_TOL);
+        check_scaled("matmul_n", shape, yg[i], yc[i], scale[i], (size_t)n_tok * n_outs[i], mm_tol());
         cpu->weight_free(cpu, &wc[i]);
         gpu->weight_free(gpu, &wg[i]);
         gpu->free(gpu, dy[i]);
@@ -461,7 +470,7 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
         gget(g5, dy, sizeof(float) * ny);
         gget(ga5, da, sizeof(float) * nx);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d%s", tn, n_in, n_out, NT, with_m ? " +m" : "");
-        check_scaled("norm_matmul", shape, g5, yc, scale, ny, MM_TOL);
+        check_scaled("norm_matmul", shape, g5, yc, scale, ny, mm_tol());
         check("norm_matmul a", shape, ga5, a, nx, 0, 4.8e-7);
         if (with_m) {
             gget(gxo, dxo, sizeof(float) * nx);
@@ -525,7 +534,7 @@ static void test_fused_matmul(enum ggml_type t, int n_in, int n_out) {
         norm2_matmul(gpu, dx, dw, dm, dw + half, half, eps, da, &wg, NT, dy);
         gget(g5, dy, sizeof(float) * ny);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d", tn, n_in, n_out, NT);
-        check_scaled("norm2_matmul", shape, g5, yc, scale, ny, MM_TOL);
+        check_scaled("norm2_matmul", shape, g5, yc, scale, ny, mm_tol());
         for (int nt = 1; nt < NT; nt++) {
             norm2_matmul(gpu, dx, dw, dm, dw + half, half, eps, da, &wg, nt, dy);
             gget(gy, dy, sizeof(float) * (size_t)nt * n_out);
@@ -1002,6 +1011,11 @@ static void test_attention_win(enum ggml_type tk, enum ggml_type tv, int n_tok, 
                     const float inv = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
                     for (int i = 0; i < 8; i++) x[i] = rintf(x[i] * inv) * d;
                 }
+    /* f16 caches: the query on the f16 grid, which a prompt's tensor-core tiles round it to
+     * (attention_tiles.cu), so that their only rounding left is P's (checked tightly below) */
+    const bool f16_cache = tk == GGML_TYPE_F16 && tv == GGML_TYPE_F16;
+    if (f16_cache)
+        for (size_t i = 0; i < (size_t)n_tok * qs; i++) q[i] = fp16_to_f32(f32_to_fp16(q[i]));
     float vmax = 0;
     for (int c = 0; c < n_cells; c++) { /* rows as the reference stores them; vmax of the values held */
         fill(row, (size_t)kvd, 2.0f);
@@ -1043,14 +1057,31 @@ static void test_attention_win(enum ggml_type tk, enum ggml_type tv, int n_tok, 
     const float tol = vmax * (1e-5f + 8.0f * smax * FLT_EPSILON);
     snprintf(shape, sizeof shape, "%d tok ctx %d..%d heads %d/%d dim %d K %s V %s%s", n_tok, len0 + 1, len0 + n_tok,
              n_head, n_head_kv, D, ggml_type_traits_get(tk)->name, ggml_type_traits_get(tv)->name, window ? " window" : gemma ? " packed" : "");
-    if (n_tok > 8) { /* as a prompt: one slice per token, query heads grouped */
+    if (n_tok > 8) { /* as a prompt: the tensor-core tiles where they fit, else one slice per token */
+        const long before = backend_cuda_attention_tile_launches(gpu);
         gpu->set_prompt(gpu, true);
         gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
         gpu->set_prompt(gpu, false);
+        const bool tiles = backend_cuda_attention_tile_launches(gpu) > before;
         gget(og, dout, sizeof(float) * n_tok * n_head * D);
         char ps[160];
-        snprintf(ps, sizeof ps, "%.120s prompt", shape);
-        check("attention", ps, og, oc, (size_t)n_tok * n_head * D, tol, 0);
+        snprintf(ps, sizeof ps, "%.120s prompt%s", shape, tiles ? " tiles" : "");
+        /* the tiles round each weight exp(s - m) to f16 (2^-11 relative) before P·V: the output
+         * moves by at most 2^-11 of max|v| on top of the float kernels' bound */
+        check("attention", ps, og, oc, (size_t)n_tok * n_head * D, tiles ? tol + vmax / 2048.0f : tol, 0);
+        if (f16_cache && (D == 64 || D == 128 || D == 256) && n_head / n_head_kv <= 64) {
+            printf("%-5s %-14s %-44s %s\n", tiles ? "ok" : "FAIL", "attention", ps, tiles ? "tiles ran" : "tiles did not run");
+            tiles ? n_pass++ : n_fail++;
+        }
+        if (tiles && n_tok > 8 + 5) { /* the tokens from the 6th on, grouped otherwise into blocks: same bits */
+            float *og5 = xmalloc(sizeof(float) * (n_tok - 5) * n_head * D);
+            gpu->set_prompt(gpu, true);
+            gpu->attention(gpu, dq + (size_t)5 * qs, qs, qhs, &kvg, dc0 + 5, dn + 5, n_tok - 5, n_head, scale, dout);
+            gpu->set_prompt(gpu, false);
+            gget(og5, dout, sizeof(float) * (n_tok - 5) * n_head * D);
+            check_bits("attention-tiles-batch", ps, og5, og + (size_t)5 * n_head * D, sizeof(float) * (n_tok - 5) * n_head * D);
+            free(og5);
+        }
     }
     gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
     gget(og, dout, sizeof(float) * n_tok * n_head * D);
@@ -1938,11 +1969,58 @@ static void test_fused_matmuls(void) {
     test_fused_matmul(GGML_TYPE_F16, 1024, 20);     /* never fused: both paths unfused */
 }
 
+/* A prompt of MMF_MIN_TOK tokens or more takes the f16 tensor-core matmul under the rules
+ * (matmul_choose.cu): against the exact product of the dequantized weights (double) within the
+ * f16 rounding bound, its rows independent of the batch (the first 40 tokens fewer give the
+ * same bits), and seen to run. Shapes past the tiles' edges: rows and tokens not multiples of
+ * 128, an odd count of 32-element units (a K tile's second unit past the row). */
+static void test_matmul_prompt_f16(enum ggml_type t, int n_in, int n_out, int nt) {
+    const char *tn = ggml_type_traits_get(t)->name;
+    struct hweight hw = make_weight(t, n_in, n_out);
+    struct bweight wg = {0};
+    gpu->weight_init(gpu, &wg, t, n_in, n_out, hw.data);
+    float *x = xmalloc(sizeof(float) * (size_t)nt * n_in), *yx = xmalloc(sizeof(float) * (size_t)nt * n_out);
+    float *yg = xmalloc(sizeof(float) * (size_t)nt * n_out), *scale = xmalloc(sizeof(float) * (size_t)nt * n_out);
+    for (int tk = 0; tk < nt; tk++) fill(x + (size_t)tk * n_in, n_in, tk % 3 == 0 ? 3.0f : 0.7f);
+    dot_scale(&hw, x, nt, scale);
+    for (int tk = 0; tk < nt; tk++)
+        for (int o = 0; o < n_out; o++) {
+            double s = 0;
+            for (int i = 0; i < n_in; i++) s += (double)hw.deq[(size_t)o * n_in + i] * x[(size_t)tk * n_in + i];
+            yx[(size_t)tk * n_out + o] = (float)s;
+        }
+    float *dx = gdup(x, sizeof(float) * (size_t)nt * n_in), *dy = galloc(sizeof(float) * (size_t)nt * n_out);
+    const long before = backend_cuda_matvec_launches(gpu, CUDA_MV_F16);
+    gpu->set_prompt(gpu, true);
+    matmul1(gpu, &wg, dx, nt, dy);
+    gpu->set_prompt(gpu, false);
+    gget(yg, dy, sizeof(float) * (size_t)nt * n_out);
+    char shape[96];
+    snprintf(shape, sizeof shape, "%s %dx%d tok %d prompt", tn, n_in, n_out, nt);
+    const bool ran = backend_cuda_matvec_launches(gpu, CUDA_MV_F16) > before;
+    printf("%-5s %-14s %-44s %s\n", ran ? "ok" : "FAIL", "matmul-f16", shape, ran ? "ran" : "did not run");
+    ran ? n_pass++ : n_fail++;
+    check_scaled("matmul-f16", shape, yg, yx, scale, (size_t)nt * n_out, MMF_TOL);
+    /* the rows of a longer prompt equal those of a shorter one that also takes the kernel */
+    const int nt2 = nt - 40;
+    float *yg2 = xmalloc(sizeof(float) * (size_t)nt2 * n_out);
+    gpu->set_prompt(gpu, true);
+    matmul1(gpu, &wg, dx, nt2, dy);
+    gpu->set_prompt(gpu, false);
+    gget(yg2, dy, sizeof(float) * (size_t)nt2 * n_out);
+    check_bits("matmul-f16-batch", shape, yg2, yg, sizeof(float) * (size_t)nt2 * n_out);
+    gpu->free(gpu, dx);
+    gpu->free(gpu, dy);
+    gpu->weight_free(gpu, &wg);
+    free(x); free(yx); free(yg); free(yg2); free(scale);
+    free_hweight(&hw);
+}
+
 /* Every matmul input kind and weight type under the rules, then with each kernel variant
  * forced (where it can run; elsewhere the rules choose): every variant against the CPU
  * reference, and each one seen to run. */
 static void run_matmul(void) {
-    static const char *const names[CUDA_MV_COUNT] = {"auto", "converted", "staged", "fused", "direct", "tiles"};
+    static const char *const names[CUDA_MV_COUNT] = {"auto", "converted", "staged", "fused", "direct", "tiles", "f16"};
     for (int v = CUDA_MV_AUTO; v < CUDA_MV_COUNT; v++) {
         printf("---- matmul variant %s\n", names[v]);
         mv_forced = v;
@@ -1959,6 +2037,15 @@ static void run_matmul(void) {
     }
     mv_forced = CUDA_MV_AUTO;
     backend_cuda_force_matvec(gpu, CUDA_MV_AUTO);
+    test_matmul_prompt_f16(GGML_TYPE_Q8_0, 512, 300, 330);
+    test_matmul_prompt_f16(GGML_TYPE_Q8_0, 800, 129, 300); /* 25 units: a K tile's second unit past the row */
+    test_matmul_prompt_f16(GGML_TYPE_Q4_0, 544, 260, 297);
+    test_matmul_prompt_f16(GGML_TYPE_Q4_1, 512, 140, 300);
+    test_matmul_prompt_f16(GGML_TYPE_Q5_0, 416, 130, 300);
+    test_matmul_prompt_f16(GGML_TYPE_Q5_1, 512, 131, 300);
+    test_matmul_prompt_f16(GGML_TYPE_Q4_K, 768, 200, 300);
+    test_matmul_prompt_f16(GGML_TYPE_Q5_K, 512, 257, 296);
+    test_matmul_prompt_f16(GGML_TYPE_Q6_K, 1024, 300, 384);
 }
 static void run_get_rows(void) { for_weight_shapes(test_get_rows_type); }
 static void run_rmsnorm(void) {
@@ -2020,6 +2107,8 @@ static void run_attention(void) {
     test_attention(12, 20, 4, 4, 512, 1);    /* widest head, no GQA */
     test_attention(2, 10, 2, 1, 400, 0);     /* wide, scalar path */
     test_attention(20, 100, 16, 4, 256, 1);  /* prompt: 4 query heads per block */
+    test_attention(150, 500, 16, 4, 256, 1); /* prompt tiles: 10 token tiles, 11 key tiles, the last part-full */
+    test_attention(100, 0, 8, 1, 128, 0);    /* prompt tiles: 8 query heads a KV head, from the first cell */
     test_attention(10, 30, 4, 2, 512, 0);    /* prompt, widest head: 2 per block */
     test_attention(9, 7, 6, 3, 36, 0);       /* prompt, scalar path, 3 per KV head: 1 per block */
     /* gemma4's trained model: sliding layers (window 128, 2 KV heads of 64), full (1 of 128) */
