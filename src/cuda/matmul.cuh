@@ -546,6 +546,26 @@ const struct mv_type *mv_type_find(enum ggml_type t);
 /* y = w · one token of Q8_0 codes x (the direct kernel; w Q8_0). */
 void mv_direct(struct cuda_ctx *c, const struct bweight *w, const xact &x, float *y);
 
+/* The tensor-core tiles' epilogue (matmul_tiles.cu, matmul_f16.cu): output row `row` of P (the
+ * weight it falls in) for the 8 tokens t0 + 8·ni + e (ni < 4, e < 2) that a lane holds in
+ * acc[ni][2h + e] (an mma's c0 c1 for h 0, c2 c3 for h 1); rows past the launch's `total` and
+ * tokens past n_tok are dropped. */
+__device__ __forceinline__ void tile_store_row(const mv_params &P, int row, int total, const float (&acc)[4][4], int h,
+                                               int t0, int n_tok) {
+    if (row >= total) return;
+    int k = 0;
+    while (k + 1 < P.n_w && row >= P.row0[k + 1]) k++;
+    float *y = P.y[k] + (row - P.row0[k]);
+    const size_t ldy = (size_t)P.n_out[k];
+#pragma unroll
+    for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int t = t0 + ni * 8 + e;
+            if (t < n_tok) y[(size_t)t * ldy] = acc[ni][2 * h + e];
+        }
+}
+
 /* matmul_tiles.cu: P's rows against n_tok converted rows by the tensor-core tiles (quantized
  * types). */
 void mmq_run(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok);

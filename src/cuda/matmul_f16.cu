@@ -182,21 +182,9 @@ __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, 
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = row_base + wm * 64 + mi * 16 + g + 8 * h;
-            if (row >= total) continue;
-            int k = 0;
-            while (k + 1 < P.n_w && row >= P.row0[k + 1]) k++;
-            float *y = P.y[k] + (row - P.row0[k]);
-            const size_t ldy = (size_t)P.n_out[k];
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int t = tok_base + wn * 32 + ni * 8 + 2 * q + e;
-                    if (t < n_tok) y[(size_t)t * ldy] = acc[mi][ni][2 * h + e];
-                }
-        }
+        for (int h = 0; h < 2; h++)
+            tile_store_row(P, row_base + wm * 64 + mi * 16 + g + 8 * h, total, acc[mi], h, tok_base + wn * 32 + 2 * q,
+                           n_tok);
 }
 
 template <int T> static void mmf_launch(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok) {

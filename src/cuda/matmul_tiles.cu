@@ -235,21 +235,9 @@ __global__ void __launch_bounds__(mmq_shape<T, WN>::THREADS, mmq_shape<T, WN>::M
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            const int row = row_base + wm * 32 + mi * 16 + g + 8 * rr;
-            if (row >= total) continue;
-            int k = 0;
-            while (k + 1 < P.n_w && row >= P.row0[k + 1]) k++;
-            float *y = P.y[k] + (row - P.row0[k]);
-            const size_t ldy = (size_t)P.n_out[k];
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-                for (int cc = 0; cc < 2; cc++) {
-                    const int t = tok_base + wn * 32 + ni * 8 + 2 * tq + cc;
-                    if (t < n_tok) y[(size_t)t * ldy] = acc[mi][ni][2 * rr + cc];
-                }
-        }
+        for (int rr = 0; rr < 2; rr++)
+            tile_store_row(P, row_base + wm * 32 + mi * 16 + g + 8 * rr, total, acc[mi], rr, tok_base + wn * 32 + 2 * tq,
+                           n_tok);
 }
 
 typedef void (*mmq_launch_fn)(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok);
