@@ -83,10 +83,10 @@ static bool fuses(const struct cuda_ctx *c, const struct mv_type *te, int n_tok,
  * batches past MV_MAX_NT rows take the converted matvec in groups); one converted token staged
  * in shared memory where it fits (9B FFN down +0.5% decode against reading it in the dot
  * products); else the converted matvec, in groups of MV_MAX_NT rows. */
-/* Rule (session 21's prediction, not measured yet): prompts of at least this many tokens take
- * the f16 tensor-core matmul (matmul_f16.cu): it decodes each weight tile once per 128 tokens,
- * so a prompt this long keeps its tiles full (9B Q8_0: session 18 timed f16 tiles at ~1.23x
- * the int8 tiles' rate). */
+/* Rule: prompts of at least this many tokens take the f16 tensor-core matmul (matmul_f16.cu),
+ * which decodes each weight tile once per 128 tokens (H100, 9B Q8_0, against the int8 tiles:
+ * pp512 +21 %, pp4096 +15 %). The bound itself is a guess, unmeasured: shorter prompts keep the
+ * int8 tiles, whose 64-token tiles waste less on a partial tile. */
 #define MMF_MIN_TOK 256
 
 static int choose_kernel(const struct cuda_ctx *c, const struct mv_type *te, int n_tok, int stride, int mode, int n,
