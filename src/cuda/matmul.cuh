@@ -480,6 +480,31 @@ struct mv_params {
     mv_input in;              /* what a fused launch computes its input rows from */
 };
 
+/* The weight of P that global row `row` falls in (P.row0 is increasing). */
+__device__ __forceinline__ int mv_weight_of(const mv_params &P, int row) {
+    int k = 0;
+    while (k + 1 < P.n_w && row >= P.row0[k + 1]) k++;
+    return k;
+}
+/* The bytes of global row `row` of P. */
+__device__ __forceinline__ const uint8_t *mv_row_bytes(const mv_params &P, int row) {
+    const int k = mv_weight_of(P, row);
+    return P.w[k] + (size_t)(row - P.row0[k]) * P.rb[k];
+}
+
+/* cp.async of the storage blocks that hold units [u0, uend) of a type-T row into dst: the
+ * 16-byte-aligned span around them (dst's copy starts at the row bytes' address & 15), 16
+ * bytes at a time, this thread taking copies first, first + step, ... (no commit). */
+template <int T>
+__device__ __forceinline__ void stage_row_units(const uint8_t *row, int u0, int uend, uint8_t *dst, int first, int step) {
+    typedef qt<T> Q;
+    const uint8_t *gs = row + (size_t)(u0 / Q::UPB) * Q::BB;
+    const uint8_t *ge = row + (size_t)((uend + Q::UPB - 1) / Q::UPB) * Q::BB;
+    const uint8_t *a0 = (const uint8_t *)((uintptr_t)gs & ~(uintptr_t)15);
+    const int n16 = (int)((ge - a0 + 15) / 16);
+    for (int i = first; i < n16; i += step) cp_async16(dst + 16 * i, a0 + 16 * i);
+}
+
 /* Bytes of shared memory for NT tokens of format f quantized in the block (codes, then d,
  * then s or bs), each part 16-byte aligned. */
 static __host__ __device__ __forceinline__ int xs_bytes(int f, int nt, int stride) {
@@ -553,8 +578,7 @@ void mv_direct(struct cuda_ctx *c, const struct bweight *w, const xact &x, float
 __device__ __forceinline__ void tile_store_row(const mv_params &P, int row, int total, const float (&acc)[4][4], int h,
                                                int t0, int n_tok) {
     if (row >= total) return;
-    int k = 0;
-    while (k + 1 < P.n_w && row >= P.row0[k + 1]) k++;
+    const int k = mv_weight_of(P, row);
     float *y = P.y[k] + (row - P.row0[k]);
     const size_t ldy = (size_t)P.n_out[k];
 #pragma unroll

@@ -81,20 +81,13 @@ __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, 
     const int n_kt = (P.n_units + MMF_KT - 1) / MMF_KT;
     const __half *X = (const __half *)x.q;
     if (tid < MMF_BM) { /* rows past the end repeat the last one (results dropped) */
-        const int row = min(row_base + tid, total - 1);
-        int k = 0;
-        while (k + 1 < P.n_w && row >= P.row0[k + 1]) k++;
-        rowp[tid] = P.w[k] + (size_t)(row - P.row0[k]) * P.rb[k];
+        rowp[tid] = mv_row_bytes(P, min(row_base + tid, total - 1));
     }
     __syncthreads();
     /* raw tile rt's bytes, two threads a row (their 16-byte-aligned span) */
     auto issue_raw = [&](int rt) {
-        const int i = tid / 2, u0 = rt * RU, uend = min(u0 + RU, P.n_units);
-        const uint8_t *gs = rowp[i] + (size_t)(u0 / Q::UPB) * Q::BB;
-        const uint8_t *ge = rowp[i] + (size_t)((uend + Q::UPB - 1) / Q::UPB) * Q::BB;
-        const uint8_t *a0 = (const uint8_t *)((uintptr_t)gs & ~(uintptr_t)15);
-        const int n16 = (int)((ge - a0 + 15) / 16);
-        for (int p = tid % 2; p < n16; p += 2) cp_async16(&raw[i][16 * p], a0 + 16 * p);
+        const int i = tid / 2, u0 = rt * RU;
+        stage_row_units<T>(rowp[i], u0, min(u0 + RU, P.n_units), raw[i], tid % 2, 2);
     };
     /* K tile kt of the activations (64 halves of each token; the rows are zero-padded to the
      * stride, which K tiles never pass); tokens past the end repeat the last one */

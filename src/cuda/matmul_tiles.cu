@@ -77,20 +77,13 @@ __global__ void __launch_bounds__(mmq_shape<T, WN>::THREADS, mmq_shape<T, WN>::M
     const int total = P.row0[P.n_w], row_base = blockIdx.x * MMQ_BM, tok_base = blockIdx.y * MMQ_BN;
     const int n_kt = (P.n_units + KU - 1) / KU;
     if (tid < MMQ_BM) { /* rows past the end repeat the last one (results dropped) */
-        const int row = min(row_base + tid, total - 1);
-        int k = 0;
-        while (k + 1 < P.n_w && row >= P.row0[k + 1]) k++;
-        rowp[tid] = P.w[k] + (size_t)(row - P.row0[k]) * P.rb[k];
+        rowp[tid] = mv_row_bytes(P, min(row_base + tid, total - 1));
     }
     __syncthreads();
     /* raw bytes of K tile kt: TPR threads per row */
     auto issue = [&](int kt, int st) {
-        const int i = tid / TPR, u0 = kt * KU, uend = min(u0 + KU, P.n_units);
-        const uint8_t *gs = rowp[i] + (size_t)(u0 / Q::UPB) * Q::BB;
-        const uint8_t *ge = rowp[i] + (size_t)((uend + Q::UPB - 1) / Q::UPB) * Q::BB;
-        const uint8_t *a0 = (const uint8_t *)((uintptr_t)gs & ~(uintptr_t)15);
-        const int n16 = (int)((ge - a0 + 15) / 16);
-        for (int p = tid % TPR; p < n16; p += TPR) cp_async16(&raw[st][i][16 * p], a0 + 16 * p);
+        const int i = tid / TPR, u0 = kt * KU;
+        stage_row_units<T>(rowp[i], u0, min(u0 + KU, P.n_units), raw[st][i], tid % TPR, TPR);
         cp_async_commit();
     };
     issue(0, 0);

@@ -137,9 +137,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
     auto rows_of = [&](cursor &cu) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const int row = min(cu.set * R + r, total - 1);
-            int k = 0;
-            while (k + 1 < P.n_w && row >= P.row0[k + 1]) k++;
+            const int row = min(cu.set * R + r, total - 1), k = mv_weight_of(P, row);
             cu.wi[r] = k;
             cu.row[r] = P.w[k] + (size_t)(row - P.row0[k]) * P.rb[k];
         }
@@ -156,13 +154,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) matvec_kernel(const mv_params P
         if (cu.set < s_end) {
             const int u0 = cu.ch * CU, uend = min(u0 + CU, P.n_units);
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                const uint8_t *gs = cu.row[r] + (size_t)(u0 / Q::UPB) * Q::BB;
-                const uint8_t *ge = cu.row[r] + (size_t)((uend + Q::UPB - 1) / Q::UPB) * Q::BB;
-                const uint8_t *a0 = (const uint8_t *)((uintptr_t)gs & ~(uintptr_t)15);
-                const int n16 = (int)((ge - a0 + 15) / 16);
-                for (int i = lane; i < n16; i += 32) cp_async16(&wsm[warp][st][r][16 * i], a0 + 16 * i);
-            }
+            for (int r = 0; r < R; r++) stage_row_units<T>(cu.row[r], u0, uend, wsm[warp][st][r], lane, 32);
         }
         cp_async_commit();
     };
