@@ -459,8 +459,10 @@ static void gdn_launch(struct cuda_ctx *c, const float *qkv, int qkv_stride, con
         return;
     }
     const int n_ch = COTI_MIN(max_len, gdn_chunk(dk));
-    /* L lanes per row (rows per block 4·32/L), NE elements each: the fewest lanes whose
-     * registers hold the row */
+    /* L lanes per row (rows per block 4·32/L), NE elements each: 16 lanes (8 for the
+     * narrowest rows): the 9B's 128-wide rows at 4 lanes made 128 blocks of 4 warps, one warp
+     * per scheduler, each token step a chain of ~1,400 cycles with nothing to hide it; 16 lanes
+     * give four times the warps and a quarter of the products per lane */
 #define GDN_LAUNCH(L, NE)                                                                                            \
     do {                                                                                                             \
         const dim3 grid(cuda_cdiv(dv, GDN_WARPS * 32 / (L)), nv, n);                                                 \
@@ -472,10 +474,10 @@ static void gdn_launch(struct cuda_ctx *c, const float *qkv, int qkv_stride, con
             cuda_launch_smem(c, grid, GDN_WARPS * 32, smem, gdn_kernel<L, NE, false>, qkv, qkv_stride, *gates, nk,    \
                              nv, dk, dv, eps, n_ch, out, a);                                                         \
     } while (0)
-    if (dk <= 32) GDN_LAUNCH(4, 8);
-    else if (dk <= 64) GDN_LAUNCH(4, 16);
-    else if (dk <= 128) GDN_LAUNCH(4, 32);
-    else GDN_LAUNCH(8, 32);
+    if (dk <= 32) GDN_LAUNCH(8, 4);
+    else if (dk <= 64) GDN_LAUNCH(16, 4);
+    else if (dk <= 128) GDN_LAUNCH(16, 8);
+    else GDN_LAUNCH(16, 16);
 #undef GDN_LAUNCH
 }
 
