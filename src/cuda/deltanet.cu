@@ -12,10 +12,11 @@
  *   - decode and verify (any batch but a prompt's, chunks of GDN_ROWS_MAX_TOK tokens): a warp
  *     per GDN_ROWS rows, 32 lanes per row; the state's reads and writes coalesce, which is what
  *     a single token costs;
- *   - prompts past GDN_ROWS_MAX_TOK tokens: L lanes per row (4 for dk <= 128), so each dot
- *     ends in a reduction over L lanes instead of 32, chunks double-buffered with cp.async
+ *   - prompts past GDN_ROWS_MAX_TOK tokens: L lanes per row (16; 8 for dk <= 32), so each
+ *     dot ends in a reduction over L lanes instead of 32, chunks double-buffered with cp.async
  *     (H200, 9B prefill of 512 tokens: 27.7 µs per token in the delta-net with the 32-lane
- *     form, 20.5 with this one, which at a single token cost 9B decode 5 %).
+ *     form, 20.5 with 4 lanes, which at a single token cost 9B decode 5 %; H100, 16 lanes
+ *     instead of 4: 9B pp512 +4.5 %).
  *   Sums are reordered against the CPU (lane partials + butterfly), so outputs agree to f32
  *   rounding. The gates (decay, β) are formed from their raw inputs by the CPU's expressions.
  * gdn_chunked: the same recurrent kernel (the interface allows any form equal up to rounding);
