@@ -1,6 +1,7 @@
 /* opcost.c — the forwarding backend behind `coti bench --op-cost` and `--verify-cost`
  * (opcost.h). Memory, weights, marks and graphs always pass through; compute ops pass unless
- * their family is skipped; the matmuls count their weights' bytes while counting is on. */
+ * their family is skipped; while counting is on, every op counts its call and the matmuls
+ * their weights' bytes. */
 #include "opcost.h"
 
 #include <stdlib.h>
@@ -11,7 +12,7 @@ struct opcost {
     struct backend *inner;
     int skip;                    /* an enum opcost_family, or -1 */
     bool counting;
-    struct opcost_bytes counted;
+    struct opcost_counts counted;
 };
 
 /* A graph recorded with a skip choice replays only under the same choice. */
@@ -111,7 +112,11 @@ static bool o_supports(struct backend *be, enum backend_op op, enum ggml_type ty
 #define OPCOST_MATMUL matmul_family(ws, n_w)
 #define BACKEND_OP_ARGS(...) __VA_ARGS__
 #define BACKEND_OP(name, family, params, args) \
-    static void o_##name params { if (!skipped(be, OPCOST_##family)) inner_of(be)->name(inner_of(be), BACKEND_OP_ARGS args); }
+    static void o_##name params { \
+        const int f = OPCOST_##family; \
+        if (oc(be)->counting) oc(be)->counted.op_calls[f]++; \
+        if (!skipped(be, f)) inner_of(be)->name(inner_of(be), BACKEND_OP_ARGS args); \
+    }
 #include "backend_ops.h"
 #undef BACKEND_OP
 
@@ -194,10 +199,10 @@ void opcost_skip(struct backend *be, int family) { oc(be)->skip = family; }
 void opcost_count(struct backend *be, bool on) {
     struct opcost *o = oc(be);
     o->counting = on;
-    if (on) o->counted = (struct opcost_bytes){0};
+    if (on) o->counted = (struct opcost_counts){0};
     /* the engine records graphs only where capture_begin is set: none while counting, so that
      * every op runs (and may read its ids back) */
     be->capture_begin = !on && o->inner->capture_begin ? o_capture_begin : NULL;
 }
 
-struct opcost_bytes opcost_counted(struct backend *be) { return oc(be)->counted; }
+struct opcost_counts opcost_counted(struct backend *be) { return oc(be)->counted; }

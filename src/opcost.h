@@ -31,15 +31,16 @@ struct backend *opcost_wrap(struct backend *inner);
 void opcost_skip(struct backend *be, int family);
 
 /* Weight bytes the matmuls read (each routed expert once per matmul_id call, whatever number
- * of slots chose it: what an engine that reads nothing twice must read), and the routed
- * experts' calls and distinct experts over them. */
-struct opcost_bytes {
+ * of slots chose it: what an engine that reads nothing twice must read), the routed experts'
+ * calls and distinct experts over them, and each family's op calls (skipped ones too). */
+struct opcost_counts {
     double weight_bytes;
     long expert_calls, experts_read;
+    long op_calls[OPCOST_COUNT];
 };
 /* Counting on: the counts start from zero, and no graphs are recorded or replayed (ops run one
  * by one; matmul_id reads its ids back, a wait). Off: graphs again. */
 void opcost_count(struct backend *be, bool on);
-struct opcost_bytes opcost_counted(struct backend *be);
+struct opcost_counts opcost_counted(struct backend *be);
 
 #endif

@@ -867,7 +867,6 @@ Test(backend_ops, every_listed_op_is_filled_and_supports_matches_weight_init) {
     backend_free(oc);
 }
 
-/* The op-cost decorator (coti bench --op-cost) forwards ops, except the skipped family's. */
 /* attn_prep is the q/k norms, the two ropes and the KV store in sequence, bit for bit: q heads
  * with gate halves between them (as qwen35 lays them out), a partial rotation, cells out of order. */
 Test(backend_ops, attn_prep_equals_its_separate_ops) {
@@ -900,6 +899,8 @@ Test(backend_ops, attn_prep_equals_its_separate_ops) {
     backend_free(be);
 }
 
+/* The op-cost decorator (coti bench --op-cost) forwards ops, except the skipped family's, and
+ * while counting counts every call by family (skipped ones too) and the matmuls' bytes. */
 Test(backend_ops, opcost_skips_only_the_chosen_family) {
     struct backend *be = opcost_wrap(backend_cpu_init(1, QUANT_CPU_REF));
     cr_assert(be && !be->capture_begin, "no graphs where the inner backend has none");
@@ -933,6 +934,21 @@ Test(backend_ops, opcost_skips_only_the_chosen_family) {
     be->rmsnorm(be, x, N_IN, w, 1, N_IN, 1e-6f, y, N_IN);
     cr_assert_neq(y[0], 12345.0f);
     cr_assert_str_eq(opcost_family_name(OPCOST_NORMS), "norms");
+
+    opcost_count(be, true);
+    opcost_skip(be, OPCOST_NORMS);
+    be->rmsnorm(be, x, N_IN, w, 1, N_IN, 1e-6f, y, N_IN);
+    be->rmsnorm(be, x, N_IN, w, 1, N_IN, 1e-6f, y, N_IN);
+    backend_matmul(be, &W, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = x}, 1, ym);
+    const struct opcost_counts c = opcost_counted(be);
+    cr_assert(c.op_calls[OPCOST_NORMS] == 2 && c.op_calls[OPCOST_MATMUL_NARROW] == 1, "%ld norms, %ld matmuls",
+              c.op_calls[OPCOST_NORMS], c.op_calls[OPCOST_MATMUL_NARROW]);
+    cr_assert(c.op_calls[OPCOST_MATMUL_WIDE] == 0 && c.op_calls[OPCOST_ATTENTION] == 0);
+    cr_assert_eq(c.weight_bytes, (double)W.row_bytes * N_OUT);
+    opcost_count(be, true);
+    cr_assert_eq(opcost_counted(be).op_calls[OPCOST_NORMS], 0, "counting again starts from zero");
+    opcost_count(be, false);
+    opcost_skip(be, -1);
     be->weight_free(be, &W);
     backend_free(be);
 }

@@ -195,40 +195,43 @@ static double median(double *v, long n) {
 /* One timed pass of what --op-cost measures: its rate (units per second) into *tps. */
 typedef int (*opcost_pass)(void *arg, double *tps, char *err, size_t err_size);
 
-/* --op-cost: the pass with nothing skipped (before and after, to see drift), then with each
- * family skipped; each `repeat` times, medians. what: the pass, for the header; unit: what its
- * rate counts ("token", or "forward" for --verify-cost's). */
+/* --op-cost: one pass counting each family's op calls (untimed: it runs without graphs), then
+ * the pass with nothing skipped (before and after, to see drift), then with each family
+ * skipped; each `repeat` times, medians. what: the pass, for the header; unit: what its rate
+ * counts ("token", or "forward" for --verify-cost's). */
 static int op_cost(struct backend *be, opcost_pass pass_fn, void *arg, long repeat, const char *what, const char *unit) {
     char err[512];
     double med[OPCOST_COUNT + 2];
     double *tps = malloc(sizeof(double) * (size_t)repeat);
     if (!tps) { fprintf(stderr, "error: out of memory\n"); return 1; }
-    for (int pass = 0; pass < OPCOST_COUNT + 2; pass++) {
+    opcost_count(be, true);
+    int rc = pass_fn(arg, &tps[0], err, sizeof err);
+    const struct opcost_counts cnt = opcost_counted(be);
+    opcost_count(be, false);
+    for (int pass = 0; pass < OPCOST_COUNT + 2 && !rc; pass++) {
         const int family = pass == 0 || pass == OPCOST_COUNT + 1 ? -1 : pass - 1;
         opcost_skip(be, family);
-        for (long r = 0; r < repeat; r++)
-            if (pass_fn(arg, &tps[r], err, sizeof err)) {
-                fprintf(stderr, "error: %s\n", err);
-                free(tps);
-                return 1;
-            }
+        for (long r = 0; r < repeat && !rc; r++) rc = pass_fn(arg, &tps[r], err, sizeof err);
         med[pass] = median(tps, repeat);
     }
     free(tps);
     opcost_skip(be, -1);
     cli_progress_end();
+    if (rc) { fprintf(stderr, "error: %s\n", err); return 1; }
     const double base = 0.5 * (med[0] + med[OPCOST_COUNT + 1]), step_us = 1e6 / base;
     const bool tok = !strcmp(unit, "token");
     char per[32];
     snprintf(per, sizeof per, "us per %s", unit);
     printf("# op cost | %s, %ld repeats | with one family of ops left out (what the model computes\n"
-           "# then is garbage): the time saved is the family's cost per %s\n", what, repeat, unit);
-    printf("%-26s %10s %14s %8s\n", "left out", tok ? "tok/s" : "fwd/s", per, "share");
-    printf("%-26s %10.1f %14.1f %8s   (before %.1f, after %.1f)\n", "nothing", base, step_us, "100%", med[0],
+           "# then is garbage): the time saved is the family's cost per %s; calls: its op calls in one pass\n",
+           what, repeat, unit);
+    printf("%-26s %10s %14s %8s %10s\n", "left out", tok ? "tok/s" : "fwd/s", per, "share", "calls");
+    printf("%-26s %10.1f %14.1f %8s %10s   (before %.1f, after %.1f)\n", "nothing", base, step_us, "100%", "-", med[0],
            med[OPCOST_COUNT + 1]);
     for (int f = 0; f < OPCOST_COUNT; f++) {
         const double saved = step_us - 1e6 / med[f + 1];
-        printf("%-26s %10.1f %14.1f %7.1f%%\n", opcost_family_name(f), med[f + 1], saved, 100.0 * saved / step_us);
+        printf("%-26s %10.1f %14.1f %7.1f%% %10ld\n", opcost_family_name(f), med[f + 1], saved, 100.0 * saved / step_us,
+               cnt.op_calls[f]);
     }
     return 0;
 }
@@ -375,7 +378,7 @@ static int verify_cost_bench(struct model *m, struct backend *be, long max_rows,
     for (int n = 1; n <= max_rows && !rc; n++) {
         struct forward_pass f;
         forward_pass_init(&f, m, n, d_ids);
-        struct opcost_bytes cnt = {0};
+        struct opcost_counts cnt = {0};
         for (long r = -1; r < repeat + 2 && !rc; r++) {
             double t_us;
             if (r == -1) opcost_count(be, true);
