@@ -2,7 +2,11 @@
  * interface through which coti's numerics are compared with other engines (llama.cpp, HF).
  * For each row i it prints the token ids[i] and the top-N (id, logprob) of the prediction of
  * ids[i+1]. With --mtp the rows come from the NextN head instead, in llama.cpp's draft-mtp
- * convention: row i is fed the target's post-norm hidden at i-1 (zero for i = 0) and ids[i]. */
+ * convention: row i is fed the target's post-norm hidden at i-1 (zero for i = 0) and ids[i].
+ * With --mtp --spec-draft FILE they come from that gemma4-assistant drafter, in the same
+ * convention: row i is its first draft step at position i, the target having committed ids[0..i)
+ * (the target runs token by token: a sliding layer's ring holds only the window before i); row 0
+ * is left out, as a draft never starts there. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,19 +14,21 @@
 
 #include "cli.h"
 #include "equiv.h"
+#include "models/gemma4_assistant.h"
 #include "tokenizer.h"
 #include "tools.h"
 
 #define LOGITS_TOP_DEFAULT 20
 
 static void help(FILE *out, const struct cli_common *d) {
-    fprintf(out, "usage: coti logits [-m MODEL] (-p PROMPT | --tokens 1,2,3) [--top N] [--json] [--mtp]\n"
+    fprintf(out, "usage: coti logits [-m MODEL] (-p PROMPT | --tokens 1,2,3) [--top N] [--json] [--mtp [--spec-draft FILE]]\n"
                  "Teacher-forced top-N next-token logprobs of every position.\n"
                  "  -p, --prompt TEXT    the text (tokenized with special tokens parsed)\n"
                  "  --tokens LIST        token ids, comma-separated\n"
                  "  --top N              logprobs per row (default %d)\n"
                  "  --json               one JSON object on stdout instead of a line per row\n"
-                 "  --mtp                rows of the NextN head (llama.cpp's draft-mtp convention)\n",
+                 "  --mtp                rows of the NextN head (llama.cpp's draft-mtp convention)\n"
+                 "  --spec-draft FILE    with --mtp: rows of that gemma4-assistant drafter instead, from position 1\n",
             LOGITS_TOP_DEFAULT);
 }
 
@@ -83,6 +89,30 @@ static int on_option(void *state, int code, const char *name, const char *v) {
     return -1;
 }
 
+/* --mtp --spec-draft: the assistant's first draft step at every position from 1 (module
+ * comment), its rows appended to rows. */
+static int assistant_rows(struct model *m, struct gemma4_assistant *a, const int32_t *toks, size_t n, int n_top,
+                          float *logits, cJSON *rows) {
+    struct backend *be = m->be;
+    const int V = m->info.n_vocab;
+    char err[512];
+    for (size_t i = 0; i + 1 < n; i++) {
+        const int32_t p = (int32_t)i;
+        const struct model_batch b = {.n = 1, .tokens = toks + i, .pos = &p};
+        struct model_output out;
+        if (model_forward(m, &b, &out, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); return 1; }
+        const float *lg, *h_next;
+        gemma4_assistant_step(a, gemma4_assistant_at(a, 0, (int)i + 1, toks[i + 1]), out.hidden, NULL, &lg, &h_next);
+        be->download(be, logits, lg, sizeof(float) * (size_t)V);
+        cJSON *row = cJSON_CreateObject();
+        cJSON_AddNumberToObject(row, "pos", (double)(i + 1));
+        cJSON_AddNumberToObject(row, "token", toks[i + 1]);
+        cJSON_AddItemToObject(row, "top", row_top(logits, V, n_top));
+        cJSON_AddItemToArray(rows, row);
+    }
+    return 0;
+}
+
 int tool_logits_main(int argc, char **argv) {
     struct cli_common c;
     cli_common_defaults(&c);
@@ -115,6 +145,7 @@ int tool_logits_main(int argc, char **argv) {
     if (cli_open_model(&c, 1, 0, &be, &m)) return 1;
     char err[512];
     struct tokenizer *tok = NULL;
+    struct gemma4_assistant *assistant = NULL;
     int rc = 1;
     float *logits = NULL, *hidden = NULL, *h_in_dev = NULL;
     int32_t *pos = NULL;
@@ -130,7 +161,12 @@ int tool_logits_main(int argc, char **argv) {
     if (n == 0 || (long)n > c.n_ctx) { fprintf(stderr, "error: %zu tokens (need 1..%d)\n", n, c.n_ctx); goto done; }
     for (size_t i = 0; i < n; i++)
         if (toks[i] >= V) { fprintf(stderr, "error: token %d out of range [0, %d)\n", toks[i], V); goto done; }
-    if (mtp && !model_nextn(m)) { fprintf(stderr, "error: the model has no NextN head\n"); goto done; }
+    if (c.draft_path && !mtp) { fprintf(stderr, "error: --spec-draft here gives the drafter's rows: add --mtp\n"); goto done; }
+    if (c.draft_path && gemma4_assistant_load(&assistant, c.draft_path, m, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        goto done;
+    }
+    if (mtp && !assistant && !model_nextn(m)) { fprintf(stderr, "error: the model has no NextN head\n"); goto done; }
 
     const int nb = c.n_batch;
     logits = malloc(sizeof(float) * (size_t)V * nb);
@@ -143,13 +179,14 @@ int tool_logits_main(int argc, char **argv) {
     for (size_t i = 0; i < n; i++) pos[i] = (int32_t)i;
     root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", c.model_path);
-    cJSON_AddStringToObject(root, "head", mtp ? "mtp" : "main");
+    cJSON_AddStringToObject(root, "head", assistant ? "assistant" : mtp ? "mtp" : "main");
     cJSON_AddNumberToObject(root, "n_vocab", V);
     cJSON *jt = cJSON_AddArrayToObject(root, "tokens");
     for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(jt, cJSON_CreateNumber(toks[i]));
     cJSON *rows = cJSON_AddArrayToObject(root, "rows");
     struct model_output out;
-    for (int pass = 0; pass < (mtp ? 2 : 1); pass++) {
+    if (assistant && assistant_rows(m, assistant, toks, n, (int)n_top, logits, rows)) { free(want); goto done; }
+    for (int pass = 0; !assistant && pass < (mtp ? 2 : 1); pass++) {
         for (size_t i0 = 0; i0 < n; i0 += (size_t)nb) {
             int cnt = (int)COTI_MIN((size_t)nb, n - i0);
             struct model_batch b = {.n = cnt, .tokens = toks + i0, .pos = pos + i0, .want_logits = want, .prompt = true};
@@ -192,6 +229,7 @@ int tool_logits_main(int argc, char **argv) {
     rc = 0;
 done:
     cJSON_Delete(root);
+    gemma4_assistant_free(assistant);
     if (h_in_dev) be->free(be, h_in_dev);
     free(logits); free(hidden); free(pos); free(toks);
     tokenizer_free(tok);
