@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # moe-bench.sh — issue 22's H200 measurements of a qwen35moe file in one run: coti's decode
-# (off, n-gram, MTP; n-gram again on bench/prompts-repeat.json, prompts that repeat themselves,
-# where a trained model's continuation does: issue 22's on/off with acceptance), the verify cost of 1..5 rows beside the weight bytes each reads
-# (`coti bench --verify-cost`), and, when LLAMA_BENCH names a llama-bench binary, llama.cpp's
-# tg128 and pp1..pp5 on the same file (flash attention on).
+# (off, n-gram, MTP; again on bench/prompts-repeat.json, prompts that repeat themselves, where
+# a trained model's continuation does: issue 22's on/off with acceptance), the verify cost of
+# 1..5 rows beside the weight bytes each reads (`coti bench --verify-cost`), and, when
+# LLAMA_BENCH names a llama-bench binary, llama.cpp's tg128 and pp1..pp5 on the same file
+# (flash attention on).
 #   scripts/moe-bench.sh COTI [MODEL (written when missing: 35b-a3b Q4_K)] [OUT_DIR]
 # DEVICE (cuda) picks coti's backend; REPEAT (3) the runs per measurement.
 set -u
@@ -17,9 +18,9 @@ fi
 "$C" bench -m "$M" --device "$DEV" --spec off,ngram:3,mtp:1 --prompts bench/prompts-short.json -n 128 --repeat "$R" \
     > "$O/bench.txt" 2>&1
 grep -E '^(#|off|ngram|mtp)' "$O/bench.txt" | cut -c1-110
-"$C" bench -m "$M" --device "$DEV" --spec off,ngram:3 --prompts bench/prompts-repeat.json -n 128 --repeat "$R" \
+"$C" bench -m "$M" --device "$DEV" --spec off,ngram:3,mtp:3 --prompts bench/prompts-repeat.json -n 128 --repeat "$R" \
     > "$O/bench-repeat.txt" 2>&1
-grep -E '^(#|off|ngram)' "$O/bench-repeat.txt" | cut -c1-150
+grep -E '^(#|off|ngram|mtp)' "$O/bench-repeat.txt" | cut -c1-150
 if [ -n "${LLAMA_BENCH:-}" ]; then
     "$LLAMA_BENCH" -m "$M" -ngl 99 -fa 1 -p 0 -n 128 -r "$R" -o md 2>&1 | grep -E 'tg128' | tee "$O/llama-tg.txt"
     "$LLAMA_BENCH" -m "$M" -ngl 99 -fa 1 -p 1,2,3,4,5 -n 0 -r 5 -o md 2>&1 | grep -E ' pp[0-9]' | tee "$O/llama-pp.txt"
