@@ -229,20 +229,25 @@ logits_assistant() {
     local ids=5,300,17,9000,42,7,1234,88
     "$COTI" logits -m "$G4" -md "$G4A" --mtp --tokens $ids --top 5 --json -t 1 > "$TMP/la.json" &&
     "$COTI" logits -m "$G4" -md "$G4A" --mtp --tokens $ids --top 5 --json -t 2 > "$TMP/la2.json" &&
-    "$COTI" logits -m "$G4" --tokens $ids --top 5 --json -t 1 > "$TMP/lg.json" || return 1
+    "$COTI" logits -m "$G4" --tokens $ids --top 5 --json -t 1 > "$TMP/lg.json" &&
+    "$COTI" logits -m "$G4" -md "$G4A" --mtp --draft-step 2 --tokens $ids --top 5 --json -t 1 > "$TMP/la3.json" || return 1
     python3 -c "
 import json, sys
-a, a2, g = (json.load(open(f)) for f in sys.argv[1:4])
+a, a2, g, s2 = (json.load(open(f)) for f in sys.argv[1:5])
 assert a['head'] == 'assistant' and a['rows'] == a2['rows']
 ra = a['rows']
 assert [r['pos'] for r in ra] == list(range(1, 8)) and [r['token'] for r in ra] == [300, 17, 9000, 42, 7, 1234, 88]
 assert all(r['top'] != x['top'] for r, x in zip(ra, g['rows'][1:])), 'the target rows again'
 assert all([t[1] for t in r['top']] == sorted((t[1] for t in r['top']), reverse=True) for r in ra)
-" "$TMP/la.json" "$TMP/la2.json" "$TMP/lg.json" || return 1
+# a round's second step: rows from position 2, fed the drafter's own hidden, not step 1's rows
+r2 = s2['rows']
+assert [r['pos'] for r in r2] == list(range(2, 8)) and all(r['top'] != x['top'] for r, x in zip(r2, ra[1:]))
+" "$TMP/la.json" "$TMP/la2.json" "$TMP/lg.json" "$TMP/la3.json" || return 1
     "$COTI" logits -m "$G4" -md "$G4A" --tokens $ids 2>/dev/null; [ $? -eq 1 ] || return 1
+    "$COTI" logits -m "$G4" --mtp --draft-step 2 --tokens $ids 2>/dev/null; [ $? -eq 1 ] || return 1
     "$COTI" logits -md "$G4A" --mtp --tokens $ids 2>"$TMP/la.err"; [ $? -eq 1 ] && grep -q error "$TMP/la.err"
 }
-check "coti logits --mtp -md: the gemma4 assistant's rows, llama.cpp's draft-mtp convention" logits_assistant
+check "coti logits --mtp -md [--draft-step K]: the gemma4 assistant's rows, llama.cpp's draft-mtp convention" logits_assistant
 
 assistant_is_lossless() {
     local p=$'static int foo(struct device *dev)\n{\n'

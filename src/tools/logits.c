@@ -6,7 +6,9 @@
  * With --mtp --spec-draft FILE they come from that gemma4-assistant drafter, in the same
  * convention: row i is its first draft step at position i, the target having committed ids[0..i)
  * (the target runs token by token: a sliding layer's ring holds only the window before i); row 0
- * is left out, as a draft never starts there. */
+ * is left out, as a draft never starts there. --draft-step K: row i+K-1 is instead the K-th step
+ * of the round at position i, fed ids[i..i+K) in turn and its own next-hidden row from step 2 on
+ * (a round's steps all sit at position i): the rows llama.cpp's driver drafts with. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,14 +23,15 @@
 #define LOGITS_TOP_DEFAULT 20
 
 static void help(FILE *out, const struct cli_common *d) {
-    fprintf(out, "usage: coti logits [-m MODEL] (-p PROMPT | --tokens 1,2,3) [--top N] [--json] [--mtp [--spec-draft FILE]]\n"
+    fprintf(out, "usage: coti logits [-m MODEL] (-p PROMPT | --tokens 1,2,3) [--top N] [--json] [--mtp [--spec-draft FILE [--draft-step K]]]\n"
                  "Teacher-forced top-N next-token logprobs of every position.\n"
                  "  -p, --prompt TEXT    the text (tokenized with special tokens parsed)\n"
                  "  --tokens LIST        token ids, comma-separated\n"
                  "  --top N              logprobs per row (default %d)\n"
                  "  --json               one JSON object on stdout instead of a line per row\n"
                  "  --mtp                rows of the NextN head (llama.cpp's draft-mtp convention)\n"
-                 "  --spec-draft FILE    with --mtp: rows of that gemma4-assistant drafter instead, from position 1\n",
+                 "  --spec-draft FILE    with --mtp: rows of that gemma4-assistant drafter instead, from position 1\n"
+                 "  --draft-step K       with --spec-draft: the K-th draft step's rows, fed the drafter's own hidden (default 1)\n",
             LOGITS_TOP_DEFAULT);
 }
 
@@ -71,11 +74,11 @@ static cJSON *row_top(const float *x, int V, int n_top) {
 
 struct logits_opts {
     const char *prompt, *tokens;
-    long n_top;
+    long n_top, draft_step;
     bool json, mtp;
 };
 
-enum { OPT_TOKENS = CLI_TOOL_CODE, OPT_TOP, OPT_JSON, OPT_MTP };
+enum { OPT_TOKENS = CLI_TOOL_CODE, OPT_TOP, OPT_JSON, OPT_MTP, OPT_DRAFT_STEP };
 
 static int on_option(void *state, int code, const char *name, const char *v) {
     struct logits_opts *o = state;
@@ -85,28 +88,36 @@ static int on_option(void *state, int code, const char *name, const char *v) {
     case OPT_TOP: return cli_parse_int(name, v, 1, EQUIV_MAX_TOP, &o->n_top);
     case OPT_JSON: o->json = true; return 0;
     case OPT_MTP: o->mtp = true; return 0;
+    case OPT_DRAFT_STEP: return cli_parse_int(name, v, 1, SPEC_MAX_DRAFT, &o->draft_step);
     }
     return -1;
 }
 
-/* --mtp --spec-draft: the assistant's first draft step at every position from 1 (module
- * comment), its rows appended to rows. */
-static int assistant_rows(struct model *m, struct gemma4_assistant *a, const int32_t *toks, size_t n, int n_top,
-                          float *logits, cJSON *rows) {
+/* --mtp --spec-draft: the assistant's step-K rows (module comment), appended to rows. tok_dev:
+ * backend memory for one id. */
+static int assistant_rows(struct model *m, struct gemma4_assistant *a, const int32_t *toks, size_t n, int K, int n_top,
+                          float *logits, int32_t *tok_dev, cJSON *rows) {
     struct backend *be = m->be;
     const int V = m->info.n_vocab;
     char err[512];
-    for (size_t i = 0; i + 1 < n; i++) {
-        const int32_t p = (int32_t)i;
-        const struct model_batch b = {.n = 1, .tokens = toks + i, .pos = &p};
+    for (size_t i = 1; i + (size_t)K - 1 < n; i++) {
+        const int32_t p = (int32_t)i - 1;
+        const struct model_batch b = {.n = 1, .tokens = toks + i - 1, .pos = &p};
         struct model_output out;
         if (model_forward(m, &b, &out, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); return 1; }
-        const float *lg, *h_next;
-        gemma4_assistant_step(a, gemma4_assistant_at(a, 0, (int)i + 1, toks[i + 1]), out.hidden, NULL, &lg, &h_next);
+        const float *lg, *h = out.hidden;
+        const int32_t *t = gemma4_assistant_at(a, 0, (int)i, toks[i]);
+        for (int k = 0; k < K; k++) {
+            if (k > 0) {
+                be->upload(be, tok_dev, &toks[i + (size_t)k], sizeof(int32_t));
+                t = tok_dev;
+            }
+            gemma4_assistant_step(a, t, h, NULL, &lg, &h);
+        }
         be->download(be, logits, lg, sizeof(float) * (size_t)V);
         cJSON *row = cJSON_CreateObject();
-        cJSON_AddNumberToObject(row, "pos", (double)(i + 1));
-        cJSON_AddNumberToObject(row, "token", toks[i + 1]);
+        cJSON_AddNumberToObject(row, "pos", (double)(i + (size_t)K - 1));
+        cJSON_AddNumberToObject(row, "token", toks[i + (size_t)K - 1]);
         cJSON_AddItemToObject(row, "top", row_top(logits, V, n_top));
         cJSON_AddItemToArray(rows, row);
     }
@@ -116,13 +127,14 @@ static int assistant_rows(struct model *m, struct gemma4_assistant *a, const int
 int tool_logits_main(int argc, char **argv) {
     struct cli_common c;
     cli_common_defaults(&c);
-    struct logits_opts o = {.n_top = LOGITS_TOP_DEFAULT};
+    struct logits_opts o = {.n_top = LOGITS_TOP_DEFAULT, .draft_step = 1};
     static const struct option opts[] = {
         {"prompt", required_argument, NULL, 'p'},
         {"tokens", required_argument, NULL, OPT_TOKENS},
         {"top", required_argument, NULL, OPT_TOP},
         {"json", no_argument, NULL, OPT_JSON},
         {"mtp", no_argument, NULL, OPT_MTP},
+        {"draft-step", required_argument, NULL, OPT_DRAFT_STEP},
         {0},
     };
     const struct cli_tool tool = {.name = "logits", .help = help, .short_opts = "p:", .opts = opts,
@@ -148,7 +160,7 @@ int tool_logits_main(int argc, char **argv) {
     struct gemma4_assistant *assistant = NULL;
     int rc = 1;
     float *logits = NULL, *hidden = NULL, *h_in_dev = NULL;
-    int32_t *pos = NULL;
+    int32_t *pos = NULL, *tok_dev = NULL;
     cJSON *root = NULL;
     const int V = m->info.n_vocab, E = m->info.n_embd;
     if (tokenizer_init(&tok, m->gguf, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
@@ -162,6 +174,7 @@ int tool_logits_main(int argc, char **argv) {
     for (size_t i = 0; i < n; i++)
         if (toks[i] >= V) { fprintf(stderr, "error: token %d out of range [0, %d)\n", toks[i], V); goto done; }
     if (c.draft_path && !mtp) { fprintf(stderr, "error: --spec-draft here gives the drafter's rows: add --mtp\n"); goto done; }
+    if (o.draft_step > 1 && !c.draft_path) { fprintf(stderr, "error: --draft-step is for a drafter's rows (--mtp --spec-draft)\n"); goto done; }
     if (c.draft_path && gemma4_assistant_load(&assistant, c.draft_path, m, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
@@ -185,7 +198,11 @@ int tool_logits_main(int argc, char **argv) {
     for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(jt, cJSON_CreateNumber(toks[i]));
     cJSON *rows = cJSON_AddArrayToObject(root, "rows");
     struct model_output out;
-    if (assistant && assistant_rows(m, assistant, toks, n, (int)n_top, logits, rows)) { free(want); goto done; }
+    if (assistant && !(tok_dev = be->alloc(be, sizeof(int32_t)))) { free(want); fprintf(stderr, "error: out of memory\n"); goto done; }
+    if (assistant && assistant_rows(m, assistant, toks, n, (int)o.draft_step, (int)n_top, logits, tok_dev, rows)) {
+        free(want);
+        goto done;
+    }
     for (int pass = 0; !assistant && pass < (mtp ? 2 : 1); pass++) {
         for (size_t i0 = 0; i0 < n; i0 += (size_t)nb) {
             int cnt = (int)COTI_MIN((size_t)nb, n - i0);
@@ -230,6 +247,7 @@ int tool_logits_main(int argc, char **argv) {
 done:
     cJSON_Delete(root);
     gemma4_assistant_free(assistant);
+    if (tok_dev) be->free(be, tok_dev);
     if (h_in_dev) be->free(be, h_in_dev);
     free(logits); free(hidden); free(pos); free(toks);
     tokenizer_free(tok);
