@@ -199,6 +199,23 @@ for f in ['$TMP/l.json','$TMP/lm.json']:
 }
 check "coti logits: main and NextN heads as JSON" logits_json
 
+# the NextN head's chained rows (--draft-step K): from position K-1, fed the head's own hidden;
+# the chain is dropped from the head's cache after each start, so step 1 rows equal --mtp's
+logits_nextn_chain() {
+    local ids=1,200,300,400,500,600,700
+    "$COTI" logits --tokens $ids --top 5 --json --mtp -t 1 > "$TMP/lcm.json" &&
+    "$COTI" logits --tokens $ids --top 5 --json --mtp --draft-step 1 -t 1 > "$TMP/lc1.json" &&
+    "$COTI" logits --tokens $ids --top 5 --json --mtp --draft-step 3 -t 1 > "$TMP/lc3.json" &&
+    python3 -c "
+import json, sys
+m, c1, c3 = (json.load(open(f))['rows'] for f in sys.argv[1:4])
+assert c1 == m, 'step 1 is the batched rows'
+assert [r['pos'] for r in c3] == list(range(2, 7)) and [r['token'] for r in c3] == [300, 400, 500, 600, 700]
+assert all(a['top'] != b['top'] for a, b in zip(c3, m[2:])), 'chained rows equal the teacher-forced ones'
+" "$TMP/lcm.json" "$TMP/lc1.json" "$TMP/lc3.json"
+}
+check "coti logits --mtp --draft-step K: the NextN head's chained rows" logits_nextn_chain
+
 bad_inputs_fail_cleanly() {
     "$COTI" run -m /nonexistent.gguf -p x -n 2 2>"$TMP/e1"; [ $? -eq 1 ] && grep -qi 'error' "$TMP/e1" || return 1
     head -c 100000 "$MODEL" > "$TMP/trunc.gguf"
@@ -244,7 +261,7 @@ r2 = s2['rows']
 assert [r['pos'] for r in r2] == list(range(2, 8)) and all(r['top'] != x['top'] for r, x in zip(r2, ra[1:]))
 " "$TMP/la.json" "$TMP/la2.json" "$TMP/lg.json" "$TMP/la3.json" || return 1
     "$COTI" logits -m "$G4" -md "$G4A" --tokens $ids 2>/dev/null; [ $? -eq 1 ] || return 1
-    "$COTI" logits -m "$G4" --mtp --draft-step 2 --tokens $ids 2>/dev/null; [ $? -eq 1 ] || return 1
+    "$COTI" logits -m "$G4" --draft-step 2 --tokens $ids 2>/dev/null; [ $? -eq 1 ] || return 1
     "$COTI" logits -md "$G4A" --mtp --tokens $ids 2>"$TMP/la.err"; [ $? -eq 1 ] && grep -q error "$TMP/la.err"
 }
 check "coti logits --mtp -md [--draft-step K]: the gemma4 assistant's rows, llama.cpp's draft-mtp convention" logits_assistant

@@ -7,8 +7,12 @@
  * convention: row i is its first draft step at position i, the target having committed ids[0..i)
  * (the target runs token by token: a sliding layer's ring holds only the window before i); row 0
  * is left out, as a draft never starts there. --draft-step K: row i+K-1 is instead the K-th step
- * of the round at position i, fed ids[i..i+K) in turn and its own next-hidden row from step 2 on
- * (a round's steps all sit at position i): the rows llama.cpp's driver drafts with. */
+ * of a draft round: for the assistant the round at position i, fed ids[i..i+K) in turn and its
+ * own next-hidden row from step 2 on (a round's steps all sit at position i); for the NextN head
+ * the chain from row i (positions i..i+K-1), each row fed the head's own output hidden of the
+ * row before, the chained rows dropped from the head's cache afterwards: the rows llama.cpp's
+ * driver drafts with (coti drafts NextN rows through a cheaper copy of the LM head; these are
+ * the exact head's logits). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +27,7 @@
 #define LOGITS_TOP_DEFAULT 20
 
 static void help(FILE *out, const struct cli_common *d) {
-    fprintf(out, "usage: coti logits [-m MODEL] (-p PROMPT | --tokens 1,2,3) [--top N] [--json] [--mtp [--spec-draft FILE [--draft-step K]]]\n"
+    fprintf(out, "usage: coti logits [-m MODEL] (-p PROMPT | --tokens 1,2,3) [--top N] [--json] [--mtp [--spec-draft FILE] [--draft-step K]]\n"
                  "Teacher-forced top-N next-token logprobs of every position.\n"
                  "  -p, --prompt TEXT    the text (tokenized with special tokens parsed)\n"
                  "  --tokens LIST        token ids, comma-separated\n"
@@ -31,7 +35,7 @@ static void help(FILE *out, const struct cli_common *d) {
                  "  --json               one JSON object on stdout instead of a line per row\n"
                  "  --mtp                rows of the NextN head (llama.cpp's draft-mtp convention)\n"
                  "  --spec-draft FILE    with --mtp: rows of that gemma4-assistant drafter instead, from position 1\n"
-                 "  --draft-step K       with --spec-draft: the K-th draft step's rows, fed the drafter's own hidden (default 1)\n",
+                 "  --draft-step K       with --mtp: the K-th draft step's rows, fed the drafter's own hidden (default 1)\n",
             LOGITS_TOP_DEFAULT);
 }
 
@@ -124,6 +128,35 @@ static int assistant_rows(struct model *m, struct gemma4_assistant *a, const int
     return 0;
 }
 
+/* --mtp --draft-step K on the NextN head: the chained rows (module comment), appended to rows.
+ * hidden: row i = the target's hidden of position i-1; h_dev: backend memory for one row. */
+static int nextn_chain_rows(struct model *m, const int32_t *toks, size_t n, int K, const float *hidden, float *h_dev,
+                            int n_top, float *logits, cJSON *rows) {
+    const struct model_nextn *head = model_nextn(m);
+    struct backend *be = m->be;
+    const int V = m->info.n_vocab, E = m->info.n_embd;
+    char err[512];
+    for (size_t i = 0; i + (size_t)K - 1 < n; i++) {
+        struct model_output out;
+        const float *h = h_dev;
+        be->upload(be, h_dev, hidden + i * (size_t)E, sizeof(float) * (size_t)E);
+        for (int k = 0; k < K; k++) {
+            const int32_t p = (int32_t)i + k;
+            const struct model_batch b = {.n = 1, .tokens = toks + i + (size_t)k, .pos = &p};
+            if (head->forward(m, &b, h, &out, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); return 1; }
+            h = out.hidden; /* read by the next row before it writes its own (drafters/mtp.c) */
+        }
+        head->seq_truncate(m, 0, (int)i + 1);
+        be->download(be, logits, out.logits, sizeof(float) * (size_t)V);
+        cJSON *row = cJSON_CreateObject();
+        cJSON_AddNumberToObject(row, "pos", (double)(i + (size_t)K - 1));
+        cJSON_AddNumberToObject(row, "token", toks[i + (size_t)K - 1]);
+        cJSON_AddItemToObject(row, "top", row_top(logits, V, n_top));
+        cJSON_AddItemToArray(rows, row);
+    }
+    return 0;
+}
+
 int tool_logits_main(int argc, char **argv) {
     struct cli_common c;
     cli_common_defaults(&c);
@@ -174,7 +207,7 @@ int tool_logits_main(int argc, char **argv) {
     for (size_t i = 0; i < n; i++)
         if (toks[i] >= V) { fprintf(stderr, "error: token %d out of range [0, %d)\n", toks[i], V); goto done; }
     if (c.draft_path && !mtp) { fprintf(stderr, "error: --spec-draft here gives the drafter's rows: add --mtp\n"); goto done; }
-    if (o.draft_step > 1 && !c.draft_path) { fprintf(stderr, "error: --draft-step is for a drafter's rows (--mtp --spec-draft)\n"); goto done; }
+    if (o.draft_step > 1 && !mtp) { fprintf(stderr, "error: --draft-step is for a drafter's rows (--mtp)\n"); goto done; }
     if (c.draft_path && gemma4_assistant_load(&assistant, c.draft_path, m, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         goto done;
@@ -203,7 +236,8 @@ int tool_logits_main(int argc, char **argv) {
         free(want);
         goto done;
     }
-    for (int pass = 0; !assistant && pass < (mtp ? 2 : 1); pass++) {
+    const bool chain = mtp && !assistant && o.draft_step > 1;
+    for (int pass = 0; !assistant && pass < (mtp && !chain ? 2 : 1); pass++) {
         for (size_t i0 = 0; i0 < n; i0 += (size_t)nb) {
             int cnt = (int)COTI_MIN((size_t)nb, n - i0);
             struct model_batch b = {.n = cnt, .tokens = toks + i0, .pos = pos + i0, .want_logits = want, .prompt = true};
@@ -228,6 +262,7 @@ int tool_logits_main(int argc, char **argv) {
         }
     }
     free(want);
+    if (chain && nextn_chain_rows(m, toks, n, (int)o.draft_step, hidden, h_in_dev, (int)n_top, logits, rows)) goto done;
     if (json) {
         char *s = cJSON_PrintUnformatted(root);
         if (!s) { fprintf(stderr, "error: out of memory\n"); goto done; }
