@@ -70,7 +70,9 @@ test('a long prompt arriving while others decode is processed in chunks: every a
 });
 
 test('more busy slots than one batched cycle takes (SPEC_MAX_BATCH 64): every answer as alone', async () => {
-  const wide = await startServer(['-np', '72', '-c', '256']);
+  // its start calibrates verify costs up to 64 sequences x 5 rows (~9.5k rows, best of 5): 5.6 s
+  // here, ~100 s under AddressSanitizer (make asan), past the default 60 s
+  const wide = await startServer(['-np', '72', '-c', '256'], { startTimeoutMs: 300000 });
   try {
     const prompts = Array.from({ length: 72 }, (_, i) => PROMPTS[i % PROMPTS.length].slice(0, 40 + i));
     const one = (p) => postJson(wide.base, '/v1/completions', { prompt: p, max_tokens: 8, temperature: 0, ignore_eos: true });
