@@ -27,7 +27,12 @@ export async function startServer(args = [], { bin = COTI, startTimeoutMs = 6000
     log += d;
   });
   const port = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server did not start in time:\n${log}`)), startTimeoutMs);
+    // a server that did not start is killed: alive, it would hold the test file's process open
+    const timer = setTimeout(() => {
+      clearInterval(poll);
+      child.kill('SIGKILL');
+      reject(new Error(`server did not start in time:\n${log}`));
+    }, startTimeoutMs);
     const poll = setInterval(() => {
       const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(log);
       if (m) {
