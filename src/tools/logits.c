@@ -76,6 +76,15 @@ static cJSON *row_top(const float *x, int V, int n_top) {
     return arr;
 }
 
+/* One output row: its position, its token and the top-n of its logits. */
+static void add_row(cJSON *rows, size_t pos, int32_t token, const float *logits, int V, int n_top) {
+    cJSON *row = cJSON_CreateObject();
+    cJSON_AddNumberToObject(row, "pos", (double)pos);
+    cJSON_AddNumberToObject(row, "token", token);
+    cJSON_AddItemToObject(row, "top", row_top(logits, V, n_top));
+    cJSON_AddItemToArray(rows, row);
+}
+
 struct logits_opts {
     const char *prompt, *tokens;
     long n_top, draft_step;
@@ -119,11 +128,7 @@ static int assistant_rows(struct model *m, struct gemma4_assistant *a, const int
             gemma4_assistant_step(a, t, h, NULL, &lg, &h);
         }
         be->download(be, logits, lg, sizeof(float) * (size_t)V);
-        cJSON *row = cJSON_CreateObject();
-        cJSON_AddNumberToObject(row, "pos", (double)(i + (size_t)K - 1));
-        cJSON_AddNumberToObject(row, "token", toks[i + (size_t)K - 1]);
-        cJSON_AddItemToObject(row, "top", row_top(logits, V, n_top));
-        cJSON_AddItemToArray(rows, row);
+        add_row(rows, i + (size_t)K - 1, toks[i + (size_t)K - 1], logits, V, n_top);
     }
     return 0;
 }
@@ -148,11 +153,7 @@ static int nextn_chain_rows(struct model *m, const int32_t *toks, size_t n, int 
         }
         head->seq_truncate(m, 0, (int)i + 1);
         be->download(be, logits, out.logits, sizeof(float) * (size_t)V);
-        cJSON *row = cJSON_CreateObject();
-        cJSON_AddNumberToObject(row, "pos", (double)(i + (size_t)K - 1));
-        cJSON_AddNumberToObject(row, "token", toks[i + (size_t)K - 1]);
-        cJSON_AddItemToObject(row, "top", row_top(logits, V, n_top));
-        cJSON_AddItemToArray(rows, row);
+        add_row(rows, i + (size_t)K - 1, toks[i + (size_t)K - 1], logits, V, n_top);
     }
     return 0;
 }
@@ -252,13 +253,7 @@ int tool_logits_main(int argc, char **argv) {
             if (pass == 0) be->download(be, hidden + (i0 + 1) * E, out.hidden, sizeof(float) * (size_t)E * cnt);
             if (pass == 0 && mtp) continue;
             be->download(be, logits, out.logits, sizeof(float) * (size_t)V * cnt);
-            for (int r = 0; r < cnt; r++) {
-                cJSON *row = cJSON_CreateObject();
-                cJSON_AddNumberToObject(row, "pos", (double)(i0 + r));
-                cJSON_AddNumberToObject(row, "token", toks[i0 + r]);
-                cJSON_AddItemToObject(row, "top", row_top(logits + (size_t)r * V, V, (int)n_top));
-                cJSON_AddItemToArray(rows, row);
-            }
+            for (int r = 0; r < cnt; r++) add_row(rows, i0 + (size_t)r, toks[i0 + r], logits + (size_t)r * V, V, (int)n_top);
         }
     }
     free(want);
