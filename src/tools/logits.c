@@ -106,18 +106,25 @@ static int on_option(void *state, int code, const char *name, const char *v) {
     return -1;
 }
 
-/* --mtp --spec-draft: the assistant's step-K rows (module comment), appended to rows. tok_dev:
- * backend memory for one id. */
+/* --mtp --spec-draft: the assistant's step-K rows (module comment), appended to rows. The
+ * target runs for its hidden rows only: its logits would be read by nobody. */
 static int assistant_rows(struct model *m, struct gemma4_assistant *a, const int32_t *toks, size_t n, int K, int n_top,
-                          float *logits, int32_t *tok_dev, cJSON *rows) {
+                          float *logits, cJSON *rows) {
     struct backend *be = m->be;
     const int V = m->info.n_vocab;
     char err[512];
+    int32_t *tok_dev = be->alloc(be, sizeof(int32_t)); /* steps 2.. take their token from here */
+    if (!tok_dev) { fprintf(stderr, "error: out of memory\n"); return 1; }
+    const bool no_logits = false;
     for (size_t i = 1; i + (size_t)K - 1 < n; i++) {
         const int32_t p = (int32_t)i - 1;
-        const struct model_batch b = {.n = 1, .tokens = toks + i - 1, .pos = &p};
+        const struct model_batch b = {.n = 1, .tokens = toks + i - 1, .pos = &p, .want_logits = &no_logits};
         struct model_output out;
-        if (model_forward(m, &b, &out, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); return 1; }
+        if (model_forward(m, &b, &out, err, sizeof err)) {
+            fprintf(stderr, "error: %s\n", err);
+            be->free(be, tok_dev);
+            return 1;
+        }
         const float *lg, *h = out.hidden;
         const int32_t *t = gemma4_assistant_at(a, 0, (int)i, toks[i]);
         for (int k = 0; k < K; k++) {
@@ -130,6 +137,7 @@ static int assistant_rows(struct model *m, struct gemma4_assistant *a, const int
         be->download(be, logits, lg, sizeof(float) * (size_t)V);
         add_row(rows, i + (size_t)K - 1, toks[i + (size_t)K - 1], logits, V, n_top);
     }
+    be->free(be, tok_dev);
     return 0;
 }
 
@@ -147,7 +155,8 @@ static int nextn_chain_rows(struct model *m, const int32_t *toks, size_t n, int 
         be->upload(be, h_dev, hidden + i * (size_t)E, sizeof(float) * (size_t)E);
         for (int k = 0; k < K; k++) {
             const int32_t p = (int32_t)i + k;
-            const struct model_batch b = {.n = 1, .tokens = toks + i + (size_t)k, .pos = &p};
+            const bool want = k == K - 1; /* only the last row's logits are read */
+            const struct model_batch b = {.n = 1, .tokens = toks + i + (size_t)k, .pos = &p, .want_logits = &want};
             if (head->forward(m, &b, h, &out, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); return 1; }
             h = out.hidden; /* read by the next row before it writes its own (drafters/mtp.c) */
         }
@@ -194,7 +203,7 @@ int tool_logits_main(int argc, char **argv) {
     struct gemma4_assistant *assistant = NULL;
     int rc = 1;
     float *logits = NULL, *hidden = NULL, *h_in_dev = NULL;
-    int32_t *pos = NULL, *tok_dev = NULL;
+    int32_t *pos = NULL;
     cJSON *root = NULL;
     const int V = m->info.n_vocab, E = m->info.n_embd;
     if (tokenizer_init(&tok, m->gguf, err, sizeof err)) { fprintf(stderr, "error: %s\n", err); goto done; }
@@ -232,8 +241,7 @@ int tool_logits_main(int argc, char **argv) {
     for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(jt, cJSON_CreateNumber(toks[i]));
     cJSON *rows = cJSON_AddArrayToObject(root, "rows");
     struct model_output out;
-    if (assistant && !(tok_dev = be->alloc(be, sizeof(int32_t)))) { free(want); fprintf(stderr, "error: out of memory\n"); goto done; }
-    if (assistant && assistant_rows(m, assistant, toks, n, (int)o.draft_step, (int)n_top, logits, tok_dev, rows)) {
+    if (assistant && assistant_rows(m, assistant, toks, n, (int)o.draft_step, (int)n_top, logits, rows)) {
         free(want);
         goto done;
     }
@@ -277,7 +285,6 @@ int tool_logits_main(int argc, char **argv) {
 done:
     cJSON_Delete(root);
     gemma4_assistant_free(assistant);
-    if (tok_dev) be->free(be, tok_dev);
     if (h_in_dev) be->free(be, h_in_dev);
     free(logits); free(hidden); free(pos); free(toks);
     tokenizer_free(tok);
