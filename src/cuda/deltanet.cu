@@ -13,7 +13,8 @@
  *     per GDN_ROWS rows, 32 lanes per row; the state's reads and writes coalesce, which is what
  *     a single token costs;
  *   - prompts past GDN_ROWS_MAX_TOK tokens: L lanes per row (16; 8 for dk <= 32), so each
- *     dot ends in a reduction over L lanes instead of 32, chunks double-buffered with cp.async
+ *     dot ends in a reduction over L lanes instead of 32, a token's output reduction beside
+ *     the next token's Sᵀk reduction, chunks double-buffered with cp.async
  *     (H200, 9B prefill of 512 tokens: 27.7 µs per token in the delta-net with the 32-lane
  *     form, 20.5 with 4 lanes, which at a single token cost 9B decode 5 %; H100, 16 lanes
  *     instead of 4: 9B pp512 +4.5 %).
@@ -297,8 +298,10 @@ template <int L> __device__ __forceinline__ int gdn_elem(int r, int i) { return 
  * first form the norms of q and k (a warp per token, lane + 32·i elements, the warp sum) and
  * the gates in place; then every row steps through it: per token its dots with k and q each
  * end in a reduction over L lanes only. */
+/* four blocks an SM (the 9B's 512 blocks in one wave): without the bound ptxas gave the 9B's
+ * instance 72 registers and a spill */
 template <int L, int NE, bool FULL>
-__global__ void __launch_bounds__(GDN_WARPS * 32)
+__global__ void __launch_bounds__(GDN_WARPS * 32, 4)
 gdn_kernel(const float *__restrict__ qkv, int qkv_stride, gdn_gates gt, int nk, int nv, int dk, int dv, float eps,
            int n_ch, float *__restrict__ out, const cuda_runs runs) {
     constexpr int RW = 32 / L, BR = GDN_WARPS * RW;
@@ -385,23 +388,33 @@ gdn_kernel(const float *__restrict__ qkv, int qkv_stride, gdn_gates gt, int nk, 
             }
         }
         __syncthreads();
-        for (int tt = 0; tt < n_here; tt++) {
-            const int t = t0 + tt;
-            float kv[NE];
+        /* token tt's k slice, and the state decayed by its gate dotted with it (lane partials) */
+        float kv[NE], p = 0.0f;
+        auto decay_dot_k = [&](int tt) {
 #pragma unroll
             for (int i = 0; i < NE; i += 4) {
                 const float4 k4 = ld4(ks + (size_t)tt * dk, gdn_elem<L>(r, i));
                 kv[i] = k4.x; kv[i + 1] = k4.y; kv[i + 2] = k4.z; kv[i + 3] = k4.w;
             }
-            const float decay = decs[tt], b = bets[tt];
+            const float decay = decs[tt];
             float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int i = 0; i < NE; i++) { s[i] *= decay; a4[i % 4] = fmaf(s[i], kv[i], a4[i % 4]); }
-            float p = (a4[0] + a4[1]) + (a4[2] + a4[3]);
+            return (a4[0] + a4[1]) + (a4[2] + a4[3]);
+        };
+        /* Each token's output sum (Sᵀq over the row's L lanes) goes down its butterfly beside
+         * the next token's Sᵀk: both depend on the state once updated, and the chain from one
+         * token to the next then holds one butterfly instead of two. The same adds in the same
+         * order as one after the other. */
+        if (n_here > 0) {
+            p = decay_dot_k(0);
 #pragma unroll
             for (int o = L / 2; o > 0; o >>= 1) p += __shfl_xor_sync(0xFFFFFFFFu, p, o);
-            const float delta = b * (vs[tt * BR + jr] - p);
-            a4[0] = a4[1] = a4[2] = a4[3] = 0.0f;
+        }
+        for (int tt = 0; tt < n_here; tt++) {
+            const int t = t0 + tt;
+            const float delta = bets[tt] * (vs[tt * BR + jr] - p);
+            float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int i = 0; i < NE; i += 4) {
                 const float4 q4 = ld4(qs + (size_t)tt * dk, gdn_elem<L>(r, i));
@@ -413,9 +426,6 @@ gdn_kernel(const float *__restrict__ qkv, int qkv_stride, gdn_gates gt, int nk, 
                 }
             }
             float o = (a4[0] + a4[1]) + (a4[2] + a4[3]);
-#pragma unroll
-            for (int w = L / 2; w > 0; w >>= 1) o += __shfl_xor_sync(0xFFFFFFFFu, o, w);
-            if (r == 0 && live) out[(size_t)t * nv * dv + (size_t)h * dv + j] = o * qscale;
             if (snap && t < n_snap && live) {
                 float *sp = snap + (size_t)t * st_elems + (size_t)h * dk * dv + (size_t)j * dk;
 #pragma unroll
@@ -424,6 +434,18 @@ gdn_kernel(const float *__restrict__ qkv, int qkv_stride, gdn_gates gt, int nk, 
                     if (FULL || e < dk) sp[e] = s[i];
                 }
             }
+            if (tt + 1 < n_here) {
+                p = decay_dot_k(tt + 1);
+#pragma unroll
+                for (int w = L / 2; w > 0; w >>= 1) {
+                    o += __shfl_xor_sync(0xFFFFFFFFu, o, w);
+                    p += __shfl_xor_sync(0xFFFFFFFFu, p, w);
+                }
+            } else {
+#pragma unroll
+                for (int w = L / 2; w > 0; w >>= 1) o += __shfl_xor_sync(0xFFFFFFFFu, o, w);
+            }
+            if (r == 0 && live) out[(size_t)t * nv * dv + (size_t)h * dv + j] = o * qscale;
         }
         __syncthreads(); /* this buffer is staged again next */
     }
