@@ -236,6 +236,44 @@ bad_model_is_refused() {
 }
 check "a model with a missing tensor is refused with its name (exit 1)" bad_model_is_refused
 
+# coti quantize: dequantizing and requantizing Q8_0 gives back the file byte for byte (the same
+# codes, records and order); the f32 copy is the same model (logits close, and with no activation
+# rounding at all); another quantized type needs --allow-requantize and then loads and runs;
+# keeps norms, ssm_conv1d and rows that are not whole blocks (q4_K falls back to q8_0 at 384)
+quantize_round_trip() {
+    "$COTI" quantize "$MODEL" "$TMP/f32.gguf" f32 -t 2 > /dev/null 2>&1 &&
+    "$COTI" quantize "$TMP/f32.gguf" "$TMP/rt.gguf" Q8_0 > /dev/null 2>&1 && cmp "$MODEL" "$TMP/rt.gguf" || return 1
+    "$COTI" gguf "$TMP/f32.gguf" > "$TMP/f32.txt" &&
+    grep -q 'general.file_type: uint32 0$' "$TMP/f32.txt" && grep -Eq 'blk\.0\.ffn_down\.weight +f32 ' "$TMP/f32.txt" || return 1
+    local ids=5,300,17,9000,42,7,1234,88,11,2000
+    "$COTI" logits -m "$MODEL" --tokens $ids --top 20 --json -t 1 > "$TMP/lq.json" &&
+    "$COTI" logits -m "$TMP/f32.gguf" --tokens $ids --top 20 --json -t 1 > "$TMP/lf.json" || return 1
+    python3 scripts/compare_logits.py "$TMP/lq.json" "$TMP/lf.json" | tail -1 > "$TMP/cmp.txt" &&
+    python3 -c "
+import sys
+f = open(sys.argv[1]).read().split()
+med = float(f[f.index('median') + 1])
+assert 0 < med < 0.1, f   # the same weights; only the CPU's Q8 activation codes differ
+" "$TMP/cmp.txt" || return 1
+    "$COTI" quantize "$MODEL" "$TMP/k.gguf" q4_K 2> "$TMP/qe" && return 1
+    grep -q 'allow-requantize' "$TMP/qe" || return 1
+    "$COTI" quantize --allow-requantize "$MODEL" "$TMP/k.gguf" q4_K > /dev/null 2>&1 &&
+    "$COTI" gguf "$TMP/k.gguf" > "$TMP/k.txt" &&
+    grep -Eq 'blk\.0\.ssm_out\.weight +q4_K ' "$TMP/k.txt" && grep -Eq 'blk\.0\.attn_qkv\.weight +q8_0 ' "$TMP/k.txt" &&
+    grep -Eq 'blk\.0\.ssm_conv1d\.weight +f32 ' "$TMP/k.txt" && grep -Eq 'output_norm\.weight +f32 ' "$TMP/k.txt" &&
+    "$COTI" run -m "$TMP/k.gguf" -p "Once upon a time" -n 8 -t 1 > /dev/null 2>&1
+}
+check "coti quantize: Q8_0 -> f32 -> Q8_0 byte-identical; requantizing asks first; the result runs" quantize_round_trip
+
+quantize_errors_are_clear() {
+    "$COTI" quantize "$MODEL" "$TMP/x.gguf" q9_9 2> "$TMP/qe1"; [ $? -eq 1 ] && grep -q "not a weight type" "$TMP/qe1" || return 1
+    head -c 5000 "$MODEL" > "$TMP/trunc.gguf"
+    "$COTI" quantize "$TMP/trunc.gguf" "$TMP/x.gguf" f16 2> "$TMP/qe2"; [ $? -eq 1 ] && grep -q 'coti quantize: ' "$TMP/qe2" || return 1
+    "$COTI" quantize "$MODEL" "$TMP/x.gguf" 2> "$TMP/qe3"; [ $? -eq 1 ] && grep -q 'IN.gguf OUT.gguf TYPE' "$TMP/qe3" || return 1
+    "$COTI" quantize "$MODEL" "$TMP/nodir/x.gguf" f16 2> "$TMP/qe4"; [ $? -eq 1 ] && grep -q 'coti quantize: ' "$TMP/qe4"
+}
+check "coti quantize: an unknown type, a truncated file, a missing argument, an unwritable path: exit 1 and a message" quantize_errors_are_clear
+
 # gemma4 with its separate assistant drafter: lossless at every draft length, and the drafter
 # refused with a reason when it does not fit (wrong target, a target as drafter, truncated).
 G4=models/coti-tiny-gemma4-q8_0.gguf

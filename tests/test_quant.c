@@ -129,6 +129,17 @@ Test(quant, traits_row_size) {
     cr_expect_eq(ggml_row_size(GGML_TYPE_F32, INT64_MAX), 0);   /* overflow */
 }
 
+/* llama-quantize's fallback for rows that are not whole blocks: q8_0, then f16 */
+Test(quant, type_for_rows) {
+    cr_expect_eq(ggml_type_for_rows(GGML_TYPE_Q4_K, 4096), GGML_TYPE_Q4_K);
+    cr_expect_eq(ggml_type_for_rows(GGML_TYPE_Q4_K, 384), GGML_TYPE_Q8_0);
+    cr_expect_eq(ggml_type_for_rows(GGML_TYPE_Q4_0, 48), GGML_TYPE_F16);
+    cr_expect_eq(ggml_type_for_rows(GGML_TYPE_F32, 7), GGML_TYPE_F32);
+    cr_expect_eq(ggml_type_for_rows(GGML_TYPE_BF16, 7), GGML_TYPE_BF16);
+    cr_expect_eq(ggml_file_type_of(GGML_TYPE_Q4_K), 15);   /* llama_ftype Q4_K_M */
+    cr_expect_eq(ggml_file_type_of(GGML_TYPE_F32), 0);
+}
+
 /* ------------------------------------------------------------------------------------------
  * fp16 / bf16. */
 

@@ -94,6 +94,32 @@ enum ggml_type ggml_type_from_name(const char *name) {
     return GGML_TYPE_COUNT;
 }
 
+enum ggml_type ggml_type_for_rows(enum ggml_type want, int64_t n) {
+    const enum ggml_type chain[3] = {want, GGML_TYPE_Q8_0, GGML_TYPE_F16};
+    for (int i = 0; i < 3; i++)
+        if (ggml_row_size(chain[i], n) != 0) return chain[i];
+    return GGML_TYPE_F32;
+}
+
+uint32_t ggml_file_type_of(enum ggml_type t) {
+    switch (t) {
+    case GGML_TYPE_F32: return 0;
+    case GGML_TYPE_F16: return 1;
+    case GGML_TYPE_Q4_0: return 2;
+    case GGML_TYPE_Q4_1: return 3;
+    case GGML_TYPE_Q8_0: return 7;
+    case GGML_TYPE_Q5_0: return 8;
+    case GGML_TYPE_Q5_1: return 9;
+    case GGML_TYPE_Q2_K: return 10;
+    case GGML_TYPE_Q3_K: return 12;   /* Q3_K_M */
+    case GGML_TYPE_Q4_K: return 15;   /* Q4_K_M */
+    case GGML_TYPE_Q5_K: return 17;   /* Q5_K_M */
+    case GGML_TYPE_Q6_K: return 18;
+    case GGML_TYPE_BF16: return 32;
+    default: return 7;
+    }
+}
+
 /* ------------------------------------------------------------------------------------------
  * Scalar conversions. */
 

@@ -30,6 +30,12 @@ bool ggml_type_supported(enum ggml_type t);   /* coti can dequantize and dot it 
 /* Bytes of a row of n elements; 0 if n is not a multiple of the block size. */
 size_t ggml_row_size(enum ggml_type t, int64_t n);
 enum ggml_type ggml_type_from_name(const char *name); /* GGML_TYPE_COUNT if unknown */
+/* The type a weight matrix of rows n wide is stored in when `want` is asked for: want, else
+ * q8_0, else f16 where the rows are not whole blocks (llama-quantize's fallback), else f32. */
+enum ggml_type ggml_type_for_rows(enum ggml_type want, int64_t n);
+/* general.file_type (llama.cpp's llama_ftype) of a file whose matrices are mostly t: the K
+ * types name their _M mix, the closest llama.cpp has for a uniform file; informational. */
+uint32_t ggml_file_type_of(enum ggml_type t);
 
 /* Scalar conversions (IEEE binary16 RNE; bf16 RNE with quiet NaN). */
 float fp16_to_f32(uint16_t h);

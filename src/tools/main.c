@@ -25,6 +25,7 @@ static const struct {
     {"serve", tool_serve_main, "OpenAI-compatible HTTP server with llama.cpp-style timings"},
     {"gguf", tool_gguf_main, "print a GGUF file's metadata and tensors"},
     {"mkmodel", tool_mkmodel_main, "write a tiny random-weight test model"},
+    {"quantize", tool_quantize_main, "rewrite a GGUF with its weight matrices in another type"},
 };
 
 static void usage(FILE *out) {

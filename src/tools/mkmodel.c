@@ -157,15 +157,6 @@ static void gen_row(const struct mk_model *m, const struct mk_tensor *t, int64_t
  * Tensor list (the architecture's table, models/qwen35.h) and type selection
  * ------------------------------------------------------------------------------------- */
 
-/* --type for 2-D matrices; rows that are not whole blocks fall back to q8_0, then f16, as
- * llama-quantize does. */
-static enum ggml_type pick_type(enum ggml_type want, int64_t n_in) {
-    const enum ggml_type chain[3] = {want, GGML_TYPE_Q8_0, GGML_TYPE_F16};
-    for (int i = 0; i < 3; i++)
-        if (ggml_row_size(chain[i], n_in) != 0) return chain[i];
-    return GGML_TYPE_F32;
-}
-
 /* n_expert: the architecture's experts, the third dimension of a WEIGHT_EXPERTS stack */
 static int add_tensor(struct mk_model *m, const struct weight_desc *d, int layer, const int64_t *widths, int n_expert) {
     if (m->n_t == m->cap_t) {
@@ -188,7 +179,7 @@ static int add_tensor(struct mk_model *m, const struct weight_desc *d, int layer
     t->ne[1] = widths[d->out];
     t->ne[2] = d->kind == WEIGHT_EXPERTS ? n_expert : 1;
     t->init = d->init;
-    t->type = !matrix || keep_f32 ? GGML_TYPE_F32 : pick_type(m->wtype, t->ne[0]);
+    t->type = !matrix || keep_f32 ? GGML_TYPE_F32 : ggml_type_for_rows(m->wtype, t->ne[0]);
     return 0;
 }
 
@@ -660,26 +651,6 @@ static int check_hparams(const struct mk_hparams *h) {
     return why ? -1 : 0;
 }
 
-/* llama_ftype of a file whose matrices are mostly `t` (general.file_type, informational). */
-static uint32_t ftype_of(enum ggml_type t) {
-    switch (t) {
-    case GGML_TYPE_F32: return 0;
-    case GGML_TYPE_F16: return 1;
-    case GGML_TYPE_Q4_0: return 2;
-    case GGML_TYPE_Q4_1: return 3;
-    case GGML_TYPE_Q8_0: return 7;
-    case GGML_TYPE_Q5_0: return 8;
-    case GGML_TYPE_Q5_1: return 9;
-    case GGML_TYPE_Q2_K: return 10;
-    case GGML_TYPE_Q3_K: return 12;   /* Q3_K_M */
-    case GGML_TYPE_Q4_K: return 15;   /* Q4_K_M */
-    case GGML_TYPE_Q5_K: return 17;   /* Q5_K_M */
-    case GGML_TYPE_Q6_K: return 18;
-    case GGML_TYPE_BF16: return 32;
-    default: return 7;
-    }
-}
-
 /* "<arch>.<suffix>" in buf */
 static const char *key(char *buf, size_t size, const char *arch, const char *suffix) {
     snprintf(buf, size, "%s.%s", arch, suffix);
@@ -709,7 +680,7 @@ static void write_metadata(struct gguf_writer *w, const struct mk_model *m, cons
     gguf_writer_set_f32(w, key(k, sizeof k, arch, "attention.layer_norm_rms_epsilon"), (float)h->eps);
     gguf_writer_set_u32(w, key(k, sizeof k, arch, "attention.key_length"), (uint32_t)h->head_dim);
     gguf_writer_set_u32(w, key(k, sizeof k, arch, "attention.value_length"), (uint32_t)h->head_dim);
-    gguf_writer_set_u32(w, "general.file_type", ftype_of(m->wtype));
+    gguf_writer_set_u32(w, "general.file_type", ggml_file_type_of(m->wtype));
     gguf_writer_set_u32(w, key(k, sizeof k, arch, "ssm.conv_kernel"), (uint32_t)h->conv);
     gguf_writer_set_u32(w, key(k, sizeof k, arch, "ssm.state_size"), (uint32_t)h->d_state);
     gguf_writer_set_u32(w, key(k, sizeof k, arch, "ssm.group_count"), (uint32_t)h->n_group);
@@ -750,7 +721,7 @@ static void write_gemma4_metadata(struct gguf_writer *w, const struct mk_model *
     gguf_writer_set_f32(w, "gemma4.rope.freq_base", (float)h->rope_theta);
     gguf_writer_set_f32(w, "gemma4.rope.freq_base_swa", 10000.0f);
     gguf_writer_set_f32(w, "gemma4.attention.layer_norm_rms_epsilon", (float)h->eps);
-    gguf_writer_set_u32(w, "general.file_type", ftype_of(m->wtype));
+    gguf_writer_set_u32(w, "general.file_type", ggml_file_type_of(m->wtype));
     gguf_writer_set_u32(w, "gemma4.attention.sliding_window", (uint32_t)h->window);
     gguf_writer_set_u32(w, "gemma4.attention.shared_kv_layers", (uint32_t)h->kv_shared);
     gguf_writer_set_u32(w, "gemma4.embedding_length_per_layer_input", (uint32_t)h->n_embd_per_layer);

@@ -7,6 +7,7 @@ int tool_run_main(int argc, char **argv);
 int tool_logits_main(int argc, char **argv);
 int tool_gguf_main(int argc, char **argv);
 int tool_mkmodel_main(int argc, char **argv);
+int tool_quantize_main(int argc, char **argv);
 int tool_bench_main(int argc, char **argv);
 int tool_equiv_main(int argc, char **argv);
 int tool_serve_main(int argc, char **argv);
