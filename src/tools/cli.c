@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -425,6 +426,38 @@ void cli_progress_end(void) {
     fputs("\r\033[K", stderr);
     fflush(stderr);
     progress_shown = false;
+}
+
+struct rows_job {
+    int (*fn)(void *ctx, int64_t r0, int64_t r1);
+    void *ctx;
+    int64_t r0, r1;
+    int rc;
+};
+
+static void *rows_job_run(void *arg) {
+    struct rows_job *j = arg;
+    j->rc = j->fn(j->ctx, j->r0, j->r1);
+    return NULL;
+}
+
+int cli_parallel_rows(int64_t n_rows, int nth, int (*fn)(void *ctx, int64_t r0, int64_t r1), void *ctx) {
+    nth = (int)COTI_MAX(1, COTI_MIN((int64_t)COTI_MIN(nth, CLI_MAX_THREADS), n_rows));
+    struct rows_job jobs[CLI_MAX_THREADS];
+    pthread_t tids[CLI_MAX_THREADS];
+    bool started[CLI_MAX_THREADS] = {false};
+    for (int i = 0; i < nth; i++) {
+        jobs[i] = (struct rows_job){fn, ctx, n_rows * i / nth, n_rows * (i + 1) / nth, 0};
+        if (i > 0) started[i] = pthread_create(&tids[i], NULL, rows_job_run, &jobs[i]) == 0;
+        if (i > 0 && !started[i]) rows_job_run(&jobs[i]);
+    }
+    rows_job_run(&jobs[0]);
+    int rc = jobs[0].rc;
+    for (int i = 1; i < nth; i++) {
+        if (started[i]) pthread_join(tids[i], NULL);
+        if (!rc) rc = jobs[i].rc;
+    }
+    return rc;
 }
 
 struct load_note {

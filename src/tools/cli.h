@@ -104,4 +104,10 @@ void cli_common_free(struct cli_common *c);
 void cli_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_progress_end(void);
 
+/* Rows [0, n_rows) in nth (<= CLI_MAX_THREADS) contiguous ranges, fn(ctx, r0, r1) for each on a
+ * thread of its own (the caller takes the first; a range whose thread cannot start runs on the
+ * caller too). Returns the first nonzero result in range order. For the tools that write a
+ * tensor's rows (mkmodel, quantize). */
+int cli_parallel_rows(int64_t n_rows, int nth, int (*fn)(void *ctx, int64_t r0, int64_t r1), void *ctx);
+
 #endif

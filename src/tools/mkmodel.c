@@ -16,7 +16,6 @@
  * about 1.1 GB (its token_embd at q8_0), not the 36 GB of an f32 copy. */
 #include <errno.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -262,27 +261,25 @@ static int build_tensor_list(struct mk_model *m) {
  * Tensor data, generated while the file is written
  * ------------------------------------------------------------------------------------- */
 
-struct fill_job {
+struct fill_ctx {
     const struct mk_model *m;
     const struct mk_tensor *t;
     uint8_t *dst;
     size_t row_bytes;
-    int64_t row0, row1;
-    int rc;
 };
 
-static void *fill_rows(void *arg) {
-    struct fill_job *j = arg;
-    float *row = malloc((size_t)j->t->ne[0] * sizeof *row);
-    if (!row) { j->rc = COTI_E_NOMEM; return NULL; }
-    for (int64_t r = j->row0; r < j->row1; r++) {
-        gen_row(j->m, j->t, r, row);
-        uint8_t *out = j->dst + (size_t)r * j->row_bytes;
-        if (j->t->type == GGML_TYPE_Q4_K) quant_quantize_q4_K_grid(row, out, j->t->ne[0]); /* the search: 35B params in hours */
-        else quant_quantize_row_ref(j->t->type, row, out, j->t->ne[0]);
+static int fill_rows(void *arg, int64_t r0, int64_t r1) {
+    const struct fill_ctx *c = arg;
+    float *row = malloc((size_t)c->t->ne[0] * sizeof *row);
+    if (!row) return COTI_E_NOMEM;
+    for (int64_t r = r0; r < r1; r++) {
+        gen_row(c->m, c->t, r, row);
+        uint8_t *out = c->dst + (size_t)r * c->row_bytes;
+        if (c->t->type == GGML_TYPE_Q4_K) quant_quantize_q4_K_grid(row, out, c->t->ne[0]); /* the search: 35B params in hours */
+        else quant_quantize_row_ref(c->t->type, row, out, c->t->ne[0]);
     }
     free(row);
-    return NULL;
+    return 0;
 }
 
 static int fill_tensor(void *ctx, const char *name, void *dst, size_t size, char *err, size_t err_size) {
@@ -300,22 +297,9 @@ static int fill_tensor(void *ctx, const char *name, void *dst, size_t size, char
         return coti_fail(err, err_size, COTI_E_ARG, "mkmodel: tensor '%s' size mismatch", name);
 
     int nth = 1;
-    if ((uint64_t)t->ne[0] * (uint64_t)n_rows >= MK_PARALLEL_MIN_ELEMS)
-        nth = (int)COTI_MIN((int64_t)m->n_threads, n_rows);
-    struct fill_job jobs[MK_MAX_THREADS];
-    pthread_t tids[MK_MAX_THREADS];
-    bool started[MK_MAX_THREADS] = {false};
-    for (int i = 0; i < nth; i++) {
-        jobs[i] = (struct fill_job){m, t, dst, row_bytes, n_rows * i / nth, n_rows * (i + 1) / nth, 0};
-        if (i > 0) started[i] = pthread_create(&tids[i], NULL, fill_rows, &jobs[i]) == 0;
-        if (i > 0 && !started[i]) fill_rows(&jobs[i]);   /* no thread: do it here */
-    }
-    fill_rows(&jobs[0]);
-    int rc = jobs[0].rc;
-    for (int i = 1; i < nth; i++) {
-        if (started[i]) pthread_join(tids[i], NULL);
-        if (!rc) rc = jobs[i].rc;
-    }
+    if ((uint64_t)t->ne[0] * (uint64_t)n_rows >= MK_PARALLEL_MIN_ELEMS) nth = (int)m->n_threads;
+    struct fill_ctx c = {m, t, dst, row_bytes};
+    const int rc = cli_parallel_rows(n_rows, nth, fill_rows, &c);
     if (rc) return coti_fail(err, err_size, rc, "mkmodel: out of memory generating '%s'", name);
     return 0;
 }

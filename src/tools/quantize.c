@@ -14,7 +14,6 @@
  * prompt tiles to f16; scripts/gpu-check.sh holds both to such a copy). Quantizing an already
  * quantized matrix into another quantized type compounds two roundings: it takes
  * --allow-requantize, as llama-quantize does. */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,26 +45,24 @@ static bool is_weight_matrix(const struct gguf_tensor *t) {
 
 static bool is_quantized(enum ggml_type t) { return ggml_type_traits_get(t)->block_elems > 1; }
 
-struct qz_rows {
+struct qz_job {
     const struct qz_tensor *t;
     uint8_t *dst;
-    int64_t row0, row1;
-    int rc;
 };
 
-static void *convert_rows(void *arg) {
-    struct qz_rows *j = arg;
+static int convert_rows(void *arg, int64_t r0, int64_t r1) {
+    const struct qz_job *j = arg;
     const struct gguf_tensor *s = j->t->src;
     const int64_t n = s->ne[0];
     const size_t src_rb = ggml_row_size(s->type, n), dst_rb = ggml_row_size(j->t->type, n);
     float *row = malloc(sizeof(float) * (size_t)n);
-    if (!row) { j->rc = COTI_E_NOMEM; return NULL; }
-    for (int64_t r = j->row0; r < j->row1; r++) {
+    if (!row) return COTI_E_NOMEM;
+    for (int64_t r = r0; r < r1; r++) {
         quant_dequantize_row_ref(s->type, (const uint8_t *)s->data + (size_t)r * src_rb, row, n);
         quant_quantize_row_ref(j->t->type, row, j->dst + (size_t)r * dst_rb, n);
     }
     free(row);
-    return NULL;
+    return 0;
 }
 
 static int fill_tensor(void *ctx, const char *name, void *dst, size_t size, char *err, size_t err_size) {
@@ -86,22 +83,9 @@ static int fill_tensor(void *ctx, const char *name, void *dst, size_t size, char
     const int64_t n_rows = s->ne[1] * s->ne[2] * s->ne[3];
     if (ggml_row_size(t->type, s->ne[0]) * (size_t)n_rows != size)
         return coti_fail(err, err_size, COTI_E_ARG, "quantize: tensor '%s' size mismatch", name);
-    int nth = 1;
-    if ((uint64_t)s->ne[0] * (uint64_t)n_rows >= QZ_PARALLEL_MIN_ELEMS) nth = (int)COTI_MIN((int64_t)q->n_threads, n_rows);
-    struct qz_rows jobs[QZ_MAX_THREADS];
-    pthread_t tids[QZ_MAX_THREADS];
-    bool started[QZ_MAX_THREADS] = {false};
-    for (int i = 0; i < nth; i++) {
-        jobs[i] = (struct qz_rows){t, dst, n_rows * i / nth, n_rows * (i + 1) / nth, 0};
-        if (i > 0) started[i] = pthread_create(&tids[i], NULL, convert_rows, &jobs[i]) == 0;
-        if (i > 0 && !started[i]) convert_rows(&jobs[i]); /* no thread: do it here */
-    }
-    convert_rows(&jobs[0]);
-    int rc = jobs[0].rc;
-    for (int i = 1; i < nth; i++) {
-        if (started[i]) pthread_join(tids[i], NULL);
-        if (!rc) rc = jobs[i].rc;
-    }
+    const int nth = (uint64_t)s->ne[0] * (uint64_t)n_rows >= QZ_PARALLEL_MIN_ELEMS ? q->n_threads : 1;
+    struct qz_job j = {t, dst};
+    const int rc = cli_parallel_rows(n_rows, nth, convert_rows, &j);
     return rc ? coti_fail(err, err_size, rc, "quantize: out of memory converting '%s'", name) : 0;
 }
 
