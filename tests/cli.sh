@@ -243,6 +243,10 @@ check "a model with a missing tensor is refused with its name (exit 1)" bad_mode
 quantize_round_trip() {
     "$COTI" quantize "$MODEL" "$TMP/f32.gguf" f32 -t 2 > /dev/null 2>&1 &&
     "$COTI" quantize "$TMP/f32.gguf" "$TMP/rt.gguf" Q8_0 > /dev/null 2>&1 && cmp "$MODEL" "$TMP/rt.gguf" || return 1
+    # stacked experts (3-D) too, the router left F32
+    "$COTI" mkmodel --arch qwen35moe --type q8_0 --seed 5 -o "$TMP/moe.gguf" > /dev/null 2>&1 &&
+    "$COTI" quantize "$TMP/moe.gguf" "$TMP/moe32.gguf" f32 > /dev/null 2>&1 &&
+    "$COTI" quantize "$TMP/moe32.gguf" "$TMP/moert.gguf" q8_0 > /dev/null 2>&1 && cmp "$TMP/moe.gguf" "$TMP/moert.gguf" || return 1
     "$COTI" gguf "$TMP/f32.gguf" > "$TMP/f32.txt" &&
     grep -q 'general.file_type: uint32 0$' "$TMP/f32.txt" && grep -Eq 'blk\.0\.ffn_down\.weight +f32 ' "$TMP/f32.txt" || return 1
     local ids=5,300,17,9000,42,7,1234,88,11,2000
