@@ -213,8 +213,9 @@ Test(gemma4, e2b_tiny_loads_with_shared_kv_and_per_layer_embeddings) {
     cr_assert_eq(kv->layers[4].head_dim, 128);
     cr_assert_eq(m->engine->window, 8);
     /* the sliding layers: a ring of 8 - 1 + 16 (the rows of a forward, more than a rollback's
-     * 4) positions and its 8 cells of second stores; the full ones hold n_ctx */
-    cr_assert(kv->win.ring == 23 && kv->win.block == 31 && kv->full.block == 512 && !kv->full.ring);
+     * 4) positions and its 8 cells of second stores, 31 cells in a block of KV_BLOCK_ALIGN; the
+     * full ones hold n_ctx */
+    cr_assert(kv->win.ring == 23 && kv->win.block == KV_BLOCK_ALIGN && kv->full.block == 512 && !kv->full.ring);
     cr_assert(kv->windowed[3] && !kv->windowed[4] && kv->windowed[8] && !kv->windowed[9]);
     model_free(m);
     backend_free(be);

@@ -120,8 +120,9 @@ Test(memory, rollback_restores_the_snapshot_of_the_last_kept_token) {
 }
 
 /* A sliding-window layer of window 2 with 4 rows per forward and runs of up to 6 kept keeps a
- * ring of 1 + 6 positions (+ 2 cells of second stores) per sequence; the full layer keeps 64. A
- * rollback deeper than the ring was sized for is refused; a copy moves the whole ring. */
+ * ring of 1 + 6 positions (+ 2 cells of second stores) per sequence, in a block rounded up to
+ * KV_BLOCK_ALIGN cells; the full layer keeps 64. A rollback deeper than the ring was sized for is
+ * refused; a copy moves the whole ring. */
 Test(memory, window_ring_bounds_its_cells_and_its_rollbacks) {
     struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
     const struct kv_layer_spec specs[2] = {{1, 4, -1, 2}, {1, 4, -1, 0}};
@@ -129,12 +130,13 @@ Test(memory, window_ring_bounds_its_cells_and_its_rollbacks) {
     struct memory mem;
     cr_assert_eq(memory_init(&mem, be, &p), 0);
     const struct kv_cells *w = &mem.kv.win;
-    cr_assert(w->ring == 7 && w->block == 9 && w->window == 2 && mem.kv.full.block == 64 && !mem.kv.full.ring);
+    cr_assert(w->ring == 7 && w->block == KV_BLOCK_ALIGN && w->window == 2 && mem.kv.full.block == 64 && !mem.kv.full.ring);
     /* position 15 of sequence 1: ring slot 1; only slot 0 (< window - 1) is stored twice */
-    cr_assert_eq(kv_cells_at(w, 1, 15), 9 + 1);
-    cr_assert_eq(kv_cells_second(w, 1, 15), 9 + 8, "no second store: the block's last cell");
-    cr_assert_eq(kv_cells_second(w, 1, 14), 9 + 7, "slot 0: stored again past the ring");
-    const size_t blk = 9 * mem.kv.layers[0].k_row_bytes / sizeof(float); /* a sequence's block, in floats */
+    const int b = KV_BLOCK_ALIGN;
+    cr_assert_eq(kv_cells_at(w, 1, 15), b + 1);
+    cr_assert_eq(kv_cells_second(w, 1, 15), b + b - 1, "no second store: the block's last cell");
+    cr_assert_eq(kv_cells_second(w, 1, 14), b + 7, "slot 0: stored again past the ring");
+    const size_t blk = (size_t)b * mem.kv.layers[0].k_row_bytes / sizeof(float); /* a sequence's block, in floats */
     fill(be, mem.kv.layers[0].k, 2 * blk, 1.0f);
     mem.seq_len[0] = 20;
     cr_assert_eq(memory_seq_copy(&mem, 1, 0), 0);
@@ -168,16 +170,16 @@ Test(memory, a_cache_that_does_not_fit_is_refused_before_allocating) {
     fake.free = plain_free;
     /* layers 0 and 1 own storage (2 heads of 32, 1 of 64), layer 2 reads layer 0 */
     static const struct kv_layer_spec specs[3] = {{2, 32, -1, 0}, {1, 64, -1, 0}, {2, 32, 0, 0}};
-    const size_t k_bytes = 2 * 16 * (34 + 34 + 34 * 2), v_bytes = 2 * 16 * (18 * 2 + 18 * 2); /* q8_0 K, q4_0 V */
+    const size_t k_bytes = 2 * 64 * (34 + 34 + 34 * 2), v_bytes = 2 * 64 * (18 * 2 + 18 * 2); /* q8_0 K, q4_0 V */
     struct kv_cache kv;
     room = k_bytes + v_bytes - 1;
     n_allocs = 0;
-    cr_assert_eq(kv_cache_init(&kv, &fake, specs, 3, 2, 16, 4, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0), COTI_E_NOMEM);
+    cr_assert_eq(kv_cache_init(&kv, &fake, specs, 3, 2, 64, 4, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0), COTI_E_NOMEM);
     cr_assert_eq(kv.bytes, k_bytes + v_bytes, "the size it needed: %zu", kv.bytes);
     cr_assert_eq(n_allocs, 0, "nothing was allocated");
     kv_cache_free(&kv);
     room = k_bytes + v_bytes;
-    cr_assert_eq(kv_cache_init(&kv, &fake, specs, 3, 2, 16, 4, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0), 0);
+    cr_assert_eq(kv_cache_init(&kv, &fake, specs, 3, 2, 64, 4, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0), 0);
     cr_assert_eq(n_allocs, 4, "K and V of the two layers with storage");
     size_t k, v;
     kv_cache_bytes_per_seq(&kv, &k, &v);
@@ -186,4 +188,27 @@ Test(memory, a_cache_that_does_not_fit_is_refused_before_allocating) {
     cr_assert_eq(kv.layers[2].k, kv.layers[0].k);
     kv_cache_free(&kv);
     backend_free(cpu);
+}
+
+/* Every sequence's block starts on a multiple of KV_BLOCK_ALIGN cells, full and window layers
+ * alike, whatever n_ctx, the window and the rows per forward (a kernel tiling the cache on a grid
+ * counted from cell 0 then splits every sequence alike); what a row may attend stays n_ctx or the
+ * window. */
+Test(memory, blocks_start_on_the_alignment) {
+    struct backend *be = backend_cpu_init(1, QUANT_CPU_REF);
+    const struct kv_layer_spec specs[2] = {{1, 4, -1, 128}, {1, 4, -1, 0}};
+    struct kv_cache kv;
+    /* gemma4's window 128 with 512 rows a forward: 767 cells a ring block before rounding */
+    cr_assert_eq(kv_cache_init(&kv, be, specs, 2, 4, 1000, 512, GGML_TYPE_F16, GGML_TYPE_F16), 0);
+    cr_assert_eq(kv.win.ring, 127 + 512);
+    cr_assert_eq(kv.win.block, 768);
+    cr_assert_eq(kv.full.block, 1024);
+    for (int s = 0; s < 4; s++) {
+        cr_assert_eq(kv_cells_at(&kv.win, s, 0) % KV_BLOCK_ALIGN, 0, "window block of sequence %d", s);
+        cr_assert_eq(kv_cells_at(&kv.full, s, 0) % KV_BLOCK_ALIGN, 0, "full block of sequence %d", s);
+    }
+    cr_assert_eq(kv.layers[0].max_rows, 128);
+    cr_assert_eq(kv.layers[1].max_rows, 1000);
+    kv_cache_free(&kv);
+    backend_free(be);
 }

@@ -22,8 +22,9 @@ static bool kv_type_supported(struct backend *be, enum ggml_type type) {
 
 int kv_cache_init(struct kv_cache *kv, struct backend *be, const struct kv_layer_spec *specs, int n_layer,
                   int n_seq, int n_ctx, int n_rows, enum ggml_type k_type, enum ggml_type v_type) {
-    *kv = (struct kv_cache){.be = be, .n_layer = n_layer, .n_seq = n_seq, .n_ctx = n_ctx, .full = {n_ctx, 0, 0},
-                            .win = {n_ctx, 0, 0}};
+    const int ctx_block = kv_block_cells(n_ctx);
+    *kv = (struct kv_cache){.be = be, .n_layer = n_layer, .n_seq = n_seq, .n_ctx = n_ctx, .full = {ctx_block, 0, 0},
+                            .win = {ctx_block, 0, 0}};
     if (n_layer <= 0) return n_layer ? COTI_E_ARG : 0;
     if (!kv_type_supported(be, k_type) || !kv_type_supported(be, v_type)) return COTI_E_UNSUPPORTED;
     for (int il = 0; il < n_layer; il++)
@@ -40,7 +41,7 @@ int kv_cache_init(struct kv_cache *kv, struct backend *be, const struct kv_layer
     /* the last window - 1 positions before a forward's first row, its n_rows rows: with a
      * rollback of at most n_rows after it, no cell still visible is overwritten (kv.h) */
     if (window > 0 && n_rows > 0 && (int64_t)window - 1 + n_rows + window < n_ctx)
-        kv->win = (struct kv_cells){2 * window - 1 + n_rows, window - 1 + n_rows, window};
+        kv->win = (struct kv_cells){kv_block_cells(2 * window - 1 + n_rows), window - 1 + n_rows, window};
     /* every layer's storage is sized before any is allocated: a cache that cannot fit is
      * refused whole, before the device is asked for it (where it says what it has free) */
     size_t total = 0;
@@ -69,7 +70,7 @@ int kv_cache_init(struct kv_cache *kv, struct backend *be, const struct kv_layer
         }
         const size_t cells = (size_t)n_seq * (size_t)(kv->windowed[il] ? kv->win : kv->full).block;
         *v = kv_view_make(k_type, v_type, sp->n_head_kv, sp->head_dim, NULL, NULL);
-        v->max_rows = kv->windowed[il] ? COTI_MIN(sp->window, kv->win.block) : kv->full.block;
+        v->max_rows = kv->windowed[il] ? COTI_MIN(sp->window, n_ctx) : n_ctx;
         kv->owns[il] = true;
         v->k = be->alloc(be, cells * v->k_row_bytes);
         v->v = be->alloc(be, cells * v->v_row_bytes);
