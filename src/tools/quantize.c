@@ -184,6 +184,9 @@ int tool_quantize_main(int argc, char **argv) {
         }
     }
     if (!typed) gguf_writer_set_u32(w, "general.file_type", ggml_file_type_of(want));
+    /* llama-quantize's files carry the block formats' version (2 since ggml's last change) */
+    if (is_quantized(want) && n_converted && !gguf_find_kv(in, "general.quantization_version"))
+        gguf_writer_set_u32(w, "general.quantization_version", 2);
     for (size_t i = 0; i < in->n_tensors; i++)
         gguf_writer_add_tensor_info(w, q.t[i].src->name, q.t[i].type, q.t[i].src->n_dims, q.t[i].src->ne);
     const int64_t t0 = coti_time_us();
