@@ -3,6 +3,7 @@
 #include "backend.h"
 #include "memory/memory.h"
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -22,9 +23,10 @@ static bool kv_type_supported(struct backend *be, enum ggml_type type) {
 
 int kv_cache_init(struct kv_cache *kv, struct backend *be, const struct kv_layer_spec *specs, int n_layer,
                   int n_seq, int n_ctx, int n_rows, enum ggml_type k_type, enum ggml_type v_type) {
-    const int ctx_block = kv_block_cells(n_ctx);
+    const int ctx_block = n_ctx >= 0 && n_ctx <= INT_MAX / 4 ? kv_block_cells(n_ctx) : 0;
     *kv = (struct kv_cache){.be = be, .n_layer = n_layer, .n_seq = n_seq, .n_ctx = n_ctx, .full = {ctx_block, 0, 0},
                             .win = {ctx_block, 0, 0}};
+    if (!ctx_block && n_ctx) return COTI_E_ARG; /* past what the cells' int sums hold */
     if (n_layer <= 0) return n_layer ? COTI_E_ARG : 0;
     if (!kv_type_supported(be, k_type) || !kv_type_supported(be, v_type)) return COTI_E_UNSUPPORTED;
     for (int il = 0; il < n_layer; il++)

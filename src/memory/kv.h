@@ -3,12 +3,12 @@
  * and writes a layer through its struct kv_view, never through raw cache pointers of a model.
  *
  * Cells (struct kv_cells): sequence s owns a block of cells of each layer; in a full layer the
- * block is n_ctx cells (rounded up to KV_BLOCK_ALIGN) and position p is cell p of it. A sliding-window layer holds a ring when
- * that is smaller: position p at p % ring, so it keeps only the last ring positions, which are
- * the window plus what one forward writes or one rollback drops. A cell is written before it is
- * read (a draft head's skipped positions aside: memory.h), so dropping positions (at most
- * n_rows of them: memory.h) is only a length change (the lengths live in memory.h, which owns
- * the per-sequence policy). */
+ * block is n_ctx cells (rounded up to KV_BLOCK_ALIGN) and position p is cell p of it. A
+ * sliding-window layer holds a ring when that is smaller: position p at p % ring, so it keeps
+ * only the last ring positions, which are the window plus what one forward writes or one
+ * rollback drops. A cell is written before it is read (a draft head's skipped positions aside:
+ * memory.h), so dropping positions (at most n_rows of them: memory.h) is only a length change
+ * (the lengths live in memory.h, which owns the per-sequence policy). */
 #ifndef COTI_KV_H
 #define COTI_KV_H
 
@@ -52,7 +52,9 @@ struct kv_cells {
  * window block of 767 cells put sequences 1-3 off that grid: the suspect of session 25's failed
  * batched gate on CUDA, docs/notes/device-queue.md). */
 #define KV_BLOCK_ALIGN 64
-static inline int kv_block_cells(int cells) { return (cells + KV_BLOCK_ALIGN - 1) / KV_BLOCK_ALIGN * KV_BLOCK_ALIGN; }
+static inline int kv_block_cells(int cells) { /* cells <= INT_MAX / 4: kv_cache_init */
+    return (cells + KV_BLOCK_ALIGN - 1) / KV_BLOCK_ALIGN * KV_BLOCK_ALIGN;
+}
 
 static inline int32_t kv_cells_at(const struct kv_cells *c, int s, int pos) {
     return (int32_t)(s * c->block + (c->ring ? pos % c->ring : pos));
