@@ -1158,7 +1158,7 @@ static int writer_emit(struct gguf_writer *w, struct sink *s, const struct bb *h
         const struct wtensor *t = &w->t[i];
         const void *data = t->data;
         if (!data) {
-            if ((rc = fill(ctx, t->name, scratch, t->size, err, err_size))) break;
+            if ((rc = fill(ctx, i, t->name, scratch, t->size, err, err_size))) break;
             data = scratch;
         }
         size_t padded = t->size;

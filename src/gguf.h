@@ -117,9 +117,10 @@ int gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_type e
 int gguf_writer_set_kv(struct gguf_writer *w, const struct gguf_kv *kv);
 
 /* Streaming writes (models larger than RAM): declare a tensor without data; at write time
- * fill(ctx, name, dst, size) must write exactly size bytes of that tensor into dst. Tensors
- * are written in insertion order, one at a time, so only one tensor is held in memory. */
-typedef int (*gguf_writer_fill_fn)(void *ctx, const char *name, void *dst, size_t size,
+ * fill(ctx, index, name, dst, size) must write exactly size bytes of that tensor into dst
+ * (index: its place in insertion order, counting every tensor). Tensors are written in
+ * insertion order, one at a time, so only one tensor is held in memory. */
+typedef int (*gguf_writer_fill_fn)(void *ctx, size_t index, const char *name, void *dst, size_t size,
                                    char *err, size_t err_size);
 int gguf_writer_add_tensor_info(struct gguf_writer *w, const char *name, enum ggml_type type,
                                 uint32_t n_dims, const int64_t *ne);

@@ -688,9 +688,10 @@ Test(gguf, writer_alignment_and_errors) {
     gguf_writer_free(w);
 }
 
-/* Streaming: tensors declared without data, filled at write time. */
-static int fill_cb(void *ctx, const char *name, void *dst, size_t size, char *err, size_t err_size) {
+/* Streaming: tensors declared without data, filled at write time, in insertion order. */
+static int fill_cb(void *ctx, size_t index, const char *name, void *dst, size_t size, char *err, size_t err_size) {
     int *calls = ctx;
+    cr_assert_eq(index, (size_t)*calls, "tensor '%s' filled as number %zu, %d before it", name, index, *calls);
     (*calls)++;
     fill_pattern(dst, size, (unsigned)name[0]);
     return 0;

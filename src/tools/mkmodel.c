@@ -83,7 +83,7 @@ struct mk_model {
     uint64_t seed;
     int n_threads;
     struct mk_tensor *t;
-    size_t n_t, cap_t, next;   /* next: the tensor the writer most likely asks for */
+    size_t n_t, cap_t;
 };
 
 /* ---------------------------------------------------------------------------------------
@@ -282,15 +282,13 @@ static int fill_rows(void *arg, int64_t r0, int64_t r1) {
     return 0;
 }
 
-static int fill_tensor(void *ctx, const char *name, void *dst, size_t size, char *err, size_t err_size) {
-    struct mk_model *m = ctx;
-    const struct mk_tensor *t = NULL;
-    if (m->next < m->n_t && !strcmp(m->t[m->next].name, name)) t = &m->t[m->next];
-    for (size_t i = 0; i < m->n_t && !t; i++)
-        if (!strcmp(m->t[i].name, name)) t = &m->t[i];
-    if (!t) return coti_fail(err, err_size, COTI_E_ARG, "mkmodel: unknown tensor '%s'", name);
-    m->next = (size_t)(t - m->t) + 1;
-    cli_progress("mkmodel: tensor %zu/%zu %s", m->next, m->n_t, t->name);
+/* the writer's tensor `index` is m->t[index]: both lists are in the same order */
+static int fill_tensor(void *ctx, size_t index, const char *name, void *dst, size_t size, char *err, size_t err_size) {
+    const struct mk_model *m = ctx;
+    if (index >= m->n_t || strcmp(m->t[index].name, name))
+        return coti_fail(err, err_size, COTI_E_ARG, "mkmodel: unknown tensor '%s'", name);
+    const struct mk_tensor *t = &m->t[index];
+    cli_progress("mkmodel: tensor %zu/%zu %s", index + 1, m->n_t, t->name);
     size_t row_bytes = ggml_row_size(t->type, t->ne[0]);
     const int64_t n_rows = t->ne[1] * t->ne[2];
     if (row_bytes * (size_t)n_rows != size)

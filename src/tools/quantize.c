@@ -23,7 +23,6 @@
 #include "gguf.h"
 #include "tools.h"
 
-#define QZ_MAX_THREADS 64
 #define QZ_PARALLEL_MIN_ELEMS (1 << 16) /* smaller tensors convert on the calling thread */
 
 struct qz_tensor {
@@ -33,8 +32,7 @@ struct qz_tensor {
 
 struct qz_ctx {
     const struct gguf_file *in;
-    struct qz_tensor *t;   /* [in->n_tensors], in file order */
-    size_t next;           /* the tensor the writer asks for next, usually */
+    struct qz_tensor *t;   /* [in->n_tensors], in file order: the writer's order too */
     int n_threads;
 };
 
@@ -65,15 +63,12 @@ static int convert_rows(void *arg, int64_t r0, int64_t r1) {
     return 0;
 }
 
-static int fill_tensor(void *ctx, const char *name, void *dst, size_t size, char *err, size_t err_size) {
-    struct qz_ctx *q = ctx;
-    const struct qz_tensor *t = NULL;
-    if (q->next < q->in->n_tensors && !strcmp(q->t[q->next].src->name, name)) t = &q->t[q->next];
-    for (size_t i = 0; i < q->in->n_tensors && !t; i++)
-        if (!strcmp(q->t[i].src->name, name)) t = &q->t[i];
-    if (!t) return coti_fail(err, err_size, COTI_E_ARG, "quantize: unknown tensor '%s'", name);
-    q->next = (size_t)(t - q->t) + 1;
-    cli_progress("quantize: tensor %zu/%llu %s", q->next, (unsigned long long)q->in->n_tensors, name);
+static int fill_tensor(void *ctx, size_t index, const char *name, void *dst, size_t size, char *err, size_t err_size) {
+    const struct qz_ctx *q = ctx;
+    if (index >= q->in->n_tensors || strcmp(q->t[index].src->name, name))
+        return coti_fail(err, err_size, COTI_E_ARG, "quantize: unknown tensor '%s'", name);
+    const struct qz_tensor *t = &q->t[index];
+    cli_progress("quantize: tensor %zu/%llu %s", index + 1, (unsigned long long)q->in->n_tensors, name);
     const struct gguf_tensor *s = t->src;
     if (t->type == s->type) { /* copied: the same bytes */
         if (size != s->size_bytes) return coti_fail(err, err_size, COTI_E_ARG, "quantize: tensor '%s' size mismatch", name);
@@ -113,7 +108,7 @@ static int on_option(void *state, int code, const char *name, const char *val) {
     struct qz_opts *o = state;
     switch (code) {
     case 't':
-    case OPT_QZ_THREADS: return cli_parse_int(name, val, 1, QZ_MAX_THREADS, &o->n_threads);
+    case OPT_QZ_THREADS: return cli_parse_int(name, val, 1, CLI_MAX_THREADS, &o->n_threads);
     case OPT_ALLOW_REQUANTIZE: o->allow_requantize = true; return 0;
     }
     return -1;
@@ -121,7 +116,7 @@ static int on_option(void *state, int code, const char *name, const char *val) {
 
 int tool_quantize_main(int argc, char **argv) {
     long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
-    struct qz_opts o = {.n_threads = n_cpu < 1 ? 1 : COTI_MIN(n_cpu, QZ_MAX_THREADS)};
+    struct qz_opts o = {.n_threads = n_cpu < 1 ? 1 : COTI_MIN(n_cpu, CLI_MAX_THREADS)};
     static const struct option opts[] = {
         {"threads", required_argument, NULL, OPT_QZ_THREADS},
         {"allow-requantize", no_argument, NULL, OPT_ALLOW_REQUANTIZE},
