@@ -15,7 +15,8 @@
 # Quantized KV caches: the gate with each cache type (both sides the same type) at mtp n_max 1-4
 # and with the assistant.
 # qwen35moe: random tiny models of four weight types (and the merged gate/up layout), logits CPU vs
-# CUDA (and both against the file dequantized to F32) and the gate at mtp n_max 1-4. gemma4 with routed experts: the same with the assistant.
+# CUDA (and both against the file dequantized to F32) and the gate at mtp n_max 1-4. gemma4 with
+# routed experts: the same with the assistant.
 # coti serve: 16 concurrent requests answer as each alone (serve-identity.py), prefix reuse.
 # NINE_B=FILE: the 9B-shaped model to use (written there when missing, kept afterwards).
 set -u
@@ -56,9 +57,10 @@ logits_cmp() {
     python3 scripts/compare_logits.py "$O/logits-cpu$tag.json" "$O/logits-cuda$tag.json" | tail -1
     return "${PIPESTATUS[0]}"
 }
-# logits_exact MODEL TAG: the rows of a prompt on CUDA (its slices of 256 rows: the f16 prompt
-# tiles, which round activations to f16) and on the CPU (Q8 codes) against the exact product: the
-# same weights dequantized to F32 (`coti quantize`) on the CPU, no activation rounding at all.
+# logits_exact MODEL TAG, after logits_cmp MODEL TAG (whose CPU rows it reads): the rows of a
+# prompt on CUDA at full batch (its slices of 256 rows: the f16 prompt tiles, which round
+# activations to f16) and on the CPU (Q8 codes) against the exact product: the same weights
+# dequantized to F32 (`coti quantize`) on the CPU, no activation rounding at all.
 # Models whose routers amplify any rounding (random MoE and E2B shapes) move by a median of 0.2
 # between two roundings, so neither side is the other's yardstick; CUDA's rows must be no
 # farther from the exact ones than the CPU's. Prints both comparisons.
@@ -67,9 +69,8 @@ logits_exact() {
     "$C" quantize "$m" "$m.f32" f32 > /dev/null 2>&1 || { echo "quantize failed"; return 1; }
     "$C" logits -m "$m.f32" --tokens "$tok" --top 20 --json > "$O/logits-exact$tag.json" 2>/dev/null
     rm -f "$m.f32"
-    "$C" logits -m "$m" --tokens "$tok" --top 20 --json > "$O/logits-cpu$tag.json" 2>/dev/null
-    "$C" logits -m "$m" --tokens "$tok" --top 20 --json --device cuda > "$O/logits-cuda$tag.json" 2>/dev/null
-    cu=$(python3 scripts/compare_logits.py "$O/logits-exact$tag.json" "$O/logits-cuda$tag.json" | tail -1)
+    "$C" logits -m "$m" --tokens "$tok" --top 20 --json --device cuda > "$O/logits-cuda-full$tag.json" 2>/dev/null
+    cu=$(python3 scripts/compare_logits.py "$O/logits-exact$tag.json" "$O/logits-cuda-full$tag.json" | tail -1)
     cpu=$(python3 scripts/compare_logits.py "$O/logits-exact$tag.json" "$O/logits-cpu$tag.json" | tail -1)
     echo "exact vs cuda: median $(median_of "$cu"), real $(real_of "$cu"); exact vs cpu: median $(median_of "$cpu"), real $(real_of "$cpu")"
     python3 -c "import sys; sys.exit(not float(sys.argv[1]) <= float(sys.argv[2]) + 0.01)" "$(median_of "$cu")" "$(median_of "$cpu")"
@@ -155,7 +156,7 @@ for t in q8_0 q4_K q4_0 f16 "q8_0 --gate-up-merged"; do
         -o "$R" > /dev/null 2>&1
     cmp=$(logits_cmp "$R" "-moe-${t%% *}" -b 128)
     routed_ok "$cmp" || bad=1
-    ex=$(logits_exact "$R" "-moe-${t%% *}-full") || bad=1
+    ex=$(logits_exact "$R" "-moe-${t%% *}") || bad=1
     line=""
     for n in 1 2 3 4; do
         g=$(gate -m "$R" --spec mtp --spec-n-max $n) || bad=1
@@ -175,7 +176,7 @@ for t in q8_0 q4_0 "q8_0 --gate-up-merged"; do
         --vocab-from models/coti-tiny-gemma4-q8_0.gguf -o "$R" > /dev/null 2>&1
     cmp=$(logits_cmp "$R" "-g4moe-${t%% *}" -b 128)
     routed_ok "$cmp" || bad=1
-    ex=$(logits_exact "$R" "-g4moe-${t%% *}-full") || bad=1
+    ex=$(logits_exact "$R" "-g4moe-${t%% *}") || bad=1
     line=""
     for a in "--spec-n-max 1" "--spec-n-max 3" "--spec-n-max 3 --parallel 4"; do
         # shellcheck disable=SC2086
@@ -212,7 +213,7 @@ say "gemma4 trained logits cpu vs cuda: $cmp"
 # the E2B shape amplifies rounding like the routed models: the same two comparisons
 cmp=$(logits_cmp "$E2B" "-e2b" -b 128)
 rc=$?
-ex=$(logits_exact "$E2B" "-e2b-full") || bad=1
+ex=$(logits_exact "$E2B" "-e2b") || bad=1
 say "gemma4 e2b logits cpu vs cuda -b 128: $cmp; $ex"
 [ $rc = 0 ] || bad=1
 for n in 1 2 3 4; do
