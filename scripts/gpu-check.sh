@@ -57,15 +57,16 @@ logits_cmp() {
     python3 scripts/compare_logits.py "$O/logits-cpu$tag.json" "$O/logits-cuda$tag.json" | tail -1
     return "${PIPESTATUS[0]}"
 }
-# logits_exact MODEL TAG, after logits_cmp MODEL TAG (whose CPU rows it reads): the rows of a
-# prompt on CUDA at full batch (its slices of 256 rows: the f16 prompt tiles, which round
+# logits_exact MODEL TAG: the rows of a prompt on CUDA (the f16 prompt tiles, which round
 # activations to f16) and on the CPU (Q8 codes) against the exact product: the same weights
 # dequantized to F32 (`coti quantize`) on the CPU, no activation rounding at all.
 # Models whose routers amplify any rounding (random MoE and E2B shapes) move by a median of 0.2
 # between two roundings, so neither side is the other's yardstick; CUDA's rows must be no
-# farther from the exact ones than the CPU's. Prints both comparisons.
+# farther from the exact ones than the CPU's (a wrong branch would put them a median of ~1
+# away). Prints both comparisons.
 logits_exact() {
     local m=$1 tag=$2 cu cpu
+    "$C" logits -m "$m" --tokens "$tok" --top 20 --json > "$O/logits-cpu$tag.json" 2>/dev/null
     "$C" quantize "$m" "$m.f32" f32 > /dev/null 2>&1 || { echo "quantize failed"; return 1; }
     "$C" logits -m "$m.f32" --tokens "$tok" --top 20 --json > "$O/logits-exact$tag.json" 2>/dev/null
     rm -f "$m.f32"
@@ -112,14 +113,19 @@ for ct in "q8_0 q8_0" "q4_0 q4_0" "q8_0 q4_0" "bf16 bf16"; do
     say "kv K $1 V $2 equiv mtp$line; gemma4 assistant 3: ${r#*: }"
 done
 
-# random-weight qwen35 models of every weight type the issue names: logits CPU vs CUDA, and the gate
+# random-weight qwen35 models of every weight type the issue names: logits, and the gate. The
+# quantized ones amplify rounding like the routed models (the CPU's Q8 codes against the exact
+# product: median 0.106, 8 real; CUDA's f16 prompt tiles against the CPU: 0.107, 8, session 26):
+# held to logits_exact; the float types (no activation codes on either side) to the CPU.
 for t in q8_0 q4_0 q4_K q6_K f16 bf16; do
     R=/tmp/gpu-check-rand-$t.gguf
     "$C" mkmodel --arch qwen35 --shape tiny --type $t --seed 7 -o "$R" > /dev/null 2>&1
-    cmp=$(logits_cmp "$R" "-$t")
-    rc=$?
+    case $t in
+    f16 | bf16) cmp=$(logits_cmp "$R" "-$t"); rc=$?; cmp="cpu vs cuda: ${cmp#positions * }" ;;
+    *) cmp=$(logits_exact "$R" "-$t"); rc=$? ;;
+    esac
     r=$("$C" equiv -m "$R" --device cuda --spec mtp --spec-n-max 4 --prompts tests/data-prompts.json -n 32 2>&1 | tail -1)
-    say "random $t: logits cpu vs cuda: $(echo "$cmp" | sed 's/^positions [0-9]* *//'); equiv mtp 4: ${r#*: }"
+    say "random $t: logits $cmp; equiv mtp 4: ${r#*: }"
     [ $rc = 0 ] || bad=1
     echo "$r" | grep -q 'real disagreements 0' || bad=1
     rm -f "$R"
@@ -135,16 +141,9 @@ gate() {
     echo "$r" | grep -q 'real disagreements 0, mean |dlogprob top-1| 0,'
 }
 
-# A comparison of a model with routed experts: a top-k router is discontinuous, so where two
-# experts nearly tie the backends' rounding may route a row differently and move its logits by
-# O(1) (docs/conformance.md, qwen35moe); a real disagreement is allowed there, but a wrong
-# branch shows as a median of ~1, not ~0.03. Taken at -b 128, where CUDA's prompt rows use the
-# CPU's Q8 codes (int8 tiles); the f16 tiles of longer slices are held to logits_exact.
-routed_ok() {
-    local med
-    med=$(median_of "$1")
-    python3 -c "import sys; sys.exit(not float('${med:-9}') < 0.1)"
-}
+# A model with routed experts: a top-k router is discontinuous, so where two experts nearly tie
+# the backends' rounding may route a row differently and move its logits by O(1)
+# (docs/conformance.md, qwen35moe): such models are held to logits_exact, not to the CPU.
 
 # qwen35moe (routed experts): logits CPU vs CUDA and the gate at n_max 1-4, separate and merged
 # gate/up stacks; a verify's rows share their experts' matmul and must equal the decode rows
@@ -154,15 +153,13 @@ for t in q8_0 q4_K q4_0 f16 "q8_0 --gate-up-merged"; do
     # shellcheck disable=SC2086
     "$C" mkmodel --arch qwen35moe --shape tiny --n-embd 256 --n-ff-exp 256 --n-ff-shexp 256 --type $t --seed 5 \
         -o "$R" > /dev/null 2>&1
-    cmp=$(logits_cmp "$R" "-moe-${t%% *}" -b 128)
-    routed_ok "$cmp" || bad=1
     ex=$(logits_exact "$R" "-moe-${t%% *}") || bad=1
     line=""
     for n in 1 2 3 4; do
         g=$(gate -m "$R" --spec mtp --spec-n-max $n) || bad=1
         line="$line n$n: $g"
     done
-    say "qwen35moe $t: logits cpu vs cuda -b 128: $(echo "$cmp" | sed 's/^positions [0-9]* *//'); $ex; equiv mtp$line"
+    say "qwen35moe $t: logits $ex; equiv mtp$line"
     rm -f "$R"
 done
 
@@ -174,8 +171,6 @@ for t in q8_0 q4_0 "q8_0 --gate-up-merged"; do
     # shellcheck disable=SC2086
     "$C" mkmodel --arch gemma4 --shape coti-tiny --n-layer 4 --n-expert 16 --n-expert-used 4 --n-ff-exp 64 --type $t \
         --vocab-from models/coti-tiny-gemma4-q8_0.gguf -o "$R" > /dev/null 2>&1
-    cmp=$(logits_cmp "$R" "-g4moe-${t%% *}" -b 128)
-    routed_ok "$cmp" || bad=1
     ex=$(logits_exact "$R" "-g4moe-${t%% *}") || bad=1
     line=""
     for a in "--spec-n-max 1" "--spec-n-max 3" "--spec-n-max 3 --parallel 4"; do
@@ -183,7 +178,7 @@ for t in q8_0 q4_0 "q8_0 --gate-up-merged"; do
         g=$(gate -m "$R" --spec assistant -md models/coti-tiny-gemma4-assistant-q8_0.gguf $a) || bad=1
         line="$line [$a] $g"
     done
-    say "gemma4 moe $t: logits cpu vs cuda -b 128: $(echo "$cmp" | sed 's/^positions [0-9]* *//'); $ex; equiv assistant$line"
+    say "gemma4 moe $t: logits $ex; equiv assistant$line"
     rm -f "$R"
 done
 
@@ -210,12 +205,9 @@ cmp=$(logits_cmp "$G4" "-trained")
 rc=$?
 say "gemma4 trained logits cpu vs cuda: $cmp"
 [ $rc = 0 ] || bad=1
-# the E2B shape amplifies rounding like the routed models: the same two comparisons
-cmp=$(logits_cmp "$E2B" "-e2b" -b 128)
-rc=$?
+# the E2B shape amplifies rounding like the routed models: held to the exact product too
 ex=$(logits_exact "$E2B" "-e2b") || bad=1
-say "gemma4 e2b logits cpu vs cuda -b 128: $cmp; $ex"
-[ $rc = 0 ] || bad=1
+say "gemma4 e2b logits $ex"
 for n in 1 2 3 4; do
     for run in "trained|-m $G4 -md $G4A" "e2b ring|-m $E2B -md $A8 -b 16"; do
         # shellcheck disable=SC2086

@@ -221,16 +221,19 @@ struct backend {
     void (*mark)(struct backend *be, int i);
     double (*mark_elapsed_us)(struct backend *be, int from, int to);
 
-    /* Optional (NULL: every op's rows come out the same in any batch, as on the CPU). Whether
-     * the ops queued from now on compute a prompt chunk (model_batch.prompt): then the backend
-     * may use kernels whose rows depend on the batch they came in (tensor-core tiles, one
-     * slice of the cache per token). Otherwise (the default) every row must equal what it gives
-     * alone or in any other batch: a verify row replaces a decode row bit for bit, or
-     * speculation would not be lossless. */
-    void (*set_prompt)(struct backend *be, bool prompt);
-    /* Slices of at most this many rows run the same kernels whatever set_prompt says (a graph's
-     * key then leaves the flag out: a prompt's last row and a decode row share their graph). */
-    int prompt_same_rows;
+    /* Optional (NULL: every op's rows come out the same in any batch, as on the CPU). The
+     * kernel family of a prompt of prompt_len tokens (its whole length, whatever part of it a
+     * batch holds): 0 for the decode kernels, else a family of the backend's own. */
+    int (*prompt_family)(const struct backend *be, int prompt_len);
+    /* Optional, with prompt_family. The family of the ops queued from now on
+     * (model_batch.prompt). A family other than 0 may round otherwise than the decode kernels
+     * (f16 tensor-core tiles), but a row must equal what it gives in any other batch of its
+     * family, of any size, beside any other sequences' rows: concurrent requests then answer
+     * as alone and a reused prefix as a cold one, however a server cuts and packs prompts, as
+     * long as it packs a batch with prompts of one family. In family 0 (the default) every
+     * row must equal what it gives alone or in any other batch: a verify row replaces a decode
+     * row bit for bit, or speculation would not be lossless. */
+    void (*set_prompt)(struct backend *be, int family);
 
     /* Graphs — optional (NULL on backends whose ops run synchronously, like the CPU's): a
      * recorded op sequence replayed with one call, for the launch-bound small batches of

@@ -38,9 +38,10 @@ struct model_batch {
     const int32_t *pos;          /* host */
     const int32_t *seq;          /* host; NULL = all sequence 0 */
     const bool *want_logits;     /* host; NULL = only the last row */
-    bool prompt;                 /* the rows are a prompt chunk, which replaces no decode row: the
-                                    backend may compute them batch-dependently (backend.h
-                                    set_prompt); verify and decode batches leave it false */
+    int prompt;                  /* 0, or the rows are a prompt chunk, which replaces no decode row,
+                                    of this kernel family (model_prompt_family of the prompt's
+                                    length; backend.h set_prompt); verify and decode batches
+                                    leave it 0 */
     bool keep_states;            /* recurrent layers keep the state after every token of the
                                     last run of each sequence, so model_seq_rollback works */
     bool draft_head;             /* NextN only: logits from the model's cheaper draft copy of
@@ -167,11 +168,16 @@ int model_load_gguf(struct model **out, struct gguf_file *g, struct backend *be,
                     const struct model_params *p, char *err, size_t err_size);
 void model_free(struct model *m);
 
+/* model_batch.prompt for the rows of a prompt of prompt_len tokens (backend.h prompt_family;
+ * 1 on a backend with one family). */
+static inline int model_prompt_family(const struct model *m, int prompt_len) {
+    return m->be->prompt_family ? m->be->prompt_family(m->be, prompt_len) : 1;
+}
 static inline int model_forward(struct model *m, const struct model_batch *b,
                                 struct model_output *out, char *err, size_t err_size) {
     if (m->be->set_prompt) m->be->set_prompt(m->be, b->prompt);
     const int rc = m->vt->forward(m, b, out, err, err_size);
-    if (m->be->set_prompt) m->be->set_prompt(m->be, false);
+    if (m->be->set_prompt) m->be->set_prompt(m->be, 0);
     return rc;
 }
 static inline int model_seq_len(const struct model *m, int s) { return m->seq_len[s]; }

@@ -63,7 +63,11 @@ static int o_weight_init(struct backend *be, struct bweight *w, enum ggml_type t
 }
 static void o_weight_free(struct backend *be, struct bweight *w) { inner_of(be)->weight_free(inner_of(be), w); }
 static void o_mark(struct backend *be, int i) { inner_of(be)->mark(inner_of(be), i); }
-static void o_set_prompt(struct backend *be, bool prompt) { inner_of(be)->set_prompt(inner_of(be), prompt); }
+static void o_set_prompt(struct backend *be, int family) { inner_of(be)->set_prompt(inner_of(be), family); }
+static int o_prompt_family(const struct backend *be, int prompt_len) {
+    const struct backend *in = ((const struct opcost *)be)->inner;
+    return in->prompt_family(in, prompt_len);
+}
 static double o_mark_elapsed_us(struct backend *be, int from, int to) { return inner_of(be)->mark_elapsed_us(inner_of(be), from, to); }
 
 static void o_side_begin(struct backend *be) { inner_of(be)->side_begin(inner_of(be)); }
@@ -179,6 +183,7 @@ struct backend *opcost_wrap(struct backend *inner) {
     be->mark = o_mark;
     be->mark_elapsed_us = o_mark_elapsed_us;
     if (inner->set_prompt) be->set_prompt = o_set_prompt;
+    if (inner->prompt_family) be->prompt_family = o_prompt_family;
     if (inner->capture_begin) { /* graphs only where the inner backend has them */
         be->capture_begin = o_capture_begin;
         be->capture_end = o_capture_end;

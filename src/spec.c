@@ -454,11 +454,16 @@ static int seqs_prefill(struct spec_engine *e, int n, const int *seqs, int max_r
     if (!toks) return coti_fail(err, err_size, COTI_E_NOMEM, "out of memory");
     for (;;) {
         const int64_t t0 = coti_time_us();
-        int rows = 0, in[SPEC_MAX_BATCH], row0[SPEC_MAX_BATCH], end[SPEC_MAX_BATCH], n_in = 0;
+        int rows = 0, in[SPEC_MAX_BATCH], row0[SPEC_MAX_BATCH], end[SPEC_MAX_BATCH], n_in = 0, family = -1;
         bool greedy = false;
         for (int i = 0; i < n && rows < m->n_batch; i++) {
             struct spec_seq *q = &e->seqs[seqs[i]];
             if (rc[i] || q->pf_at >= stop[i]) continue;
+            /* one kernel family a forward, by each prompt's whole length (backend.h
+             * set_prompt): the others go in the next one */
+            const int fam = model_prompt_family(m, q->pf_end);
+            if (family >= 0 && fam != family) continue;
+            family = fam;
             int e_i = COTI_MIN(q->pf_at + m->n_batch - rows, stop[i]);
             for (int k = 0; k < q->pf_n_ck; k++)
                 if (q->pf_ck[k] > q->pf_at && q->pf_ck[k] < e_i) e_i = q->pf_ck[k];
@@ -476,7 +481,7 @@ static int seqs_prefill(struct spec_engine *e, int n, const int *seqs, int max_r
         if (!n_in) break;
         /* (the greedy picks come with the forward; they are per wanted row) */
         struct model_batch b = {.n = rows, .tokens = toks, .pos = e->pos, .seq = e->seqv, .want_logits = e->want,
-                                .prompt = true, .argmax_out = greedy ? e->d_ids : NULL};
+                                .prompt = family, .argmax_out = greedy ? e->d_ids : NULL};
         struct model_output o;
         const int frc = model_forward(m, &b, &o, err, err_size);
         if (!frc) observe_pieces(e, n_in, in, seqs, row0, end, &o, rc, err, err_size);

@@ -28,7 +28,6 @@
 #define ATTN_SPLIT_MAX 128       /* a multiple of 32: the merge's weights are one warp's */
 #define ATTN_SLICE_ROWS 256
 #define ATTN_SMALL_BATCH 8
-static_assert(ATTN_SMALL_BATCH >= CUDA_PROMPT_SAME_ROWS, "a prompt's kernels past backend.h prompt_same_rows only");
 #define ATTN_MAX_D 512
 
 /* The slices of a token that attends len rows: the same whatever the batch or the launch. */
@@ -431,16 +430,17 @@ static void attention_launch(struct cuda_ctx *c, const float *q, int q_stride, i
 #undef ATTN_LAUNCH_G
 }
 
-/* A prompt's tokens past ATTN_SMALL_BATCH: the tensor-core tiles where they fit
- * (attention_tiles.cu), else one slice each, one launch. Any other batch: every
- * token in its attn_n_split slices, in launches of ATTN_SMALL_BATCH tokens, so that its result is
- * what it gives in any batch (a verify row equals the decode row it replaces). */
+/* A prompt's tokens, however many: the tensor-core tiles where they fit (attention_tiles.cu),
+ * else one slice each, one launch; either gives a token what it gives in any prompt batch. Any
+ * other batch: every token in its attn_n_split slices, in launches of ATTN_SMALL_BATCH tokens,
+ * so that its result is what it gives in any batch (a verify row equals the decode row it
+ * replaces). */
 void cuda_attention(struct backend *be, const float *q, int q_stride, int q_head_stride, const struct kv_view *kv,
                     const int32_t *cell0, const int32_t *n_ctx, int n_tok, int n_head, float scale, float *out) {
     struct cuda_ctx *c = cuda_enter(be);
     if (n_tok < 1 || n_head < 1) return;
     if (kv->head_dim > ATTN_MAX_D || kv->n_head_kv < 1 || n_head % kv->n_head_kv) abort(); /* model loading rejects these */
-    if (c->prompt && n_tok > ATTN_SMALL_BATCH) {
+    if (c->prompt) {
         if (cuda_attention_tiles_fit(kv, n_head, q, q_stride, q_head_stride))
             cuda_attention_tiles(c, q, q_stride, q_head_stride, kv, cell0, n_ctx, n_tok, n_head, scale, out);
         else

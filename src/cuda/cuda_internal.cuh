@@ -18,9 +18,11 @@ extern "C" {
 #include "backend_cuda.h"
 #include "trace.cuh"
 
-/* backend.h prompt_same_rows: attention, the matvecs and the delta rule take their prompt kernels
- * only past this many rows (each file asserts its own limit against it) */
-#define CUDA_PROMPT_SAME_ROWS 8
+/* backend.h prompt families: a prompt's rows take the decode kernels (NONE: prompts of at most
+ * 8 tokens), or the int8 tiles (TILES), or the f16 tiles (F16) for its quantized matmuls, with
+ * attention's prompt tiles and the prompt delta-net beside either (cuda_prompt_family picks by
+ * the prompt's length). Every kernel of a family gives a row what it gives in any batch. */
+enum { CUDA_PROMPT_NONE, CUDA_PROMPT_TILES, CUDA_PROMPT_F16 };
 
 /* Everything a backend object owns. No file-scope state anywhere in src/cuda: two backends
  * (a target and a drafter, or two devices) never share a stream or a scratch buffer. */
@@ -62,7 +64,7 @@ struct cuda_ctx {
     bool fa_ready[3];          /* and for the prompt attention's tiles (heads of 128, 256) */
     long attn_tile_launches;   /* launches of the prompt attention's tiles, for the tests */
     int mv_force;                         /* enum cuda_matvec: a test's choice, or CUDA_MV_AUTO */
-    bool prompt;                          /* backend.h set_prompt: batch-dependent kernels allowed */
+    int prompt;                           /* backend.h set_prompt: a CUDA_PROMPT_* family */
     long mv_launches[CUDA_MV_COUNT];      /* matmul launches by variant, for the tests */
 };
 

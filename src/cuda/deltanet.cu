@@ -12,7 +12,8 @@
  *   - decode and verify (any batch but a prompt's, chunks of GDN_ROWS_MAX_TOK tokens): a warp
  *     per GDN_ROWS rows, 32 lanes per row; the state's reads and writes coalesce, which is what
  *     a single token costs;
- *   - prompts past GDN_ROWS_MAX_TOK tokens: L lanes per row (16; 8 for dk <= 32), so each
+ *   - prompts, however long (a run's kernel by its length made a prompt's bits depend on where
+ *     a server cut it): L lanes per row (16; 8 for dk <= 32), so each
  *     dot ends in a reduction over L lanes instead of 32, a token's output reduction beside
  *     the next token's Sᵀk reduction, chunks double-buffered with cp.async
  *     (H200, 9B prefill of 512 tokens: 27.7 µs per token in the delta-net with the 32-lane
@@ -129,7 +130,6 @@ void cuda_ssm_conv(struct backend *be, const float *x, int n_ch, int k, const fl
 #define GDN_WARPS 4
 #define GDN_MAX_DIM 256
 #define GDN_ROWS_MAX_TOK 16
-static_assert(GDN_ROWS_MAX_TOK >= CUDA_PROMPT_SAME_ROWS, "a prompt's kernels past backend.h prompt_same_rows only");
 #define GDN_ROWS 4
 #define GDN_BLOCK_ROWS (GDN_WARPS * GDN_ROWS)
 
@@ -464,11 +464,11 @@ gdn_kernel(const float *__restrict__ qkv, int qkv_stride, gdn_gates gt, int nk, 
     }
 }
 
-/* One launch for runs whose longest has max_len tokens: the rows kernel for decode and verify
- * (and short prompts), L lanes per row for prompts. */
+/* One launch for runs whose longest has max_len tokens: the rows kernel for decode and verify,
+ * L lanes per row for prompts. */
 static void gdn_launch(struct cuda_ctx *c, const float *qkv, int qkv_stride, const struct gdn_gates *gates, int nk,
                        int nv, int dk, int dv, float eps, float *out, const cuda_runs &a, int n, int max_len) {
-    if (max_len <= GDN_ROWS_MAX_TOK || !c->prompt) {
+    if (!c->prompt) {
         const int n_ch = COTI_MIN(max_len, GDN_ROWS_MAX_TOK);
         const dim3 grid(cuda_cdiv(dv, GDN_BLOCK_ROWS), nv, n);
         const size_t smem = sizeof(float) * gdn_buf_floats(n_ch, dk, GDN_BLOCK_ROWS);
@@ -509,21 +509,11 @@ void cuda_gdn(struct backend *be, const float *qkv, int qkv_stride, const struct
     struct cuda_ctx *c = cuda_enter(be);
     if (nv < 1) return;
     if (dk > GDN_MAX_DIM || dv > GDN_MAX_DIM || nk < 1) abort(); /* model loading rejects such files */
-    /* in a prompt, long runs and short ones launch apart: a run's kernel (and so its rounding)
-     * then follows from its own length, not from the runs beside it */
-    struct state_run part[CUDA_RUNS];
-    for (int longer = 0; longer < 2; longer++) {
-        int n = 0;
-        for (int r = 0; r <= n_runs; r++) {
-            if (r < n_runs && (!c->prompt || (runs[r].len > GDN_ROWS_MAX_TOK) == (longer == 1))) part[n++] = runs[r];
-            if (n == CUDA_RUNS || (r == n_runs && n > 0)) {
-                int max_len;
-                const cuda_runs a = runs_arg(st, part, 0, n, &max_len);
-                if (max_len >= 1) gdn_launch(c, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, a, n, max_len);
-                n = 0;
-            }
-        }
-        if (!c->prompt) break;
+    for (int r0 = 0; r0 < n_runs; r0 += CUDA_RUNS) {
+        int max_len;
+        const int n = COTI_MIN(CUDA_RUNS, n_runs - r0);
+        const cuda_runs a = runs_arg(st, runs, r0, n, &max_len);
+        if (max_len >= 1) gdn_launch(c, qkv, qkv_stride, gates, nk, nv, dk, dv, eps, out, a, n, max_len);
     }
 }
 

@@ -442,7 +442,6 @@ __device__ __forceinline__ int dp4a_half(const uint32_t *c, int4 a) {
 
 #define MV_MAX_W 8
 #define MV_MAX_NT 8            /* tokens per matvec launch group; more go to the tensor-core tiles */
-static_assert(MV_MAX_NT >= CUDA_PROMPT_SAME_ROWS, "a prompt's kernels past backend.h prompt_same_rows only");
 #define MV_WARPS 16            /* persistent blocks, ~2 per SM: activations staged once per block */
 #define MV_FUSED_MAX_NT 2      /* up to this many tokens the kernel quantizes x itself */
 #define MV_FUSED_MAX_XBYTES (64 << 10)

@@ -78,16 +78,14 @@ static bool fuses(const struct cuda_ctx *c, const struct mv_type *te, int n_tok,
 
 /* The kernel for a weight group's n_tok rows of n (mode: what the launch forms, MV_IN_X for rows
  * as they are); converted: the rows come already converted (no launch quantizes them itself).
- * Rules: fused where it pays (fuses); past MV_MAX_NT rows of a prompt the tiles (they sum in
- * another order than the matvec: a verify batch's rows must equal decode rows, so other
- * batches past MV_MAX_NT rows take the converted matvec in groups); one converted token staged
- * in shared memory where it fits (9B FFN down +0.5% decode against reading it in the dot
- * products); else the converted matvec, in groups of MV_MAX_NT rows. */
-/* Rule: prompts of at least this many tokens take the f16 tensor-core matmul (matmul_f16.cu),
- * which decodes each weight tile once per 128 tokens (H100, 9B Q8_0, against the int8 tiles:
- * pp512 +21 %, pp4096 +15 %). The bound itself is a guess, unmeasured: shorter prompts keep the
- * int8 tiles, whose 64-token tiles waste less on a partial tile. */
-#define MMF_MIN_TOK 256
+ * Rules: a prompt's rows of a quantized type, however many, take their family's tiles
+ * (cuda_prompt_family, by the prompt's length, never by the batch's rows): the f16 tensor-core
+ * matmul (matmul_f16.cu: each weight tile decoded once per 128 tokens; H100, 9B Q8_0, against
+ * the int8 tiles: pp512 +21 %, pp4096 +15 %), or the int8 tiles (also where the f16 K tiles do
+ * not divide the row); either gives a row what it gives in any batch. Then fused where it pays (fuses); one converted token
+ * staged in shared memory where it fits (9B FFN down +0.5% decode against reading it in the
+ * dot products); else the converted matvec, in groups of MV_MAX_NT rows, which sums every
+ * output in one order whatever the batch (a verify row equals the decode row). */
 
 static int choose_kernel(const struct cuda_ctx *c, const struct mv_type *te, int n_tok, int stride, int mode, int n,
                          bool converted) {
@@ -100,10 +98,9 @@ static int choose_kernel(const struct cuda_ctx *c, const struct mv_type *te, int
     case CUDA_MV_CONVERTED: if (mode == MV_IN_X) return CUDA_MV_CONVERTED; break;
     default: break;
     }
+    if (c->prompt && !converted && te->quantized)
+        return c->prompt == CUDA_PROMPT_F16 && n % MMF_K_MULTIPLE == 0 ? CUDA_MV_F16 : CUDA_MV_TILES;
     if (!converted && fuses(c, te, n_tok, stride, mode, n)) return CUDA_MV_FUSED;
-    if (!converted && n_tok >= MMF_MIN_TOK && te->quantized && c->prompt && n % MMF_K_MULTIPLE == 0)
-        return CUDA_MV_F16;
-    if (n_tok > MV_MAX_NT && te->quantized && c->prompt) return CUDA_MV_TILES;
     if (can_staged) return CUDA_MV_STAGED;
     return CUDA_MV_CONVERTED;
 }
@@ -270,7 +267,8 @@ static int choose_form(const struct cuda_ctx *c, const struct matmul_in *in, con
     case CUDA_MV_F16: return FORM_SEPARATE;
     default: break;
     }
-    /* the rules */
+    /* the rules: a prompt's rows take the tiles (choose_kernel), formed apart */
+    if (c->prompt) return FORM_SEPARATE;
     if (can_direct && n >= MV_DIRECT_MIN_N && ws[0]->n_out <= (int64_t)MV_DIRECT_PER_SM * c->n_sm * MV_WARPS)
         return FORM_DIRECT;
     if (can_gnorm_k && n >= MV_GNORM_K_MIN_N) return FORM_GNORM_K;

@@ -78,12 +78,12 @@ static int observe_next(const struct mtp *t, int s) {
 }
 
 /* The head's forward. Its rows are drafts, never a verify's, so the backend may compute them
- * as it computes a prompt (model.h's prompt flag): a long prompt's catch-up runs on the
- * many-row kernels. */
+ * as it computes a prompt of as many rows (model.h's prompt family): a long prompt's catch-up
+ * runs on the many-row kernels, a draft of a few rows on the decode kernels. */
 static int head_forward(struct mtp *t, const struct model_batch *b, const float *h_in, struct model_output *o,
                         char *err, size_t err_size) {
     struct model_batch pb = *b;
-    pb.prompt = true;
+    pb.prompt = model_prompt_family(t->m, b->n);
     return t->head->forward(t->m, &pb, h_in, o, err, err_size);
 }
 static size_t row_bytes(const struct mtp *t) { return sizeof(float) * (size_t)t->E; }

@@ -82,7 +82,7 @@ static void pass_ops(void *ctx) {
 
 /* Queue one slice's pass (metadata already uploaded): a small slice on a backend with graphs
  * goes through the graph cache. */
-static void run_pass(struct engine *e, enum engine_pass pass, const struct slice_ops_args *a, bool prompt) {
+static void run_pass(struct engine *e, enum engine_pass pass, const struct slice_ops_args *a) {
     struct backend *be = e->m->be;
     const struct slice *sl = a->sl;
     struct pass_call c = {e, pass, a};
@@ -91,7 +91,7 @@ static void run_pass(struct engine *e, enum engine_pass pass, const struct slice
         return;
     }
     struct graph_key key = {.pass = pass, .n = sl->n, .n_runs = sl->n_runs, .keep = a->keep,
-                            .prompt = prompt && sl->n > be->prompt_same_rows,
+                            .prompt = a->prompt,
                             .ptr = {a->h_in, a->logits, a->head, a->ids, a->argmax_out, a->accept_out, a->hn}};
     for (int r = 0; r < sl->n_runs; r++) key.runs[r] = (struct graph_run){sl->runs[r].seq, sl->runs[r].len};
     for (int i = 0; i < sl->n; i++) key.want |= (uint64_t)row_wants_logits(a->want, a->last_only, sl->n, i) << i;
@@ -142,8 +142,9 @@ static int forward_local(struct model *m, const struct model_batch *b, struct mo
                                          .logits = e->logits + (size_t)n_logits * e->n_vocab, .head = e->lm_head,
                                          .ids = sl.tokens_dev ? sl.tokens_dev : e->meta.tokens,
                                          .argmax_out = b->argmax_out ? b->argmax_out + n_logits : NULL,
-                                         .accept_out = b->accept_out, .hn = b->hidden_out ? b->hidden_out : e->hn};
-        run_pass(e, ENGINE_TRUNK, &a, b->prompt);
+                                         .accept_out = b->accept_out, .hn = b->hidden_out ? b->hidden_out : e->hn,
+                                         .prompt = b->prompt};
+        run_pass(e, ENGINE_TRUNK, &a);
         for (int r = 0; r < sl.n_runs; r++)
             memory_note_run(&e->mem, sl.runs[r].seq, sl.runs[r].len, b->keep_states, b->keep_states && b->accept_out);
         for (int i = 0; i < sl.n; i++) n_logits += row_wants_logits(a.want, a.last_only, sl.n, i);
@@ -172,10 +173,10 @@ static int head_forward_local(struct model *m, const struct model_batch *b, cons
     const struct slice_ops_args a = {.sl = &sl, .want = b->want_logits, .last_only = true, .logits = e->logits,
                                      .head = b->draft_head ? e->draft_head : e->lm_head, .h_in = h_in,
                                      .ids = sl.tokens_dev ? sl.tokens_dev : e->meta.tokens, .argmax_out = b->argmax_out,
-                                     .hn = e->hn_head};
+                                     .hn = e->hn_head, .prompt = b->prompt};
     if (m->be->set_prompt) m->be->set_prompt(m->be, b->prompt);
-    run_pass(e, ENGINE_DRAFT_HEAD, &a, b->prompt);
-    if (m->be->set_prompt) m->be->set_prompt(m->be, false);
+    run_pass(e, ENGINE_DRAFT_HEAD, &a);
+    if (m->be->set_prompt) m->be->set_prompt(m->be, 0);
     for (int r = 0; r < sl.n_runs; r++) e->mem.head_len[sl.runs[r].seq] += sl.runs[r].len;
     out->n = sl.n;
     out->hidden = e->hn_head;

@@ -23,6 +23,7 @@ struct slice_ops_args {
     const int32_t *ids;          /* the slice's token ids (backend memory) */
     int32_t *argmax_out, *accept_out;
     float *hn;                   /* where the post-norm hidden rows go */
+    int prompt;                  /* the kernel family the pass runs in (model_batch.prompt) */
 };
 
 struct engine_ranks;

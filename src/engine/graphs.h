@@ -38,7 +38,8 @@ struct graph_key {
     int n, n_runs;
     struct graph_run runs[GRAPH_MAX_RUNS];
     uint64_t want;               /* rows that want logits, bit i = row i */
-    bool keep, prompt;
+    bool keep;
+    int prompt;                  /* the kernel family (backend.h set_prompt) */
     const void *ptr[GRAPH_KEY_PTRS];
 };
 

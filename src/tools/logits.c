@@ -249,7 +249,8 @@ int tool_logits_main(int argc, char **argv) {
     for (int pass = 0; !assistant && pass < (mtp && !chain ? 2 : 1); pass++) {
         for (size_t i0 = 0; i0 < n; i0 += (size_t)nb) {
             int cnt = (int)COTI_MIN((size_t)nb, n - i0);
-            struct model_batch b = {.n = cnt, .tokens = toks + i0, .pos = pos + i0, .want_logits = want, .prompt = true};
+            struct model_batch b = {.n = cnt, .tokens = toks + i0, .pos = pos + i0, .want_logits = want,
+                                    .prompt = model_prompt_family(m, (int)n)};
             int frc;
             if (pass == 0) {
                 frc = model_forward(m, &b, &out, err, sizeof err);

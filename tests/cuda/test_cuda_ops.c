@@ -15,9 +15,11 @@
  *   block's integer sum and scale products identically; the matvec (<= 8 tokens) only changes
  *   the f32 order of the block sum, so |gpu - cpu| <= 2e-6 · Σ_i |w_i x_i| per output (f32
  *   reassociation of <= n/32 block terms: ~2e-7 seen, the worst case is n·2^-24). A row's
- *   output must be bit-identical whatever batch it came in, but a prompt's. A prompt's rows
- *   past 8 (set_prompt) of quantized types sum blocks in the reference's order: bit-exact
- *   against the CPU.
+ *   output must be bit-identical whatever batch it came in; a prompt's rows (set_prompt) too,
+ *   among batches of their family. A short prompt's rows of quantized types (and a long one's
+ *   where the f16 K tiles do not divide the row) take the int8 tiles, which sum blocks in the
+ *   reference's order: bit-exact against the CPU; a long prompt's others take the f16 tiles
+ *   (test_matmul_prompt_f16's bound).
  * - get_rows, kv_store, add, ssm_conv state/snapshots: bit-exact (same f32/f16 operations; the
  *   q8_0 / q4_0 cache rows by quant.c's reference rules on both sides).
  * - rmsnorm: 4 ulp relative (Σx² reordered, in double on both sides).
@@ -52,6 +54,9 @@
 #include "cuda/backend_cuda.h"
 
 static struct backend *cpu, *gpu;
+/* backend.h prompt families: a long prompt's (the f16 tiles) and a short one's (the int8 tiles) */
+#define LONG_PROMPT gpu->prompt_family(gpu, 1 << 20)
+#define SHORT_PROMPT gpu->prompt_family(gpu, 64)
 static int n_pass, n_fail;
 static const char *only;
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -294,6 +299,18 @@ static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
     /* decode and verify batches (<= 8 rows) must reproduce the 8-row batch's rows bit for bit */
     matmul1(gpu, &wg, dx, ref_tok, dy);
     gget(yref, dy, sizeof(float) * (size_t)ref_tok * n_out);
+    /* a prompt's rows, however many, must reproduce the longest batch's rows of its family */
+    const bool prompt_rows = quantized && mv_forced == CUDA_MV_AUTO;
+    const int families[2] = {SHORT_PROMPT, LONG_PROMPT};
+    float *yprompt[2];
+    for (int f = 0; f < 2; f++) {
+        yprompt[f] = xmalloc(sizeof(float) * (size_t)max_tok * n_out);
+        if (!prompt_rows) continue;
+        gpu->set_prompt(gpu, families[f]);
+        matmul1(gpu, &wg, dx, max_tok, dy);
+        gpu->set_prompt(gpu, 0);
+        gget(yprompt[f], dy, sizeof(float) * (size_t)max_tok * n_out);
+    }
     char shape[96];
     for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
         int nt = toks[k];
@@ -306,19 +323,30 @@ static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
         /* past 8 rows too, in any batch but a prompt's: a verify row = the decode row */
         if (nt > ref_tok && mv_forced == CUDA_MV_AUTO)
             check_bits("matmul-batch", shape, yg, yref, sizeof(float) * (size_t)ref_tok * n_out);
-        /* the tiles (a prompt's rows past 8, or forced) sum every output's blocks in the CPU
-         * reference's order */
+        /* the int8 tiles (a prompt's rows where the f16 K tiles do not divide the row, or
+         * forced) sum every output's blocks in the CPU reference's order */
         if (quantized && mv_forced == CUDA_MV_TILES) check_bits("matmul-exact", shape, yg, yc, sizeof(float) * (size_t)nt * n_out);
-        if (quantized && nt > ref_tok && mv_forced != CUDA_MV_CONVERTED && mv_forced != CUDA_MV_TILES &&
-            mv_forced != CUDA_MV_F16) {
-            gpu->set_prompt(gpu, true);
+        for (int f = 0; f < 2 && prompt_rows; f++) {
+            const long tiles0 = backend_cuda_matvec_launches(gpu, CUDA_MV_TILES);
+            gpu->set_prompt(gpu, families[f]);
             matmul1(gpu, &wg, dx, nt, dy);
-            gpu->set_prompt(gpu, false);
+            gpu->set_prompt(gpu, 0);
             gget(yg, dy, sizeof(float) * (size_t)nt * n_out);
-            snprintf(shape, sizeof shape, "%s %dx%d tok %d prompt", tn, n_in, n_out, nt);
-            check_bits("matmul-exact", shape, yg, yc, sizeof(float) * (size_t)nt * n_out);
+            snprintf(shape, sizeof shape, "%s %dx%d tok %d prompt %s", tn, n_in, n_out, nt, f ? "long" : "short");
+            check_bits("matmul-prompt-batch", shape, yg, yprompt[f], sizeof(float) * (size_t)nt * n_out);
+            if (backend_cuda_matvec_launches(gpu, CUDA_MV_TILES) > tiles0)
+                check_bits("matmul-exact", shape, yg, yc, sizeof(float) * (size_t)nt * n_out);
         }
     }
+    for (int f = 0; f < 2 && prompt_rows; f++) { /* a prompt row from the middle of a batch, alone */
+        gpu->set_prompt(gpu, families[f]);
+        matmul1(gpu, &wg, dx + (size_t)5 * n_in, 1, dy);
+        gpu->set_prompt(gpu, 0);
+        gget(yg, dy, sizeof(float) * n_out);
+        snprintf(shape, sizeof shape, "%s %dx%d prompt %s row 5 alone", tn, n_in, n_out, f ? "long" : "short");
+        check_bits("matmul-prompt-batch", shape, yg, yprompt[f] + (size_t)5 * n_out, sizeof(float) * n_out);
+    }
+    for (int f = 0; f < 2; f++) free(yprompt[f]);
     /* a single row taken from the middle of the batch (x offset) */
     matmul1(gpu, &wg, dx + (size_t)5 * n_in, 1, dy);
     gget(yg, dy, sizeof(float) * n_out);
@@ -1057,11 +1085,11 @@ static void test_attention_win(enum ggml_type tk, enum ggml_type tv, int n_tok, 
     const float tol = vmax * (1e-5f + 8.0f * smax * FLT_EPSILON);
     snprintf(shape, sizeof shape, "%d tok ctx %d..%d heads %d/%d dim %d K %s V %s%s", n_tok, len0 + 1, len0 + n_tok,
              n_head, n_head_kv, D, ggml_type_traits_get(tk)->name, ggml_type_traits_get(tv)->name, window ? " window" : gemma ? " packed" : "");
-    if (n_tok > 8) { /* as a prompt: the tensor-core tiles where they fit, else one slice per token */
+    { /* as a prompt, however short: the tensor-core tiles where they fit, else one slice per token */
         const long before = backend_cuda_attention_tile_launches(gpu);
-        gpu->set_prompt(gpu, true);
+        gpu->set_prompt(gpu, LONG_PROMPT);
         gpu->attention(gpu, dq, qs, qhs, &kvg, dc0, dn, n_tok, n_head, scale, dout);
-        gpu->set_prompt(gpu, false);
+        gpu->set_prompt(gpu, 0);
         const bool tiles = backend_cuda_attention_tile_launches(gpu) > before;
         gget(og, dout, sizeof(float) * n_tok * n_head * D);
         char ps[160];
@@ -1073,13 +1101,18 @@ static void test_attention_win(enum ggml_type tk, enum ggml_type tv, int n_tok, 
             printf("%-5s %-14s %-44s %s\n", tiles ? "ok" : "FAIL", "attention", ps, tiles ? "tiles ran" : "tiles did not run");
             tiles ? n_pass++ : n_fail++;
         }
-        if (tiles && n_tok > 8 + 5) { /* the tokens from the 6th on, grouped otherwise into blocks: same bits */
-            float *og5 = xmalloc(sizeof(float) * (n_tok - 5) * n_head * D);
-            gpu->set_prompt(gpu, true);
-            gpu->attention(gpu, dq + (size_t)5 * qs, qs, qhs, &kvg, dc0 + 5, dn + 5, n_tok - 5, n_head, scale, dout);
-            gpu->set_prompt(gpu, false);
-            gget(og5, dout, sizeof(float) * (n_tok - 5) * n_head * D);
-            check_bits("attention-tiles-batch", ps, og5, og + (size_t)5 * n_head * D, sizeof(float) * (n_tok - 5) * n_head * D);
+        /* the tokens from the 6th on, grouped otherwise into blocks, and the last token alone:
+         * the same bits (a server cuts and packs prompts as it likes) */
+        const int from[] = {5, n_tok - 1};
+        for (int k = 0; k < 2; k++) {
+            const int t0 = from[k];
+            if (t0 < 1 || (k == 0 && t0 >= n_tok - 1)) continue;
+            float *og5 = xmalloc(sizeof(float) * (n_tok - t0) * n_head * D);
+            gpu->set_prompt(gpu, LONG_PROMPT);
+            gpu->attention(gpu, dq + (size_t)t0 * qs, qs, qhs, &kvg, dc0 + t0, dn + t0, n_tok - t0, n_head, scale, dout);
+            gpu->set_prompt(gpu, 0);
+            gget(og5, dout, sizeof(float) * (n_tok - t0) * n_head * D);
+            check_bits("attention-prompt-batch", ps, og5, og + (size_t)t0 * n_head * D, sizeof(float) * (n_tok - t0) * n_head * D);
             free(og5);
         }
     }
@@ -1147,8 +1180,8 @@ static void test_ssm_conv(int n_tok, int n_ch, int k, int n_snap) {
 }
 
 /* Several sequences' runs in one call (a batched cycle): conv and rule against the CPU's
- * (which the CPU suite checks equal to each run alone), and, outside prompts, bit for bit the
- * GPU's own run-by-run results: a row of a sequence does not depend on the others in its batch.
+ * (which the CPU suite checks equal to each run alone), and bit for bit the GPU's own
+ * run-by-run results, prompts too: a row of a sequence does not depend on the others in its batch.
  * len[] 0-terminated; a row between runs 1 and 2 belongs to none; each run keeps up to 3
  * snapshots outside prompts; run r works on sequence nr - 1 - r (state_set.seq). */
 static void test_state_runs(bool prompt, const int *len, const char *what) {
@@ -1212,7 +1245,7 @@ static void test_state_runs(bool prompt, const int *len, const char *what) {
         gput(ds, sst, sizeof(float) * s_n);
         gput(dcs, zero, sizeof(float) * cs_n);
         gput(dss, zero, sizeof(float) * ss_n);
-        gpu->set_prompt(gpu, prompt);
+        gpu->set_prompt(gpu, prompt ? LONG_PROMPT : 0);
         if (v == 1) {
             gpu->ssm_conv(gpu, dx, ch, K, dw, dy, &dcs_set, runs, nr);
             gpu->gdn(gpu, dy, ch, &gg, NK, NV, DK, DV, 1e-6f, dout, &dgs_set, runs, nr);
@@ -1220,7 +1253,7 @@ static void test_state_runs(bool prompt, const int *len, const char *what) {
             for (int r = 0; r < nr; r++) gpu->ssm_conv(gpu, dx, ch, K, dw, dy, &dcs_set, &runs[r], 1);
             for (int r = 0; r < nr; r++) gpu->gdn(gpu, dy, ch, &gg, NK, NV, DK, DV, 1e-6f, dout, &dgs_set, &runs[r], 1);
         }
-        gpu->set_prompt(gpu, false);
+        gpu->set_prompt(gpu, 0);
         gget(y[v], dy, sizeof(float) * n * ch);
         gget(o[v], dout, sizeof(float) * n * NV * DV);
         gget(c[v], dc, sizeof(float) * c_n);
@@ -1236,7 +1269,7 @@ static void test_state_runs(bool prompt, const int *len, const char *what) {
     check("gdn runs", shape, o[1], o[0], (size_t)n * NV * DV, 2e-5, 0);
     check("gdn runs", shape, st[1], st[0], s_n, 2e-5, 0);
     check("gdn runs", shape, ssn[1], ssn[0], ss_n, 2e-5, 0);
-    if (!prompt) {
+    {
         snprintf(shape, sizeof shape, "%d runs = run by run, %s", nr, what);
         check_bits("ssm_conv runs", shape, y[1], y[2], sizeof(float) * n * ch);
         check_bits("gdn runs", shape, o[1], o[2], sizeof(float) * n * NV * DV);
@@ -1284,14 +1317,14 @@ static void test_gdn(bool chunked, int n_tok, int nk, int nv, int dk, int n_snap
     const struct state_run run = {0, n_tok, 0, n_snap, false};
     if (chunked) cpu->gdn_chunked(cpu, qkv, stride, &gc, nk, nv, dk, dv, 1e-6f, oc, &sc_set, &run, 1);
     else cpu->gdn(cpu, qkv, stride, &gc, nk, nv, dk, dv, 1e-6f, oc, &sc_set, &run, 1);
-    /* past 16 tokens a prompt takes a kernel of its own: both, from the same state */
-    for (int pm = 0; pm < (n_tok > 16 ? 2 : 1); pm++) {
+    /* a prompt takes a kernel of its own, however short: both, from the same state */
+    for (int pm = 0; pm < 2; pm++) {
         gput(dS, S0, sizeof(float) * st_n);
         gput(dsn, sc0, sizeof(float) * nsnap);
-        gpu->set_prompt(gpu, pm == 1);
+        gpu->set_prompt(gpu, pm == 1 ? LONG_PROMPT : 0);
         if (chunked) gpu->gdn_chunked(gpu, dqkv, stride, &gg, nk, nv, dk, dv, 1e-6f, dout, &sg_set, &run, 1);
         else gpu->gdn(gpu, dqkv, stride, &gg, nk, nv, dk, dv, 1e-6f, dout, &sg_set, &run, 1);
-        gpu->set_prompt(gpu, false);
+        gpu->set_prompt(gpu, 0);
         gget(og, dout, sizeof(float) * n_tok * nv * dv);
         gget(Sg, dS, sizeof(float) * st_n);
         gget(sg, dsn, sizeof(float) * nsnap);
@@ -1304,6 +1337,26 @@ static void test_gdn(bool chunked, int n_tok, int nk, int nv, int dk, int n_snap
             snprintf(shape, sizeof shape, "%d tok nk %d nv %d d %d snap %d (snap)%s", n_tok, nk, nv, dk, n_snap, mode);
             check(op, shape, sg, sc, nsnap, 2e-5, 0);
         }
+    }
+    if (!chunked && n_tok > 3) { /* a prompt cut in two (3 tokens, then the rest) = the whole one */
+        float *o2 = xmalloc(sizeof(float) * n_tok * nv * dv), *S2 = xmalloc(sizeof(float) * st_n);
+        const struct state_set s_set = one_seq(true, dS, NULL);
+        const struct state_run whole = {0, n_tok, 0, 0, false}, cut[2] = {{0, 3, 0, 0, false}, {3, n_tok - 3, 0, 0, false}};
+        gpu->set_prompt(gpu, LONG_PROMPT);
+        gput(dS, S0, sizeof(float) * st_n);
+        gpu->gdn(gpu, dqkv, stride, &gg, nk, nv, dk, dv, 1e-6f, dout, &s_set, &whole, 1);
+        gget(og, dout, sizeof(float) * n_tok * nv * dv);
+        gget(Sg, dS, sizeof(float) * st_n);
+        gput(dS, S0, sizeof(float) * st_n);
+        for (int k = 0; k < 2; k++) gpu->gdn(gpu, dqkv, stride, &gg, nk, nv, dk, dv, 1e-6f, dout, &s_set, &cut[k], 1);
+        gpu->set_prompt(gpu, 0);
+        gget(o2, dout, sizeof(float) * n_tok * nv * dv);
+        gget(S2, dS, sizeof(float) * st_n);
+        snprintf(shape, sizeof shape, "%d tok nk %d nv %d d %d, prompt cut at 3", n_tok, nk, nv, dk);
+        check_bits("gdn-prompt-cut", shape, o2, og, sizeof(float) * n_tok * nv * dv);
+        check_bits("gdn-prompt-cut", shape, S2, Sg, sizeof(float) * st_n);
+        free(o2);
+        free(S2);
     }
     free(S0);
     free(sc0);
@@ -1683,7 +1736,7 @@ static void bench_matmul(enum ggml_type t, int n_in, int n_out, const int *rows,
     for (int ri = 0; ri < n_rows; ri++) {
         const int nt = rows[ri];
         if ((double)nt * n_out > 2.6e7) continue; /* the 512-row LM head needs 0.5 GB of output */
-        gpu->set_prompt(gpu, nt > 8); /* past 8 rows: a prompt's kernels */
+        gpu->set_prompt(gpu, gpu->prompt_family(gpu, nt)); /* a prompt of nt tokens' kernels */
         for (int i = 0; i < 3; i++) matmul1(gpu, &w[i % n_copies], dx, nt, dy);
         double host_us = 1e30;
         for (int r = 0; r < reps; r++) {
@@ -1710,7 +1763,7 @@ static void bench_matmul(enum ggml_type t, int n_in, int n_out, const int *rows,
                    nt, gus, ggbps, 100.0 * ggbps / copy_gbps);
         }
     }
-    gpu->set_prompt(gpu, false);
+    gpu->set_prompt(gpu, 0);
     for (int c = 0; c < n_copies; c++) gpu->weight_free(gpu, &w[c]);
     gpu->free(gpu, dx);
     gpu->free(gpu, dy);
@@ -1969,10 +2022,10 @@ static void test_fused_matmuls(void) {
     test_fused_matmul(GGML_TYPE_F16, 1024, 20);     /* never fused: both paths unfused */
 }
 
-/* A prompt of MMF_MIN_TOK tokens or more takes the f16 tensor-core matmul under the rules
- * (matmul_choose.cu): against the exact product of the dequantized weights (double) within the
- * f16 rounding bound, its rows independent of the batch (the first 40 tokens fewer give the
- * same bits), and seen to run. Shapes past the tiles' edges: rows and tokens not multiples of
+/* A prompt takes the f16 tensor-core matmul under the rules (matmul_choose.cu): against the
+ * exact product of the dequantized weights (double) within the f16 rounding bound, its rows
+ * independent of the batch (the first 1, 7 and nt - 40 tokens alone, and token 5 alone, give
+ * the same bits), and seen to run. Shapes past the tiles' edges: rows and tokens not multiples of
  * 128, an odd count of 32-element units (a K tile's second unit past the row). */
 static void test_matmul_prompt_f16(enum ggml_type t, int n_in, int n_out, int nt) {
     const char *tn = ggml_type_traits_get(t)->name;
@@ -1991,9 +2044,9 @@ static void test_matmul_prompt_f16(enum ggml_type t, int n_in, int n_out, int nt
         }
     float *dx = gdup(x, sizeof(float) * (size_t)nt * n_in), *dy = galloc(sizeof(float) * (size_t)nt * n_out);
     const long before = backend_cuda_matvec_launches(gpu, CUDA_MV_F16);
-    gpu->set_prompt(gpu, true);
+    gpu->set_prompt(gpu, LONG_PROMPT);
     matmul1(gpu, &wg, dx, nt, dy);
-    gpu->set_prompt(gpu, false);
+    gpu->set_prompt(gpu, 0);
     gget(yg, dy, sizeof(float) * (size_t)nt * n_out);
     char shape[96];
     snprintf(shape, sizeof shape, "%s %dx%d tok %d prompt", tn, n_in, n_out, nt);
@@ -2001,14 +2054,23 @@ static void test_matmul_prompt_f16(enum ggml_type t, int n_in, int n_out, int nt
     printf("%-5s %-14s %-44s %s\n", ran ? "ok" : "FAIL", "matmul-f16", shape, ran ? "ran" : "did not run");
     ran ? n_pass++ : n_fail++;
     check_scaled("matmul-f16", shape, yg, yx, scale, (size_t)nt * n_out, MMF_TOL);
-    /* the rows of a longer prompt equal those of a shorter one that also takes the kernel */
-    const int nt2 = nt - 40;
-    float *yg2 = xmalloc(sizeof(float) * (size_t)nt2 * n_out);
-    gpu->set_prompt(gpu, true);
-    matmul1(gpu, &wg, dx, nt2, dy);
-    gpu->set_prompt(gpu, false);
-    gget(yg2, dy, sizeof(float) * (size_t)nt2 * n_out);
-    check_bits("matmul-f16-batch", shape, yg2, yg, sizeof(float) * (size_t)nt2 * n_out);
+    /* the rows of a prompt equal those of any shorter one, down to a single token */
+    float *yg2 = xmalloc(sizeof(float) * (size_t)nt * n_out);
+    const int sub_tok[] = {1, 7, nt - 40};
+    for (int k = 0; k < 3; k++) {
+        gpu->set_prompt(gpu, LONG_PROMPT);
+        matmul1(gpu, &wg, dx, sub_tok[k], dy);
+        gpu->set_prompt(gpu, 0);
+        gget(yg2, dy, sizeof(float) * (size_t)sub_tok[k] * n_out);
+        snprintf(shape, sizeof shape, "%s %dx%d tok %d of %d prompt", tn, n_in, n_out, sub_tok[k], nt);
+        check_bits("matmul-f16-batch", shape, yg2, yg, sizeof(float) * (size_t)sub_tok[k] * n_out);
+    }
+    gpu->set_prompt(gpu, LONG_PROMPT);
+    matmul1(gpu, &wg, dx + (size_t)5 * n_in, 1, dy);
+    gpu->set_prompt(gpu, 0);
+    gget(yg2, dy, sizeof(float) * n_out);
+    snprintf(shape, sizeof shape, "%s %dx%d token 5 of %d alone prompt", tn, n_in, n_out, nt);
+    check_bits("matmul-f16-batch", shape, yg2, yg + (size_t)5 * n_out, sizeof(float) * n_out);
     gpu->free(gpu, dx);
     gpu->free(gpu, dy);
     gpu->weight_free(gpu, &wg);
