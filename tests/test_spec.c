@@ -709,6 +709,81 @@ Test(spec, prefill_in_steps_equals_whole, .timeout = 120) {
     env_close(&w);
 }
 
+/* A backend with prompt kernel families (backend.h prompt_family; the CPU has one): the prefill
+ * must give each forward the family of every prompt in it (by the prompt's whole length), packing
+ * prompts of one family together and never two families. The model's forward is wrapped to check
+ * each batch against the families the test assigns. */
+static int fam_of(int prompt_len) { return prompt_len >= 60 ? 2 : prompt_len > 8 ? 1 : 0; }
+static int fam_fake(const struct backend *be, int prompt_len) { (void)be; return fam_of(prompt_len); }
+static int fam_set;
+static void fam_set_prompt(struct backend *be, int family) { (void)be; fam_set = family; }
+static const struct model_vtable *fam_inner;
+static const int *fam_len;            /* each sequence's prompt length */
+static int fam_forwards[3], fam_packed, fam_mixed;
+static int fam_forward(struct model *m, const struct model_batch *b, struct model_output *out, char *err, size_t err_size) {
+    if (fam_set != b->prompt) fam_mixed++; /* model_forward set the batch's family */
+    if (b->prompt) {
+        int seqs = 0, last = -1;
+        for (int i = 0; i < b->n; i++) {
+            const int s = b->seq ? b->seq[i] : 0;
+            if (fam_of(fam_len[s]) != b->prompt) fam_mixed++;
+            if (s != last) seqs++;
+            last = s;
+        }
+        fam_forwards[b->prompt]++;
+        if (seqs > 1) fam_packed++;
+    }
+    return fam_inner->forward(m, b, out, err, err_size);
+}
+
+Test(spec, prompts_prefilled_by_family, .timeout = 120) {
+    enum { NS = 4 };
+    static const int np[NS] = {90, 5, 53, 70};
+    struct env one = env_open(MODEL_PATH), many = env_open_seqs(MODEL_PATH, NS, 200);
+    many.be->prompt_family = fam_fake;
+    many.be->set_prompt = fam_set_prompt;
+    static struct model_vtable vt;
+    fam_inner = many.m->vt;
+    vt = *fam_inner;
+    vt.forward = fam_forward;
+    many.m->vt = &vt;
+    fam_len = np;
+    char err[512];
+    int32_t prompt[NS][90], ref[NS][N_GEN], got[NS][N_GEN];
+    const struct sampler_params sp = sampler_params_basic(0.0f, 0, 1.0f, 0.0f, 3);
+    const struct spec_params p = fixed_depth_params();
+    for (int i = 0; i < NS; i++) {
+        for (int j = 0; j < np[i]; j++) prompt[i][j] = (int32_t)((j * 37 + 11 * i + 3) % 2000);
+        generate_with(&one, prompt[i], np[i], &sp, &p, ref[i], N_GEN);
+        int n_cached = -1;
+        cr_assert_eq(spec_seq_start_reuse(many.e, i, i, 0, prompt[i], np[i], NULL, 0, &sp, &p, &n_cached, err, sizeof err),
+                     0, "%s", err);
+    }
+    int seqs[NS] = {0, 1, 2, 3}, rc[NS];
+    bool done[NS];
+    int32_t first[NS];
+    cr_assert_eq(spec_seqs_prefill(many.e, NS, seqs, 1 << 20, first, done, rc, err, sizeof err), 0, "%s", err);
+    for (int i = 0; i < NS; i++) {
+        cr_assert(rc[i] == 0 && done[i], "sequence %d: %s", i, err);
+        got[i][0] = first[i];
+        for (int k = 1, nb; k < N_GEN; k += nb) {
+            int32_t buf[SPEC_MAX_DRAFT + 1];
+            cr_assert_eq(spec_seq_step(many.e, i, N_GEN - k, buf, &nb, NULL, err, sizeof err), 0, "%s", err);
+            memcpy(&got[i][k], buf, sizeof(int32_t) * (size_t)COTI_MIN(nb, N_GEN - k));
+        }
+        cr_assert_eq(memcmp(ref[i], got[i], sizeof ref[i]), 0, "sequence %d differs from alone", i);
+    }
+    cr_assert_eq(fam_mixed, 0, "a forward ran rows of another family than its own");
+    /* 90 and 70 tokens (family 2) share their forwards, 53 (family 1) has its own, 5 (family 0)
+     * runs as decode rows do */
+    cr_assert(fam_forwards[1] >= 1 && fam_forwards[2] >= 1 && fam_packed == fam_forwards[2],
+              "forwards of family 1: %d, of family 2: %d, of several prompts: %d", fam_forwards[1], fam_forwards[2],
+              fam_packed);
+    many.m->vt = fam_inner;
+    env_close(&one);
+    env_close(&many);
+}
+
 /* Prompts of several sequences prefilled together (spec_seqs_prefill: pieces of each in shared
  * forwards of n_batch 40 rows, in steps of 23 rows, one with a checkpoint inside, one greedy
  * with mtp, one sampled) give each sequence the tokens it gets alone. */
