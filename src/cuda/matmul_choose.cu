@@ -82,10 +82,11 @@ static bool fuses(const struct cuda_ctx *c, const struct mv_type *te, int n_tok,
  * (cuda_prompt_family, by the prompt's length, never by the batch's rows): the f16 tensor-core
  * matmul (matmul_f16.cu: each weight tile decoded once per 128 tokens; H100, 9B Q8_0, against
  * the int8 tiles: pp512 +21 %, pp4096 +15 %), or the int8 tiles (also where the f16 K tiles do
- * not divide the row); either gives a row what it gives in any batch. Then fused where it pays (fuses); one converted token
- * staged in shared memory where it fits (9B FFN down +0.5% decode against reading it in the
- * dot products); else the converted matvec, in groups of MV_MAX_NT rows, which sums every
- * output in one order whatever the batch (a verify row equals the decode row). */
+ * not divide the row); either gives a row what it gives in any batch. Then fused where it pays
+ * (fuses); one converted token staged in shared memory where it fits (9B FFN down +0.5%
+ * decode against reading it in the dot products); else the converted matvec, in groups of
+ * MV_MAX_NT rows, which sums every output in one order whatever the batch (a verify row equals
+ * the decode row). */
 
 static int choose_kernel(const struct cuda_ctx *c, const struct mv_type *te, int n_tok, int stride, int mode, int n,
                          bool converted) {

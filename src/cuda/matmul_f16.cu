@@ -6,9 +6,10 @@
  * every weight to global f16 per prompt slice and lost 7 % on the 9B for it
  * (docs/notes/2026-12-04-prefill.md).
  * Not bit-identical to the CPU reference or to the matvec (weights and activations rounded to
- * f16): it serves every prompt row (set_prompt); decode and verify rows keep the exact kernels.
- * An output sums its K tiles in order with the same mmas whatever the number of tokens, so it
- * depends on its row and token alone: a prompt gives the same bits in any batch. */
+ * f16): it serves the rows of prompts of the f16 family (cuda_prompt_family: 128 tokens or
+ * more); decode and verify rows keep the exact kernels. An output sums its K tiles in order with
+ * the same mmas whatever the number of tokens, so it depends on its row and token alone: a
+ * prompt gives the same bits in any batch. */
 #include "matmul.cuh"
 #include "mma.cuh"
 

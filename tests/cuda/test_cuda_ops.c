@@ -136,6 +136,12 @@ static bool check_bits(const char *op, const char *shape, const void *got, const
 static void matmul1(struct backend *be, const struct bweight *w, const float *x, int n_tok, float *y) {
     backend_matmul(be, w, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = x}, n_tok, y);
 }
+/* matmul1 on the GPU as the rows of a prompt of that kernel family (backend.h set_prompt) */
+static void prompt_matmul1(int family, const struct bweight *w, const float *x, int n_tok, float *y) {
+    gpu->set_prompt(gpu, family);
+    matmul1(gpu, w, x, n_tok, y);
+    gpu->set_prompt(gpu, 0);
+}
 static void matmul_n(struct backend *be, const struct bweight *const *ws, float *const *ys, int n_w, const float *x,
                      int n_tok) {
     be->matmul(be, ws, ys, n_w, &(struct matmul_in){.kind = MATMUL_PLAIN, .x = x}, n_tok);
@@ -306,9 +312,7 @@ static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
     for (int f = 0; f < 2; f++) {
         yprompt[f] = xmalloc(sizeof(float) * (size_t)max_tok * n_out);
         if (!prompt_rows) continue;
-        gpu->set_prompt(gpu, families[f]);
-        matmul1(gpu, &wg, dx, max_tok, dy);
-        gpu->set_prompt(gpu, 0);
+        prompt_matmul1(families[f], &wg, dx, max_tok, dy);
         gget(yprompt[f], dy, sizeof(float) * (size_t)max_tok * n_out);
     }
     char shape[96];
@@ -328,9 +332,7 @@ static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
         if (quantized && mv_forced == CUDA_MV_TILES) check_bits("matmul-exact", shape, yg, yc, sizeof(float) * (size_t)nt * n_out);
         for (int f = 0; f < 2 && prompt_rows; f++) {
             const long tiles0 = backend_cuda_matvec_launches(gpu, CUDA_MV_TILES);
-            gpu->set_prompt(gpu, families[f]);
-            matmul1(gpu, &wg, dx, nt, dy);
-            gpu->set_prompt(gpu, 0);
+            prompt_matmul1(families[f], &wg, dx, nt, dy);
             gget(yg, dy, sizeof(float) * (size_t)nt * n_out);
             snprintf(shape, sizeof shape, "%s %dx%d tok %d prompt %s", tn, n_in, n_out, nt, f ? "long" : "short");
             check_bits("matmul-prompt-batch", shape, yg, yprompt[f], sizeof(float) * (size_t)nt * n_out);
@@ -339,9 +341,7 @@ static void test_matmul_type(enum ggml_type t, int n_in, int n_out) {
         }
     }
     for (int f = 0; f < 2 && prompt_rows; f++) { /* a prompt row from the middle of a batch, alone */
-        gpu->set_prompt(gpu, families[f]);
-        matmul1(gpu, &wg, dx + (size_t)5 * n_in, 1, dy);
-        gpu->set_prompt(gpu, 0);
+        prompt_matmul1(families[f], &wg, dx + (size_t)5 * n_in, 1, dy);
         gget(yg, dy, sizeof(float) * n_out);
         snprintf(shape, sizeof shape, "%s %dx%d prompt %s row 5 alone", tn, n_in, n_out, f ? "long" : "short");
         check_bits("matmul-prompt-batch", shape, yg, yprompt[f] + (size_t)5 * n_out, sizeof(float) * n_out);
@@ -2044,9 +2044,7 @@ static void test_matmul_prompt_f16(enum ggml_type t, int n_in, int n_out, int nt
         }
     float *dx = gdup(x, sizeof(float) * (size_t)nt * n_in), *dy = galloc(sizeof(float) * (size_t)nt * n_out);
     const long before = backend_cuda_matvec_launches(gpu, CUDA_MV_F16);
-    gpu->set_prompt(gpu, LONG_PROMPT);
-    matmul1(gpu, &wg, dx, nt, dy);
-    gpu->set_prompt(gpu, 0);
+    prompt_matmul1(LONG_PROMPT, &wg, dx, nt, dy);
     gget(yg, dy, sizeof(float) * (size_t)nt * n_out);
     char shape[96];
     snprintf(shape, sizeof shape, "%s %dx%d tok %d prompt", tn, n_in, n_out, nt);
@@ -2058,16 +2056,12 @@ static void test_matmul_prompt_f16(enum ggml_type t, int n_in, int n_out, int nt
     float *yg2 = xmalloc(sizeof(float) * (size_t)nt * n_out);
     const int sub_tok[] = {1, 7, nt - 40};
     for (int k = 0; k < 3; k++) {
-        gpu->set_prompt(gpu, LONG_PROMPT);
-        matmul1(gpu, &wg, dx, sub_tok[k], dy);
-        gpu->set_prompt(gpu, 0);
+        prompt_matmul1(LONG_PROMPT, &wg, dx, sub_tok[k], dy);
         gget(yg2, dy, sizeof(float) * (size_t)sub_tok[k] * n_out);
         snprintf(shape, sizeof shape, "%s %dx%d tok %d of %d prompt", tn, n_in, n_out, sub_tok[k], nt);
         check_bits("matmul-f16-batch", shape, yg2, yg, sizeof(float) * (size_t)sub_tok[k] * n_out);
     }
-    gpu->set_prompt(gpu, LONG_PROMPT);
-    matmul1(gpu, &wg, dx + (size_t)5 * n_in, 1, dy);
-    gpu->set_prompt(gpu, 0);
+    prompt_matmul1(LONG_PROMPT, &wg, dx + (size_t)5 * n_in, 1, dy);
     gget(yg2, dy, sizeof(float) * n_out);
     snprintf(shape, sizeof shape, "%s %dx%d token 5 of %d alone prompt", tn, n_in, n_out, nt);
     check_bits("matmul-f16-batch", shape, yg2, yg + (size_t)5 * n_out, sizeof(float) * n_out);
