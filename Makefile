@@ -32,6 +32,8 @@ NVCC      ?= nvcc
 CUDA_SRC  := $(wildcard src/cuda/*.cu)
 CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+# wgmma (the f16 prompt matmul) exists for sm_90a only: that file alone is built for it
+$(BUILD)/src/cuda/matmul_f16.o: override CUDA_ARCH = -gencode arch=compute_90a,code=sm_90a
 CFLAGS    += -DCOTI_CUDA
 LDLIBS    += -L/usr/local/cuda/lib64 -lcudart -lstdc++
 endif

@@ -387,6 +387,7 @@ extern "C" struct backend *backend_cuda_init(int device, char *err, size_t err_s
     }
     c->device = device;
     c->n_sm = prop.multiProcessorCount;
+    c->mmf_ok = prop.major == 9 && prop.minor == 0;
     c->smem_per_sm = (int)prop.sharedMemPerMultiprocessor;
     c->smem_block_max = (int)prop.sharedMemPerBlockOptin;
     c->smem_reserved = (int)prop.reservedSharedMemPerBlock;

@@ -29,6 +29,7 @@ enum { CUDA_PROMPT_NONE, CUDA_PROMPT_TILES, CUDA_PROMPT_F16 };
 struct cuda_ctx {
     int device;
     int n_sm;
+    bool mmf_ok;               /* the f16 prompt matmul runs here (sm_90a code: compute capability 9.0) */
     cudaStream_t stream;
     /* pinned staging for small uploads: two halves, each fenced by an event */
     uint8_t *stage;

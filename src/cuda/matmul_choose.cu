@@ -94,13 +94,13 @@ static int choose_kernel(const struct cuda_ctx *c, const struct mv_type *te, int
     switch (c->mv_force) {
     case CUDA_MV_FUSED: if (!converted && can_fuse(c, te, n_tok, stride, mode)) return CUDA_MV_FUSED; break;
     case CUDA_MV_TILES: if (!converted && te->quantized) return CUDA_MV_TILES; break;
-    case CUDA_MV_F16: if (!converted && te->quantized && n % MMF_K_MULTIPLE == 0) return CUDA_MV_F16; break;
+    case CUDA_MV_F16: if (!converted && te->quantized && n % MMF_K_MULTIPLE == 0 && c->mmf_ok) return CUDA_MV_F16; break;
     case CUDA_MV_STAGED: if (can_staged) return CUDA_MV_STAGED; break;
     case CUDA_MV_CONVERTED: if (mode == MV_IN_X) return CUDA_MV_CONVERTED; break;
     default: break;
     }
     if (c->prompt && !converted && te->quantized)
-        return c->prompt == CUDA_PROMPT_F16 && n % MMF_K_MULTIPLE == 0 ? CUDA_MV_F16 : CUDA_MV_TILES;
+        return c->prompt == CUDA_PROMPT_F16 && n % MMF_K_MULTIPLE == 0 && c->mmf_ok ? CUDA_MV_F16 : CUDA_MV_TILES;
     if (!converted && fuses(c, te, n_tok, stride, mode, n)) return CUDA_MV_FUSED;
     if (can_staged) return CUDA_MV_STAGED;
     return CUDA_MV_CONVERTED;

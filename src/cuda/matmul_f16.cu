@@ -1,23 +1,29 @@
 /* matmul_f16.cu — the long-prompt matmul on f16 tensor cores, working from the quantized bytes:
  * each block copies its weight rows' raw bytes into shared memory, decodes them into int8 codes
  * (the matvec's decode()), turns the codes into f16 values there (scale and offset of the unit
- * in f16 arithmetic) and multiplies them with f16 activation rows (mma.sync m16n8k16, f32
- * sums). No f16 copy of the weights exists in global memory: session 18's version dequantized
- * every weight to global f16 per prompt slice and lost 7 % on the 9B for it
- * (docs/notes/2026-12-04-prefill.md).
+ * in f16 arithmetic) and multiplies them with f16 activation rows (wgmma m64n128k16, f32 sums).
+ * wgmma exists for sm_90a only: this file alone is built for it, and devices of another compute
+ * capability take the int8 tiles instead (cuda_ctx.mmf_ok). No f16 copy of the weights exists in
+ * global memory: session 18's version dequantized every weight to global f16 per prompt slice and
+ * lost 7 % on the 9B for it; mma.sync (session 25) ran ~12 % slower than wgmma with the 128-byte
+ * swizzle (docs/notes/2026-12-04-prefill.md).
  * Not bit-identical to the CPU reference or to the matvec (weights and activations rounded to
  * f16): it serves the rows of prompts of the f16 family (cuda_prompt_family: 128 tokens or
  * more); decode and verify rows keep the exact kernels. An output sums its K tiles in order with
  * the same mmas whatever the number of tokens, so it depends on its row and token alone: a
  * prompt gives the same bits in any batch. */
 #include "matmul.cuh"
-#include "mma.cuh"
 
 #define MMF_BM 128          /* weight rows per block */
 #define MMF_BN 128          /* tokens per block */
-#define MMF_KT 2            /* 32-element units per K tile */
-#define MMF_LD (32 * MMF_KT + 8) /* halves per shared row: 144 bytes, ldmatrix without bank conflicts */
-#define MMF_THREADS 256     /* 8 warps: 2 down the rows x 4 across the tokens, 64 x 32 each */
+#define MMF_KT 2            /* 32-element units per K tile: 64 halves, one 128-byte swizzle row */
+#define MMF_THREADS 256     /* 2 warpgroups, 64 rows x 128 tokens each */
+/* A K tile of 128 rows (or tokens) x 64 halves in shared memory as wgmma's K-major operand with
+ * the 128-byte swizzle: 8-row atoms of 1024 bytes; in row r of an atom, 16-byte chunk c (8
+ * halves of K) lies at chunk c ^ (r % 8), so the tensor cores' reads of 8 rows x 16 bytes fall
+ * in 8 bank groups (session 22's unswizzled layout conflicted there). */
+#define MMF_TILE_BYTES (128 * 128)
+__device__ __forceinline__ int mmf_off(int r, int chunk) { return (r / 8) * 1024 + (r % 8) * 128 + ((chunk ^ (r % 8)) * 16); }
 
 /* Raw weight bytes are staged per raw tile of RU units: a K tile's two blocks for the
  * 32-element formats, in two buffers (the tile after next lands while the next is decoded);
@@ -31,7 +37,8 @@ template <int T> struct mmf_shape {
         /* an odd count of 16 bytes a row: rows of whole 16s (Q6_K's 256) would start every
          * staged row on one bank, 16-way conflicts in decode() */
         RSLOT = (((RAW + 30) / 16 + 1) | 1) * 16,
-        SMEM = NRAW * MMF_BM * RSLOT + 4 * MMF_BM * MMF_LD * 2 + MMF_BM * (int)sizeof(void *),
+        /* two stages of As and Bs first (1024-byte aligned), then the raw rows, the row pointers */
+        SMEM = 4 * MMF_TILE_BYTES + NRAW * MMF_BM * RSLOT + MMF_BM * (int)sizeof(void *),
     };
 };
 
@@ -63,28 +70,59 @@ __device__ __forceinline__ void codes_to_h2(uint32_t w, __half2 &lo, __half2 &hi
     hi = __hsub2(*(const __half2 *)&p1, bias);
 }
 
-/* Block (tokens bx, rows by): K tiles in a software pipeline, one barrier each: while the
- * warps multiply K tile kt (f16 tile As[kt % 2], activations Bs[kt % 2]), they decode K tile
- * kt + 1 from its raw bytes into As[(kt + 1) % 2], the activations of kt + 1 and the raw bytes
- * of the tile after are in flight. Decoding (integer and f16 arithmetic) and the mmas then
- * share the issue slots of one interval instead of taking turns between barriers. A K-quant's
- * super-block lands only once the last K tile of the one before is decoded: those iterations
- * (one in four) multiply first and decode after a second barrier. Each output takes its K
- * tiles in order with the same mmas as before: the same bits. */
+/* An operand descriptor of wgmma: a K-major tile at a (1024-byte aligned atoms), 128-byte
+ * swizzle, atoms of 8 rows 1024 bytes apart (SBO); LBO unused by swizzled K-major layouts. */
+__device__ __forceinline__ uint64_t mmf_desc(const void *a) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(a);
+    return (uint64_t)((s >> 4) & 0x3FFF) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+/* d (64 rows x 128 columns over the warpgroup) += A (64 x 16) · B (16 x 128), both K-major in
+ * shared memory. d's layout per warp w of the group: rows 16w + g and 16w + g + 8 (g = lane / 4),
+ * for each 8 columns j: d[4j], d[4j + 1] at columns 8j + 2(lane % 4) + 0, 1 of the first row,
+ * d[4j + 2], d[4j + 3] of the second (mma.sync's c fragment, per 8 columns). */
+__device__ __forceinline__ void wgmma_64x128x16(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, 1, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db));
+}
+
+/* Block (tokens bx, rows by), K tiles in a pipeline of two stages, one barrier each: after the
+ * barrier (stage kt decoded and landed, every warpgroup's wgmmas of kt - 1 done), each
+ * warpgroup issues K tile kt's four wgmmas (async), the activations of kt + 1 and the raw bytes
+ * of the tile after go in flight, the block decodes kt + 1 into the other stage while the tensor
+ * cores work, and only then waits for its wgmmas. A K-quant's super-block lands only once the
+ * last K tile of the one before is decoded: those iterations (one in four) wait for it before
+ * decoding. Each output takes its K tiles in order with the same k16 steps whatever the tokens:
+ * its bits depend on its row and token alone. */
 template <int T>
 __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, const xact x, int n_tok) {
     typedef qt<T> Q;
     typedef mmf_shape<T> S;
     constexpr int RU = S::RU, KPR = RU / MMF_KT, NRAW = S::NRAW; /* K tiles per raw tile */
-    extern __shared__ __align__(16) uint8_t dsm[];
-    uint8_t(*raw)[MMF_BM][S::RSLOT] = reinterpret_cast<uint8_t(*)[MMF_BM][S::RSLOT]>(dsm);
-    uint8_t *tiles = dsm + NRAW * MMF_BM * S::RSLOT;
-    __half(*As)[MMF_BM][MMF_LD] = reinterpret_cast<__half(*)[MMF_BM][MMF_LD]>(tiles);
-    __half(*Bs)[MMF_BN][MMF_LD] = reinterpret_cast<__half(*)[MMF_BN][MMF_LD]>(tiles + 2 * MMF_BM * MMF_LD * 2);
-    const uint8_t **rowp = (const uint8_t **)(tiles + 4 * MMF_BM * MMF_LD * 2);
+    extern __shared__ __align__(16) uint8_t dsm_raw[];
+    /* the swizzle atoms need 1024-byte alignment; the launch gives 1024 bytes to spare */
+    uint8_t *dsm = dsm_raw + ((1024 - ((uint32_t)__cvta_generic_to_shared(dsm_raw) & 1023)) & 1023);
+    uint8_t *As = dsm, *Bs = dsm + 2 * MMF_TILE_BYTES;
+    uint8_t(*raw)[MMF_BM][S::RSLOT] = reinterpret_cast<uint8_t(*)[MMF_BM][S::RSLOT]>(dsm + 4 * MMF_TILE_BYTES);
+    const uint8_t **rowp = (const uint8_t **)(dsm + 4 * MMF_TILE_BYTES + NRAW * MMF_BM * S::RSLOT);
     cuda_pdl_trigger();
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int wm = warp / 4, wn = warp % 4;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
     const int total = P.row0[P.n_w], tok_base = blockIdx.x * MMF_BN, row_base = blockIdx.y * MMF_BM;
     const int n_kt = (P.n_units + MMF_KT - 1) / MMF_KT, n_rt = (P.n_units + RU - 1) / RU;
     const __half *X = (const __half *)x.q;
@@ -103,13 +141,13 @@ __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, 
 #pragma unroll
         for (int i = 0; i < MMF_BN * 8 / MMF_THREADS; i++) {
             const int c = tid + i * MMF_THREADS, r = c / 8, q = c % 8, t = min(tok_base + r, n_tok - 1);
-            cp_async16(&Bs[kt & 1][r][8 * q], X + (size_t)t * x.stride + (size_t)kt * 32 * MMF_KT + 8 * q);
+            cp_async16(Bs + (kt & 1) * MMF_TILE_BYTES + mmf_off(r, q), X + (size_t)t * x.stride + (size_t)kt * 32 * MMF_KT + 8 * q);
         }
     };
-    /* K tile kt into As[kt % 2], (row, unit) = (tid / 2, tid % 2) */
+    /* K tile kt into stage kt % 2 of As, (row, unit) = (tid / 2, tid % 2) */
     auto decode = [&](int kt) {
         const int i = tid / 2, uu = tid % 2, u = kt * MMF_KT + uu;
-        uint4 *dst = (uint4 *)&As[kt & 1][i][32 * uu];
+        uint8_t *at = As + (kt & 1) * MMF_TILE_BYTES;
         if (u < P.n_units) {
             const int ur = u % RU, rt0 = u - ur;
             const int off0 = (int)((uintptr_t)(rowp[i] + (size_t)(rt0 / Q::UPB) * Q::BB) & 15);
@@ -131,39 +169,17 @@ __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, 
                     v[2 * k] = *(const uint32_t *)&a;
                     v[2 * k + 1] = *(const uint32_t *)&b;
                 }
-                dst[2 * h] = make_uint4(v[0], v[1], v[2], v[3]);
-                dst[2 * h + 1] = make_uint4(v[4], v[5], v[6], v[7]);
+                *(uint4 *)(at + mmf_off(i, 4 * uu + 2 * h)) = make_uint4(v[0], v[1], v[2], v[3]);
+                *(uint4 *)(at + mmf_off(i, 4 * uu + 2 * h + 1)) = make_uint4(v[4], v[5], v[6], v[7]);
             }
         } else { /* a unit past the row's end adds nothing */
 #pragma unroll
-            for (int k = 0; k < 4; k++) dst[k] = make_uint4(0, 0, 0, 0);
+            for (int k = 0; k < 4; k++) *(uint4 *)(at + mmf_off(i, 4 * uu + k)) = make_uint4(0, 0, 0, 0);
         }
     };
-    float acc[4][4][4];
+    float acc[64];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-    /* K tile kt's mmas: each warp's 64 x 32 outputs, 4 k16 steps */
-    auto multiply = [&](int kt) {
-        const int st = kt & 1;
-#pragma unroll
-        for (int k16 = 0; k16 < 32 * MMF_KT; k16 += 16) {
-            uint32_t a[4][4], b[2][4];
-#pragma unroll
-            for (int mi = 0; mi < 4; mi++) ldsm_x4(&As[st][wm * 64 + mi * 16 + lane % 16][k16 + (lane / 16) * 8], a[mi]);
-#pragma unroll
-            for (int nj = 0; nj < 2; nj++)
-                ldsm_x4(&Bs[st][wn * 32 + nj * 16 + lane % 8 + (lane / 16) * 8][k16 + ((lane / 8) % 2) * 8], b[nj]);
-#pragma unroll
-            for (int mi = 0; mi < 4; mi++)
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++)
-                    mma_f16_16816(a[mi], b[ni / 2][2 * (ni % 2)], b[ni / 2][2 * (ni % 2) + 1], acc[mi][ni]);
-        }
-    };
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
 
     issue_raw(0); /* weights never change: fetch before the wait */
     if (NRAW == 2 && n_rt > 1) issue_raw(1);
@@ -178,42 +194,53 @@ __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, 
         /* kt + 1 starts a super-block whose bytes could not come earlier (one raw buffer) */
         const bool late = NRAW == 1 && kt + 1 < n_kt && (kt + 1) % KPR == 0;
         cp_async_wait0();
-        __syncthreads(); /* As[kt % 2] decoded, Bs[kt % 2] and the next raw tile landed; As and
-                          * Bs of kt + 1 and the raw buffer of the tile after next are free */
+        /* this thread's decode and landed copies seen by wgmma's reads (the async proxy) */
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads(); /* stage kt ready; stage kt + 1 and the raw buffer of the tile after
+                          * next are free (every warpgroup waited for its wgmmas of kt - 1) */
+        __syncwarp();    /* the .aligned wgmma instructions need the warp converged */
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        {
+            const uint8_t *at = As + (kt & 1) * MMF_TILE_BYTES + wg * 8 * 1024, *bt = Bs + (kt & 1) * MMF_TILE_BYTES;
+            const uint64_t da = mmf_desc(at), db = mmf_desc(bt);
+#pragma unroll
+            for (int s16 = 0; s16 < 2 * MMF_KT; s16++) /* k16 step: 32 bytes along K in the swizzled rows */
+                wgmma_64x128x16(acc, da + 2 * s16, db + 2 * s16);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         if (kt + 1 < n_kt) issue_x(kt + 1);
         if (NRAW == 2 && kt + 2 < n_rt) issue_raw(kt + 2);
         if (late) issue_raw((kt + 1) / KPR);
         cp_async_commit();
-        if (kt + 1 < n_kt && !late) decode(kt + 1);
-        multiply(kt);
-        if (late) {
+        if (late) { /* the super-block of kt + 1, two threads a row */
             cp_async_wait0();
             __syncthreads();
-            decode(kt + 1);
         }
+        if (kt + 1 < n_kt) decode(kt + 1);
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     }
     cp_async_wait0();
-    /* c0 c1: row g, tokens 2q, 2q + 1; c2 c3: row g + 8 */
+    /* rows 16·(warp % 4) + g (+ 8) of the warpgroup's 64; tokens in four groups of 32 */
     const int g = lane / 4, q = lane % 4;
 #pragma unroll
-    for (int mi = 0; mi < 4; mi++)
+    for (int c = 0; c < 4; c++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            tile_store_row(P, row_base + wm * 64 + mi * 16 + g + 8 * h, total, acc[mi], h, tok_base + wn * 32 + 2 * q,
-                           n_tok);
+            tile_store_row(P, row_base + wg * 64 + (warp % 4) * 16 + g + 8 * h, total,
+                           *reinterpret_cast<const float(*)[4][4]>(acc + 16 * c), h, tok_base + 32 * c + 2 * q, n_tok);
 }
 
 template <int T> static void mmf_launch(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok) {
     typedef mmf_shape<T> S;
-    static_assert(S::SMEM > 48 * 1024 && 2 * S::SMEM <= 227 * 1024, "two blocks an SM, past the default limit");
+    static_assert(S::SMEM > 48 * 1024 && 2 * (S::SMEM + 1024) <= 227 * 1024, "two blocks an SM, past the default limit");
     void (*kern)(const mv_params, const xact, int) = mmf_kernel<T>;
     if (!c->mmf_ready[slot]) {
-        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
+        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM + 1024));
         c->mmf_ready[slot] = true;
     }
     /* the token tiles of a row tile run side by side, so its weights come from DRAM once */
     const dim3 grid(cuda_cdiv(n_tok, MMF_BN), cuda_cdiv(P.row0[P.n_w], MMF_BM));
-    cuda_launch_smem(c, grid, MMF_THREADS, S::SMEM, kern, P, x, n_tok);
+    cuda_launch_smem(c, grid, MMF_THREADS, S::SMEM + 1024, kern, P, x, n_tok);
 }
 
 #define MMF_NONE(T) NULL,
