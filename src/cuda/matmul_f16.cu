@@ -37,8 +37,11 @@ template <int T> struct mmf_shape {
         /* an odd count of 16 bytes a row: rows of whole 16s (Q6_K's 256) would start every
          * staged row on one bank, 16-way conflicts in decode() */
         RSLOT = (((RAW + 30) / 16 + 1) | 1) * 16,
-        /* two stages of As and Bs first (1024-byte aligned), then the raw rows, the row pointers */
-        SMEM = 4 * MMF_TILE_BYTES + NRAW * MMF_BM * RSLOT + MMF_BM * (int)sizeof(void *),
+        /* activation stages: three (K tile kt + 2 in flight while kt is multiplied) where two
+         * blocks an SM still fit, else two (Q6_K's staged super-block is too large) */
+        XS = 2 * (5 * MMF_TILE_BYTES + NRAW * MMF_BM * RSLOT + MMF_BM * (int)sizeof(void *) + 1024) <= 227 * 1024 ? 3 : 2,
+        /* two stages of As, XS of Bs (1024-byte aligned), then the raw rows, the row pointers */
+        SMEM = (2 + XS) * MMF_TILE_BYTES + NRAW * MMF_BM * RSLOT + MMF_BM * (int)sizeof(void *),
     };
 };
 
@@ -102,25 +105,27 @@ __device__ __forceinline__ void wgmma_64x128x16(float (&d)[64], uint64_t da, uin
         : "l"(da), "l"(db));
 }
 
-/* Block (tokens bx, rows by), K tiles in a pipeline of two stages, one barrier each: after the
- * barrier (stage kt decoded and landed, every warpgroup's wgmmas of kt - 1 done), each
- * warpgroup issues K tile kt's four wgmmas (async), the activations of kt + 1 and the raw bytes
- * of the tile after go in flight, the block decodes kt + 1 into the other stage while the tensor
- * cores work, and only then waits for its wgmmas. A K-quant's super-block lands only once the
- * last K tile of the one before is decoded: those iterations (one in four) wait for it before
- * decoding. Each output takes its K tiles in order with the same k16 steps whatever the tokens:
+/* Block (tokens bx, rows by), K tiles in a pipeline, one barrier each: after the barrier (K
+ * tile kt decoded and its activations landed, every warpgroup's wgmmas of kt - 1 done), each
+ * warpgroup issues K tile kt's four wgmmas (async), the activations of kt + 2 (XS 3; kt + 1 with
+ * two stages) and the raw bytes of the tile after next go in flight, the block decodes kt + 1
+ * into the other weight stage while the tensor cores work, and only then waits for its wgmmas.
+ * A K-quant's super-block lands only once the last K tile of the one before is decoded: those
+ * iterations (one in four) wait for it before decoding. Each output takes its K tiles in order with the same k16 steps whatever the tokens:
  * its bits depend on its row and token alone. */
 template <int T>
 __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, const xact x, int n_tok) {
     typedef qt<T> Q;
     typedef mmf_shape<T> S;
-    constexpr int RU = S::RU, KPR = RU / MMF_KT, NRAW = S::NRAW; /* K tiles per raw tile */
+    constexpr int RU = S::RU, KPR = RU / MMF_KT, NRAW = S::NRAW, XS = S::XS; /* KPR: K tiles per raw tile */
+    /* the 32-element formats wait for their raw tiles in the middle of an iteration (below) */
+    static_assert(NRAW == 1 || XS == 3, "raw tiles two ahead need activations two ahead");
     extern __shared__ __align__(16) uint8_t dsm_raw[];
     /* the swizzle atoms need 1024-byte alignment; the launch gives 1024 bytes to spare */
     uint8_t *dsm = dsm_raw + ((1024 - ((uint32_t)__cvta_generic_to_shared(dsm_raw) & 1023)) & 1023);
     uint8_t *As = dsm, *Bs = dsm + 2 * MMF_TILE_BYTES;
-    uint8_t(*raw)[MMF_BM][S::RSLOT] = reinterpret_cast<uint8_t(*)[MMF_BM][S::RSLOT]>(dsm + 4 * MMF_TILE_BYTES);
-    const uint8_t **rowp = (const uint8_t **)(dsm + 4 * MMF_TILE_BYTES + NRAW * MMF_BM * S::RSLOT);
+    uint8_t(*raw)[MMF_BM][S::RSLOT] = reinterpret_cast<uint8_t(*)[MMF_BM][S::RSLOT]>(dsm + (2 + XS) * MMF_TILE_BYTES);
+    const uint8_t **rowp = (const uint8_t **)(dsm + (2 + XS) * MMF_TILE_BYTES + NRAW * MMF_BM * S::RSLOT);
     cuda_pdl_trigger();
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
     const int total = P.row0[P.n_w], tok_base = blockIdx.x * MMF_BN, row_base = blockIdx.y * MMF_BM;
@@ -141,7 +146,7 @@ __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, 
 #pragma unroll
         for (int i = 0; i < MMF_BN * 8 / MMF_THREADS; i++) {
             const int c = tid + i * MMF_THREADS, r = c / 8, q = c % 8, t = min(tok_base + r, n_tok - 1);
-            cp_async16(Bs + (kt & 1) * MMF_TILE_BYTES + mmf_off(r, q), X + (size_t)t * x.stride + (size_t)kt * 32 * MMF_KT + 8 * q);
+            cp_async16(Bs + (kt % XS) * MMF_TILE_BYTES + mmf_off(r, q), X + (size_t)t * x.stride + (size_t)kt * 32 * MMF_KT + 8 * q);
         }
     };
     /* K tile kt into stage kt % 2 of As, (row, unit) = (tid / 2, tid % 2) */
@@ -186,6 +191,7 @@ __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, 
     cp_async_commit();
     cuda_pdl_wait();
     issue_x(0);
+    if (XS == 3 && n_kt > 1) issue_x(1);
     cp_async_commit();
     cp_async_wait0();
     __syncthreads();
@@ -193,28 +199,35 @@ __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, 
     for (int kt = 0; kt < n_kt; kt++) {
         /* kt + 1 starts a super-block whose bytes could not come earlier (one raw buffer) */
         const bool late = NRAW == 1 && kt + 1 < n_kt && (kt + 1) % KPR == 0;
-        cp_async_wait0();
+        /* the activations of kt (with three stages: the group before last; the last one, of
+         * kt + 1, stays in flight) */
+        if (XS == 3) cp_async_wait1();
+        else cp_async_wait0();
         /* this thread's decode and landed copies seen by wgmma's reads (the async proxy) */
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads(); /* stage kt ready; stage kt + 1 and the raw buffer of the tile after
-                          * next are free (every warpgroup waited for its wgmmas of kt - 1) */
+        __syncthreads(); /* stage kt ready; As and Bs of kt - 1 and the raw buffer of the tile
+                          * after next are free (every warpgroup waited for its wgmmas of kt - 1) */
         __syncwarp();    /* the .aligned wgmma instructions need the warp converged */
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
         {
-            const uint8_t *at = As + (kt & 1) * MMF_TILE_BYTES + wg * 8 * 1024, *bt = Bs + (kt & 1) * MMF_TILE_BYTES;
+            const uint8_t *at = As + (kt & 1) * MMF_TILE_BYTES + wg * 8 * 1024, *bt = Bs + (kt % XS) * MMF_TILE_BYTES;
             const uint64_t da = mmf_desc(at), db = mmf_desc(bt);
 #pragma unroll
             for (int s16 = 0; s16 < 2 * MMF_KT; s16++) /* k16 step: 32 bytes along K in the swizzled rows */
                 wgmma_64x128x16(acc, da + 2 * s16, db + 2 * s16);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        if (kt + 1 < n_kt) issue_x(kt + 1);
+        if (kt + XS - 1 < n_kt) issue_x(kt + XS - 1);
         if (NRAW == 2 && kt + 2 < n_rt) issue_raw(kt + 2);
         if (late) issue_raw((kt + 1) / KPR);
         cp_async_commit();
         if (late) { /* the super-block of kt + 1, two threads a row */
             cp_async_wait0();
             __syncthreads();
+        } else if (NRAW == 2) { /* raw tile kt + 1 (the group before this one), staged by the
+                                 * two threads of each row that decode it: a warp's barrier */
+            cp_async_wait1();
+            __syncwarp();
         }
         if (kt + 1 < n_kt) decode(kt + 1);
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
