@@ -76,15 +76,21 @@ static bool fuses(const struct cuda_ctx *c, const struct mv_type *te, int n_tok,
     return can_fuse(c, te, n_tok, stride, mode) && n_tok <= fused_rows_max(mode, n);
 }
 
+/* The f16 tensor-core matmul can take this weight type and row length on this device: wgmma
+ * needs compute capability 9.0, and the K tiles must divide the row. */
+static bool f16_fits(const struct cuda_ctx *c, const struct mv_type *te, int n) {
+    return te->quantized && n % MMF_K_MULTIPLE == 0 && c->mmf_ok;
+}
+
 /* The kernel for a weight group's n_tok rows of n (mode: what the launch forms, MV_IN_X for rows
  * as they are); converted: the rows come already converted (no launch quantizes them itself).
  * Rules: a prompt's rows of a quantized type, however many, take their family's tiles
  * (cuda_prompt_family, by the prompt's length, never by the batch's rows): the f16 tensor-core
  * matmul (matmul_f16.cu: each weight tile decoded once per 128 tokens; H100, 9B Q8_0, against
- * the int8 tiles: pp512 +21 %, pp4096 +15 %), or the int8 tiles (also where the f16 K tiles do
- * not divide the row); either gives a row what it gives in any batch. Then fused where it pays
- * (fuses); one converted token staged in shared memory where it fits (9B FFN down +0.5%
- * decode against reading it in the dot products); else the converted matvec, in groups of
+ * the int8 tiles: pp512 +21 %, pp4096 +15 %), or the int8 tiles (also where f16_fits says no);
+ * either gives a row what it gives in any batch. Then fused where it pays (fuses); one
+ * converted token staged in shared memory where it fits (9B FFN down +0.5% decode against
+ * reading it in the dot products); else the converted matvec, in groups of
  * MV_MAX_NT rows, which sums every output in one order whatever the batch (a verify row equals
  * the decode row). */
 
@@ -94,13 +100,13 @@ static int choose_kernel(const struct cuda_ctx *c, const struct mv_type *te, int
     switch (c->mv_force) {
     case CUDA_MV_FUSED: if (!converted && can_fuse(c, te, n_tok, stride, mode)) return CUDA_MV_FUSED; break;
     case CUDA_MV_TILES: if (!converted && te->quantized) return CUDA_MV_TILES; break;
-    case CUDA_MV_F16: if (!converted && te->quantized && n % MMF_K_MULTIPLE == 0 && c->mmf_ok) return CUDA_MV_F16; break;
+    case CUDA_MV_F16: if (!converted && f16_fits(c, te, n)) return CUDA_MV_F16; break;
     case CUDA_MV_STAGED: if (can_staged) return CUDA_MV_STAGED; break;
     case CUDA_MV_CONVERTED: if (mode == MV_IN_X) return CUDA_MV_CONVERTED; break;
     default: break;
     }
     if (c->prompt && !converted && te->quantized)
-        return c->prompt == CUDA_PROMPT_F16 && n % MMF_K_MULTIPLE == 0 && c->mmf_ok ? CUDA_MV_F16 : CUDA_MV_TILES;
+        return c->prompt == CUDA_PROMPT_F16 && f16_fits(c, te, n) ? CUDA_MV_F16 : CUDA_MV_TILES;
     if (!converted && fuses(c, te, n_tok, stride, mode, n)) return CUDA_MV_FUSED;
     if (can_staged) return CUDA_MV_STAGED;
     return CUDA_MV_CONVERTED;

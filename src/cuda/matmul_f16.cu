@@ -37,11 +37,14 @@ template <int T> struct mmf_shape {
         /* an odd count of 16 bytes a row: rows of whole 16s (Q6_K's 256) would start every
          * staged row on one bank, 16-way conflicts in decode() */
         RSLOT = (((RAW + 30) / 16 + 1) | 1) * 16,
+        /* after the tiles: the raw rows, the row pointers; and 1024 bytes to align the tiles'
+         * swizzle atoms wherever the dynamic shared memory starts */
+        REST = NRAW * MMF_BM * RSLOT + MMF_BM * (int)sizeof(void *) + 1024,
         /* activation stages: three (K tile kt + 2 in flight while kt is multiplied) where two
          * blocks an SM still fit, else two (Q6_K's staged super-block is too large) */
-        XS = 2 * (5 * MMF_TILE_BYTES + NRAW * MMF_BM * RSLOT + MMF_BM * (int)sizeof(void *) + 1024) <= 227 * 1024 ? 3 : 2,
-        /* two stages of As, XS of Bs (1024-byte aligned), then the raw rows, the row pointers */
-        SMEM = (2 + XS) * MMF_TILE_BYTES + NRAW * MMF_BM * RSLOT + MMF_BM * (int)sizeof(void *),
+        XS = 2 * (5 * MMF_TILE_BYTES + REST) <= 227 * 1024 ? 3 : 2,
+        /* what a block asks for: two stages of As, XS of Bs, then REST */
+        SMEM = (2 + XS) * MMF_TILE_BYTES + REST,
     };
 };
 
@@ -111,8 +114,8 @@ __device__ __forceinline__ void wgmma_64x128x16(float (&d)[64], uint64_t da, uin
  * two stages) and the raw bytes of the tile after next go in flight, the block decodes kt + 1
  * into the other weight stage while the tensor cores work, and only then waits for its wgmmas.
  * A K-quant's super-block lands only once the last K tile of the one before is decoded: those
- * iterations (one in four) wait for it before decoding. Each output takes its K tiles in order with the same k16 steps whatever the tokens:
- * its bits depend on its row and token alone. */
+ * iterations (one in four) wait for it before decoding. Each output takes its K tiles in order
+ * with the same k16 steps whatever the tokens: its bits depend on its row and token alone. */
 template <int T>
 __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, const xact x, int n_tok) {
     typedef qt<T> Q;
@@ -121,7 +124,7 @@ __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, 
     /* the 32-element formats wait for their raw tiles in the middle of an iteration (below) */
     static_assert(NRAW == 1 || XS == 3, "raw tiles two ahead need activations two ahead");
     extern __shared__ __align__(16) uint8_t dsm_raw[];
-    /* the swizzle atoms need 1024-byte alignment; the launch gives 1024 bytes to spare */
+    /* the swizzle atoms need 1024-byte alignment; SMEM has 1024 bytes to spare for it */
     uint8_t *dsm = dsm_raw + ((1024 - ((uint32_t)__cvta_generic_to_shared(dsm_raw) & 1023)) & 1023);
     uint8_t *As = dsm, *Bs = dsm + 2 * MMF_TILE_BYTES;
     uint8_t(*raw)[MMF_BM][S::RSLOT] = reinterpret_cast<uint8_t(*)[MMF_BM][S::RSLOT]>(dsm + (2 + XS) * MMF_TILE_BYTES);
@@ -245,15 +248,15 @@ __global__ void __launch_bounds__(MMF_THREADS, 2) mmf_kernel(const mv_params P, 
 
 template <int T> static void mmf_launch(struct cuda_ctx *c, int slot, const mv_params &P, const xact &x, int n_tok) {
     typedef mmf_shape<T> S;
-    static_assert(S::SMEM > 48 * 1024 && 2 * (S::SMEM + 1024) <= 227 * 1024, "two blocks an SM, past the default limit");
+    static_assert(S::SMEM > 48 * 1024 && 2 * S::SMEM <= 227 * 1024, "two blocks an SM, past the default limit");
     void (*kern)(const mv_params, const xact, int) = mmf_kernel<T>;
     if (!c->mmf_ready[slot]) {
-        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM + 1024));
+        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::SMEM));
         c->mmf_ready[slot] = true;
     }
     /* the token tiles of a row tile run side by side, so its weights come from DRAM once */
     const dim3 grid(cuda_cdiv(n_tok, MMF_BN), cuda_cdiv(P.row0[P.n_w], MMF_BM));
-    cuda_launch_smem(c, grid, MMF_THREADS, S::SMEM + 1024, kern, P, x, n_tok);
+    cuda_launch_smem(c, grid, MMF_THREADS, S::SMEM, kern, P, x, n_tok);
 }
 
 #define MMF_NONE(T) NULL,
